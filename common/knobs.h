@@ -1,0 +1,70 @@
+/*
+ * knobs.h - one table of settings per binary.
+ *
+ * A knob has a name ("listen"), a type, a default, a range and a help
+ * line. The same table parses, in increasing priority: the default, a
+ * config file (`name = value` lines, '#' comments; given by --config PATH
+ * or KOLO_CONFIG), the environment (KOLO_<NAME>, upper case, '-' -> '_',
+ * unless the knob names another variable or none), and command-line flags
+ * (--name value, --name=value, and a short alias such as -np). Boolean
+ * flags take no value (--verbose) and accept --no-name. --help prints the
+ * table; --dump-config prints every knob's effective value in config-file
+ * form, so `kolo X --dump-config > f; kolo X --config f` is a no-op.
+ *
+ * Parsing stops at the first argument that is not a flag, or after "--";
+ * that index is returned so subcommands can take the rest as argv.
+ */
+#ifndef KOLO_COMMON_KNOBS_H
+#define KOLO_COMMON_KNOBS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+enum knob_type {
+    KNOB_STR,      /* char *  (heap copy, freed by knobs_free) */
+    KNOB_INT,      /* int64_t */
+    KNOB_BOOL,     /* bool */
+    KNOB_DURATION, /* int64_t milliseconds; accepts 250ms, 5s, 2m, 1h, plain = ms */
+    KNOB_SIZE,     /* int64_t bytes; accepts 64, 4k, 16M, 1G (powers of 1024) */
+};
+
+struct knob {
+    const char *name;  /* flag --name, config key name */
+    const char *alias; /* optional short flag, e.g. "-np"; NULL if none */
+    const char *env;   /* NULL: KOLO_<NAME>; "" : no environment variable */
+    enum knob_type type;
+    const char *def; /* default as text; NULL = unset (STR only) */
+    int64_t min, max; /* range for INT/DURATION/SIZE; min > max means unbounded */
+    const char *help;
+    void *dst; /* char **, int64_t *, or bool * by type */
+    /* set by knobs_parse: where the value came from */
+    const char *source; /* "default", "config", "env", "flag" */
+};
+
+enum knobs_result {
+    KNOBS_OK = 0,
+    KNOBS_HELP = -1,        /* --help was given and printed */
+    KNOBS_DUMPED = -2,      /* --dump-config was given and printed */
+    KNOBS_ERROR = -3,       /* err holds a message naming the knob */
+};
+
+/*
+ * knobs_parse fills every knob's dst from the sources above. argv[0] is
+ * skipped. On success *rest is the index of the first unparsed argument
+ * (argc if none; the "--" itself is skipped). Help and dump output go to
+ * out with usage as the first line.
+ */
+int knobs_parse(struct knob *tab, size_t n, int argc, char **argv, int *rest, const char *usage,
+                FILE *out, char *err, size_t errlen);
+void knobs_print_help(FILE *out, const char *usage, const struct knob *tab, size_t n);
+void knobs_dump(FILE *out, const struct knob *tab, size_t n);
+/* knobs_free releases the strings of KNOB_STR knobs. */
+void knobs_free(struct knob *tab, size_t n);
+
+/* Parsers shared with other code (HTTP params, job specs). 0 on success. */
+int knobs_parse_duration(const char *s, int64_t *ms);
+int knobs_parse_size(const char *s, int64_t *bytes);
+
+#endif

@@ -1,0 +1,160 @@
+/*
+ * rpc.h - kolo's RPC: one request frame, one reply frame, over nng req/rep.
+ *
+ * Frame layout (all integers big-endian), the same for requests and replies:
+ *
+ *   off  size  field
+ *     0     4  magic "KOLO"
+ *     4     2  protocol version (KOLO_PROTO_VERSION)
+ *     6     1  kind: 1 request, 2 reply
+ *     7     1  flags: bit 0 = MAC present
+ *     8    32  MAC: HMAC-SHA256(token, frame with this field zeroed)
+ *    40     8  timestamp, ms since the epoch (sender's clock)
+ *    48    16  nonce (request: random; reply: the request's, echoed)
+ *    64     8  job id          } caller identity (requests);
+ *    72     8  generation      } zero for agents and admin clients
+ *    80     4  rank (signed)   }
+ *    84     4  status (replies: a kolo error code, 0 = ok)
+ *    88     2  method length M  (requests: "Service.Method")
+ *    90     2  identity length I (requests: host id or client name)
+ *    92     4  body length B
+ *    96     M  method, I identity, B body (a protobuf message, or for an
+ *              error reply the error text)
+ *
+ * Authentication. With a cluster token configured, every request must carry
+ * a MAC computed with the token, a timestamp within +-window of the
+ * server's clock and a nonce not seen in that window; replies are MAC'd the
+ * same way and bind to the request by echoing its nonce, so a client also
+ * knows it talks to a coordinator holding the token. The token itself never
+ * travels. Without a token (loopback-only deployments) the MAC is absent
+ * and a server without a token rejects frames that carry one (a
+ * misconfiguration the operator should see).
+ *
+ * Server. The server keeps a pool of nng contexts receiving in parallel.
+ * A valid request is handed to the handler as an rpc_call (on an nng
+ * thread); the handler may answer at once or keep the call and answer
+ * later from any thread ("parking": long polls, rendezvous). Until
+ * answered, the call occupies one context, so the pool size bounds the
+ * number of parked calls. Invalid frames (garbage, truncated, over the cap,
+ * wrong version, bad MAC, replay) never reach the handler: the server
+ * answers a typed error where it can and counts them in rpc_server_stats.
+ *
+ * Client. rpc_client_call is synchronous, thread-safe (one nng context per
+ * call) and always bounded by its deadline.
+ */
+#ifndef KOLO_COMMON_RPC_H
+#define KOLO_COMMON_RPC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KOLO_PROTO_VERSION 1
+#define RPC_HEADER_LEN 96
+#define RPC_NONCE_LEN 16
+#define RPC_MAX_METHOD 64
+#define RPC_MAX_IDENTITY 128
+#define RPC_DEFAULT_MAX_MSG (16u << 20)
+#define RPC_AUTH_WINDOW_MS 120000
+
+enum rpc_kind { RPC_REQUEST = 1, RPC_REPLY = 2 };
+
+/* A decoded frame; body points into the message it was decoded from. */
+struct rpc_frame {
+    uint16_t version;
+    uint8_t kind;
+    uint8_t flags;
+    uint8_t mac[32];
+    uint64_t ts_ms;
+    uint8_t nonce[RPC_NONCE_LEN];
+    uint64_t job_id;
+    uint64_t generation;
+    int32_t rank;
+    int32_t status;
+    char method[RPC_MAX_METHOD + 1];
+    char identity[RPC_MAX_IDENTITY + 1];
+    const uint8_t *body;
+    size_t body_len;
+};
+
+/* rpc_frame_encode builds a frame into a malloc'd buffer (MAC'd when
+ * token is non-NULL). */
+int rpc_frame_encode(const struct rpc_frame *f, const char *token, uint8_t **out, size_t *out_len);
+/* rpc_frame_decode parses and bounds-checks a frame; it does not check the
+ * version or the MAC (see rpc_frame_verify) so callers can answer those
+ * with specific errors. */
+int rpc_frame_decode(const uint8_t *data, size_t len, struct rpc_frame *f);
+/* rpc_frame_verify checks the MAC of an encoded frame against token. */
+int rpc_frame_verify(const uint8_t *data, size_t len, const char *token);
+
+/* ---- server ---- */
+
+struct rpc_server;
+struct rpc_call;
+
+typedef void (*rpc_handler_fn)(struct rpc_call *call, void *arg);
+
+struct rpc_server_config {
+    const char *url;     /* e.g. "tcp://127.0.0.1:0", "inproc://x" */
+    const char *token;   /* NULL: no authentication (loopback only) */
+    size_t max_msg;      /* frame size cap; 0 = RPC_DEFAULT_MAX_MSG */
+    int contexts;        /* receive contexts = max parked calls; 0 = 256 */
+    rpc_handler_fn handler;
+    void *arg;
+};
+
+struct rpc_server_stats {
+    uint64_t requests;   /* valid requests handed to the handler */
+    uint64_t malformed;  /* garbage or truncated frames */
+    uint64_t too_big;
+    uint64_t bad_version;
+    uint64_t auth_failed; /* missing/wrong MAC, stale timestamp, replay */
+    uint64_t replies_failed;
+};
+
+int rpc_server_open(struct rpc_server **srv, const struct rpc_server_config *cfg);
+/* rpc_server_url returns the bound URL, with the real port when 0 was
+ * asked ("tcp://127.0.0.1:41234"). */
+const char *rpc_server_url(const struct rpc_server *srv);
+void rpc_server_get_stats(struct rpc_server *srv, struct rpc_server_stats *st);
+/* rpc_server_close stops receiving, fails parked calls with KOLO_ESHUTDOWN
+ * and frees everything. No handler runs after it returns. */
+void rpc_server_close(struct rpc_server *srv);
+
+/* The request, valid until the call is answered. */
+const struct rpc_frame *rpc_call_frame(const struct rpc_call *call);
+/* rpc_call_reply answers with status 0 and body; consumes the call. */
+void rpc_call_reply(struct rpc_call *call, const void *body, size_t len);
+/* rpc_call_error answers with an error code and a message; consumes it. */
+void rpc_call_error(struct rpc_call *call, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- client ---- */
+
+struct rpc_client;
+
+struct rpc_client_config {
+    const char *url;
+    const char *token;   /* NULL: no authentication */
+    const char *identity; /* host id or client name, may be NULL */
+    uint64_t job_id;
+    uint64_t generation;
+    int32_t rank;
+    size_t max_msg;      /* 0 = RPC_DEFAULT_MAX_MSG */
+};
+
+int rpc_client_open(struct rpc_client **cli, const struct rpc_client_config *cfg);
+void rpc_client_close(struct rpc_client *cli);
+/* rpc_client_set_identity changes the identity sent with later calls. */
+void rpc_client_set_identity(struct rpc_client *cli, const char *identity, uint64_t job_id,
+                             uint64_t generation, int32_t rank);
+/*
+ * rpc_client_call sends method(req) and waits at most timeout_ms for the
+ * reply. On success returns 0 and *rep (malloc'd, may be NULL when empty).
+ * On failure returns a kolo error code, with the server's message (or a
+ * local one) in err.
+ */
+int rpc_client_call(struct rpc_client *cli, const char *method, const void *req, size_t req_len,
+                    void **rep, size_t *rep_len, int timeout_ms, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,31 @@
+/*
+ * util.h - clocks, randomness and small helpers shared by every binary.
+ */
+#ifndef KOLO_COMMON_UTIL_H
+#define KOLO_COMMON_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* now_mono_ms: CLOCK_MONOTONIC in ms, for leases and deadlines. */
+uint64_t now_mono_ms(void);
+/* now_wall_ms: CLOCK_REALTIME in ms since the epoch, for records. */
+uint64_t now_wall_ms(void);
+/* random_bytes fills buf from getrandom(2); 0 or KOLO_ESYS. */
+int random_bytes(void *buf, size_t len);
+/* random_hex writes 2*nbytes hex digits and a NUL into out. */
+int random_hex(char *out, size_t nbytes);
+/* read_file_all reads a whole (small) file; caller frees *data. */
+int read_file_all(const char *path, char **data, size_t *len, size_t max);
+/* read_token_file reads a cluster token: whitespace trimmed, at least 16
+ * bytes, and the file must not be readable by group or others. */
+int read_token_file(const char *path, char **token, char *err, size_t errlen);
+/* addr_is_loopback: true for tcp://127.x / localhost / [::1] style URLs or
+ * "host:port" strings, and for inproc:// and ipc://. */
+int addr_is_loopback(const char *addr);
+/* mkdir_p creates a directory and its parents (mode 0700 for new ones). */
+int mkdir_p(const char *path);
+/* str_copy copies with truncation, always NUL-terminates; returns dst. */
+char *str_copy(char *dst, const char *src, size_t size);
+
+#endif

@@ -1,0 +1,140 @@
+/*
+ * store.h - the coordinator's durable state in one SQLite file.
+ *
+ * WAL mode, synchronous=FULL (a call that returned 0 survives a process
+ * kill and a power cut), busy_timeout, foreign keys on, and a versioned
+ * schema migrated forward at open (PRAGMA user_version). The API is narrow
+ * and typed: no caller ever sees a sqlite3 handle or writes SQL. A store is
+ * used by one thread at a time (the coordinator's main thread).
+ *
+ * Strings in the records below are owned by the caller on writes; on reads
+ * they point into storage that is valid only during the callback.
+ * Callbacks return 0 to continue, non-zero to stop (that value is returned).
+ */
+#ifndef KOLO_STORE_STORE_H
+#define KOLO_STORE_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define STORE_SCHEMA_VERSION 1
+
+struct store;
+
+struct store_host {
+    const char *id;       /* stable host id chosen by the agent */
+    const char *name;     /* name in host lists */
+    const char *hostname;
+    const char *addr;
+    int slots;
+    int cpus;
+    int gpus;
+    const char *gpu_names; /* JSON array text, may be NULL */
+    uint64_t mem_bytes;
+    const char *state;     /* "alive", "lost" */
+    uint64_t registered_ms;
+    uint64_t last_seen_ms;
+    int64_t order;         /* first-registration order; assigned by the store on insert */
+};
+
+struct store_job {
+    uint64_t id;           /* assigned by store_job_insert */
+    const char *name;
+    const char *state;     /* pending, running, succeeded, failed, stopped */
+    int np;
+    const char *argv_json; /* JSON array of strings */
+    const char *env_json;  /* JSON array of "K=V" strings */
+    const char *cwd;
+    const char *hosts;     /* "h:2,h2:2" or "" */
+    int exit_code;
+    const char *reason;
+    uint64_t generation;
+    uint32_t start_timeout_ms;
+    uint64_t submitted_ms;
+    uint64_t started_ms;
+    uint64_t ended_ms;
+};
+
+struct store_rank {
+    uint64_t job_id;
+    uint64_t generation;
+    int rank;
+    const char *host_id;
+    int local_rank, local_size, cross_rank, cross_size;
+    const char *state;     /* assigned, running, exited, lost */
+    int exit_code;
+    int term_signal;
+    int pid;
+};
+
+struct store_event {
+    int64_t id;            /* assigned on insert */
+    uint64_t ts_ms;
+    uint64_t job_id;       /* 0: none */
+    const char *host_id;   /* NULL: none */
+    const char *kind;      /* "host.registered", "host.lost", "job.failed", ... */
+    const char *message;
+};
+
+struct store_output {
+    uint64_t job_id;
+    uint64_t seq;          /* per job, assigned by the caller, increasing */
+    int rank;
+    int stream;            /* 1 stdout, 2 stderr */
+    const char *text;
+    size_t text_len;
+    uint64_t ts_ms;
+};
+
+/* store_open opens or creates the database at path and migrates it. */
+int store_open(struct store **st, const char *path, char *err, size_t errlen);
+void store_close(struct store *st);
+/* store_last_error returns the last SQLite message (for logs). */
+const char *store_last_error(const struct store *st);
+/* store_integrity_check runs PRAGMA integrity_check; 0 when "ok". */
+int store_integrity_check(struct store *st, char *err, size_t errlen);
+int store_schema_version(struct store *st);
+/* Group several writes into one durable transaction. */
+int store_begin(struct store *st);
+int store_commit(struct store *st);
+int store_rollback(struct store *st);
+
+int store_meta_get(struct store *st, const char *key, char *value, size_t size);
+int store_meta_put(struct store *st, const char *key, const char *value);
+
+/* hosts */
+int store_host_put(struct store *st, const struct store_host *h); /* upsert by id */
+int store_host_set_state(struct store *st, const char *id, const char *state, uint64_t ts_ms);
+typedef int (*store_host_fn)(const struct store_host *h, void *arg);
+int store_hosts_each(struct store *st, store_host_fn fn, void *arg); /* by order */
+
+/* jobs */
+int store_job_insert(struct store *st, struct store_job *job); /* sets job->id */
+int store_job_update(struct store *st, const struct store_job *job); /* all mutable fields */
+typedef int (*store_job_fn)(const struct store_job *j, void *arg);
+int store_jobs_each(struct store *st, store_job_fn fn, void *arg); /* by id */
+
+/* generations and ranks */
+int store_generation_add(struct store *st, uint64_t job_id, uint64_t generation, const char *cause,
+                         int size, uint64_t ts_ms);
+int store_ranks_put(struct store *st, const struct store_rank *ranks, size_t n);
+int store_rank_update(struct store *st, const struct store_rank *r); /* state, exit, signal, pid */
+typedef int (*store_rank_fn)(const struct store_rank *r, void *arg);
+int store_ranks_each(struct store *st, uint64_t job_id, uint64_t generation, store_rank_fn fn,
+                     void *arg);
+
+/* events */
+int store_event_add(struct store *st, struct store_event *ev); /* sets ev->id */
+typedef int (*store_event_fn)(const struct store_event *ev, void *arg);
+/* job_id 0 = all jobs; newest first when limit > 0 and after_id < 0 */
+int store_events_each(struct store *st, uint64_t job_id, int64_t after_id, int limit,
+                      store_event_fn fn, void *arg);
+
+/* worker output */
+int store_output_append(struct store *st, const struct store_output *lines, size_t n);
+typedef int (*store_output_fn)(const struct store_output *o, void *arg);
+int store_output_each(struct store *st, uint64_t job_id, uint64_t after_seq, int limit,
+                      store_output_fn fn, void *arg);
+int store_output_max_seq(struct store *st, uint64_t job_id, uint64_t *seq);
+
+#endif
