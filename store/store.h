@@ -9,7 +9,15 @@
  *
  * Strings in the records below are owned by the caller on writes; on reads
  * they point into storage that is valid only during the callback.
+ * A NULL string is stored as NULL and read back as NULL; the fields
+ * documented as required make a write fail with KOLO_EINVAL when NULL.
  * Callbacks return 0 to continue, non-zero to stop (that value is returned).
+ *
+ * Writes return 0 or a kolo error code (common/errors.h): KOLO_EINVAL for
+ * bad arguments, KOLO_ENOTFOUND when an update matches no row or a record
+ * names a job or host that is not stored, KOLO_EEXIST when a key is already
+ * taken (a generation or output seq stored twice), KOLO_ESTORE for any
+ * other SQLite failure; store_last_error() then says what happened.
  */
 #ifndef KOLO_STORE_STORE_H
 #define KOLO_STORE_STORE_H
@@ -35,6 +43,7 @@ struct store_host {
     uint64_t registered_ms;
     uint64_t last_seen_ms;
     int64_t order;         /* first-registration order; assigned by the store on insert */
+    const char *agent_instance; /* random per agent process; tells restarts apart */
 };
 
 struct store_job {
@@ -86,30 +95,43 @@ struct store_output {
     uint64_t ts_ms;
 };
 
-/* store_open opens or creates the database at path and migrates it. */
+/* store_open opens or creates the database at path and migrates it. A
+ * database written by a newer kolo (user_version > STORE_SCHEMA_VERSION) is
+ * refused with KOLO_ESTORE. On failure err holds the reason. */
 int store_open(struct store **st, const char *path, char *err, size_t errlen);
 void store_close(struct store *st);
 /* store_last_error returns the last SQLite message (for logs). */
 const char *store_last_error(const struct store *st);
 /* store_integrity_check runs PRAGMA integrity_check; 0 when "ok". */
 int store_integrity_check(struct store *st, char *err, size_t errlen);
+/* store_schema_version returns PRAGMA user_version, or -1 on error. */
 int store_schema_version(struct store *st);
-/* Group several writes into one durable transaction. */
+/* Group several writes into one durable transaction. Calls nest: only the
+ * outermost begin/commit pair is a real transaction, inner levels are
+ * savepoints, so an inner rollback undoes only its own writes. */
 int store_begin(struct store *st);
 int store_commit(struct store *st);
 int store_rollback(struct store *st);
 
+/* store_meta_get copies the value into value (NUL-terminated);
+ * KOLO_ENOTFOUND if key is unset, KOLO_ETOOBIG if it does not fit. */
 int store_meta_get(struct store *st, const char *key, char *value, size_t size);
 int store_meta_put(struct store *st, const char *key, const char *value);
 
 /* hosts */
+/* store_host_put inserts or updates by id (id and state required). A re-put
+ * keeps the host's original order and registered_ms; h->order is ignored. */
 int store_host_put(struct store *st, const struct store_host *h); /* upsert by id */
+/* store_host_set_state sets state and records ts_ms as last_seen_ms. */
 int store_host_set_state(struct store *st, const char *id, const char *state, uint64_t ts_ms);
 typedef int (*store_host_fn)(const struct store_host *h, void *arg);
 int store_hosts_each(struct store *st, store_host_fn fn, void *arg); /* by order */
 
 /* jobs */
 int store_job_insert(struct store *st, struct store_job *job); /* sets job->id */
+/* store_job_update writes the mutable fields of job->id: state, np, hosts,
+ * exit_code, reason, generation, start_timeout_ms, started_ms, ended_ms.
+ * name, argv_json, env_json, cwd and submitted_ms are fixed at insert. */
 int store_job_update(struct store *st, const struct store_job *job); /* all mutable fields */
 typedef int (*store_job_fn)(const struct store_job *j, void *arg);
 int store_jobs_each(struct store *st, store_job_fn fn, void *arg); /* by id */
@@ -126,15 +148,22 @@ int store_ranks_each(struct store *st, uint64_t job_id, uint64_t generation, sto
 /* events */
 int store_event_add(struct store *st, struct store_event *ev); /* sets ev->id */
 typedef int (*store_event_fn)(const struct store_event *ev, void *arg);
-/* job_id 0 = all jobs; newest first when limit > 0 and after_id < 0 */
+/* job_id 0 = all jobs. after_id >= 0: events with id > after_id, ascending,
+ * at most limit (limit <= 0: no limit). after_id < 0 and limit > 0: the
+ * newest `limit` events, still delivered in ascending id order. */
 int store_events_each(struct store *st, uint64_t job_id, int64_t after_id, int limit,
                       store_event_fn fn, void *arg);
 
 /* worker output */
+/* store_output_append stores n lines in one transaction (all or none). */
 int store_output_append(struct store *st, const struct store_output *lines, size_t n);
 typedef int (*store_output_fn)(const struct store_output *o, void *arg);
+/* store_output_each gives a job's lines with seq > after_seq in seq order,
+ * at most limit (<= 0: all). o->text holds text_len bytes, which may
+ * include NUL; a NUL also follows them, at text[text_len]. */
 int store_output_each(struct store *st, uint64_t job_id, uint64_t after_seq, int limit,
                       store_output_fn fn, void *arg);
+/* store_output_max_seq sets *seq to the job's highest seq, 0 if none. */
 int store_output_max_seq(struct store *st, uint64_t job_id, uint64_t *seq);
 
 #endif

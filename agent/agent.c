@@ -1,0 +1,482 @@
+/*
+ * agent.c - the agent's lifecycle: configuration, host id, the loop
+ * thread and the mailbox between the threads (see agent_int.h).
+ *
+ * DESIGN. The libuv loop runs on a thread of its own and owns every
+ * worker; other threads talk to it only through the mailbox under
+ * agent.mu plus uv_async_send, the one libuv call that is thread-safe.
+ * The mailbox holds at most one desired set (a newer one replaces an
+ * unread older one: each is the full set, so only the latest matters) and
+ * the stop request. A wake is sent only while loop_alive is set; the loop
+ * clears it under the lock before closing the async handle, so no thread
+ * can touch a closed handle.
+ *
+ * Shutdown runs on the loop: every worker is stopped (SIGTERM, SIGKILL
+ * after the grace); once the last worker's handles are closed the loop
+ * closes its own and uv_run returns. A timer bounds the whole thing in
+ * case a process survives SIGKILL (a task stuck in a driver). Only then
+ * is the link stopped, so the last Report carries the workers' exits.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pwd.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "agent_int.h"
+#include "errors.h"
+#include "log.h"
+#include "rpc.h"
+#include "util.h"
+
+/* How long the shutdown waits, beyond the grace, for processes that were
+ * sent SIGKILL before it gives up on them. */
+#define AGENT_STOP_SLACK_MS 3000
+
+static int set_err(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int set_err(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+/* ---------------------------------------------------------------- host id */
+
+static int default_state_dir(const char *name, char *out, size_t n)
+{
+    char safe[256];
+    str_copy(safe, name, sizeof(safe));
+    for (char *p = safe; *p; p++)
+        if (*p == '/')
+            *p = '_';
+    const char *xdg = getenv("XDG_STATE_HOME");
+    if (xdg && xdg[0] == '/') {
+        snprintf(out, n, "%s/kolo/agent-%s", xdg, safe);
+        return 0;
+    }
+    const char *home = getenv("HOME");
+    if (!home || !*home) {
+        struct passwd *pw = getpwuid(getuid());
+        home = pw ? pw->pw_dir : NULL;
+    }
+    if (!home || !*home)
+        return KOLO_EINVAL;
+    snprintf(out, n, "%s/.local/state/kolo/agent-%s", home, safe);
+    return 0;
+}
+
+static bool host_id_valid(const char *s, size_t len)
+{
+    if (len < 8 || len > 32)
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              c == '-' || c == '_'))
+            return false;
+    }
+    return true;
+}
+
+/* load_host_id reads <state_dir>/host-id, or creates it. The id is what
+ * lets a restarted agent (or a restarted coordinator) recognise the host,
+ * so an unreadable file is an error rather than a reason to make a new
+ * identity; only a missing or mangled one is replaced. */
+static int load_host_id(struct agent *a, char *err, size_t errlen)
+{
+    char path[PATH_MAX], tmp[PATH_MAX];
+    int rc = mkdir_p(a->state_dir);
+    if (rc)
+        return set_err(err, errlen, rc, "cannot create state directory %s: %s", a->state_dir,
+                       strerror(errno));
+    snprintf(path, sizeof(path), "%s/host-id", a->state_dir);
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        char *data = NULL;
+        size_t len = 0;
+        rc = read_file_all(path, &data, &len, 4096);
+        if (rc) {
+            free(data);
+            return set_err(err, errlen, rc, "cannot read host id from %s: %s", path,
+                           kolo_strerror(rc));
+        }
+        size_t b = 0, e = len;
+        while (b < e && (data[b] == ' ' || data[b] == '\n' || data[b] == '\r' || data[b] == '\t'))
+            b++;
+        while (e > b && (data[e - 1] == ' ' || data[e - 1] == '\n' || data[e - 1] == '\r' ||
+                         data[e - 1] == '\t'))
+            e--;
+        if (host_id_valid(data + b, e - b)) {
+            memcpy(a->host_id, data + b, e - b);
+            a->host_id[e - b] = '\0';
+            free(data);
+            return 0;
+        }
+        free(data);
+        LOGW("agent", "%s does not hold a host id; making a new one", path);
+    } else if (errno != ENOENT) {
+        return set_err(err, errlen, KOLO_ESYS, "cannot read host id from %s: %s", path,
+                       strerror(errno));
+    }
+
+    if ((rc = random_hex(a->host_id, 16)) != 0)
+        return set_err(err, errlen, rc, "cannot make a host id: no randomness");
+    /* Write and rename, so a crash never leaves a half-written id behind. */
+    snprintf(tmp, sizeof(tmp), "%s/host-id.tmp", a->state_dir);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return set_err(err, errlen, KOLO_ESYS, "cannot write %s: %s", tmp, strerror(errno));
+    char line[40];
+    int n = snprintf(line, sizeof(line), "%s\n", a->host_id);
+    bool ok = write(fd, line, (size_t)n) == n && fsync(fd) == 0;
+    int e = errno;
+    close(fd);
+    if (!ok || rename(tmp, path) != 0) {
+        e = ok ? errno : e;
+        unlink(tmp);
+        return set_err(err, errlen, KOLO_ESYS, "cannot write %s: %s", path, strerror(e));
+    }
+    LOGI("agent", "new host id %s (saved in %s)", a->host_id, path);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- shared state */
+
+void agent_running_add(struct agent *a, uint64_t job_id, uint64_t generation, int32_t rank,
+                       int32_t pid)
+{
+    pthread_mutex_lock(&a->mu);
+    if (a->n_running == a->cap_running) {
+        size_t cap = a->cap_running ? a->cap_running * 2 : 16;
+        Kolo__RunningWorker *r = realloc(a->running, cap * sizeof(*r));
+        if (!r) {
+            pthread_mutex_unlock(&a->mu);
+            LOGE("agent", "out of memory tracking a running worker");
+            return;
+        }
+        a->running = r;
+        a->cap_running = cap;
+    }
+    Kolo__RunningWorker init = KOLO__RUNNING_WORKER__INIT;
+    init.job_id = job_id;
+    init.generation = generation;
+    init.rank = rank;
+    init.pid = pid;
+    a->running[a->n_running++] = init;
+    a->stats.workers_alive = (int)a->n_running;
+    pthread_mutex_unlock(&a->mu);
+}
+
+void agent_running_remove(struct agent *a, uint64_t job_id, uint64_t generation, int32_t rank)
+{
+    pthread_mutex_lock(&a->mu);
+    for (size_t i = 0; i < a->n_running; i++) {
+        Kolo__RunningWorker *r = &a->running[i];
+        if (r->job_id == job_id && r->generation == generation && r->rank == rank) {
+            a->running[i] = a->running[--a->n_running];
+            break;
+        }
+    }
+    a->stats.workers_alive = (int)a->n_running;
+    pthread_mutex_unlock(&a->mu);
+}
+
+void agent_post_desired(struct agent *a, Kolo__HeartbeatReply *rep)
+{
+    Kolo__HeartbeatReply *old = NULL;
+    pthread_mutex_lock(&a->mu);
+    if (a->loop_alive) {
+        old = a->mail_desired;
+        a->mail_desired = rep;
+        uv_async_send(&a->wake);
+    } else {
+        old = rep;
+    }
+    pthread_mutex_unlock(&a->mu);
+    if (old)
+        kolo__heartbeat_reply__free_unpacked(old, NULL);
+}
+
+void agent_queue_event(struct agent *a, const Kolo__WorkerEvent *ev)
+{
+    pthread_mutex_lock(&a->mu);
+    if (outbox_push_event(&a->outbox, ev))
+        pthread_cond_broadcast(&a->cond);
+    pthread_mutex_unlock(&a->mu);
+}
+
+void agent_queue_line(struct agent *a, uint64_t job_id, int32_t rank, int stream,
+                      const char *text, size_t len)
+{
+    uint64_t ts = now_wall_ms();
+    pthread_mutex_lock(&a->mu);
+    if (outbox_push_line(&a->outbox, job_id, rank, stream, text, len, ts))
+        pthread_cond_broadcast(&a->cond);
+    a->stats.dropped_lines = a->outbox.dropped;
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* ---------------------------------------------------------------- loop */
+
+static void on_stop_deadline(uv_timer_t *t)
+{
+    struct agent *a = t->data;
+    LOGE("agent", "workers still running %d ms after SIGKILL; giving up on them",
+         AGENT_STOP_SLACK_MS);
+    supervise_force_close(a);
+}
+
+void agent_loop_check_done(struct agent *a)
+{
+    if (!a->shutting_down || !supervise_idle(a) || uv_is_closing((uv_handle_t *)&a->wake))
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->loop_alive = false;
+    pthread_mutex_unlock(&a->mu);
+    uv_close((uv_handle_t *)&a->wake, NULL);
+    uv_close((uv_handle_t *)&a->stop_timer, NULL);
+}
+
+static void on_wake(uv_async_t *h)
+{
+    struct agent *a = h->data;
+    pthread_mutex_lock(&a->mu);
+    Kolo__HeartbeatReply *rep = a->mail_desired;
+    a->mail_desired = NULL;
+    bool stop = a->mail_stop;
+    pthread_mutex_unlock(&a->mu);
+
+    if (rep) {
+        if (!a->shutting_down)
+            supervise_reconcile(a, rep);
+        kolo__heartbeat_reply__free_unpacked(rep, NULL);
+    }
+    if (stop && !a->shutting_down) {
+        a->shutting_down = true;
+        supervise_stop_all(a);
+        uv_timer_start(&a->stop_timer, on_stop_deadline,
+                       (uint64_t)(a->grace_ms + AGENT_STOP_SLACK_MS), 0);
+        agent_loop_check_done(a);
+    }
+}
+
+static void *loop_main(void *arg)
+{
+    struct agent *a = arg;
+    uv_run(&a->loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+static void walk_cb(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    LOGE("agent", "  handle left open: %s%s", uv_handle_type_name(h->type),
+         uv_is_closing(h) ? " (closing)" : "");
+}
+
+/* ---------------------------------------------------------------- start, stop */
+
+static void agent_free(struct agent *a)
+{
+    if (a->rpc)
+        rpc_client_close(a->rpc);
+    if (a->mail_desired)
+        kolo__heartbeat_reply__free_unpacked(a->mail_desired, NULL);
+    outbox_free(&a->outbox);
+    inventory_free(&a->inv);
+    pthread_cond_destroy(&a->cond);
+    pthread_mutex_destroy(&a->mu);
+    free(a->running);
+    free(a->url);
+    free(a->token);
+    free(a->name);
+    free(a->addr);
+    free(a->state_dir);
+    free(a->exec_path);
+    free(a);
+}
+
+static char *dup_or_null(const char *s, bool *oom)
+{
+    if (!s)
+        return NULL;
+    char *d = strdup(s);
+    if (!d)
+        *oom = true;
+    return d;
+}
+
+int agent_start(struct agent **out, const struct agent_config *cfg, char *err, size_t errlen)
+{
+    char buf[PATH_MAX];
+    bool oom = false;
+    int rc;
+
+    *out = NULL;
+    if (err && errlen)
+        err[0] = '\0';
+    if (!cfg || !cfg->coordinator_url || !*cfg->coordinator_url)
+        return set_err(err, errlen, KOLO_EINVAL, "no coordinator address given");
+    if (cfg->slots < 0 || cfg->stop_grace_ms < 0)
+        return set_err(err, errlen, KOLO_EINVAL, "slots and stop grace must not be negative");
+
+    struct agent *a = calloc(1, sizeof(*a));
+    if (!a)
+        return set_err(err, errlen, KOLO_ENOMEM, "out of memory");
+    pthread_mutex_init(&a->mu, NULL);
+    /* Timed waits on the cond are deadlines: measure them on the
+     * monotonic clock so a wall-clock step cannot stretch them. */
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&a->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    outbox_init(&a->outbox, AGENT_OUTBOX_CAP);
+    a->pid = (int)getpid();
+
+    if (gethostname(a->hostname, sizeof(a->hostname) - 1) != 0 || !a->hostname[0])
+        str_copy(a->hostname, "localhost", sizeof(a->hostname));
+    a->url = dup_or_null(cfg->coordinator_url, &oom);
+    a->token = cfg->token && *cfg->token ? dup_or_null(cfg->token, &oom) : NULL;
+    a->name = dup_or_null(cfg->name && *cfg->name ? cfg->name : a->hostname, &oom);
+    if (cfg->addr && *cfg->addr) {
+        a->addr = dup_or_null(cfg->addr, &oom);
+    } else {
+        host_default_addr(a->hostname, buf, sizeof(buf));
+        a->addr = dup_or_null(buf, &oom);
+    }
+    if (cfg->exec_path && *cfg->exec_path) {
+        a->exec_path = dup_or_null(cfg->exec_path, &oom);
+    } else {
+        ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+        if (n <= 0) {
+            agent_free(a);
+            return set_err(err, errlen, KOLO_ESYS, "cannot find the kolo binary: %s",
+                           strerror(errno));
+        }
+        buf[n] = '\0';
+        a->exec_path = dup_or_null(buf, &oom);
+    }
+    if (cfg->state_dir && *cfg->state_dir) {
+        a->state_dir = dup_or_null(cfg->state_dir, &oom);
+    } else if (default_state_dir(a->name, buf, sizeof(buf)) == 0) {
+        a->state_dir = dup_or_null(buf, &oom);
+    } else {
+        agent_free(a);
+        return set_err(err, errlen, KOLO_EINVAL,
+                       "no state directory: set --state-dir, XDG_STATE_HOME or HOME");
+    }
+    if (oom) {
+        agent_free(a);
+        return set_err(err, errlen, KOLO_ENOMEM, "out of memory");
+    }
+    if (access(a->exec_path, X_OK) != 0) {
+        rc = set_err(err, errlen, KOLO_EINVAL, "cannot run %s: %s", a->exec_path,
+                     strerror(errno));
+        agent_free(a);
+        return rc;
+    }
+    if ((rc = load_host_id(a, err, errlen)) != 0) {
+        agent_free(a);
+        return rc;
+    }
+    if ((rc = random_hex(a->instance, 8)) != 0) {
+        agent_free(a);
+        return set_err(err, errlen, rc, "no randomness");
+    }
+
+    inventory_probe(&a->inv);
+    a->slots = cfg->slots > 0 ? cfg->slots : a->inv.gpus > 0 ? a->inv.gpus : a->inv.cpus;
+    a->stop_grace_ms = cfg->stop_grace_ms > 0 ? cfg->stop_grace_ms : AGENT_DEFAULT_GRACE_MS;
+    a->grace_ms = a->stop_grace_ms;
+
+    if ((rc = uv_loop_init(&a->loop)) != 0) {
+        rc = set_err(err, errlen, KOLO_ESYS, "cannot create the event loop: %s",
+                     uv_strerror(rc));
+        agent_free(a);
+        return rc;
+    }
+    if ((rc = uv_async_init(&a->loop, &a->wake, on_wake)) != 0) {
+        uv_loop_close(&a->loop);
+        rc = set_err(err, errlen, KOLO_ESYS, "cannot create the event loop: %s",
+                     uv_strerror(rc));
+        agent_free(a);
+        return rc;
+    }
+    a->wake.data = a;
+    uv_timer_init(&a->loop, &a->stop_timer);
+    a->stop_timer.data = a;
+    a->loop_alive = true;
+
+    /* The link opens the RPC client; then the loop thread starts, and the
+     * link's threads last, so nothing is posted to a loop not running. */
+    rc = link_start(a, err, errlen);
+    if (rc == 0 && (rc = pthread_create(&a->loop_thread, NULL, loop_main, a)) != 0) {
+        set_err(err, errlen, KOLO_ESYS, "cannot start the loop thread: %s", strerror(rc));
+        rc = KOLO_ESYS;
+        link_stop(a);
+    }
+    if (rc != 0) {
+        uv_close((uv_handle_t *)&a->wake, NULL);
+        uv_close((uv_handle_t *)&a->stop_timer, NULL);
+        uv_run(&a->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&a->loop);
+        agent_free(a);
+        return rc;
+    }
+    LOGI("agent", "agent %s (host id %s, %s, %d slots, %d cpus, %d gpus) -> %s", a->name,
+         a->host_id, a->addr, a->slots, a->inv.cpus, a->inv.gpus, a->url);
+    *out = a;
+    return 0;
+}
+
+void agent_stop(struct agent *a)
+{
+    if (!a)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->mail_stop = true;
+    if (a->loop_alive)
+        uv_async_send(&a->wake);
+    pthread_mutex_unlock(&a->mu);
+    /* Bounded: the loop gives up on workers AGENT_STOP_SLACK_MS after the
+     * SIGKILL (on_stop_deadline). */
+    pthread_join(a->loop_thread, NULL);
+
+    int rc = uv_loop_close(&a->loop);
+    if (rc != 0) {
+        LOGE("agent", "event loop not empty at shutdown (%s)", uv_strerror(rc));
+        uv_walk(&a->loop, walk_cb, NULL);
+    }
+    /* Last: the reporter still flushes the workers' exits (bounded 2 s). */
+    link_stop(a);
+    LOGI("agent", "agent %s stopped", a->name);
+    agent_free(a);
+}
+
+int agent_host_id(const struct agent *a, char *out, size_t n)
+{
+    if (!a || !out || n <= strlen(a->host_id))
+        return KOLO_EINVAL;
+    memcpy(out, a->host_id, strlen(a->host_id) + 1);
+    return 0;
+}
+
+void agent_get_stats(struct agent *a, struct agent_stats *st)
+{
+    pthread_mutex_lock(&a->mu);
+    *st = a->stats;
+    pthread_mutex_unlock(&a->mu);
+}

@@ -1,0 +1,32 @@
+/*
+ * cli.h - the user-facing subcommands of the kolo binary and the helpers
+ * they share for talking to a coordinator.
+ */
+#ifndef KOLO_CLI_CLI_H
+#define KOLO_CLI_CLI_H
+
+#include <stddef.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+#include "rpc.h"
+
+int cmd_run(int argc, char **argv);
+int cmd_status(int argc, char **argv);
+
+/* cli_token loads the token from path (NULL/"" = none); 0 or an error. */
+int cli_token(const char *path, char **token, char *err, size_t errlen);
+
+/*
+ * cli_call packs req, calls method and unpacks the reply with rep_desc.
+ * Returns 0 and *rep (free with protobuf_c_message_free_unpacked), or a
+ * kolo error with a message in err.
+ */
+int cli_call(struct rpc_client *cli, const char *method, const ProtobufCMessage *req,
+             const ProtobufCMessageDescriptor *rep_desc, ProtobufCMessage **rep, int timeout_ms,
+             char *err, size_t errlen);
+
+/* cli_state_dir returns $XDG_STATE_HOME/kolo or ~/.local/state/kolo (malloc'd). */
+char *cli_state_dir(void);
+
+#endif

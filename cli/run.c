@@ -1,0 +1,390 @@
+/*
+ * run.c - `kolo run`, the user's entry point, shaped like horovodrun.
+ *
+ *   kolo run -np 4 [-H host1:2,host2:2] [--coordinator tcp://HOST:PORT] -- python train.py
+ *
+ * Without --coordinator it starts an embedded coordinator and agent on
+ * loopback (database under the state directory, one file per run so
+ * concurrent runs never share state), submits the job, streams every
+ * worker's output as "[rank]<stdout>:line", and exits with the job's exit
+ * code. SIGINT or SIGTERM stops the job on every host and waits (bounded)
+ * until the workers are gone; a second one stops waiting.
+ */
+#include "cli.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "agent.h"
+#include "coord.h"
+#include "errors.h"
+#include "knobs.h"
+#include "kolo.pb-c.h"
+#include "log.h"
+#include "util.h"
+
+#define RUNS_KEPT 20
+#define STREAM_WAIT_MS 500
+#define COORD_RETRY_MS 60000
+
+static const char usage[] =
+    "usage: kolo run -np N [-H host1:slots,host2:slots] [--coordinator tcp://HOST:PORT]\n"
+    "                [options] [--] command [args...]";
+
+extern char **environ;
+
+static atomic_int stop_signal;
+static atomic_int stop_count;
+
+static void on_stop_signal(int sig)
+{
+    atomic_store(&stop_signal, sig);
+    atomic_fetch_add(&stop_count, 1);
+}
+
+/* Variables a worker must not inherit from the submitter (horovodrun
+ * drops the same kind): secrets, shell leftovers, per-process identity. */
+static bool env_passes(const char *entry)
+{
+    static const char *drop_prefix[] = {"KOLO_TOKEN=",   "HOROVOD_SECRET_KEY=", "OLDPWD=",
+                                        "BASH_FUNC_",    "_=",                  "KOLO_RANK=",
+                                        "KOLO_SIZE=",    "KOLO_LOCAL_",         "KOLO_CROSS_",
+                                        "KOLO_JOB=",     "KOLO_GENERATION=",    "KOLO_AGENT_PID=",
+                                        "HOROVOD_RANK=", "HOROVOD_SIZE=",       "HOROVOD_LOCAL_",
+                                        "HOROVOD_CROSS_", "HOROVOD_HOSTNAME="};
+    for (size_t i = 0; i < sizeof(drop_prefix) / sizeof(drop_prefix[0]); i++)
+        if (strncmp(entry, drop_prefix[i], strlen(drop_prefix[i])) == 0)
+            return false;
+    const char *eq = strchr(entry, '=');
+    if (!eq)
+        return false;
+    size_t nlen = (size_t)(eq - entry), suf = strlen("CUDA_VISIBLE_DEVICES");
+    if (nlen >= suf && strncmp(eq - suf, "CUDA_VISIBLE_DEVICES", suf) == 0)
+        return false;
+    return true;
+}
+
+/* Keeps the newest RUNS_KEPT run databases. Names sort by start time. */
+static void prune_runs(const char *dir)
+{
+    struct dirent **names = NULL;
+    int n = scandir(dir, &names, NULL, alphasort);
+    int dbs = 0;
+    for (int i = 0; i < n; i++) {
+        size_t len = strlen(names[i]->d_name);
+        if (strncmp(names[i]->d_name, "run-", 4) == 0 && len > 3 &&
+            strcmp(names[i]->d_name + len - 3, ".db") == 0)
+            dbs++;
+    }
+    for (int i = 0; i < n; i++) {
+        const char *nm = names[i]->d_name;
+        size_t len = strlen(nm);
+        if (dbs > RUNS_KEPT && strncmp(nm, "run-", 4) == 0 && len > 3 &&
+            strcmp(nm + len - 3, ".db") == 0) {
+            char path[4096];
+            static const char *sfx[] = {"", "-wal", "-shm"};
+            for (int k = 0; k < 3; k++) {
+                snprintf(path, sizeof(path), "%s/%s%s", dir, nm, sfx[k]);
+                unlink(path);
+            }
+            dbs--;
+        }
+        free(names[i]);
+    }
+    free(names);
+}
+
+struct run_opts {
+    int64_t np;
+    char *hosts, *coordinator, *token_file, *name, *http, *state_dir, *log_level;
+    int64_t start_timeout, slots, grace;
+    bool verbose;
+};
+
+/* Streams the job's output until it is done; returns the exit code. */
+static int stream_job(struct rpc_client *cli, uint64_t job_id, int64_t grace)
+{
+    uint64_t after = 0;
+    char last_reason[512] = "";
+    char err[1024];
+    uint64_t unreachable_since = 0, stop_sent_at = 0;
+    int handled_stops = 0;
+    for (;;) {
+        int stops = atomic_load(&stop_count);
+        if (stops > handled_stops) {
+            if (stops >= 2) {
+                fprintf(stderr, "[kolo] interrupted again: not waiting for job %llu to stop\n",
+                        (unsigned long long)job_id);
+                return 128 + atomic_load(&stop_signal);
+            }
+            handled_stops = stops;
+            Kolo__StopJobRequest sreq = KOLO__STOP_JOB_REQUEST__INIT;
+            char reason[64];
+            snprintf(reason, sizeof(reason), "interrupted by signal %d in kolo run",
+                     atomic_load(&stop_signal));
+            sreq.job_id = job_id;
+            sreq.reason = reason;
+            ProtobufCMessage *srep = NULL;
+            fprintf(stderr, "[kolo] stopping job %llu\n", (unsigned long long)job_id);
+            if (cli_call(cli, "AdminService.StopJob", &sreq.base, &kolo__stop_job_reply__descriptor,
+                         &srep, 5000, err, sizeof(err)) == 0)
+                protobuf_c_message_free_unpacked(srep, NULL);
+            else if (!strstr(err, "ended"))
+                fprintf(stderr, "[kolo] cannot stop job %llu: %s\n", (unsigned long long)job_id,
+                        err);
+            stop_sent_at = now_mono_ms();
+        }
+        if (stop_sent_at && now_mono_ms() - stop_sent_at > (uint64_t)grace + 10000) {
+            fprintf(stderr, "[kolo] job %llu did not stop in time\n", (unsigned long long)job_id);
+            return 128 + atomic_load(&stop_signal);
+        }
+
+        Kolo__StreamOutputRequest req = KOLO__STREAM_OUTPUT_REQUEST__INIT;
+        req.job_id = job_id;
+        req.after_seq = after;
+        req.wait_ms = STREAM_WAIT_MS;
+        req.max_lines = 2000;
+        ProtobufCMessage *msg = NULL;
+        int rv = cli_call(cli, "AdminService.StreamOutput", &req.base,
+                          &kolo__stream_output_reply__descriptor, &msg, STREAM_WAIT_MS + 5000, err,
+                          sizeof(err));
+        if (rv == KOLO_ETIMEDOUT || rv == KOLO_ECONNREFUSED || rv == KOLO_ESHUTDOWN ||
+            rv == KOLO_EIO) {
+            /* The coordinator may be restarting: the job lives on in its
+             * database. Keep asking for a while. */
+            if (!unreachable_since) {
+                unreachable_since = now_mono_ms();
+                fprintf(stderr, "[kolo] coordinator unreachable (%s); retrying\n", err);
+            } else if (now_mono_ms() - unreachable_since > COORD_RETRY_MS) {
+                fprintf(stderr, "[kolo] giving up on the coordinator: %s\n", err);
+                return 1;
+            }
+            usleep(200000);
+            continue;
+        }
+        if (rv != 0) {
+            fprintf(stderr, "[kolo] cannot follow job %llu: %s\n", (unsigned long long)job_id,
+                    err);
+            return 1;
+        }
+        if (unreachable_since) {
+            fprintf(stderr, "[kolo] coordinator reachable again\n");
+            unreachable_since = 0;
+        }
+        Kolo__StreamOutputReply *rep = (Kolo__StreamOutputReply *)msg;
+        for (size_t i = 0; i < rep->n_lines; i++) {
+            Kolo__OutputLine *l = rep->lines[i];
+            bool err_stream = l->stream == KOLO__OUTPUT_STREAM__OUTPUT_STDERR;
+            FILE *f = err_stream ? stderr : stdout;
+            fprintf(f, "[%d]<%s>:", l->rank, err_stream ? "stderr" : "stdout");
+            fwrite(l->text.data, 1, l->text.len, f);
+            fputc('\n', f);
+        }
+        fflush(stdout);
+        if (rep->next_seq > after)
+            after = rep->next_seq;
+        if (strcmp(rep->state, "pending") == 0 && strcmp(rep->reason, last_reason) != 0) {
+            fprintf(stderr, "[kolo] job %llu pending: %s\n", (unsigned long long)job_id,
+                    rep->reason);
+            str_copy(last_reason, rep->reason, sizeof(last_reason));
+        }
+        if (rep->done) {
+            int code = rep->exit_code;
+            if (strcmp(rep->state, "succeeded") != 0)
+                fprintf(stderr, "[kolo] job %llu %s: %s (exit code %d)\n",
+                        (unsigned long long)job_id, rep->state, rep->reason, rep->exit_code);
+            if (strcmp(rep->state, "failed") == 0 && code == 0)
+                code = 1;
+            protobuf_c_message_free_unpacked(msg, NULL);
+            if (handled_stops)
+                return 128 + atomic_load(&stop_signal);
+            return code;
+        }
+        protobuf_c_message_free_unpacked(msg, NULL);
+    }
+}
+
+int cmd_run(int argc, char **argv)
+{
+    struct run_opts o = {0};
+    struct knob tab[] = {
+        {"np", "-np", "", KNOB_INT, "0", 1, 65536, "number of worker processes (required)",
+         &o.np},
+        {"hosts", "-H", "", KNOB_STR, NULL, 0, -1,
+         "hosts and slots to use, host1:2,host2:2 (default: any agent's free slots)", &o.hosts},
+        {"coordinator", NULL, "KOLO_RUN_COORDINATOR", KNOB_STR, NULL, 0, -1,
+         "submit to this coordinator (tcp://HOST:PORT) instead of an embedded one",
+         &o.coordinator},
+        {"token-file", NULL, NULL, KNOB_STR, NULL, 0, -1, "file holding the cluster token",
+         &o.token_file},
+        {"start-timeout", NULL, "", KNOB_DURATION, "30s", 0, 86400000,
+         "fail if the job cannot be placed within this time (0 waits forever)",
+         &o.start_timeout},
+        {"name", NULL, "", KNOB_STR, NULL, 0, -1, "job name (default: the command)", &o.name},
+        {"http", NULL, "", KNOB_STR, "127.0.0.1:0", 0, -1,
+         "embedded coordinator: HTTP address of REST and the dashboard", &o.http},
+        {"slots", NULL, "", KNOB_INT, "0", 0, 65536,
+         "embedded agent: slots (default: the larger of -np and the CPU count)", &o.slots},
+        {"state-dir", NULL, NULL, KNOB_STR, NULL, 0, -1,
+         "embedded coordinator: directory of run databases (default $XDG_STATE_HOME/kolo)",
+         &o.state_dir},
+        {"stop-grace", NULL, "", KNOB_DURATION, "5s", 0, 3600000,
+         "embedded agent: SIGTERM -> SIGKILL grace when stopping workers", &o.grace},
+        {"verbose", NULL, "", KNOB_BOOL, "false", 0, -1,
+         "log what the embedded coordinator and agent do", &o.verbose},
+        {"log-level", NULL, "KOLO_LOG_LEVEL", KNOB_STR, "warn", 0, -1,
+         "trace, debug, info, warn, error or off", &o.log_level},
+    };
+    size_t n = sizeof(tab) / sizeof(tab[0]);
+    char err[1024];
+    int rest = 0;
+    int rv = knobs_parse(tab, n, argc, argv, &rest, usage, stdout, err, sizeof(err));
+    if (rv == KNOBS_HELP || rv == KNOBS_DUMPED) {
+        knobs_free(tab, n);
+        return 0;
+    }
+    if (rv != KNOBS_OK) {
+        fprintf(stderr, "kolo run: %s\n%s\n", err, usage);
+        knobs_free(tab, n);
+        return 2;
+    }
+    if (o.np < 1 || rest >= argc) {
+        fprintf(stderr, "kolo run: %s\n%s\n", o.np < 1 ? "-np is required" : "no command given",
+                usage);
+        knobs_free(tab, n);
+        return 2;
+    }
+    int lvl = log_parse_level(o.log_level);
+    log_set_level(o.verbose ? LOG_INFO : (lvl < 0 ? LOG_WARN : lvl));
+
+    char *token = NULL;
+    if (cli_token(o.token_file, &token, err, sizeof(err)) != 0) {
+        fprintf(stderr, "kolo run: %s\n", err);
+        knobs_free(tab, n);
+        return 1;
+    }
+
+    struct sigaction sa = {0};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct coord *coord = NULL;
+    struct agent *agent = NULL;
+    struct rpc_client *cli = NULL;
+    char *state_dir = NULL;
+    const char *url = o.coordinator;
+    int code = 1;
+
+    if (!url || !url[0]) {
+        state_dir = o.state_dir ? strdup(o.state_dir) : cli_state_dir();
+        char runs[4096], db[4200], agent_dir[4200];
+        snprintf(runs, sizeof(runs), "%s/runs", state_dir);
+        if (mkdir_p(runs) != 0) {
+            fprintf(stderr, "kolo run: cannot create %s: %s\n", runs, strerror(errno));
+            goto out;
+        }
+        prune_runs(runs);
+        snprintf(db, sizeof(db), "%s/run-%013llu-%d.db", runs, (unsigned long long)now_wall_ms(),
+                 (int)getpid());
+        snprintf(agent_dir, sizeof(agent_dir), "%s/agent-localhost", state_dir);
+        struct coord_config cc = {
+            .listen = "tcp://127.0.0.1:0",
+            .http = o.http,
+            .db_path = db,
+            .token = token,
+            .lease_ms = 5000,
+            .heartbeat_ms = 1000,
+            .stop_grace_ms = o.grace,
+        };
+        if (coord_start(&coord, &cc, err, sizeof(err)) != 0) {
+            fprintf(stderr, "kolo run: cannot start the embedded coordinator: %s\n", err);
+            goto out;
+        }
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        int slots = (int)o.slots;
+        if (slots <= 0)
+            slots = (int)(o.np > ncpu ? o.np : ncpu);
+        struct agent_config ac = {
+            .coordinator_url = coord_rpc_url(coord),
+            .token = token,
+            .name = "localhost",
+            .addr = "127.0.0.1",
+            .state_dir = agent_dir,
+            .slots = slots,
+            .stop_grace_ms = o.grace,
+            .exec_path = "/proc/self/exe",
+        };
+        if (agent_start(&agent, &ac, err, sizeof(err)) != 0) {
+            fprintf(stderr, "kolo run: cannot start the embedded agent: %s\n", err);
+            goto out;
+        }
+        url = coord_rpc_url(coord);
+        if (coord_http_url(coord)[0])
+            fprintf(stderr, "[kolo] embedded coordinator %s, dashboard %s/ (state %s)\n", url,
+                    coord_http_url(coord), db);
+    }
+
+    struct rpc_client_config rc = {.url = url, .token = token, .identity = "kolo-run"};
+    if (rpc_client_open(&cli, &rc) != 0) {
+        fprintf(stderr, "kolo run: invalid coordinator address '%s'\n", url);
+        goto out;
+    }
+    Kolo__SubmitJobRequest req = KOLO__SUBMIT_JOB_REQUEST__INIT;
+    req.argv = argv + rest;
+    req.n_argv = (size_t)(argc - rest);
+    size_t nenv = 0;
+    while (environ[nenv])
+        nenv++;
+    char **env = calloc(nenv + 1, sizeof(char *));
+    size_t k = 0;
+    for (size_t i = 0; env && i < nenv; i++)
+        if (env_passes(environ[i]))
+            env[k++] = environ[i];
+    req.env = env;
+    req.n_env = k;
+    char cwd[4096];
+    req.cwd = getcwd(cwd, sizeof(cwd)) ? cwd : "";
+    req.np = (int32_t)o.np;
+    req.hosts = o.hosts ? o.hosts : "";
+    req.name = o.name ? o.name : "";
+    req.start_timeout_ms = (uint32_t)o.start_timeout;
+    ProtobufCMessage *msg = NULL;
+    rv = cli_call(cli, "AdminService.SubmitJob", &req.base, &kolo__submit_job_reply__descriptor,
+                  &msg, 10000, err, sizeof(err));
+    free(env);
+    if (rv != 0) {
+        fprintf(stderr, "kolo run: %s\n", err);
+        code = rv == KOLO_EINVAL ? 2 : 1;
+        goto out;
+    }
+    uint64_t job_id = ((Kolo__SubmitJobReply *)msg)->job_id;
+    protobuf_c_message_free_unpacked(msg, NULL);
+    if (o.verbose)
+        fprintf(stderr, "[kolo] job %llu submitted (np %lld)\n", (unsigned long long)job_id,
+                (long long)o.np);
+    code = stream_job(cli, job_id, o.grace);
+
+out:
+    rpc_client_close(cli);
+    if (agent)
+        agent_stop(agent);
+    if (coord)
+        coord_stop(coord);
+    if (token) {
+        memset(token, 0, strlen(token));
+        free(token);
+    }
+    free(state_dir);
+    knobs_free(tab, n);
+    return code;
+}

@@ -1,0 +1,716 @@
+/*
+ * rpc.c - frames, the context-pool server and the deadline-bounded client.
+ *
+ * Concurrency: each server context (struct rpc_call) moves through
+ * RECV -> HANDLER (parked while the owner holds it) -> SEND -> RECV. Only
+ * one party touches a call in each state: nng's callback thread while
+ * receiving or sending, the handler's owner while parked. That is why the
+ * call needs no lock of its own; the shared pieces (stats, the replay
+ * cache) sit behind the server mutex.
+ */
+#include "rpc.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/util/platform.h>
+
+#include "errors.h"
+#include "hmac.h"
+#include "log.h"
+#include "util.h"
+
+#define MAC_OFFSET 8
+
+/* ---------------------------------------------------------------- frames */
+
+static void put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)(v >> 8);
+    p[1] = (uint8_t)v;
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (24 - 8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (56 - 8 * i));
+}
+
+static uint16_t get16(const uint8_t *p)
+{
+    return (uint16_t)((p[0] << 8) | p[1]);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    return ((uint64_t)get32(p) << 32) | get32(p + 4);
+}
+
+/* The MAC covers the whole frame with the MAC field read as zeros. */
+static void frame_mac(const uint8_t *data, size_t len, const char *token, uint8_t out[32])
+{
+    static const uint8_t zeros[32];
+    struct hmac_sha256 h;
+    hmac_sha256_init(&h, token, strlen(token));
+    hmac_sha256_update(&h, data, MAC_OFFSET);
+    hmac_sha256_update(&h, zeros, sizeof(zeros));
+    hmac_sha256_update(&h, data + MAC_OFFSET + 32, len - MAC_OFFSET - 32);
+    hmac_sha256_final(&h, out);
+}
+
+int rpc_frame_encode(const struct rpc_frame *f, const char *token, uint8_t **out, size_t *out_len)
+{
+    size_t mlen = strlen(f->method), ilen = strlen(f->identity);
+    if (mlen > RPC_MAX_METHOD || ilen > RPC_MAX_IDENTITY || f->body_len > UINT32_MAX)
+        return KOLO_EINVAL;
+    size_t len = RPC_HEADER_LEN + mlen + ilen + f->body_len;
+    uint8_t *p = calloc(1, len);
+    if (!p)
+        return KOLO_ENOMEM;
+    memcpy(p, "KOLO", 4);
+    put16(p + 4, f->version);
+    p[6] = f->kind;
+    p[7] = token ? 1 : 0;
+    put64(p + 40, f->ts_ms);
+    memcpy(p + 48, f->nonce, RPC_NONCE_LEN);
+    put64(p + 64, f->job_id);
+    put64(p + 72, f->generation);
+    put32(p + 80, (uint32_t)f->rank);
+    put32(p + 84, (uint32_t)f->status);
+    put16(p + 88, (uint16_t)mlen);
+    put16(p + 90, (uint16_t)ilen);
+    put32(p + 92, (uint32_t)f->body_len);
+    memcpy(p + RPC_HEADER_LEN, f->method, mlen);
+    memcpy(p + RPC_HEADER_LEN + mlen, f->identity, ilen);
+    if (f->body_len)
+        memcpy(p + RPC_HEADER_LEN + mlen + ilen, f->body, f->body_len);
+    if (token)
+        frame_mac(p, len, token, p + MAC_OFFSET);
+    *out = p;
+    *out_len = len;
+    return 0;
+}
+
+int rpc_frame_decode(const uint8_t *p, size_t len, struct rpc_frame *f)
+{
+    memset(f, 0, sizeof(*f));
+    if (len < RPC_HEADER_LEN || memcmp(p, "KOLO", 4) != 0)
+        return KOLO_EPROTO;
+    f->version = get16(p + 4);
+    f->kind = p[6];
+    f->flags = p[7];
+    memcpy(f->mac, p + MAC_OFFSET, 32);
+    f->ts_ms = get64(p + 40);
+    memcpy(f->nonce, p + 48, RPC_NONCE_LEN);
+    f->job_id = get64(p + 64);
+    f->generation = get64(p + 72);
+    f->rank = (int32_t)get32(p + 80);
+    f->status = (int32_t)get32(p + 84);
+    size_t mlen = get16(p + 88), ilen = get16(p + 90), blen = get32(p + 92);
+    if (f->kind != RPC_REQUEST && f->kind != RPC_REPLY)
+        return KOLO_EPROTO;
+    if (mlen > RPC_MAX_METHOD || ilen > RPC_MAX_IDENTITY)
+        return KOLO_EPROTO;
+    if (RPC_HEADER_LEN + mlen + ilen + blen != len)
+        return KOLO_EPROTO; /* truncated, or trailing bytes */
+    memcpy(f->method, p + RPC_HEADER_LEN, mlen);
+    memcpy(f->identity, p + RPC_HEADER_LEN + mlen, ilen);
+    /* names are printed in logs and errors: refuse control bytes */
+    for (size_t i = 0; i < mlen; i++)
+        if ((unsigned char)f->method[i] < 0x20 || f->method[i] == 0x7f)
+            return KOLO_EPROTO;
+    for (size_t i = 0; i < ilen; i++)
+        if ((unsigned char)f->identity[i] < 0x20 || f->identity[i] == 0x7f)
+            return KOLO_EPROTO;
+    f->body = p + RPC_HEADER_LEN + mlen + ilen;
+    f->body_len = blen;
+    return 0;
+}
+
+int rpc_frame_verify(const uint8_t *data, size_t len, const char *token)
+{
+    uint8_t mac[32];
+    if (len < RPC_HEADER_LEN || !(data[7] & 1))
+        return KOLO_EAUTH;
+    frame_mac(data, len, token, mac);
+    return ct_equal(mac, data + MAC_OFFSET, 32) ? 0 : KOLO_EAUTH;
+}
+
+/* ---------------------------------------------------------------- replay cache
+ *
+ * Authenticated requests are accepted only within RPC_AUTH_WINDOW_MS of the
+ * server's clock, and a nonce seen inside that window is refused. The
+ * cache is a set-associative table; a bucket evicts its oldest entry, which
+ * is only unsafe if more than REPLAY_WAYS requests hash to one bucket inside
+ * one window (far beyond any real load at REPLAY_BUCKETS buckets).
+ */
+#define REPLAY_BUCKETS 8192
+#define REPLAY_WAYS 8
+
+struct replay_entry {
+    uint8_t nonce[RPC_NONCE_LEN];
+    uint64_t seen_ms;
+};
+
+static int replay_check_and_add(struct replay_entry *tab, const uint8_t *nonce, uint64_t now)
+{
+    uint64_t h;
+    memcpy(&h, nonce, sizeof(h));
+    struct replay_entry *b = tab + (h % REPLAY_BUCKETS) * REPLAY_WAYS;
+    struct replay_entry *victim = &b[0];
+    for (int i = 0; i < REPLAY_WAYS; i++) {
+        if (b[i].seen_ms && now - b[i].seen_ms <= 2 * RPC_AUTH_WINDOW_MS &&
+            memcmp(b[i].nonce, nonce, RPC_NONCE_LEN) == 0)
+            return KOLO_EAUTH;
+        if (b[i].seen_ms < victim->seen_ms)
+            victim = &b[i];
+    }
+    memcpy(victim->nonce, nonce, RPC_NONCE_LEN);
+    victim->seen_ms = now;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- server */
+
+enum call_state { CALL_RECV, CALL_HANDLER, CALL_SEND, CALL_DONE };
+
+struct rpc_call {
+    struct rpc_server *srv;
+    nng_ctx ctx;
+    nng_aio *aio;
+    enum call_state state;
+    nng_msg *req;
+    struct rpc_frame frame;
+};
+
+struct rpc_server {
+    nng_socket sock;
+    nng_listener listener;
+    char url[256];
+    char *token;
+    size_t max_msg;
+    int ncalls;
+    struct rpc_call *calls;
+    rpc_handler_fn handler;
+    void *arg;
+    atomic_bool closing;
+    nng_mtx *mtx;
+    struct rpc_server_stats stats;
+    struct replay_entry *replay;
+};
+
+static void call_recv(struct rpc_call *c)
+{
+    c->state = CALL_RECV;
+    if (!atomic_load(&c->srv->closing))
+        nng_ctx_recv(c->ctx, c->aio);
+}
+
+static void call_send_frame(struct rpc_call *c, int status, const void *body, size_t len)
+{
+    struct rpc_server *srv = c->srv;
+    struct rpc_frame rf = {0};
+    rf.version = KOLO_PROTO_VERSION;
+    rf.kind = RPC_REPLY;
+    rf.ts_ms = now_wall_ms();
+    memcpy(rf.nonce, c->frame.nonce, RPC_NONCE_LEN);
+    rf.status = status;
+    rf.body = body;
+    rf.body_len = len;
+    if (c->req) {
+        nng_msg_free(c->req);
+        c->req = NULL;
+    }
+    uint8_t *data;
+    size_t dlen;
+    nng_msg *m = NULL;
+    if (rpc_frame_encode(&rf, srv->token, &data, &dlen) == 0) {
+        if (nng_msg_alloc(&m, 0) == 0 && nng_msg_append(m, data, dlen) != 0) {
+            nng_msg_free(m);
+            m = NULL;
+        }
+        free(data);
+    }
+    if (!m) {
+        nng_mtx_lock(srv->mtx);
+        srv->stats.replies_failed++;
+        nng_mtx_unlock(srv->mtx);
+        call_recv(c);
+        return;
+    }
+    c->state = CALL_SEND;
+    nng_aio_set_msg(c->aio, m);
+    nng_ctx_send(c->ctx, c->aio);
+}
+
+static void count(struct rpc_server *srv, uint64_t *field)
+{
+    nng_mtx_lock(srv->mtx);
+    (*field)++;
+    nng_mtx_unlock(srv->mtx);
+}
+
+/* Validates a received frame; answers and returns non-zero when invalid. */
+static int call_validate(struct rpc_call *c)
+{
+    struct rpc_server *srv = c->srv;
+    const uint8_t *data = nng_msg_body(c->req);
+    size_t len = nng_msg_len(c->req);
+    char msg[200];
+
+    if (len > srv->max_msg) {
+        count(srv, &srv->stats.too_big);
+        snprintf(msg, sizeof(msg), "request of %zu bytes exceeds the %zu-byte message cap", len,
+                 srv->max_msg);
+        call_send_frame(c, KOLO_ETOOBIG, msg, strlen(msg));
+        return -1;
+    }
+    if (rpc_frame_decode(data, len, &c->frame) != 0 || c->frame.kind != RPC_REQUEST) {
+        count(srv, &srv->stats.malformed);
+        memset(&c->frame, 0, sizeof(c->frame));
+        snprintf(msg, sizeof(msg), "malformed request frame (%zu bytes)", len);
+        call_send_frame(c, KOLO_EPROTO, msg, strlen(msg));
+        return -1;
+    }
+    if (c->frame.version != KOLO_PROTO_VERSION) {
+        count(srv, &srv->stats.bad_version);
+        snprintf(msg, sizeof(msg),
+                 "protocol version mismatch: the client speaks version %u, this server speaks %u",
+                 c->frame.version, KOLO_PROTO_VERSION);
+        call_send_frame(c, KOLO_EVERSION, msg, strlen(msg));
+        return -1;
+    }
+    const char *why = NULL;
+    if (srv->token) {
+        uint64_t now = now_wall_ms();
+        uint64_t skew = c->frame.ts_ms > now ? c->frame.ts_ms - now : now - c->frame.ts_ms;
+        if (!(c->frame.flags & 1))
+            why = "this server requires the cluster token (configure --token-file)";
+        else if (rpc_frame_verify(data, len, srv->token) != 0)
+            why = "wrong cluster token";
+        else if (skew > RPC_AUTH_WINDOW_MS)
+            why = "request timestamp outside the accepted window (clock skew?)";
+        else {
+            nng_mtx_lock(srv->mtx);
+            int rv = replay_check_and_add(srv->replay, c->frame.nonce, now);
+            nng_mtx_unlock(srv->mtx);
+            if (rv)
+                why = "replayed request";
+        }
+    } else if (c->frame.flags & 1) {
+        why = "the client sent a cluster token but this server has none configured";
+    }
+    if (why) {
+        count(srv, &srv->stats.auth_failed);
+        LOGW("rpc", "refused %s from '%s': %s", c->frame.method, c->frame.identity, why);
+        call_send_frame(c, KOLO_EAUTH, why, strlen(why));
+        return -1;
+    }
+    return 0;
+}
+
+static void call_cb(void *arg)
+{
+    struct rpc_call *c = arg;
+    struct rpc_server *srv = c->srv;
+    int rv = nng_aio_result(c->aio);
+
+    switch (c->state) {
+    case CALL_RECV:
+        if (rv != 0) {
+            if (rv == NNG_ECLOSED || atomic_load(&srv->closing)) {
+                c->state = CALL_DONE;
+                return;
+            }
+            call_recv(c);
+            return;
+        }
+        c->req = nng_aio_get_msg(c->aio);
+        if (call_validate(c) != 0)
+            return;
+        count(srv, &srv->stats.requests);
+        c->state = CALL_HANDLER;
+        srv->handler(c, srv->arg);
+        return;
+    case CALL_SEND:
+        if (rv != 0) {
+            nng_msg_free(nng_aio_get_msg(c->aio));
+            count(srv, &srv->stats.replies_failed);
+        }
+        call_recv(c);
+        return;
+    default:
+        return;
+    }
+}
+
+const struct rpc_frame *rpc_call_frame(const struct rpc_call *call)
+{
+    return &call->frame;
+}
+
+void rpc_call_reply(struct rpc_call *call, const void *body, size_t len)
+{
+    call_send_frame(call, 0, body, len);
+}
+
+void rpc_call_error(struct rpc_call *call, int code, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    call_send_frame(call, code ? code : KOLO_EINTERNAL, msg, strlen(msg));
+}
+
+/* Rewrites "tcp://host:0" into the URL with the port the kernel chose. */
+static void server_resolve_url(struct rpc_server *srv, const char *url)
+{
+    str_copy(srv->url, url, sizeof(srv->url));
+    if (strncmp(url, "tcp://", 6) != 0)
+        return;
+    int port = 0;
+    if (nng_listener_get_int(srv->listener, NNG_OPT_TCP_BOUND_PORT, &port) != 0)
+        return;
+    char *colon = strrchr(srv->url, ':');
+    if (colon && colon > srv->url + 5)
+        snprintf(colon, sizeof(srv->url) - (size_t)(colon - srv->url), ":%d", port);
+}
+
+int rpc_server_open(struct rpc_server **out, const struct rpc_server_config *cfg)
+{
+    struct rpc_server *srv = calloc(1, sizeof(*srv));
+    int rv;
+    if (!srv)
+        return KOLO_ENOMEM;
+    srv->handler = cfg->handler;
+    srv->arg = cfg->arg;
+    srv->max_msg = cfg->max_msg ? cfg->max_msg : RPC_DEFAULT_MAX_MSG;
+    srv->ncalls = cfg->contexts > 0 ? cfg->contexts : 256;
+    srv->token = cfg->token ? strdup(cfg->token) : NULL;
+    srv->calls = calloc((size_t)srv->ncalls, sizeof(*srv->calls));
+    srv->replay = srv->token ? calloc(REPLAY_BUCKETS * REPLAY_WAYS, sizeof(*srv->replay)) : NULL;
+    if (!srv->calls || (cfg->token && (!srv->token || !srv->replay)) ||
+        nng_mtx_alloc(&srv->mtx) != 0) {
+        free(srv->calls);
+        free(srv->replay);
+        free(srv->token);
+        free(srv);
+        return KOLO_ENOMEM;
+    }
+    if ((rv = nng_rep0_open(&srv->sock)) != 0) {
+        LOGE("rpc", "cannot open socket: %s", nng_strerror(rv));
+        nng_mtx_free(srv->mtx);
+        free(srv->calls);
+        free(srv->replay);
+        free(srv->token);
+        free(srv);
+        return KOLO_EIO;
+    }
+    /* Frames between the cap and twice the cap still arrive and get a
+     * clear ETOOBIG reply; beyond that nng drops the connection. */
+    nng_socket_set_size(srv->sock, NNG_OPT_RECVMAXSZ, srv->max_msg * 2);
+    for (int i = 0; i < srv->ncalls; i++) {
+        struct rpc_call *c = &srv->calls[i];
+        c->srv = srv;
+        if (nng_aio_alloc(&c->aio, call_cb, c) != 0 || nng_ctx_open(&c->ctx, srv->sock) != 0) {
+            srv->ncalls = i + (c->aio ? 1 : 0);
+            rpc_server_close(srv);
+            return KOLO_ENOMEM;
+        }
+    }
+    if ((rv = nng_listen(srv->sock, cfg->url, &srv->listener, 0)) != 0) {
+        LOGE("rpc", "cannot listen on %s: %s", cfg->url, nng_strerror(rv));
+        rpc_server_close(srv);
+        return rv == NNG_EADDRINUSE ? KOLO_EBUSY : KOLO_EINVAL;
+    }
+    server_resolve_url(srv, cfg->url);
+    for (int i = 0; i < srv->ncalls; i++)
+        call_recv(&srv->calls[i]);
+    *out = srv;
+    return 0;
+}
+
+const char *rpc_server_url(const struct rpc_server *srv)
+{
+    return srv->url;
+}
+
+void rpc_server_get_stats(struct rpc_server *srv, struct rpc_server_stats *st)
+{
+    nng_mtx_lock(srv->mtx);
+    *st = srv->stats;
+    nng_mtx_unlock(srv->mtx);
+}
+
+void rpc_server_close(struct rpc_server *srv)
+{
+    if (!srv)
+        return;
+    atomic_store(&srv->closing, true);
+    nng_close(srv->sock);
+    for (int i = 0; i < srv->ncalls; i++) {
+        struct rpc_call *c = &srv->calls[i];
+        if (c->aio)
+            nng_aio_stop(c->aio);
+    }
+    for (int i = 0; i < srv->ncalls; i++) {
+        struct rpc_call *c = &srv->calls[i];
+        if (c->req)
+            nng_msg_free(c->req);
+        if (c->aio)
+            nng_aio_free(c->aio);
+    }
+    nng_mtx_free(srv->mtx);
+    free(srv->calls);
+    free(srv->replay);
+    free(srv->token);
+    free(srv);
+}
+
+/* ---------------------------------------------------------------- client */
+
+struct rpc_client {
+    nng_socket sock;
+    char url[256];
+    char *token;
+    size_t max_msg;
+    nng_mtx *mtx;
+    char identity[RPC_MAX_IDENTITY + 1];
+    uint64_t job_id, generation;
+    int32_t rank;
+    atomic_int pipes; /* connected pipes; 0 means "cannot connect" on timeout */
+};
+
+static void client_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    struct rpc_client *cli = arg;
+    if (ev == NNG_PIPE_EV_ADD_POST)
+        atomic_fetch_add(&cli->pipes, 1);
+    else if (ev == NNG_PIPE_EV_REM_POST)
+        atomic_fetch_sub(&cli->pipes, 1);
+}
+
+int rpc_client_open(struct rpc_client **out, const struct rpc_client_config *cfg)
+{
+    struct rpc_client *cli = calloc(1, sizeof(*cli));
+    int rv;
+    if (!cli)
+        return KOLO_ENOMEM;
+    str_copy(cli->url, cfg->url, sizeof(cli->url));
+    cli->token = cfg->token ? strdup(cfg->token) : NULL;
+    cli->max_msg = cfg->max_msg ? cfg->max_msg : RPC_DEFAULT_MAX_MSG;
+    if (nng_mtx_alloc(&cli->mtx) != 0) {
+        free(cli->token);
+        free(cli);
+        return KOLO_ENOMEM;
+    }
+    rpc_client_set_identity(cli, cfg->identity, cfg->job_id, cfg->generation, cfg->rank);
+    if ((rv = nng_req0_open(&cli->sock)) != 0) {
+        nng_mtx_free(cli->mtx);
+        free(cli->token);
+        free(cli);
+        return KOLO_EIO;
+    }
+    nng_socket_set_size(cli->sock, NNG_OPT_RECVMAXSZ, cli->max_msg + RPC_HEADER_LEN + 512);
+    /* Resend only when the connection carrying a request drops (nng does
+     * that by itself); a timer-driven resend would run slow, parked calls
+     * twice. Callers bound every call with their own deadline. */
+    nng_socket_set_ms(cli->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+    nng_socket_set_ms(cli->sock, NNG_OPT_RECONNMINT, 50);
+    nng_socket_set_ms(cli->sock, NNG_OPT_RECONNMAXT, 1000);
+    nng_pipe_notify(cli->sock, NNG_PIPE_EV_ADD_POST, client_pipe_cb, cli);
+    nng_pipe_notify(cli->sock, NNG_PIPE_EV_REM_POST, client_pipe_cb, cli);
+    if ((rv = nng_dial(cli->sock, cfg->url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
+        LOGE("rpc", "cannot dial %s: %s", cfg->url, nng_strerror(rv));
+        nng_close(cli->sock);
+        nng_mtx_free(cli->mtx);
+        free(cli->token);
+        free(cli);
+        return KOLO_EINVAL;
+    }
+    *out = cli;
+    return 0;
+}
+
+void rpc_client_close(struct rpc_client *cli)
+{
+    if (!cli)
+        return;
+    nng_close(cli->sock);
+    nng_mtx_free(cli->mtx);
+    free(cli->token);
+    free(cli);
+}
+
+void rpc_client_set_identity(struct rpc_client *cli, const char *identity, uint64_t job_id,
+                             uint64_t generation, int32_t rank)
+{
+    nng_mtx_lock(cli->mtx);
+    str_copy(cli->identity, identity ? identity : "", sizeof(cli->identity));
+    cli->job_id = job_id;
+    cli->generation = generation;
+    cli->rank = rank;
+    nng_mtx_unlock(cli->mtx);
+}
+
+static int set_err(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+int rpc_client_call(struct rpc_client *cli, const char *method, const void *req, size_t req_len,
+                    void **rep, size_t *rep_len, int timeout_ms, char *err, size_t errlen)
+{
+    struct rpc_frame f = {0};
+    uint8_t *data = NULL;
+    size_t dlen;
+    nng_ctx ctx;
+    nng_aio *aio = NULL;
+    nng_msg *m = NULL;
+    int rv, code;
+
+    if (rep)
+        *rep = NULL;
+    if (rep_len)
+        *rep_len = 0;
+    if (err && errlen)
+        err[0] = '\0';
+    if (strlen(method) > RPC_MAX_METHOD)
+        return set_err(err, errlen, KOLO_EINVAL, "method name too long");
+    if (req_len + RPC_HEADER_LEN > cli->max_msg)
+        return set_err(err, errlen, KOLO_ETOOBIG, "request of %zu bytes exceeds the cap", req_len);
+
+    f.version = KOLO_PROTO_VERSION;
+    f.kind = RPC_REQUEST;
+    f.ts_ms = now_wall_ms();
+    random_bytes(f.nonce, sizeof(f.nonce));
+    str_copy(f.method, method, sizeof(f.method));
+    nng_mtx_lock(cli->mtx);
+    memcpy(f.identity, cli->identity, sizeof(f.identity));
+    f.job_id = cli->job_id;
+    f.generation = cli->generation;
+    f.rank = cli->rank;
+    nng_mtx_unlock(cli->mtx);
+    f.body = req;
+    f.body_len = req_len;
+    if ((rv = rpc_frame_encode(&f, cli->token, &data, &dlen)) != 0)
+        return set_err(err, errlen, rv, "cannot encode request");
+
+    uint64_t deadline = now_mono_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
+    if ((rv = nng_ctx_open(&ctx, cli->sock)) != 0) {
+        free(data);
+        return set_err(err, errlen, KOLO_ECLOSED, "client closed");
+    }
+    if (nng_aio_alloc(&aio, NULL, NULL) != 0 || nng_msg_alloc(&m, 0) != 0 ||
+        nng_msg_append(m, data, dlen) != 0) {
+        code = set_err(err, errlen, KOLO_ENOMEM, "out of memory");
+        goto out;
+    }
+    free(data);
+    data = NULL;
+    nng_aio_set_timeout(aio, timeout_ms > 0 ? timeout_ms : 1);
+    nng_aio_set_msg(aio, m);
+    nng_ctx_send(ctx, aio);
+    nng_aio_wait(aio);
+    if ((rv = nng_aio_result(aio)) != 0) {
+        nng_msg_free(m);
+        m = NULL;
+        goto transport_error;
+    }
+    m = NULL;
+    uint64_t now = now_mono_ms();
+    nng_aio_set_timeout(aio, now < deadline ? (nng_duration)(deadline - now) : 1);
+    nng_ctx_recv(ctx, aio);
+    nng_aio_wait(aio);
+    if ((rv = nng_aio_result(aio)) != 0)
+        goto transport_error;
+    m = nng_aio_get_msg(aio);
+
+    struct rpc_frame rf;
+    const uint8_t *body = nng_msg_body(m);
+    size_t blen = nng_msg_len(m);
+    if (rpc_frame_decode(body, blen, &rf) != 0 || rf.kind != RPC_REPLY) {
+        code = set_err(err, errlen, KOLO_EPROTO, "malformed reply from %s", cli->url);
+        goto out;
+    }
+    if (memcmp(rf.nonce, f.nonce, RPC_NONCE_LEN) != 0) {
+        code = set_err(err, errlen, KOLO_EPROTO, "reply does not match the request");
+        goto out;
+    }
+    if (rf.status == KOLO_EVERSION || rf.version != KOLO_PROTO_VERSION) {
+        code = set_err(err, errlen, KOLO_EVERSION,
+                       "protocol version mismatch: this client speaks version %u, %s speaks %u",
+                       KOLO_PROTO_VERSION, cli->url, rf.version);
+        goto out;
+    }
+    if (cli->token && rf.status != KOLO_EAUTH && rpc_frame_verify(body, blen, cli->token) != 0) {
+        code = set_err(err, errlen, KOLO_EAUTH,
+                       "reply from %s is not authenticated with the cluster token", cli->url);
+        goto out;
+    }
+    if (rf.status != 0) {
+        code = set_err(err, errlen, rf.status, "%.*s", (int)(rf.body_len > 900 ? 900 : rf.body_len),
+                       (const char *)rf.body);
+        goto out;
+    }
+    if (rf.body_len && rep) {
+        *rep = malloc(rf.body_len);
+        if (!*rep) {
+            code = set_err(err, errlen, KOLO_ENOMEM, "out of memory");
+            goto out;
+        }
+        memcpy(*rep, rf.body, rf.body_len);
+    }
+    if (rep_len)
+        *rep_len = rf.body_len;
+    code = 0;
+    goto out;
+
+transport_error:
+    if (rv == NNG_ETIMEDOUT) {
+        if (atomic_load(&cli->pipes) == 0)
+            code = set_err(err, errlen, KOLO_ECONNREFUSED,
+                           "cannot connect to %s within %d ms (is the coordinator running?)",
+                           cli->url, timeout_ms);
+        else
+            code = set_err(err, errlen, KOLO_ETIMEDOUT, "%s: no reply from %s within %d ms", method,
+                           cli->url, timeout_ms);
+    } else if (rv == NNG_ECLOSED) {
+        code = set_err(err, errlen, KOLO_ECLOSED, "client closed");
+    } else {
+        code = set_err(err, errlen, KOLO_EIO, "%s: %s", method, nng_strerror(rv));
+    }
+out:
+    free(data);
+    if (m)
+        nng_msg_free(m);
+    if (aio)
+        nng_aio_free(aio);
+    nng_ctx_close(ctx);
+    return code;
+}

@@ -1,0 +1,369 @@
+/*
+ * coord.c - the coordinator's life cycle, work queue and main loop.
+ *
+ * Start: open the store, reload hosts and jobs, bind RPC and HTTP, start
+ * the main thread. Hosts reloaded from the store come back alive with a
+ * fresh lease, so agents that re-register in time re-attach to their
+ * running workers; hosts that do not are declared lost when that lease
+ * runs out, exactly as if they had stopped heart-beating.
+ */
+#include "coord_internal.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "errors.h"
+#include "log.h"
+#include "util.h"
+
+void coord_store_failed(struct coord *c, const char *what)
+{
+    c->m.store_errors++;
+    LOGE("coord", "store: %s failed: %s", what, store_last_error(c->store));
+}
+
+void coord_event(struct coord *c, uint64_t job_id, const char *host_id, const char *kind,
+                 const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    struct store_event ev = {
+        .ts_ms = now_wall_ms(), .job_id = job_id, .host_id = host_id, .kind = kind, .message = msg};
+    LOGI("coord", "%s: %s", kind, msg);
+    if (store_event_add(c->store, &ev) != 0)
+        coord_store_failed(c, "event");
+}
+
+int coord_send_pb(struct rpc_call *call, const ProtobufCMessage *msg)
+{
+    size_t len = protobuf_c_message_get_packed_size(msg);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf) {
+        rpc_call_error(call, KOLO_ENOMEM, "out of memory");
+        return KOLO_ENOMEM;
+    }
+    protobuf_c_message_pack(msg, buf);
+    rpc_call_reply(call, buf, len);
+    free(buf);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- queue */
+
+/* Answers work that arrives while the coordinator shuts down. */
+static void work_refuse(struct work *w)
+{
+    if (w->kind == WORK_RPC) {
+        rpc_call_error(w->call, KOLO_ESHUTDOWN, "the coordinator is shutting down");
+    } else {
+        nng_http_res *res;
+        if (nng_http_res_alloc_error(&res, 503) == 0) {
+            nng_aio_set_output(w->aio, 0, res);
+            nng_aio_finish(w->aio, 0);
+        } else {
+            nng_aio_finish(w->aio, NNG_ENOMEM);
+        }
+    }
+    free(w);
+}
+
+/* Called from nng threads. After the main thread began draining, work is
+ * answered right here instead of being queued. */
+void coord_post(struct coord *c, struct work *w)
+{
+    pthread_mutex_lock(&c->mtx);
+    if (c->draining) {
+        pthread_mutex_unlock(&c->mtx);
+        work_refuse(w);
+        return;
+    }
+    w->next = NULL;
+    if (c->queue_tail)
+        c->queue_tail->next = w;
+    else
+        c->queue_head = w;
+    c->queue_tail = w;
+    pthread_cond_signal(&c->cond);
+    pthread_mutex_unlock(&c->mtx);
+}
+
+static void rpc_handler(struct rpc_call *call, void *arg)
+{
+    struct coord *c = arg;
+    struct work *w = calloc(1, sizeof(*w));
+    if (!w) {
+        rpc_call_error(call, KOLO_ENOMEM, "out of memory");
+        return;
+    }
+    w->kind = WORK_RPC;
+    w->call = call;
+    coord_post(c, w);
+}
+
+static enum coord_method method_lookup(const char *name)
+{
+    static const char *names[] = {
+#define COORD_METHOD_NAME(id, name) name,
+        COORD_METHODS(COORD_METHOD_NAME)
+#undef COORD_METHOD_NAME
+    };
+    for (int i = 0; i < M_UNKNOWN; i++)
+        if (strcmp(names[i], name) == 0)
+            return (enum coord_method)i;
+    return M_UNKNOWN;
+}
+
+static void dispatch_rpc(struct coord *c, struct rpc_call *call)
+{
+    const struct rpc_frame *f = rpc_call_frame(call);
+    enum coord_method m = method_lookup(f->method);
+    c->m.rpc_requests[m]++;
+    switch (m) {
+    case M_AGENT_REGISTER:
+        coord_rpc_agent_register(c, call);
+        break;
+    case M_AGENT_HEARTBEAT:
+        coord_rpc_agent_heartbeat(c, call);
+        break;
+    case M_AGENT_REPORT:
+        coord_rpc_agent_report(c, call);
+        break;
+    case M_UNKNOWN:
+        c->m.rpc_errors[M_UNKNOWN]++;
+        LOGW("coord", "unknown method '%s' from '%s'", f->method, f->identity);
+        rpc_call_error(call, KOLO_ENOMETHOD, "unknown method '%s'", f->method);
+        break;
+    default:
+        coord_rpc_admin(c, call, m);
+        break;
+    }
+}
+
+/* ---------------------------------------------------------------- main loop */
+
+static void coord_cron(struct coord *c)
+{
+    uint64_t now = now_mono_ms();
+    c->last_cron = now;
+    coord_hosts_cron(c, now);
+    coord_jobs_cron(c, now);
+}
+
+static void *coord_main(void *arg)
+{
+    struct coord *c = arg;
+    pthread_mutex_lock(&c->mtx);
+    while (!c->stopping) {
+        struct work *w = c->queue_head;
+        if (w) {
+            c->queue_head = w->next;
+            if (!c->queue_head)
+                c->queue_tail = NULL;
+            pthread_mutex_unlock(&c->mtx);
+            if (w->kind == WORK_RPC)
+                dispatch_rpc(c, w->call);
+            else
+                coord_http_handle(c, w->aio);
+            free(w);
+            pthread_mutex_lock(&c->mtx);
+        }
+        uint64_t now = now_mono_ms();
+        if (now - c->last_cron >= COORD_CRON_MS) {
+            pthread_mutex_unlock(&c->mtx);
+            coord_cron(c);
+            pthread_mutex_lock(&c->mtx);
+        }
+        if (!c->queue_head && !c->stopping) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += COORD_CRON_MS * 1000000L / 2;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&c->cond, &c->mtx, &ts);
+        }
+    }
+    /* Drain: from now on coord_post answers by itself; answer what is queued. */
+    c->draining = true;
+    struct work *w = c->queue_head;
+    c->queue_head = c->queue_tail = NULL;
+    pthread_mutex_unlock(&c->mtx);
+    while (w) {
+        struct work *next = w->next;
+        work_refuse(w);
+        w = next;
+    }
+    coord_hosts_shutdown(c);
+    coord_jobs_shutdown(c);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+static int load_host_cb(const struct store_host *sh, void *arg)
+{
+    struct coord *c = arg;
+    struct host *h = calloc(1, sizeof(*h));
+    if (!h)
+        return KOLO_ENOMEM;
+    str_copy(h->id, sh->id, sizeof(h->id));
+    str_copy(h->name, sh->name ? sh->name : "", sizeof(h->name));
+    str_copy(h->hostname, sh->hostname ? sh->hostname : "", sizeof(h->hostname));
+    str_copy(h->addr, sh->addr ? sh->addr : "", sizeof(h->addr));
+    str_copy(h->agent_instance, sh->agent_instance ? sh->agent_instance : "",
+             sizeof(h->agent_instance));
+    h->slots = sh->slots;
+    h->cpus = sh->cpus;
+    h->gpus = sh->gpus;
+    h->gpu_names_json = sh->gpu_names ? strdup(sh->gpu_names) : NULL;
+    h->mem_bytes = sh->mem_bytes;
+    h->order = sh->order;
+    h->registered_ms = sh->registered_ms;
+    h->last_seen_ms = sh->last_seen_ms;
+    /* A host that was alive gets a fresh lease to re-register in. */
+    h->state = strcmp(sh->state, "alive") == 0 ? HOST_ALIVE : HOST_LOST;
+    h->lease_deadline = now_mono_ms() + (uint64_t)c->cfg.lease_ms;
+    h->last_seen_mono = now_mono_ms();
+    struct host **tail = &c->hosts;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = h;
+    return 0;
+}
+
+static void coord_free(struct coord *c)
+{
+    coord_jobs_free(c);
+    coord_hosts_free(c);
+    if (c->store)
+        store_close(c->store);
+    pthread_mutex_destroy(&c->mtx);
+    pthread_cond_destroy(&c->cond);
+    free(c->listen);
+    free(c->http_addr);
+    free(c->db_path);
+    free(c->token);
+    free(c->dashboard_dir);
+    free(c);
+}
+
+int coord_start(struct coord **out, const struct coord_config *cfg, char *err, size_t errlen)
+{
+    struct coord *c = calloc(1, sizeof(*c));
+    int rv;
+    if (!c)
+        return KOLO_ENOMEM;
+    c->cfg = *cfg;
+    c->listen = strdup(cfg->listen ? cfg->listen : "tcp://127.0.0.1:0");
+    c->http_addr = cfg->http && cfg->http[0] ? strdup(cfg->http) : NULL;
+    c->db_path = strdup(cfg->db_path ? cfg->db_path : "kolo.db");
+    c->token = cfg->token ? strdup(cfg->token) : NULL;
+    c->dashboard_dir = cfg->dashboard_dir ? strdup(cfg->dashboard_dir) : NULL;
+    c->cfg.listen = c->listen;
+    c->cfg.http = c->http_addr;
+    c->cfg.db_path = c->db_path;
+    c->cfg.token = c->token;
+    c->cfg.dashboard_dir = c->dashboard_dir;
+    if (c->cfg.lease_ms <= 0)
+        c->cfg.lease_ms = 5000;
+    if (c->cfg.heartbeat_ms <= 0)
+        c->cfg.heartbeat_ms = 1000;
+    if (c->cfg.stop_grace_ms <= 0)
+        c->cfg.stop_grace_ms = 5000;
+    pthread_mutex_init(&c->mtx, NULL);
+    pthread_cond_init(&c->cond, NULL);
+    random_hex(c->instance, 8);
+    c->started_ms = now_wall_ms();
+
+    if (!c->token && !addr_is_loopback(c->listen)) {
+        snprintf(err, errlen,
+                 "refusing to listen on %s without a cluster token: pass --token-file, or listen "
+                 "on 127.0.0.1",
+                 c->listen);
+        coord_free(c);
+        return KOLO_EPERM;
+    }
+    if (!c->token && c->http_addr && !addr_is_loopback(c->http_addr)) {
+        snprintf(err, errlen,
+                 "refusing to serve HTTP on %s without a cluster token: pass --token-file, or "
+                 "serve on 127.0.0.1",
+                 c->http_addr);
+        coord_free(c);
+        return KOLO_EPERM;
+    }
+    if ((rv = store_open(&c->store, c->db_path, err, errlen)) != 0) {
+        coord_free(c);
+        return rv;
+    }
+    if ((rv = store_hosts_each(c->store, load_host_cb, c)) != 0 ||
+        (rv = coord_jobs_load(c)) != 0) {
+        snprintf(err, errlen, "cannot load state from %s: %s", c->db_path,
+                 store_last_error(c->store));
+        coord_free(c);
+        return rv;
+    }
+    struct rpc_server_config rc = {
+        .url = c->listen,
+        .token = c->token,
+        .max_msg = (size_t)(c->cfg.max_msg > 0 ? c->cfg.max_msg : 0),
+        .contexts = (int)(c->cfg.rpc_contexts > 0 ? c->cfg.rpc_contexts : 1024),
+        .handler = rpc_handler,
+        .arg = c,
+    };
+    if ((rv = rpc_server_open(&c->rpc, &rc)) != 0) {
+        snprintf(err, errlen, "cannot listen on %s: %s", c->listen, kolo_strerror(rv));
+        coord_free(c);
+        return rv;
+    }
+    str_copy(c->rpc_url, rpc_server_url(c->rpc), sizeof(c->rpc_url));
+    if (c->http_addr && (rv = coord_http_start(c, err, errlen)) != 0) {
+        rpc_server_close(c->rpc);
+        coord_free(c);
+        return rv;
+    }
+    c->last_cron = now_mono_ms();
+    if (pthread_create(&c->thread, NULL, coord_main, c) != 0) {
+        snprintf(err, errlen, "cannot start the coordinator thread");
+        coord_http_stop(c);
+        rpc_server_close(c->rpc);
+        coord_free(c);
+        return KOLO_ESYS;
+    }
+    LOGI("coord", "coordinator %s listening on %s%s%s, state in %s", c->instance, c->rpc_url,
+         c->http_url[0] ? ", http " : "", c->http_url, c->db_path);
+    *out = c;
+    return 0;
+}
+
+const char *coord_rpc_url(const struct coord *c)
+{
+    return c->rpc_url;
+}
+
+const char *coord_http_url(const struct coord *c)
+{
+    return c->http_url;
+}
+
+void coord_stop(struct coord *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mtx);
+    c->stopping = true;
+    pthread_cond_signal(&c->cond);
+    pthread_mutex_unlock(&c->mtx);
+    pthread_join(c->thread, NULL);
+    /* Parked calls were answered by the main thread; the listeners can go. */
+    coord_http_stop(c);
+    rpc_server_close(c->rpc);
+    coord_free(c);
+}

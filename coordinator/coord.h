@@ -1,0 +1,40 @@
+/*
+ * coord.h - the coordinator: membership, jobs, launch orders, REST.
+ *
+ * One coordinator per cluster. coord_start opens the SQLite store, reloads
+ * hosts and jobs, starts the RPC listener (agents, workers, clients) and
+ * the HTTP listener, and runs the coordinator's main thread, which owns
+ * all state. It returns once both listeners are bound.
+ */
+#ifndef KOLO_COORDINATOR_COORD_H
+#define KOLO_COORDINATOR_COORD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct coord;
+
+struct coord_config {
+    const char *listen;     /* RPC URL, e.g. tcp://127.0.0.1:7070 (port 0 = any) */
+    const char *http;       /* HTTP "ADDR:PORT" (port 0 = any); NULL or "" = no HTTP */
+    const char *db_path;
+    const char *token;      /* cluster token, NULL = none (loopback only) */
+    int64_t lease_ms;       /* host lease; expires without heartbeats */
+    int64_t heartbeat_ms;   /* agents' heartbeat period (parked heartbeat wait) */
+    int64_t stop_grace_ms;  /* SIGTERM -> SIGKILL grace agents use to stop workers */
+    int64_t max_msg;        /* RPC frame cap in bytes */
+    int64_t rpc_contexts;   /* concurrent / parked RPC calls */
+    const char *dashboard_dir; /* static files served at "/", NULL = none */
+};
+
+int coord_start(struct coord **out, const struct coord_config *cfg, char *err, size_t errlen);
+/* Bound URLs: "tcp://127.0.0.1:40211" and "http://127.0.0.1:40212". */
+const char *coord_rpc_url(const struct coord *c);
+const char *coord_http_url(const struct coord *c);
+/* coord_stop answers every parked call, closes listeners and the store. */
+void coord_stop(struct coord *c);
+
+/* `kolo coordinator ...` */
+int cmd_coordinator(int argc, char **argv);
+
+#endif

@@ -1,0 +1,850 @@
+/*
+ * coord_http.c - REST API, Prometheus metrics and static files over nng's
+ * HTTP server.
+ *
+ * One handler takes the whole tree and routes by itself, so unknown paths
+ * and wrong methods get kolo's JSON errors (404, 405) instead of nng's
+ * HTML. The handler runs on an nng thread and only posts the request to
+ * the main thread, which builds the answer from the state it owns.
+ *
+ * Authentication: reads are open (the listener is loopback unless a token
+ * is configured). Anything that changes state needs
+ * "Authorization: Bearer <token>"; with no token configured those routes
+ * answer 403, so nothing can start a command over HTTP without the token.
+ */
+#include "coord_internal.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <nng/supplemental/http/http.h>
+
+#include "errors.h"
+#include "hmac.h"
+#include "json.h"
+#include "log.h"
+#include "util.h"
+
+#define HTTP_MAX_BODY (1u << 20)
+#define HTTP_MAX_ARGS 4096
+
+struct http_req {
+    const char *method;
+    char path[512];
+    char query[512];
+    const char *body;
+    size_t body_len;
+    nng_http_req *req;
+};
+
+struct http_out {
+    int status;
+    const char *content_type;
+    struct buf body;
+    const char *allow; /* for 405 */
+    bool www_auth;     /* for 401 */
+};
+
+/* ---------------------------------------------------------------- helpers */
+
+static void out_json_error(struct http_out *o, int status, const char *msg)
+{
+    struct jw w;
+    buf_reset(&o->body);
+    o->status = status;
+    o->content_type = "application/json";
+    jw_init(&w, &o->body);
+    jw_obj_begin(&w);
+    jw_kstr(&w, "error", msg);
+    jw_kint(&w, "status", status);
+    jw_obj_end(&w);
+    buf_putc(&o->body, '\n');
+}
+
+static int hexval(int ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    ch = tolower(ch);
+    if (ch >= 'a' && ch <= 'f')
+        return ch - 'a' + 10;
+    return -1;
+}
+
+/* query_get finds key in "a=1&b=2" and URL-decodes its value. */
+static bool query_get(const char *query, const char *key, char *out, size_t size)
+{
+    size_t klen = strlen(key);
+    const char *p = query;
+    while (p && *p) {
+        const char *amp = strchr(p, '&');
+        size_t len = amp ? (size_t)(amp - p) : strlen(p);
+        if (len > klen && strncmp(p, key, klen) == 0 && p[klen] == '=') {
+            size_t o = 0;
+            for (size_t i = klen + 1; i < len && o + 1 < size; i++) {
+                if (p[i] == '%' && i + 2 < len + 1 && hexval(p[i + 1]) >= 0 &&
+                    hexval(p[i + 2]) >= 0) {
+                    out[o++] = (char)(hexval(p[i + 1]) * 16 + hexval(p[i + 2]));
+                    i += 2;
+                } else {
+                    out[o++] = p[i] == '+' ? ' ' : p[i];
+                }
+            }
+            out[o] = '\0';
+            return true;
+        }
+        p = amp ? amp + 1 : NULL;
+    }
+    return false;
+}
+
+static bool query_u64(const char *query, const char *key, uint64_t *v)
+{
+    char tmp[32];
+    char *end;
+    if (!query_get(query, key, tmp, sizeof(tmp)) || !tmp[0])
+        return false;
+    unsigned long long x = strtoull(tmp, &end, 10);
+    if (*end)
+        return false;
+    *v = x;
+    return true;
+}
+
+static bool parse_id(const char *s, uint64_t *id)
+{
+    char *end;
+    if (!*s || !isdigit((unsigned char)*s))
+        return false;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (*end || v == 0)
+        return false;
+    *id = v;
+    return true;
+}
+
+/* ---------------------------------------------------------------- renderers */
+
+static void render_host(struct coord *c, struct jw *w, struct host *h)
+{
+    uint64_t now = now_mono_ms();
+    jw_obj_begin(w);
+    jw_kstr(w, "id", h->id);
+    jw_kstr(w, "name", h->name);
+    jw_kstr(w, "hostname", h->hostname);
+    jw_kstr(w, "addr", h->addr);
+    jw_kstr(w, "state", h->state == HOST_ALIVE ? "alive" : "lost");
+    jw_kint(w, "slots", h->slots);
+    jw_kint(w, "slots_used", coord_host_slots_used(c, h));
+    jw_kint(w, "cpus", h->cpus);
+    jw_kint(w, "gpus", h->gpus);
+    jw_kuint(w, "mem_bytes", h->mem_bytes);
+    jw_kuint(w, "lease_age_ms", now - h->last_seen_mono);
+    jw_kint(w, "lease_ms", c->cfg.lease_ms);
+    jw_kuint(w, "registered_ms", h->registered_ms);
+    jw_kuint(w, "last_seen_ms", h->last_seen_ms);
+    jw_key(w, "running_ranks");
+    jw_arr_begin(w);
+    for (struct job *j = c->jobs; j; j = j->next) {
+        if (j->state != JOB_RUNNING)
+            continue;
+        for (int r = 0; r < j->nranks; r++) {
+            struct rank *rk = &j->ranks[r];
+            if (rk->host != h || (rk->state != RANK_ASSIGNED && rk->state != RANK_RUNNING))
+                continue;
+            jw_obj_begin(w);
+            jw_kuint(w, "job", j->id);
+            jw_kint(w, "rank", rk->rank);
+            jw_obj_end(w);
+        }
+    }
+    jw_arr_end(w);
+    jw_obj_end(w);
+}
+
+static void render_job_summary(struct jw *w, struct job *j)
+{
+    jw_kuint(w, "id", j->id);
+    jw_kstr(w, "name", j->name);
+    jw_kstr(w, "state", coord_job_state_name(j->state));
+    jw_kint(w, "np", j->np);
+    if (j->state == JOB_SUCCEEDED || j->state == JOB_FAILED || j->state == JOB_STOPPED)
+        jw_kint(w, "exit_code", j->exit_code);
+    else {
+        jw_key(w, "exit_code");
+        jw_null(w);
+    }
+    jw_kstr(w, "reason", j->reason ? j->reason : "");
+    jw_key(w, "argv");
+    jw_arr_begin(w);
+    for (int i = 0; i < j->argc; i++)
+        jw_str(w, j->argv[i]);
+    jw_arr_end(w);
+    jw_kstr(w, "cwd", j->cwd);
+    jw_kstr(w, "hosts", j->hosts);
+    jw_kuint(w, "generation", j->generation);
+    jw_kuint(w, "submitted_ms", j->submitted_ms);
+    jw_kuint(w, "started_ms", j->started_ms);
+    jw_kuint(w, "ended_ms", j->ended_ms);
+    jw_kint(w, "ranks_alive", coord_job_ranks_alive(j));
+    jw_kuint(w, "output_lines", j->out_seq);
+}
+
+struct event_ctx {
+    struct jw *w;
+};
+
+static int render_event_cb(const struct store_event *ev, void *arg)
+{
+    struct jw *w = ((struct event_ctx *)arg)->w;
+    jw_obj_begin(w);
+    jw_kint(w, "id", ev->id);
+    jw_kuint(w, "ts_ms", ev->ts_ms);
+    if (ev->job_id)
+        jw_kuint(w, "job", ev->job_id);
+    if (ev->host_id)
+        jw_kstr(w, "host", ev->host_id);
+    jw_kstr(w, "kind", ev->kind);
+    jw_kstr(w, "message", ev->message);
+    jw_obj_end(w);
+    return 0;
+}
+
+static void render_job(struct coord *c, struct jw *w, struct job *j)
+{
+    jw_obj_begin(w);
+    render_job_summary(w, j);
+    jw_key(w, "ranks");
+    jw_arr_begin(w);
+    for (int r = 0; r < j->nranks; r++) {
+        struct rank *rk = &j->ranks[r];
+        jw_obj_begin(w);
+        jw_kint(w, "rank", rk->rank);
+        jw_kstr(w, "host", rk->host_id);
+        jw_kstr(w, "host_name", rk->host ? rk->host->name : "");
+        jw_kint(w, "local_rank", rk->local_rank);
+        jw_kint(w, "local_size", rk->local_size);
+        jw_kint(w, "cross_rank", rk->cross_rank);
+        jw_kint(w, "cross_size", rk->cross_size);
+        jw_kstr(w, "state", coord_rank_state_name(rk->state));
+        if (rk->state == RANK_EXITED) {
+            jw_kint(w, "exit_code", rk->exit_code);
+            jw_kint(w, "signal", rk->term_signal);
+        }
+        if (rk->pid)
+            jw_kint(w, "pid", rk->pid);
+        jw_obj_end(w);
+    }
+    jw_arr_end(w);
+    jw_key(w, "hosts_used");
+    jw_arr_begin(w);
+    for (struct host *h = c->hosts; h; h = h->next) {
+        int n = 0;
+        for (int r = 0; r < j->nranks; r++)
+            n += j->ranks[r].host == h;
+        if (!n)
+            continue;
+        jw_obj_begin(w);
+        jw_kstr(w, "id", h->id);
+        jw_kstr(w, "name", h->name);
+        jw_kint(w, "ranks", n);
+        jw_obj_end(w);
+    }
+    jw_arr_end(w);
+    jw_key(w, "events");
+    jw_arr_begin(w);
+    struct event_ctx ec = {w};
+    if (store_events_each(c->store, j->id, -1, 200, render_event_cb, &ec) < 0)
+        coord_store_failed(c, "events read");
+    jw_arr_end(w);
+    jw_obj_end(w);
+}
+
+struct output_ctx {
+    struct jw *w;
+    uint64_t last;
+};
+
+static int render_output_cb(const struct store_output *o, void *arg)
+{
+    struct output_ctx *oc = arg;
+    jw_obj_begin(oc->w);
+    jw_kuint(oc->w, "seq", o->seq);
+    jw_kint(oc->w, "rank", o->rank);
+    jw_kstr(oc->w, "stream", o->stream == 2 ? "stderr" : "stdout");
+    jw_kuint(oc->w, "ts_ms", o->ts_ms);
+    jw_key(oc->w, "text");
+    jw_strn(oc->w, o->text, o->text_len);
+    jw_obj_end(oc->w);
+    oc->last = o->seq;
+    return 0;
+}
+
+static void render_metrics(struct coord *c, struct buf *b)
+{
+    static const char *method_names[] = {
+#define COORD_METHOD_NAME(id, name) name,
+        COORD_METHODS(COORD_METHOD_NAME)
+#undef COORD_METHOD_NAME
+    };
+    int hosts[2] = {0, 0}, jobs[5] = {0};
+    int64_t slots_total = 0, slots_used = 0;
+    for (struct host *h = c->hosts; h; h = h->next) {
+        hosts[h->state]++;
+        if (h->state == HOST_ALIVE) {
+            slots_total += h->slots;
+            slots_used += coord_host_slots_used(c, h);
+        }
+    }
+    for (struct job *j = c->jobs; j; j = j->next)
+        jobs[j->state]++;
+    struct rpc_server_stats st;
+    rpc_server_get_stats(c->rpc, &st);
+
+    buf_printf(b, "# HELP kolo_build_info Build information; the value is always 1.\n"
+                  "# TYPE kolo_build_info gauge\n"
+                  "kolo_build_info{version=\"%s\",protocol=\"%d\"} 1\n",
+               KOLO_VERSION, KOLO_PROTO_VERSION);
+    buf_printf(b, "# HELP kolo_uptime_seconds Seconds since this coordinator started.\n"
+                  "# TYPE kolo_uptime_seconds gauge\nkolo_uptime_seconds %.3f\n",
+               (double)(now_wall_ms() - c->started_ms) / 1000.0);
+    buf_printf(b, "# HELP kolo_hosts Hosts known to the coordinator, by state.\n"
+                  "# TYPE kolo_hosts gauge\nkolo_hosts{state=\"alive\"} %d\n"
+                  "kolo_hosts{state=\"lost\"} %d\n",
+               hosts[HOST_ALIVE], hosts[HOST_LOST]);
+    buf_printf(b, "# HELP kolo_slots Worker slots on live hosts.\n# TYPE kolo_slots gauge\n"
+                  "kolo_slots{state=\"total\"} %lld\nkolo_slots{state=\"used\"} %lld\n",
+               (long long)slots_total, (long long)slots_used);
+    buf_puts(b, "# HELP kolo_jobs Jobs by state.\n# TYPE kolo_jobs gauge\n");
+    for (int s = 0; s < 5; s++)
+        buf_printf(b, "kolo_jobs{state=\"%s\"} %d\n", coord_job_state_name((enum job_state)s),
+                   jobs[s]);
+    buf_puts(b, "# HELP kolo_rpc_requests_total RPC requests handled, by method.\n"
+                "# TYPE kolo_rpc_requests_total counter\n");
+    for (int m = 0; m < M_COUNT; m++)
+        buf_printf(b, "kolo_rpc_requests_total{method=\"%s\"} %llu\n", method_names[m],
+                   (unsigned long long)c->m.rpc_requests[m]);
+    buf_puts(b, "# HELP kolo_rpc_errors_total RPC requests answered with an error, by method.\n"
+                "# TYPE kolo_rpc_errors_total counter\n");
+    for (int m = 0; m < M_COUNT; m++)
+        buf_printf(b, "kolo_rpc_errors_total{method=\"%s\"} %llu\n", method_names[m],
+                   (unsigned long long)c->m.rpc_errors[m]);
+    buf_printf(b,
+               "# HELP kolo_rpc_rejected_frames_total Frames refused before dispatch, by "
+               "reason.\n# TYPE kolo_rpc_rejected_frames_total counter\n"
+               "kolo_rpc_rejected_frames_total{reason=\"malformed\"} %llu\n"
+               "kolo_rpc_rejected_frames_total{reason=\"too_big\"} %llu\n"
+               "kolo_rpc_rejected_frames_total{reason=\"version\"} %llu\n"
+               "kolo_rpc_rejected_frames_total{reason=\"auth\"} %llu\n",
+               (unsigned long long)st.malformed, (unsigned long long)st.too_big,
+               (unsigned long long)st.bad_version, (unsigned long long)st.auth_failed);
+    buf_printf(b,
+               "# HELP kolo_auth_failures_total Requests refused for a missing or wrong "
+               "token, by listener.\n# TYPE kolo_auth_failures_total counter\n"
+               "kolo_auth_failures_total{listener=\"rpc\"} %llu\n"
+               "kolo_auth_failures_total{listener=\"http\"} %llu\n",
+               (unsigned long long)st.auth_failed, (unsigned long long)c->m.http_auth_failed);
+    buf_printf(b,
+               "# HELP kolo_agent_registrations_total Agent registrations, by result.\n"
+               "# TYPE kolo_agent_registrations_total counter\n"
+               "kolo_agent_registrations_total{result=\"new\"} %llu\n"
+               "kolo_agent_registrations_total{result=\"reregister\"} %llu\n"
+               "kolo_agent_registrations_total{result=\"restart\"} %llu\n"
+               "kolo_agent_registrations_total{result=\"refused\"} %llu\n",
+               (unsigned long long)c->m.registrations[0], (unsigned long long)c->m.registrations[1],
+               (unsigned long long)c->m.registrations[2],
+               (unsigned long long)c->m.registrations[3]);
+    buf_printf(b,
+               "# HELP kolo_heartbeats_rejected_total Heartbeats and reports from unknown or "
+               "expired sessions.\n# TYPE kolo_heartbeats_rejected_total counter\n"
+               "kolo_heartbeats_rejected_total %llu\n"
+               "# HELP kolo_leases_expired_total Host leases that ran out.\n"
+               "# TYPE kolo_leases_expired_total counter\nkolo_leases_expired_total %llu\n"
+               "# HELP kolo_reports_duplicate_total Agent report batches received twice.\n"
+               "# TYPE kolo_reports_duplicate_total counter\nkolo_reports_duplicate_total %llu\n"
+               "# HELP kolo_worker_output_lines_total Worker output lines stored.\n"
+               "# TYPE kolo_worker_output_lines_total counter\n"
+               "kolo_worker_output_lines_total %llu\n"
+               "# HELP kolo_store_errors_total SQLite operations that failed.\n"
+               "# TYPE kolo_store_errors_total counter\nkolo_store_errors_total %llu\n",
+               (unsigned long long)c->m.heartbeats_rejected,
+               (unsigned long long)c->m.leases_expired,
+               (unsigned long long)c->m.reports_duplicate, (unsigned long long)c->m.output_lines,
+               (unsigned long long)c->m.store_errors);
+    buf_printf(b,
+               "# HELP kolo_http_requests_total HTTP requests, by response class.\n"
+               "# TYPE kolo_http_requests_total counter\n"
+               "kolo_http_requests_total{class=\"2xx\"} %llu\n"
+               "kolo_http_requests_total{class=\"4xx\"} %llu\n"
+               "kolo_http_requests_total{class=\"5xx\"} %llu\n",
+               (unsigned long long)(c->m.http_requests - c->m.http_errors_4xx -
+                                    c->m.http_errors_5xx),
+               (unsigned long long)c->m.http_errors_4xx, (unsigned long long)c->m.http_errors_5xx);
+}
+
+/* ---------------------------------------------------------------- mutating routes */
+
+static bool http_authorized(struct coord *c, struct http_req *r, struct http_out *o)
+{
+    if (!c->token) {
+        out_json_error(o, 403,
+                       "this route changes state and the coordinator has no cluster token; start "
+                       "it with --token-file to enable it");
+        return false;
+    }
+    const char *auth = nng_http_req_get_header(r->req, "Authorization");
+    const char *prefix = "Bearer ";
+    bool ok = false;
+    if (auth && strncmp(auth, prefix, strlen(prefix)) == 0) {
+        const char *given = auth + strlen(prefix);
+        size_t glen = strlen(given), tlen = strlen(c->token);
+        uint8_t a[SHA256_LEN], b[SHA256_LEN];
+        /* compare digests: constant time whatever the lengths */
+        sha256(given, glen, a);
+        sha256(c->token, tlen, b);
+        ok = ct_equal(a, b, SHA256_LEN);
+    }
+    if (!ok) {
+        c->m.http_auth_failed++;
+        out_json_error(o, 401, "missing or wrong 'Authorization: Bearer <token>'");
+        o->www_auth = true;
+    }
+    return ok;
+}
+
+static const char *json_str_member(const struct json *obj, const char *key, bool *bad)
+{
+    const struct json *v = json_get(obj, key);
+    if (!v || v->type == JSON_NULL)
+        return NULL;
+    if (v->type != JSON_STRING) {
+        *bad = true;
+        return NULL;
+    }
+    return v->str;
+}
+
+static void route_submit(struct coord *c, struct http_req *r, struct http_out *o)
+{
+    struct json *root = NULL;
+    char err[512];
+    if (json_parse(r->body, r->body_len, &root, err, sizeof(err)) != 0) {
+        char msg[600];
+        snprintf(msg, sizeof(msg), "malformed JSON: %s", err);
+        out_json_error(o, 400, msg);
+        return;
+    }
+    char **argv = NULL, **env = NULL;
+    int argc = 0, nenv = 0;
+    bool bad = false;
+    const char *problem = NULL;
+    if (root->type != JSON_OBJECT) {
+        problem = "the body must be a JSON object";
+        goto out;
+    }
+    const struct json *jargv = json_get(root, "argv");
+    if (!jargv || jargv->type != JSON_ARRAY || jargv->count == 0 || jargv->count > HTTP_MAX_ARGS) {
+        problem = "\"argv\" must be a non-empty array of strings";
+        goto out;
+    }
+    argv = calloc(jargv->count + 1, sizeof(char *));
+    for (const struct json *e = jargv->child; e && argv; e = e->next) {
+        if (e->type != JSON_STRING || strlen(e->str) != e->str_len) {
+            problem = "\"argv\" must be a non-empty array of strings";
+            goto out;
+        }
+        argv[argc++] = e->str;
+    }
+    int64_t np = 0;
+    const struct json *jnp = json_get(root, "np");
+    if (!jnp || !json_as_int(jnp, &np) || np < 1 || np > COORD_MAX_NP) {
+        problem = "\"np\" must be an integer between 1 and 65536";
+        goto out;
+    }
+    const struct json *jenv = json_get(root, "env");
+    if (jenv && jenv->type == JSON_OBJECT) {
+        env = calloc(jenv->count + 1, sizeof(char *));
+        for (const struct json *e = jenv->child; e && env; e = e->next) {
+            if (e->type != JSON_STRING) {
+                problem = "\"env\" values must be strings";
+                goto out;
+            }
+            size_t len = strlen(e->key) + strlen(e->str) + 2;
+            env[nenv] = malloc(len);
+            if (env[nenv])
+                snprintf(env[nenv++], len, "%s=%s", e->key, e->str);
+        }
+    } else if (jenv && jenv->type != JSON_NULL) {
+        problem = "\"env\" must be an object of strings";
+        goto out;
+    }
+    const char *cwd = json_str_member(root, "cwd", &bad);
+    const char *hosts = json_str_member(root, "hosts", &bad);
+    const char *name = json_str_member(root, "name", &bad);
+    if (bad) {
+        problem = "\"cwd\", \"hosts\" and \"name\" must be strings";
+        goto out;
+    }
+    int64_t timeout_ms = 0;
+    const struct json *jt = json_get(root, "start_timeout_ms");
+    if (jt && (!json_as_int(jt, &timeout_ms) || timeout_ms < 0 || timeout_ms > 86400000LL * 30)) {
+        problem = "\"start_timeout_ms\" must be a non-negative integer";
+        goto out;
+    }
+    uint64_t id = 0;
+    int rv = coord_job_submit(c, argv, argc, env, nenv, cwd, (int)np, hosts, name,
+                              (uint32_t)timeout_ms, &id, err, sizeof(err));
+    if (rv) {
+        out_json_error(o, rv == KOLO_EINVAL ? 400 : 500, err);
+        goto out;
+    }
+    struct job *j = coord_job_find(c, id);
+    struct jw w;
+    o->status = 201;
+    o->content_type = "application/json";
+    jw_init(&w, &o->body);
+    render_job(c, &w, j);
+    buf_putc(&o->body, '\n');
+out:
+    if (problem)
+        out_json_error(o, 400, problem);
+    for (int i = 0; i < nenv; i++)
+        free(env[i]);
+    free(env);
+    free(argv);
+    json_free(root);
+}
+
+/* ---------------------------------------------------------------- static files */
+
+static const char *content_type_for(const char *path)
+{
+    const char *dot = strrchr(path, '.');
+    if (!dot)
+        return "application/octet-stream";
+    if (!strcmp(dot, ".html"))
+        return "text/html; charset=utf-8";
+    if (!strcmp(dot, ".js"))
+        return "text/javascript; charset=utf-8";
+    if (!strcmp(dot, ".css"))
+        return "text/css; charset=utf-8";
+    if (!strcmp(dot, ".json"))
+        return "application/json";
+    if (!strcmp(dot, ".svg"))
+        return "image/svg+xml";
+    if (!strcmp(dot, ".png"))
+        return "image/png";
+    return "application/octet-stream";
+}
+
+static void route_static(struct coord *c, struct http_req *r, struct http_out *o)
+{
+    const char *rel = strcmp(r->path, "/") == 0 ? "/index.html" : r->path;
+    if (!c->dashboard_dir || strstr(rel, "..") || strchr(rel, '\\')) {
+        out_json_error(o, 404, "no such route");
+        return;
+    }
+    char full[1024];
+    snprintf(full, sizeof(full), "%s%s", c->dashboard_dir, rel);
+    char *data = NULL;
+    size_t len = 0;
+    struct stat sb;
+    if (stat(full, &sb) != 0 || !S_ISREG(sb.st_mode) ||
+        read_file_all(full, &data, &len, 16u << 20) != 0) {
+        out_json_error(o, 404, "no such route");
+        return;
+    }
+    o->status = 200;
+    o->content_type = content_type_for(full);
+    buf_append(&o->body, data, len);
+    free(data);
+}
+
+/* ---------------------------------------------------------------- router */
+
+static bool method_is(struct http_req *r, const char *m, struct http_out *o, const char *allow)
+{
+    if (strcmp(r->method, m) == 0 || (strcmp(m, "GET") == 0 && strcmp(r->method, "HEAD") == 0))
+        return true;
+    out_json_error(o, 405, "method not allowed on this route");
+    o->allow = allow;
+    return false;
+}
+
+static void route(struct coord *c, struct http_req *r, struct http_out *o)
+{
+    struct jw w;
+    jw_init(&w, &o->body);
+    o->status = 200;
+    o->content_type = "application/json";
+    const char *p = r->path;
+
+    if (strcmp(p, "/healthz") == 0) {
+        if (!method_is(r, "GET", o, "GET"))
+            return;
+        jw_obj_begin(&w);
+        jw_kstr(&w, "status", "ok");
+        jw_kstr(&w, "version", KOLO_VERSION);
+        jw_kstr(&w, "instance", c->instance);
+        jw_kuint(&w, "uptime_ms", now_wall_ms() - c->started_ms);
+        jw_obj_end(&w);
+    } else if (strcmp(p, "/metrics") == 0) {
+        if (!method_is(r, "GET", o, "GET"))
+            return;
+        o->content_type = "text/plain; version=0.0.4; charset=utf-8";
+        render_metrics(c, &o->body);
+        return;
+    } else if (strcmp(p, "/api/v1/hosts") == 0) {
+        if (!method_is(r, "GET", o, "GET"))
+            return;
+        jw_obj_begin(&w);
+        jw_key(&w, "hosts");
+        jw_arr_begin(&w);
+        for (struct host *h = c->hosts; h; h = h->next)
+            render_host(c, &w, h);
+        jw_arr_end(&w);
+        jw_obj_end(&w);
+    } else if (strcmp(p, "/api/v1/events") == 0) {
+        if (!method_is(r, "GET", o, "GET"))
+            return;
+        uint64_t job = 0, limit = 100;
+        query_u64(r->query, "job", &job);
+        query_u64(r->query, "limit", &limit);
+        if (limit > 10000)
+            limit = 10000;
+        jw_obj_begin(&w);
+        jw_key(&w, "events");
+        jw_arr_begin(&w);
+        struct event_ctx ec = {&w};
+        store_events_each(c->store, job, -1, (int)limit, render_event_cb, &ec);
+        jw_arr_end(&w);
+        jw_obj_end(&w);
+    } else if (strcmp(p, "/api/v1/jobs") == 0) {
+        if (strcmp(r->method, "POST") == 0) {
+            buf_reset(&o->body);
+            if (http_authorized(c, r, o))
+                route_submit(c, r, o);
+            return;
+        }
+        if (!method_is(r, "GET", o, "GET, POST"))
+            return;
+        jw_obj_begin(&w);
+        jw_key(&w, "jobs");
+        jw_arr_begin(&w);
+        for (struct job *j = c->jobs; j; j = j->next) {
+            jw_obj_begin(&w);
+            render_job_summary(&w, j);
+            jw_obj_end(&w);
+        }
+        jw_arr_end(&w);
+        jw_obj_end(&w);
+    } else if (strncmp(p, "/api/v1/jobs/", 13) == 0) {
+        char idtext[32];
+        const char *rest = p + 13;
+        const char *slash = strchr(rest, '/');
+        size_t idlen = slash ? (size_t)(slash - rest) : strlen(rest);
+        uint64_t id = 0;
+        if (idlen >= sizeof(idtext)) {
+            out_json_error(o, 404, "no such job");
+            return;
+        }
+        memcpy(idtext, rest, idlen);
+        idtext[idlen] = '\0';
+        struct job *j = parse_id(idtext, &id) ? coord_job_find(c, id) : NULL;
+        const char *sub = slash ? slash : "";
+        if (strcmp(sub, "") && strcmp(sub, "/stop") && strcmp(sub, "/output") &&
+            strcmp(sub, "/events")) {
+            out_json_error(o, 404, "no such route");
+            return;
+        }
+        if (strcmp(sub, "/stop") == 0) {
+            if (!method_is(r, "POST", o, "POST"))
+                return;
+            buf_reset(&o->body);
+            if (!http_authorized(c, r, o))
+                return;
+            if (!j) {
+                out_json_error(o, 404, "no such job");
+                return;
+            }
+            int rv = coord_job_stop(c, j, "stopped through the REST API");
+            if (rv == KOLO_ESTATE) {
+                out_json_error(o, 409, "the job has already ended");
+                return;
+            }
+            jw_init(&w, &o->body);
+            render_job(c, &w, j);
+        } else {
+            if (!method_is(r, "GET", o, "GET"))
+                return;
+            if (!j) {
+                buf_reset(&o->body);
+                out_json_error(o, 404, "no such job");
+                return;
+            }
+            if (strcmp(sub, "/output") == 0) {
+                uint64_t after = 0, limit = 1000;
+                query_u64(r->query, "after", &after);
+                query_u64(r->query, "limit", &limit);
+                if (limit > 10000)
+                    limit = 10000;
+                struct output_ctx oc = {&w, after};
+                jw_obj_begin(&w);
+                jw_key(&w, "lines");
+                jw_arr_begin(&w);
+                store_output_each(c->store, j->id, after, (int)limit, render_output_cb, &oc);
+                jw_arr_end(&w);
+                jw_kuint(&w, "next", oc.last);
+                jw_obj_end(&w);
+            } else if (strcmp(sub, "/events") == 0) {
+                jw_obj_begin(&w);
+                jw_key(&w, "events");
+                jw_arr_begin(&w);
+                struct event_ctx ec = {&w};
+                store_events_each(c->store, j->id, -1, 1000, render_event_cb, &ec);
+                jw_arr_end(&w);
+                jw_obj_end(&w);
+            } else {
+                render_job(c, &w, j);
+            }
+        }
+    } else if (strncmp(p, "/api/", 5) == 0) {
+        out_json_error(o, 404, "no such route");
+        return;
+    } else {
+        if (!method_is(r, "GET", o, "GET"))
+            return;
+        route_static(c, r, o);
+        return;
+    }
+    buf_putc(&o->body, '\n');
+}
+
+void coord_http_handle(struct coord *c, nng_aio *aio)
+{
+    nng_http_req *req = nng_aio_get_input(aio, 0);
+    struct http_req r = {0};
+    struct http_out o = {0};
+    buf_init(&o.body);
+    r.req = req;
+    r.method = nng_http_req_get_method(req);
+    const char *uri = nng_http_req_get_uri(req);
+    const char *q = strchr(uri, '?');
+    size_t plen = q ? (size_t)(q - uri) : strlen(uri);
+    void *body;
+    size_t blen;
+    nng_http_req_get_data(req, &body, &blen);
+    r.body = body ? body : "";
+    r.body_len = blen;
+    c->m.http_requests++;
+    if (plen >= sizeof(r.path) || (q && strlen(q + 1) >= sizeof(r.query))) {
+        out_json_error(&o, 414, "URI too long");
+    } else {
+        memcpy(r.path, uri, plen);
+        r.path[plen] = '\0';
+        if (q)
+            str_copy(r.query, q + 1, sizeof(r.query));
+        /* trailing slash tolerated on API routes */
+        if (plen > 1 && r.path[plen - 1] == '/' && strncmp(r.path, "/api/", 5) == 0)
+            r.path[plen - 1] = '\0';
+        route(c, &r, &o);
+    }
+    if (o.status >= 500)
+        c->m.http_errors_5xx++;
+    else if (o.status >= 400)
+        c->m.http_errors_4xx++;
+
+    nng_http_res *res;
+    if (o.body.oom || nng_http_res_alloc(&res) != 0) {
+        buf_free(&o.body);
+        nng_aio_finish(aio, NNG_ENOMEM);
+        return;
+    }
+    nng_http_res_set_status(res, (uint16_t)o.status);
+    nng_http_res_set_header(res, "Content-Type", o.content_type ? o.content_type : "text/plain");
+    nng_http_res_set_header(res, "Cache-Control", "no-store");
+    nng_http_res_set_header(res, "X-Content-Type-Options", "nosniff");
+    if (o.allow)
+        nng_http_res_set_header(res, "Allow", o.allow);
+    if (o.www_auth)
+        nng_http_res_set_header(res, "WWW-Authenticate", "Bearer realm=\"kolo\"");
+    if (strcmp(r.method ? r.method : "", "HEAD") != 0)
+        nng_http_res_copy_data(res, o.body.data ? o.body.data : "", o.body.len);
+    buf_free(&o.body);
+    nng_aio_set_output(aio, 0, res);
+    nng_aio_finish(aio, 0);
+}
+
+static void http_cb(nng_aio *aio)
+{
+    nng_http_handler *h = nng_aio_get_input(aio, 1);
+    struct coord *c = nng_http_handler_get_data(h);
+    struct work *w = calloc(1, sizeof(*w));
+    if (!w) {
+        nng_aio_finish(aio, NNG_ENOMEM);
+        return;
+    }
+    w->kind = WORK_HTTP;
+    w->aio = aio;
+    coord_post(c, w);
+}
+
+int coord_http_start(struct coord *c, char *err, size_t errlen)
+{
+    char urltext[300];
+    nng_url *url = NULL;
+    nng_http_handler *h = NULL;
+    int rv;
+    snprintf(urltext, sizeof(urltext), "http://%s", c->http_addr);
+    if ((rv = nng_url_parse(&url, urltext)) != 0) {
+        snprintf(err, errlen, "invalid HTTP address '%s' (want ADDR:PORT)", c->http_addr);
+        return KOLO_EINVAL;
+    }
+    if ((rv = nng_http_server_hold(&c->http, url)) != 0 ||
+        (rv = nng_http_handler_alloc(&h, "/", http_cb)) != 0) {
+        snprintf(err, errlen, "cannot create the HTTP server on %s: %s", c->http_addr,
+                 nng_strerror(rv));
+        goto fail;
+    }
+    nng_http_handler_set_method(h, NULL);
+    nng_http_handler_set_tree(h);
+    nng_http_handler_collect_body(h, true, HTTP_MAX_BODY);
+    nng_http_handler_set_data(h, c, NULL);
+    if ((rv = nng_http_server_add_handler(c->http, h)) != 0) {
+        nng_http_handler_free(h);
+        snprintf(err, errlen, "cannot add the HTTP handler: %s", nng_strerror(rv));
+        goto fail;
+    }
+    if ((rv = nng_http_server_start(c->http)) != 0) {
+        snprintf(err, errlen, "cannot serve HTTP on %s: %s", c->http_addr, nng_strerror(rv));
+        goto fail;
+    }
+    nng_sockaddr sa;
+    int port = 0;
+    if (nng_http_server_get_addr(c->http, &sa) == 0 && sa.s_family == NNG_AF_INET)
+        port = ((sa.s_in.sa_port & 0xff) << 8) | (sa.s_in.sa_port >> 8);
+    else if (nng_http_server_get_addr(c->http, &sa) == 0 && sa.s_family == NNG_AF_INET6)
+        port = ((sa.s_in6.sa_port & 0xff) << 8) | (sa.s_in6.sa_port >> 8);
+    snprintf(c->http_url, sizeof(c->http_url), "http://%s:%d", url->u_hostname, port);
+    nng_url_free(url);
+    return 0;
+fail:
+    if (c->http) {
+        nng_http_server_release(c->http);
+        c->http = NULL;
+    }
+    nng_url_free(url);
+    return KOLO_EIO;
+}
+
+void coord_http_stop(struct coord *c)
+{
+    if (c->http) {
+        nng_http_server_stop(c->http);
+        nng_http_server_release(c->http);
+        c->http = NULL;
+    }
+}

@@ -1,0 +1,1050 @@
+/*
+ * coord_jobs.c - jobs: submission, placement, the state machine, output.
+ *
+ * States: pending -> running -> succeeded | failed | stopped (pending may
+ * also go straight to failed or stopped). A pending job waits for slots
+ * with its reason visible (REST, `kolo run`) until its start timeout.
+ * Placement writes the generation and the rank table in one transaction,
+ * then bumps the desired set of every host involved, which wakes their
+ * parked heartbeats: that is the launch order.
+ *
+ * This slice is not elastic: the first worker to fail fails the job with
+ * that worker's exit code (128+N for a signal, as a shell reports it), and
+ * the job's ranks leave every host's desired set, so agents stop the rest.
+ * A lost host fails the jobs that had ranks on it.
+ */
+#include "coord_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "json.h"
+#include "kolo.pb-c.h"
+#include "log.h"
+#include "placement.h"
+#include "util.h"
+
+#define OUTPUT_DEFAULT_LINES 1000
+#define OUTPUT_MAX_LINES 10000
+#define STREAM_MAX_WAIT_MS 30000
+
+static const char *job_state_names[] = {"pending", "running", "succeeded", "failed", "stopped"};
+static const char *rank_state_names[] = {"assigned", "running", "exited", "lost"};
+
+const char *coord_job_state_name(enum job_state s)
+{
+    return job_state_names[s];
+}
+
+const char *coord_rank_state_name(enum rank_state s)
+{
+    return rank_state_names[s];
+}
+
+static int state_from_name(const char *s, const char **names, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(s, names[i]) == 0)
+            return i;
+    return -1;
+}
+
+struct job *coord_job_find(struct coord *c, uint64_t id)
+{
+    for (struct job *j = c->jobs; j; j = j->next)
+        if (j->id == id)
+            return j;
+    return NULL;
+}
+
+int coord_job_ranks_alive(const struct job *j)
+{
+    int n = 0;
+    for (int r = 0; r < j->nranks; r++)
+        if (j->ranks[r].state == RANK_ASSIGNED || j->ranks[r].state == RANK_RUNNING)
+            n++;
+    return n;
+}
+
+static bool job_terminal(const struct job *j)
+{
+    return j->state == JOB_SUCCEEDED || j->state == JOB_FAILED || j->state == JOB_STOPPED;
+}
+
+/* ---------------------------------------------------------------- persistence */
+
+static char *strv_to_json(char **v, int n)
+{
+    struct buf b;
+    struct jw w;
+    buf_init(&b);
+    jw_init(&w, &b);
+    jw_arr_begin(&w);
+    for (int i = 0; i < n; i++)
+        jw_str(&w, v[i]);
+    jw_arr_end(&w);
+    if (b.oom) {
+        buf_free(&b);
+        return NULL;
+    }
+    return buf_steal(&b, NULL);
+}
+
+static int strv_from_json(const char *text, char ***out, int *n)
+{
+    struct json *root = NULL;
+    char err[128];
+    *out = NULL;
+    *n = 0;
+    if (!text || json_parse(text, strlen(text), &root, err, sizeof(err)) != 0 ||
+        root->type != JSON_ARRAY) {
+        json_free(root);
+        return KOLO_EPROTO;
+    }
+    char **v = calloc(root->count + 1, sizeof(char *));
+    int k = 0;
+    for (const struct json *e = root->child; e && v; e = e->next)
+        if (e->type == JSON_STRING)
+            v[k++] = strdup(e->str);
+    json_free(root);
+    if (!v)
+        return KOLO_ENOMEM;
+    *out = v;
+    *n = k;
+    return 0;
+}
+
+static void job_persist(struct coord *c, struct job *j)
+{
+    char *argv_json = strv_to_json(j->argv, j->argc);
+    char *env_json = strv_to_json(j->env, j->nenv);
+    struct store_job sj = {
+        .id = j->id,
+        .name = j->name,
+        .state = job_state_names[j->state],
+        .np = j->np,
+        .argv_json = argv_json ? argv_json : "[]",
+        .env_json = env_json ? env_json : "[]",
+        .cwd = j->cwd,
+        .hosts = j->hosts,
+        .exit_code = j->exit_code,
+        .reason = j->reason ? j->reason : "",
+        .generation = j->generation,
+        .start_timeout_ms = j->start_timeout_ms,
+        .submitted_ms = j->submitted_ms,
+        .started_ms = j->started_ms,
+        .ended_ms = j->ended_ms,
+    };
+    int rv = j->id ? store_job_update(c->store, &sj) : store_job_insert(c->store, &sj);
+    if (rv != 0)
+        coord_store_failed(c, "job write");
+    else if (!j->id)
+        j->id = sj.id;
+    free(argv_json);
+    free(env_json);
+}
+
+static void rank_persist(struct coord *c, struct job *j, struct rank *r)
+{
+    struct store_rank sr = {
+        .job_id = j->id,
+        .generation = j->generation,
+        .rank = r->rank,
+        .host_id = r->host_id,
+        .local_rank = r->local_rank,
+        .local_size = r->local_size,
+        .cross_rank = r->cross_rank,
+        .cross_size = r->cross_size,
+        .state = rank_state_names[r->state],
+        .exit_code = r->exit_code,
+        .term_signal = r->term_signal,
+        .pid = r->pid,
+    };
+    if (store_rank_update(c->store, &sr) != 0)
+        coord_store_failed(c, "rank update");
+}
+
+static void job_set_reason(struct job *j, const char *reason)
+{
+    free(j->reason);
+    j->reason = strdup(reason ? reason : "");
+}
+
+static void job_free(struct job *j)
+{
+    for (int i = 0; i < j->argc; i++)
+        free(j->argv[i]);
+    for (int i = 0; i < j->nenv; i++)
+        free(j->env[i]);
+    free(j->argv);
+    free(j->env);
+    free(j->name);
+    free(j->cwd);
+    free(j->hosts);
+    free(j->reason);
+    free(j->ranks);
+    free(j);
+}
+
+static void job_append(struct coord *c, struct job *j)
+{
+    struct job **tail = &c->jobs;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = j;
+}
+
+/* ---------------------------------------------------------------- loading */
+
+static int load_rank_cb(const struct store_rank *sr, void *arg)
+{
+    struct job *j = arg;
+    if (sr->rank < 0 || sr->rank >= j->nranks)
+        return 0;
+    struct rank *r = &j->ranks[sr->rank];
+    r->rank = sr->rank;
+    str_copy(r->host_id, sr->host_id, sizeof(r->host_id));
+    r->local_rank = sr->local_rank;
+    r->local_size = sr->local_size;
+    r->cross_rank = sr->cross_rank;
+    r->cross_size = sr->cross_size;
+    int st = state_from_name(sr->state, rank_state_names, 4);
+    r->state = st < 0 ? RANK_LOST : (enum rank_state)st;
+    r->exit_code = sr->exit_code;
+    r->term_signal = sr->term_signal;
+    r->pid = sr->pid;
+    return 0;
+}
+
+static int load_job_cb(const struct store_job *sj, void *arg)
+{
+    struct coord *c = arg;
+    struct job *j = calloc(1, sizeof(*j));
+    if (!j)
+        return KOLO_ENOMEM;
+    j->id = sj->id;
+    j->name = strdup(sj->name ? sj->name : "");
+    int st = state_from_name(sj->state, job_state_names, 5);
+    j->state = st < 0 ? JOB_FAILED : (enum job_state)st;
+    j->np = sj->np;
+    strv_from_json(sj->argv_json, &j->argv, &j->argc);
+    strv_from_json(sj->env_json, &j->env, &j->nenv);
+    j->cwd = strdup(sj->cwd ? sj->cwd : "");
+    j->hosts = strdup(sj->hosts ? sj->hosts : "");
+    j->exit_code = sj->exit_code;
+    j->reason = strdup(sj->reason ? sj->reason : "");
+    j->generation = sj->generation;
+    j->start_timeout_ms = sj->start_timeout_ms;
+    j->submitted_ms = sj->submitted_ms;
+    j->started_ms = sj->started_ms;
+    j->ended_ms = sj->ended_ms;
+    if (j->state == JOB_PENDING && j->start_timeout_ms)
+        j->pending_deadline = now_mono_ms() + j->start_timeout_ms;
+    if (j->generation > 0 && j->np > 0 && j->np <= COORD_MAX_NP) {
+        j->ranks = calloc((size_t)j->np, sizeof(*j->ranks));
+        if (!j->ranks) {
+            job_free(j);
+            return KOLO_ENOMEM;
+        }
+        j->nranks = j->np;
+        for (int r = 0; r < j->nranks; r++)
+            j->ranks[r].state = RANK_LOST;
+        store_ranks_each(c->store, j->id, j->generation, load_rank_cb, j);
+        for (int r = 0; r < j->nranks; r++)
+            j->ranks[r].host = j->ranks[r].host_id[0] ? coord_host_find(c, j->ranks[r].host_id)
+                                                      : NULL;
+    }
+    store_output_max_seq(c->store, j->id, &j->out_seq);
+    job_append(c, j);
+    return 0;
+}
+
+int coord_jobs_load(struct coord *c)
+{
+    return store_jobs_each(c->store, load_job_cb, c);
+}
+
+/* ---------------------------------------------------------------- state machine */
+
+static void job_wake_waiters(struct coord *c, struct job *j);
+
+static void job_hosts_wake(struct coord *c, struct job *j)
+{
+    for (struct host *h = c->hosts; h; h = h->next) {
+        for (int r = 0; r < j->nranks; r++) {
+            if (j->ranks[r].host == h) {
+                coord_host_wake(c, h);
+                break;
+            }
+        }
+    }
+}
+
+static void job_finish(struct coord *c, struct job *j, enum job_state state, int exit_code,
+                       const char *reason)
+{
+    if (job_terminal(j))
+        return;
+    j->state = state;
+    j->exit_code = exit_code;
+    j->ended_ms = now_wall_ms();
+    j->pending_deadline = 0;
+    job_set_reason(j, reason);
+    job_persist(c, j);
+    coord_event(c, j->id, NULL, state == JOB_SUCCEEDED ? "job.succeeded"
+                                : state == JOB_STOPPED ? "job.stopped"
+                                                       : "job.failed",
+                "job %llu %s (exit code %d)%s%s", (unsigned long long)j->id,
+                job_state_names[state], exit_code, reason && reason[0] ? ": " : "",
+                reason ? reason : "");
+    /* The job's ranks leave the desired sets: agents stop what still runs. */
+    job_hosts_wake(c, j);
+    job_wake_waiters(c, j);
+    /* Freed slots may start a pending job. */
+    coord_jobs_place_pending(c);
+}
+
+int coord_job_submit(struct coord *c, char **argv, int argc, char **env, int nenv, const char *cwd,
+                     int np, const char *hosts, const char *name, uint32_t start_timeout_ms,
+                     uint64_t *job_id, char *err, size_t errlen)
+{
+    if (argc < 1 || !argv[0][0]) {
+        snprintf(err, errlen, "the job has no command");
+        return KOLO_EINVAL;
+    }
+    if (np < 1 || np > COORD_MAX_NP) {
+        snprintf(err, errlen, "np must be between 1 and %d", COORD_MAX_NP);
+        return KOLO_EINVAL;
+    }
+    for (int i = 0; i < nenv; i++) {
+        const char *eq = strchr(env[i], '=');
+        if (!eq || eq == env[i]) {
+            snprintf(err, errlen, "environment entry '%.64s' is not NAME=value", env[i]);
+            return KOLO_EINVAL;
+        }
+    }
+    if (hosts && hosts[0]) {
+        struct place_spec_entry spec[256];
+        int n = place_parse_hosts(hosts, spec, 256, err, errlen);
+        if (n < 0)
+            return KOLO_EINVAL;
+        int total = 0;
+        for (int i = 0; i < n; i++)
+            total += spec[i].slots;
+        if (total < np) {
+            snprintf(err, errlen, "the host list %s has %d slot(s) but np is %d", hosts, total, np);
+            return KOLO_EINVAL;
+        }
+    }
+    struct job *j = calloc(1, sizeof(*j));
+    if (!j)
+        return KOLO_ENOMEM;
+    j->argv = calloc((size_t)argc + 1, sizeof(char *));
+    j->env = calloc((size_t)nenv + 1, sizeof(char *));
+    if (!j->argv || !j->env) {
+        job_free(j);
+        return KOLO_ENOMEM;
+    }
+    for (int i = 0; i < argc; i++)
+        j->argv[j->argc++] = strdup(argv[i]);
+    for (int i = 0; i < nenv; i++)
+        j->env[j->nenv++] = strdup(env[i]);
+    j->name = strdup(name && name[0] ? name : argv[0]);
+    j->cwd = strdup(cwd ? cwd : "");
+    j->hosts = strdup(hosts ? hosts : "");
+    j->np = np;
+    j->state = JOB_PENDING;
+    j->start_timeout_ms = start_timeout_ms;
+    j->submitted_ms = now_wall_ms();
+    j->reason = strdup("waiting to be placed");
+    if (start_timeout_ms)
+        j->pending_deadline = now_mono_ms() + start_timeout_ms;
+    job_persist(c, j);
+    if (!j->id) {
+        snprintf(err, errlen, "cannot record the job: %s", store_last_error(c->store));
+        job_free(j);
+        return KOLO_ESTORE;
+    }
+    job_append(c, j);
+    coord_event(c, j->id, NULL, "job.submitted", "job %llu submitted: np %d, %s%s%s",
+                (unsigned long long)j->id, np, j->name, j->hosts[0] ? ", hosts " : "",
+                j->hosts);
+    *job_id = j->id;
+    coord_jobs_place_pending(c);
+    return 0;
+}
+
+/* Places one pending job; returns true when it started or ended. */
+static bool job_try_place(struct coord *c, struct job *j)
+{
+    int nhosts = 0;
+    for (struct host *h = c->hosts; h; h = h->next)
+        nhosts++;
+    struct place_host *ph = calloc((size_t)nhosts + 1, sizeof(*ph));
+    struct host **hv = calloc((size_t)nhosts + 1, sizeof(*hv));
+    struct place_spec_entry *spec = NULL;
+    struct place_rank *pr = calloc((size_t)j->np, sizeof(*pr));
+    char reason[512] = "";
+    int nspec = 0;
+    bool changed = false;
+    if (!ph || !hv || !pr)
+        goto out;
+    int i = 0;
+    for (struct host *h = c->hosts; h; h = h->next, i++) {
+        hv[i] = h;
+        ph[i] = (struct place_host){.name = h->name,
+                                    .hostname = h->hostname,
+                                    .id = h->id,
+                                    .free_slots = h->slots - coord_host_slots_used(c, h),
+                                    .alive = h->state == HOST_ALIVE};
+    }
+    if (j->hosts[0]) {
+        spec = calloc(256, sizeof(*spec));
+        if (!spec)
+            goto out;
+        nspec = place_parse_hosts(j->hosts, spec, 256, reason, sizeof(reason));
+        if (nspec < 0) {
+            job_finish(c, j, JOB_FAILED, 1, reason);
+            changed = true;
+            goto out;
+        }
+    }
+    int rv = place_ranks(ph, nhosts, spec, nspec, j->np, pr, reason, sizeof(reason));
+    if (rv == PLACE_IMPOSSIBLE) {
+        job_finish(c, j, JOB_FAILED, 1, reason);
+        changed = true;
+        goto out;
+    }
+    if (rv == PLACE_WAIT) {
+        if (!j->reason || strcmp(j->reason, reason) != 0) {
+            job_set_reason(j, reason);
+            job_persist(c, j);
+            job_wake_waiters(c, j);
+        }
+        goto out;
+    }
+    struct rank *ranks = calloc((size_t)j->np, sizeof(*ranks));
+    struct store_rank *sr = calloc((size_t)j->np, sizeof(*sr));
+    if (!ranks || !sr) {
+        free(ranks);
+        free(sr);
+        goto out;
+    }
+    j->generation++;
+    for (int r = 0; r < j->np; r++) {
+        struct host *h = hv[pr[r].host];
+        ranks[r] = (struct rank){.rank = r,
+                                 .host = h,
+                                 .local_rank = pr[r].local_rank,
+                                 .local_size = pr[r].local_size,
+                                 .cross_rank = pr[r].cross_rank,
+                                 .cross_size = pr[r].cross_size,
+                                 .state = RANK_ASSIGNED};
+        str_copy(ranks[r].host_id, h->id, sizeof(ranks[r].host_id));
+        sr[r] = (struct store_rank){.job_id = j->id,
+                                    .generation = j->generation,
+                                    .rank = r,
+                                    .host_id = h->id,
+                                    .local_rank = pr[r].local_rank,
+                                    .local_size = pr[r].local_size,
+                                    .cross_rank = pr[r].cross_rank,
+                                    .cross_size = pr[r].cross_size,
+                                    .state = "assigned"};
+    }
+    free(j->ranks);
+    j->ranks = ranks;
+    j->nranks = j->np;
+    j->state = JOB_RUNNING;
+    j->started_ms = now_wall_ms();
+    j->pending_deadline = 0;
+    job_set_reason(j, "");
+    store_begin(c->store);
+    if (store_generation_add(c->store, j->id, j->generation, "start", j->np, j->started_ms) != 0 ||
+        store_ranks_put(c->store, sr, (size_t)j->np) != 0)
+        coord_store_failed(c, "placement");
+    job_persist(c, j);
+    if (store_commit(c->store) != 0)
+        coord_store_failed(c, "placement commit");
+    free(sr);
+
+    struct buf where;
+    buf_init(&where);
+    for (int k = 0; k < nhosts; k++) {
+        int n = 0;
+        for (int r = 0; r < j->np; r++)
+            n += ranks[r].host == hv[k];
+        if (n)
+            buf_printf(&where, "%s%s:%d", where.len ? "," : "", hv[k]->name, n);
+    }
+    coord_event(c, j->id, NULL, "job.started", "job %llu started: %d rank(s) on %s",
+                (unsigned long long)j->id, j->np, buf_cstr(&where));
+    buf_free(&where);
+    job_hosts_wake(c, j);
+    job_wake_waiters(c, j);
+    changed = true;
+out:
+    free(ph);
+    free(hv);
+    free(spec);
+    free(pr);
+    return changed;
+}
+
+void coord_jobs_place_pending(struct coord *c)
+{
+    /* Oldest first; a job that cannot start yet does not hold back later,
+     * smaller ones. Restart the walk after a change: placing or failing a
+     * job can re-enter through job_finish. */
+    bool again = true;
+    while (again) {
+        again = false;
+        for (struct job *j = c->jobs; j; j = j->next) {
+            if (j->state == JOB_PENDING && job_try_place(c, j)) {
+                again = true;
+                break;
+            }
+        }
+    }
+}
+
+int coord_job_stop(struct coord *c, struct job *j, const char *reason)
+{
+    if (job_terminal(j))
+        return KOLO_ESTATE;
+    job_finish(c, j, JOB_STOPPED, 143, reason && reason[0] ? reason : "stopped on request");
+    return 0;
+}
+
+void coord_jobs_host_lost(struct coord *c, struct host *h, const char *why)
+{
+    for (struct job *j = c->jobs; j; j = j->next) {
+        bool hit = false;
+        for (int r = 0; r < j->nranks; r++) {
+            struct rank *rk = &j->ranks[r];
+            if (rk->host == h && (rk->state == RANK_ASSIGNED || rk->state == RANK_RUNNING)) {
+                rk->state = RANK_LOST;
+                rank_persist(c, j, rk);
+                hit = true;
+            }
+        }
+        if (!hit)
+            continue;
+        if (j->state == JOB_RUNNING)
+            job_finish(c, j, JOB_FAILED, 1, why);
+        else
+            job_wake_waiters(c, j);
+    }
+}
+
+void coord_job_worker_event(struct coord *c, struct host *h, uint64_t job_id, uint64_t gen,
+                            int rank, int kind, int pid, int exit_code, int term_signal,
+                            const char *message)
+{
+    struct job *j = coord_job_find(c, job_id);
+    if (!j || gen != j->generation || rank < 0 || rank >= j->nranks) {
+        LOGD("coord", "ignoring event for job %llu gen %llu rank %d from %s",
+             (unsigned long long)job_id, (unsigned long long)gen, rank, h->name);
+        return;
+    }
+    struct rank *r = &j->ranks[rank];
+    if (r->host != h) {
+        LOGW("coord", "host %s reported rank %d of job %llu, which is not its rank", h->name,
+             rank, (unsigned long long)job_id);
+        return;
+    }
+    switch (kind) {
+    case KOLO__WORKER_EVENT_KIND__WORKER_STARTED:
+        if (r->state == RANK_ASSIGNED || r->state == RANK_RUNNING) {
+            r->state = RANK_RUNNING;
+            r->pid = pid;
+            rank_persist(c, j, r);
+        }
+        return;
+    case KOLO__WORKER_EVENT_KIND__WORKER_SPAWN_FAILED:
+        coord_event(c, j->id, h->id, "worker.spawn_failed", "rank %d on %s could not start: %s",
+                    rank, h->name, message ? message : "");
+        return;
+    case KOLO__WORKER_EVENT_KIND__WORKER_EXITED:
+        break;
+    default:
+        return;
+    }
+    if (r->state == RANK_EXITED)
+        return; /* a resent report */
+    r->state = RANK_EXITED;
+    r->exit_code = exit_code;
+    r->term_signal = term_signal;
+    rank_persist(c, j, r);
+    int code = term_signal ? 128 + term_signal : exit_code;
+    if (j->state == JOB_RUNNING && code != 0) {
+        char why[256];
+        if (term_signal)
+            snprintf(why, sizeof(why), "rank %d on host %s was killed by signal %d", rank,
+                     h->name, term_signal);
+        else
+            snprintf(why, sizeof(why), "rank %d on host %s exited with code %d", rank, h->name,
+                     exit_code);
+        job_finish(c, j, JOB_FAILED, code, why);
+        return;
+    }
+    if (j->state == JOB_RUNNING) {
+        bool all_ok = true;
+        for (int k = 0; k < j->nranks && all_ok; k++)
+            all_ok = j->ranks[k].state == RANK_EXITED && j->ranks[k].exit_code == 0 &&
+                     j->ranks[k].term_signal == 0;
+        if (all_ok) {
+            job_finish(c, j, JOB_SUCCEEDED, 0, "");
+            return;
+        }
+    }
+    job_wake_waiters(c, j);
+}
+
+/* ---------------------------------------------------------------- desired sets */
+
+int coord_job_desired_for_host(struct coord *c, struct host *h, void ***specs_out, size_t *n_out)
+{
+    size_t n = 0, cap = 0;
+    Kolo__WorkerSpec **specs = NULL;
+    for (struct job *j = c->jobs; j; j = j->next) {
+        if (j->state != JOB_RUNNING)
+            continue;
+        for (int r = 0; r < j->nranks; r++) {
+            struct rank *rk = &j->ranks[r];
+            if (rk->host != h || (rk->state != RANK_ASSIGNED && rk->state != RANK_RUNNING))
+                continue;
+            if (n == cap) {
+                cap = cap ? cap * 2 : 8;
+                Kolo__WorkerSpec **ns = realloc(specs, cap * sizeof(*ns));
+                if (!ns)
+                    goto fail;
+                specs = ns;
+            }
+            Kolo__WorkerSpec *s = malloc(sizeof(*s));
+            if (!s)
+                goto fail;
+            kolo__worker_spec__init(s);
+            s->job_id = j->id;
+            s->generation = j->generation;
+            s->rank = rk->rank;
+            s->size = j->nranks;
+            s->local_rank = rk->local_rank;
+            s->local_size = rk->local_size;
+            s->cross_rank = rk->cross_rank;
+            s->cross_size = rk->cross_size;
+            s->n_argv = (size_t)j->argc;
+            s->argv = j->argv; /* borrowed: freed with the job, not with the spec */
+            s->n_env = (size_t)j->nenv;
+            s->env = j->env;
+            s->cwd = j->cwd;
+            specs[n++] = s;
+        }
+    }
+    *specs_out = (void **)specs;
+    *n_out = n;
+    return 0;
+fail:
+    coord_job_desired_free((void **)specs, n);
+    return KOLO_ENOMEM;
+}
+
+void coord_job_desired_free(void **specs, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(specs[i]);
+    free(specs);
+}
+
+/* ---------------------------------------------------------------- output streams */
+
+struct collect {
+    Kolo__OutputLine **lines;
+    Kolo__OutputLine *storage;
+    size_t n, max;
+    uint64_t last_seq;
+};
+
+static int collect_line(const struct store_output *o, void *arg)
+{
+    struct collect *col = arg;
+    if (col->n == col->max)
+        return 1;
+    Kolo__OutputLine *l = &col->storage[col->n];
+    kolo__output_line__init(l);
+    l->job_id = o->job_id;
+    l->rank = o->rank;
+    l->stream = o->stream == 2 ? KOLO__OUTPUT_STREAM__OUTPUT_STDERR
+                               : KOLO__OUTPUT_STREAM__OUTPUT_STDOUT;
+    l->text.data = malloc(o->text_len ? o->text_len : 1);
+    if (!l->text.data)
+        return 1;
+    memcpy(l->text.data, o->text, o->text_len);
+    l->text.len = o->text_len;
+    l->ts_ms = o->ts_ms;
+    l->seq = o->seq;
+    col->lines[col->n++] = l;
+    col->last_seq = o->seq;
+    return 0;
+}
+
+static bool job_done(const struct job *j)
+{
+    return job_terminal(j) && coord_job_ranks_alive(j) == 0;
+}
+
+/* Answers a stream request if there is something to say; false = park. */
+static bool stream_answer(struct coord *c, struct job *j, struct rpc_call *call,
+                          uint64_t after_seq, uint32_t max_lines, bool force)
+{
+    bool done = job_done(j);
+    if (!force && !done && after_seq >= j->out_seq)
+        return false;
+    struct collect col = {0};
+    col.max = max_lines;
+    col.last_seq = after_seq;
+    if (after_seq < j->out_seq) {
+        col.lines = calloc(max_lines, sizeof(*col.lines));
+        col.storage = calloc(max_lines, sizeof(*col.storage));
+        if (!col.lines || !col.storage) {
+            free(col.lines);
+            free(col.storage);
+            rpc_call_error(call, KOLO_ENOMEM, "out of memory");
+            return true;
+        }
+        if (store_output_each(c->store, j->id, after_seq, (int)max_lines, collect_line, &col) < 0)
+            coord_store_failed(c, "output read");
+    }
+    Kolo__StreamOutputReply rep = KOLO__STREAM_OUTPUT_REPLY__INIT;
+    rep.n_lines = col.n;
+    rep.lines = col.lines;
+    rep.next_seq = col.last_seq;
+    rep.state = (char *)job_state_names[j->state];
+    rep.exit_code = j->exit_code;
+    rep.reason = j->reason ? j->reason : "";
+    /* done only once the client has every line */
+    rep.done = done && col.last_seq >= j->out_seq;
+    coord_send_pb(call, &rep.base);
+    for (size_t i = 0; i < col.n; i++)
+        free(col.storage[i].text.data);
+    free(col.lines);
+    free(col.storage);
+    return true;
+}
+
+static void job_wake_waiters(struct coord *c, struct job *j)
+{
+    struct waiter *w = j->waiters;
+    j->waiters = NULL;
+    while (w) {
+        struct waiter *next = w->next;
+        stream_answer(c, j, w->call, w->after_seq, w->max_lines, true);
+        free(w);
+        w = next;
+    }
+}
+
+void coord_job_output_added(struct coord *c, struct job *j)
+{
+    job_wake_waiters(c, j);
+}
+
+void coord_jobs_cron(struct coord *c, uint64_t now)
+{
+    for (struct job *j = c->jobs; j; j = j->next) {
+        if (j->state == JOB_PENDING && j->pending_deadline && now >= j->pending_deadline) {
+            char why[600];
+            snprintf(why, sizeof(why), "not placed within the start timeout of %u ms: %s",
+                     j->start_timeout_ms, j->reason ? j->reason : "");
+            job_finish(c, j, JOB_FAILED, 1, why);
+        }
+        struct waiter **pw = &j->waiters;
+        while (*pw) {
+            struct waiter *w = *pw;
+            if (now >= w->deadline) {
+                *pw = w->next;
+                stream_answer(c, j, w->call, w->after_seq, w->max_lines, true);
+                free(w);
+            } else {
+                pw = &w->next;
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- admin RPCs */
+
+static void fill_rank_info(struct job *j, struct rank *r, Kolo__RankInfo *ri)
+{
+    kolo__rank_info__init(ri);
+    ri->rank = r->rank;
+    ri->host_id = r->host_id;
+    ri->host_name = r->host ? r->host->name : "";
+    ri->local_rank = r->local_rank;
+    ri->local_size = r->local_size;
+    ri->cross_rank = r->cross_rank;
+    ri->cross_size = r->cross_size;
+    ri->state = (char *)rank_state_names[r->state];
+    ri->exit_code = r->exit_code;
+    ri->term_signal = r->term_signal;
+    ri->pid = r->pid;
+    (void)j;
+}
+
+/* Fills info for j; ranks arrays are allocated and freed by job_info_clear. */
+static void job_info_fill(struct job *j, Kolo__JobInfo *ji, bool with_ranks)
+{
+    kolo__job_info__init(ji);
+    ji->id = j->id;
+    ji->name = j->name;
+    ji->state = (char *)job_state_names[j->state];
+    ji->np = j->np;
+    ji->exit_code = j->exit_code;
+    ji->reason = j->reason ? j->reason : "";
+    ji->n_argv = (size_t)j->argc;
+    ji->argv = j->argv;
+    ji->cwd = j->cwd;
+    ji->hosts = j->hosts;
+    ji->generation = j->generation;
+    ji->submitted_ms = j->submitted_ms;
+    ji->started_ms = j->started_ms;
+    ji->ended_ms = j->ended_ms;
+    ji->ranks_alive = coord_job_ranks_alive(j);
+    if (with_ranks && j->nranks) {
+        Kolo__RankInfo *storage = calloc((size_t)j->nranks, sizeof(*storage));
+        ji->ranks = calloc((size_t)j->nranks, sizeof(*ji->ranks));
+        if (storage && ji->ranks) {
+            for (int r = 0; r < j->nranks; r++) {
+                fill_rank_info(j, &j->ranks[r], &storage[r]);
+                ji->ranks[r] = &storage[r];
+            }
+            ji->n_ranks = (size_t)j->nranks;
+        } else {
+            free(storage);
+            free(ji->ranks);
+            ji->ranks = NULL;
+        }
+    }
+}
+
+static void job_info_clear(Kolo__JobInfo *ji)
+{
+    if (ji->ranks) {
+        free(ji->ranks[0]);
+        free(ji->ranks);
+    }
+}
+
+static void admin_error(struct coord *c, struct rpc_call *call, enum coord_method m, int code,
+                        const char *fmt, const char *detail)
+{
+    c->m.rpc_errors[m]++;
+    rpc_call_error(call, code, fmt, detail);
+}
+
+void coord_rpc_admin(struct coord *c, struct rpc_call *call, enum coord_method m)
+{
+    const struct rpc_frame *f = rpc_call_frame(call);
+    const ProtobufCMessageDescriptor *desc = NULL;
+    switch (m) {
+    case M_ADMIN_SUBMIT:
+        desc = &kolo__submit_job_request__descriptor;
+        break;
+    case M_ADMIN_STOP:
+        desc = &kolo__stop_job_request__descriptor;
+        break;
+    case M_ADMIN_GET_JOB:
+        desc = &kolo__get_job_request__descriptor;
+        break;
+    case M_ADMIN_LIST_JOBS:
+        desc = &kolo__list_jobs_request__descriptor;
+        break;
+    case M_ADMIN_LIST_HOSTS:
+        desc = &kolo__list_hosts_request__descriptor;
+        break;
+    case M_ADMIN_STREAM:
+        desc = &kolo__stream_output_request__descriptor;
+        break;
+    default:
+        admin_error(c, call, m, KOLO_ENOMETHOD, "unknown method '%s'", f->method);
+        return;
+    }
+    ProtobufCMessage *msg = protobuf_c_message_unpack(desc, NULL, f->body_len, f->body);
+    if (!msg) {
+        admin_error(c, call, m, KOLO_EPROTO, "malformed %s request", f->method);
+        return;
+    }
+    char err[512] = "";
+    switch (m) {
+    case M_ADMIN_SUBMIT: {
+        Kolo__SubmitJobRequest *req = (Kolo__SubmitJobRequest *)msg;
+        uint64_t id = 0;
+        int rv = coord_job_submit(c, req->argv, (int)req->n_argv, req->env, (int)req->n_env,
+                                  req->cwd, req->np, req->hosts, req->name, req->start_timeout_ms,
+                                  &id, err, sizeof(err));
+        if (rv) {
+            admin_error(c, call, m, rv, "%s", err);
+            break;
+        }
+        Kolo__SubmitJobReply rep = KOLO__SUBMIT_JOB_REPLY__INIT;
+        rep.job_id = id;
+        coord_send_pb(call, &rep.base);
+        break;
+    }
+    case M_ADMIN_STOP: {
+        Kolo__StopJobRequest *req = (Kolo__StopJobRequest *)msg;
+        struct job *j = coord_job_find(c, req->job_id);
+        if (!j) {
+            admin_error(c, call, m, KOLO_ENOTFOUND, "%s", "no such job");
+            break;
+        }
+        coord_job_stop(c, j, req->reason);
+        Kolo__StopJobReply rep = KOLO__STOP_JOB_REPLY__INIT;
+        rep.state = (char *)job_state_names[j->state];
+        coord_send_pb(call, &rep.base);
+        break;
+    }
+    case M_ADMIN_GET_JOB: {
+        Kolo__GetJobRequest *req = (Kolo__GetJobRequest *)msg;
+        struct job *j = coord_job_find(c, req->job_id);
+        if (!j) {
+            admin_error(c, call, m, KOLO_ENOTFOUND, "%s", "no such job");
+            break;
+        }
+        Kolo__JobInfo ji;
+        job_info_fill(j, &ji, true);
+        coord_send_pb(call, &ji.base);
+        job_info_clear(&ji);
+        break;
+    }
+    case M_ADMIN_LIST_JOBS: {
+        Kolo__ListJobsRequest *req = (Kolo__ListJobsRequest *)msg;
+        size_t total = 0;
+        for (struct job *j = c->jobs; j; j = j->next)
+            total++;
+        size_t limit = req->limit ? req->limit : 100;
+        size_t skip = total > limit ? total - limit : 0, n = 0;
+        Kolo__JobInfo *infos = calloc(total - skip + 1, sizeof(*infos));
+        Kolo__JobInfo **ptrs = calloc(total - skip + 1, sizeof(*ptrs));
+        if (!infos || !ptrs) {
+            free(infos);
+            free(ptrs);
+            admin_error(c, call, m, KOLO_ENOMEM, "%s", "out of memory");
+            break;
+        }
+        size_t i = 0;
+        for (struct job *j = c->jobs; j; j = j->next, i++) {
+            if (i < skip)
+                continue;
+            job_info_fill(j, &infos[n], false);
+            ptrs[n] = &infos[n];
+            n++;
+        }
+        Kolo__ListJobsReply rep = KOLO__LIST_JOBS_REPLY__INIT;
+        rep.n_jobs = n;
+        rep.jobs = ptrs;
+        coord_send_pb(call, &rep.base);
+        free(infos);
+        free(ptrs);
+        break;
+    }
+    case M_ADMIN_LIST_HOSTS: {
+        size_t total = 0;
+        for (struct host *h = c->hosts; h; h = h->next)
+            total++;
+        Kolo__HostInfo *infos = calloc(total + 1, sizeof(*infos));
+        Kolo__HostInfo **ptrs = calloc(total + 1, sizeof(*ptrs));
+        Kolo__HostInventory *inv = calloc(total + 1, sizeof(*inv));
+        if (!infos || !ptrs || !inv) {
+            free(infos);
+            free(ptrs);
+            free(inv);
+            admin_error(c, call, m, KOLO_ENOMEM, "%s", "out of memory");
+            break;
+        }
+        size_t n = 0;
+        uint64_t now = now_mono_ms();
+        for (struct host *h = c->hosts; h; h = h->next, n++) {
+            kolo__host_info__init(&infos[n]);
+            kolo__host_inventory__init(&inv[n]);
+            inv[n].cpus = h->cpus;
+            inv[n].gpus = h->gpus;
+            inv[n].mem_bytes = h->mem_bytes;
+            infos[n].id = h->id;
+            infos[n].name = h->name;
+            infos[n].hostname = h->hostname;
+            infos[n].addr = h->addr;
+            infos[n].slots = h->slots;
+            infos[n].slots_used = coord_host_slots_used(c, h);
+            infos[n].state = h->state == HOST_ALIVE ? "alive" : "lost";
+            infos[n].inventory = &inv[n];
+            infos[n].lease_age_ms = now - h->last_seen_mono;
+            infos[n].registered_ms = h->registered_ms;
+            ptrs[n] = &infos[n];
+        }
+        Kolo__ListHostsReply rep = KOLO__LIST_HOSTS_REPLY__INIT;
+        rep.n_hosts = n;
+        rep.hosts = ptrs;
+        coord_send_pb(call, &rep.base);
+        free(infos);
+        free(ptrs);
+        free(inv);
+        break;
+    }
+    case M_ADMIN_STREAM: {
+        Kolo__StreamOutputRequest *req = (Kolo__StreamOutputRequest *)msg;
+        struct job *j = coord_job_find(c, req->job_id);
+        if (!j) {
+            admin_error(c, call, m, KOLO_ENOTFOUND, "%s", "no such job");
+            break;
+        }
+        uint32_t max = req->max_lines ? req->max_lines : OUTPUT_DEFAULT_LINES;
+        if (max > OUTPUT_MAX_LINES)
+            max = OUTPUT_MAX_LINES;
+        uint32_t wait = req->wait_ms > STREAM_MAX_WAIT_MS ? STREAM_MAX_WAIT_MS : req->wait_ms;
+        if (stream_answer(c, j, call, req->after_seq, max, wait == 0))
+            break;
+        struct waiter *w = calloc(1, sizeof(*w));
+        if (!w) {
+            admin_error(c, call, m, KOLO_ENOMEM, "%s", "out of memory");
+            break;
+        }
+        w->call = call;
+        w->after_seq = req->after_seq;
+        w->max_lines = max;
+        w->deadline = now_mono_ms() + wait;
+        w->next = j->waiters;
+        j->waiters = w;
+        break;
+    }
+    default:
+        break;
+    }
+    protobuf_c_message_free_unpacked(msg, NULL);
+}
+
+void coord_jobs_shutdown(struct coord *c)
+{
+    for (struct job *j = c->jobs; j; j = j->next) {
+        struct waiter *w = j->waiters;
+        j->waiters = NULL;
+        while (w) {
+            struct waiter *next = w->next;
+            rpc_call_error(w->call, KOLO_ESHUTDOWN, "the coordinator is shutting down");
+            free(w);
+            w = next;
+        }
+    }
+}
+
+void coord_jobs_free(struct coord *c)
+{
+    struct job *j = c->jobs;
+    while (j) {
+        struct job *next = j->next;
+        job_free(j);
+        j = next;
+    }
+    c->jobs = NULL;
+}

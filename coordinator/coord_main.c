@@ -1,0 +1,119 @@
+/*
+ * coord_main.c - `kolo coordinator`: knobs, signals, run until told to stop.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coord.h"
+#include "errors.h"
+#include "knobs.h"
+#include "log.h"
+#include "util.h"
+
+static const char usage[] =
+    "usage: kolo coordinator [--listen tcp://ADDR:PORT] [--http ADDR:PORT] [--db PATH]\n"
+    "                        [--token-file PATH] [options]";
+
+int cmd_coordinator(int argc, char **argv)
+{
+    char *listen = NULL, *http = NULL, *db = NULL, *token_file = NULL, *dashboard = NULL,
+         *log_level = NULL;
+    int64_t lease = 0, heartbeat = 0, grace = 0, max_msg = 0, contexts = 0;
+    struct knob tab[] = {
+        {"listen", NULL, NULL, KNOB_STR, "tcp://127.0.0.1:7070", 0, -1,
+         "RPC address for agents, workers and clients (port 0 picks one)", &listen},
+        {"http", NULL, NULL, KNOB_STR, "127.0.0.1:7080", 0, -1,
+         "HTTP address for REST, /metrics and the dashboard (empty disables)", &http},
+        {"db", NULL, NULL, KNOB_STR, "kolo.db", 0, -1, "SQLite database file", &db},
+        {"token-file", NULL, NULL, KNOB_STR, NULL, 0, -1,
+         "file holding the cluster token (required to listen beyond loopback)", &token_file},
+        {"lease", NULL, NULL, KNOB_DURATION, "5s", 500, 3600000,
+         "a host is lost when it sends no heartbeat for this long", &lease},
+        {"heartbeat", NULL, NULL, KNOB_DURATION, "1s", 50, 600000,
+         "agents' heartbeat period (must be well under the lease)", &heartbeat},
+        {"stop-grace", NULL, NULL, KNOB_DURATION, "5s", 0, 3600000,
+         "time agents give a worker between SIGTERM and SIGKILL", &grace},
+        {"max-msg", NULL, NULL, KNOB_SIZE, "16M", 4096, 1LL << 30, "RPC message size cap",
+         &max_msg},
+        {"rpc-contexts", NULL, NULL, KNOB_INT, "1024", 4, 65536,
+         "concurrent RPC calls, parked ones included", &contexts},
+        {"dashboard-dir", NULL, NULL, KNOB_STR, NULL, 0, -1,
+         "directory of the dashboard's static files served at /", &dashboard},
+        {"log-level", NULL, "KOLO_LOG_LEVEL", KNOB_STR, "info", 0, -1,
+         "trace, debug, info, warn, error or off", &log_level},
+    };
+    size_t n = sizeof(tab) / sizeof(tab[0]);
+    char err[512];
+    int rest = 0, rv;
+    log_set_default(LOG_INFO);
+    rv = knobs_parse(tab, n, argc, argv, &rest, usage, stdout, err, sizeof(err));
+    if (rv == KNOBS_HELP || rv == KNOBS_DUMPED) {
+        knobs_free(tab, n);
+        return 0;
+    }
+    if (rv != KNOBS_OK || rest < argc) {
+        fprintf(stderr, "kolo coordinator: %s\n%s\n",
+                rv != KNOBS_OK ? err : "unexpected argument", usage);
+        knobs_free(tab, n);
+        return 2;
+    }
+    int lvl = log_parse_level(log_level);
+    if (lvl < 0) {
+        fprintf(stderr, "kolo coordinator: unknown log level '%s'\n", log_level);
+        knobs_free(tab, n);
+        return 2;
+    }
+    log_set_level(lvl);
+    if (heartbeat * 2 > lease) {
+        fprintf(stderr, "kolo coordinator: --heartbeat must be at most half of --lease\n");
+        knobs_free(tab, n);
+        return 2;
+    }
+    char *token = NULL;
+    if (token_file && read_token_file(token_file, &token, err, sizeof(err)) != 0) {
+        fprintf(stderr, "kolo coordinator: %s\n", err);
+        knobs_free(tab, n);
+        return 1;
+    }
+    struct coord_config cfg = {
+        .listen = listen,
+        .http = http,
+        .db_path = db,
+        .token = token,
+        .lease_ms = lease,
+        .heartbeat_ms = heartbeat,
+        .stop_grace_ms = grace,
+        .max_msg = max_msg,
+        .rpc_contexts = contexts,
+        .dashboard_dir = dashboard,
+    };
+    /* Block the stop signals before threads start so only sigwait sees them. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    struct coord *c = NULL;
+    rv = coord_start(&c, &cfg, err, sizeof(err));
+    if (token) {
+        memset(token, 0, strlen(token));
+        free(token);
+    }
+    if (rv != 0) {
+        fprintf(stderr, "kolo coordinator: %s\n", err);
+        knobs_free(tab, n);
+        return 1;
+    }
+    /* One line on stdout that scripts can wait for. */
+    printf("kolo coordinator ready rpc=%s http=%s\n", coord_rpc_url(c), coord_http_url(c));
+    fflush(stdout);
+    int sig = 0;
+    sigwait(&set, &sig);
+    LOGI("coord", "signal %d: shutting down", sig);
+    coord_stop(c);
+    knobs_free(tab, n);
+    return 0;
+}
