@@ -84,14 +84,20 @@ void coord_host_persist(struct coord *c, struct host *h)
         coord_store_failed(c, "host put");
 }
 
+/* The desired set's version: the coordinator instance (a restarted
+ * coordinator never matches a version an agent kept) and a counter. */
+static void host_version(struct coord *c, struct host *h, char *out, size_t size)
+{
+    snprintf(out, size, "%s-%llu", c->instance, (unsigned long long)h->desired_counter);
+}
+
 /* Answers a heartbeat: with the desired set when the agent's version is
- * not the current one. */
+ * not the current one (NULL: the agent's version is unknown). */
 static void heartbeat_answer(struct coord *c, struct host *h, struct rpc_call *call,
                              const char *agent_version)
 {
     char version[64];
-    snprintf(version, sizeof(version), "%s-%llu", c->instance,
-             (unsigned long long)h->desired_counter);
+    host_version(c, h, version, sizeof(version));
     Kolo__HeartbeatReply rep = KOLO__HEARTBEAT_REPLY__INIT;
     rep.lease_ms = (uint32_t)c->cfg.lease_ms;
     rep.stop_grace_ms = (uint32_t)c->cfg.stop_grace_ms;
@@ -315,13 +321,14 @@ void coord_rpc_agent_heartbeat(struct coord *c, struct rpc_call *call)
     }
     if (h->parked_hb) {
         /* The agent gave up on the parked call (its deadline passed first). */
+        char version[64];
         struct rpc_call *old = h->parked_hb;
         h->parked_hb = NULL;
-        heartbeat_answer(c, h, old, NULL);
+        host_version(c, h, version, sizeof(version));
+        heartbeat_answer(c, h, old, version);
     }
     char version[64];
-    snprintf(version, sizeof(version), "%s-%llu", c->instance,
-             (unsigned long long)h->desired_counter);
+    host_version(c, h, version, sizeof(version));
     uint32_t wait = req->wait_ms;
     if (wait > (uint64_t)c->cfg.lease_ms / 2)
         wait = (uint32_t)(c->cfg.lease_ms / 2);
@@ -416,9 +423,13 @@ void coord_hosts_cron(struct coord *c, uint64_t now)
 {
     for (struct host *h = c->hosts; h; h = h->next) {
         if (h->parked_hb && now >= h->parked_deadline) {
+            /* Parked calls hold the current version (a change answers
+             * them at once), so this answer carries no set. */
+            char version[64];
             struct rpc_call *call = h->parked_hb;
             h->parked_hb = NULL;
-            heartbeat_answer(c, h, call, NULL);
+            host_version(c, h, version, sizeof(version));
+            heartbeat_answer(c, h, call, version);
         }
         if (h->state == HOST_ALIVE && now > h->lease_deadline) {
             c->m.leases_expired++;

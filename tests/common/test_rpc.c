@@ -1,0 +1,375 @@
+/*
+ * test_rpc.c - the RPC layer over inproc and TCP: calls, parking, deadlines,
+ * authentication, and every kind of bad frame.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+
+#include "errors.h"
+#include "rpc.h"
+#include "test.h"
+#include "util.h"
+
+#define TOKEN "0123456789abcdef-test-token"
+
+static atomic_int handled;
+static struct rpc_call *parked;
+static pthread_mutex_t park_mtx = PTHREAD_MUTEX_INITIALIZER;
+
+/* Echo: replies with the body, "park" keeps the call, "ident" echoes the
+ * identity, "fail" answers an error. */
+static void handler(struct rpc_call *call, void *arg)
+{
+    const struct rpc_frame *f = rpc_call_frame(call);
+    atomic_fetch_add(&handled, 1);
+    if (strcmp(f->method, "T.Park") == 0) {
+        pthread_mutex_lock(&park_mtx);
+        parked = call;
+        pthread_mutex_unlock(&park_mtx);
+        return;
+    }
+    if (strcmp(f->method, "T.Never") == 0) {
+        /* keep it forever (closed with the server) */
+        return;
+    }
+    if (strcmp(f->method, "T.Ident") == 0) {
+        char out[300];
+        snprintf(out, sizeof(out), "%s/%llu/%llu/%d", f->identity, (unsigned long long)f->job_id,
+                 (unsigned long long)f->generation, f->rank);
+        rpc_call_reply(call, out, strlen(out));
+        return;
+    }
+    if (strcmp(f->method, "T.Fail") == 0) {
+        rpc_call_error(call, KOLO_ENOTFOUND, "no such thing: %d", 42);
+        return;
+    }
+    rpc_call_reply(call, f->body, f->body_len);
+}
+
+static struct rpc_server *start_server(const char *url, const char *token, size_t max_msg)
+{
+    struct rpc_server *srv = NULL;
+    struct rpc_server_config cfg = {
+        .url = url, .token = token, .max_msg = max_msg, .contexts = 8, .handler = handler};
+    REQUIRE(rpc_server_open(&srv, &cfg) == 0);
+    return srv;
+}
+
+static struct rpc_client *client(const char *url, const char *token)
+{
+    struct rpc_client *cli = NULL;
+    struct rpc_client_config cfg = {.url = url, .token = token, .identity = "tester"};
+    REQUIRE(rpc_client_open(&cli, &cfg) == 0);
+    return cli;
+}
+
+static void test_echo_and_identity(void)
+{
+    struct rpc_server *srv = start_server("inproc://echo", NULL, 0);
+    struct rpc_client *cli = client("inproc://echo", NULL);
+    void *rep;
+    size_t len;
+    char err[256];
+    CHECK_EQ_INT(rpc_client_call(cli, "T.Echo", "hello", 5, &rep, &len, 2000, err, sizeof(err)),
+                 0);
+    CHECK(len == 5 && memcmp(rep, "hello", 5) == 0);
+    free(rep);
+    /* empty body both ways */
+    CHECK_EQ_INT(rpc_client_call(cli, "T.Echo", NULL, 0, &rep, &len, 2000, err, sizeof(err)), 0);
+    CHECK(len == 0 && rep == NULL);
+    rpc_client_set_identity(cli, "host-7", 3, 9, 2);
+    CHECK_EQ_INT(rpc_client_call(cli, "T.Ident", NULL, 0, &rep, &len, 2000, err, sizeof(err)), 0);
+    CHECK(len == strlen("host-7/3/9/2") && memcmp(rep, "host-7/3/9/2", len) == 0);
+    free(rep);
+    /* error replies carry code and text */
+    CHECK_EQ_INT(rpc_client_call(cli, "T.Fail", NULL, 0, &rep, &len, 2000, err, sizeof(err)),
+                 KOLO_ENOTFOUND);
+    CHECK_EQ_STR(err, "no such thing: 42");
+    rpc_client_close(cli);
+    rpc_server_close(srv);
+}
+
+static void *answer_later(void *arg)
+{
+    for (int i = 0; i < 200; i++) {
+        pthread_mutex_lock(&park_mtx);
+        struct rpc_call *c = parked;
+        parked = NULL;
+        pthread_mutex_unlock(&park_mtx);
+        if (c) {
+            usleep(100000);
+            rpc_call_reply(c, "late", 4);
+            return NULL;
+        }
+        usleep(10000);
+    }
+    return NULL;
+}
+
+static void test_parking_and_deadline(void)
+{
+    struct rpc_server *srv = start_server("inproc://park", NULL, 0);
+    struct rpc_client *cli = client("inproc://park", NULL);
+    pthread_t t;
+    void *rep;
+    size_t len;
+    char err[256];
+    pthread_create(&t, NULL, answer_later, NULL);
+    uint64_t t0 = now_mono_ms();
+    CHECK_EQ_INT(rpc_client_call(cli, "T.Park", "x", 1, &rep, &len, 5000, err, sizeof(err)), 0);
+    CHECK(now_mono_ms() - t0 >= 90);
+    CHECK(len == 4 && memcmp(rep, "late", 4) == 0);
+    free(rep);
+    pthread_join(t, NULL);
+
+    /* a call nobody answers ends at its deadline, not later */
+    t0 = now_mono_ms();
+    CHECK_EQ_INT(rpc_client_call(cli, "T.Never", NULL, 0, &rep, &len, 300, err, sizeof(err)),
+                 KOLO_ETIMEDOUT);
+    uint64_t took = now_mono_ms() - t0;
+    CHECK(took >= 250 && took < 2000);
+    /* the server still works for others while calls are parked */
+    CHECK_EQ_INT(rpc_client_call(cli, "T.Echo", "a", 1, &rep, &len, 2000, err, sizeof(err)), 0);
+    free(rep);
+    rpc_client_close(cli);
+    rpc_server_close(srv); /* closes with a call still held: must not hang or leak */
+}
+
+static void test_unreachable(void)
+{
+    struct rpc_client *cli = client("tcp://127.0.0.1:1", NULL);
+    void *rep;
+    size_t len;
+    char err[256];
+    uint64_t t0 = now_mono_ms();
+    int rv = rpc_client_call(cli, "T.Echo", "a", 1, &rep, &len, 300, err, sizeof(err));
+    CHECK_EQ_INT(rv, KOLO_ECONNREFUSED);
+    CHECK(strstr(err, "cannot connect") != NULL);
+    CHECK(now_mono_ms() - t0 < 2000);
+    rpc_client_close(cli);
+}
+
+static void test_auth(void)
+{
+    struct rpc_server *srv = start_server("tcp://127.0.0.1:0", TOKEN, 0);
+    const char *url = rpc_server_url(srv);
+    CHECK(strstr(url, ":0") == NULL);
+    void *rep;
+    size_t len;
+    char err[256];
+    struct rpc_server_stats st;
+
+    struct rpc_client *good = client(url, TOKEN);
+    CHECK_EQ_INT(rpc_client_call(good, "T.Echo", "a", 1, &rep, &len, 3000, err, sizeof(err)), 0);
+    free(rep);
+    rpc_client_close(good);
+
+    struct rpc_client *none = client(url, NULL);
+    CHECK_EQ_INT(rpc_client_call(none, "T.Echo", "a", 1, &rep, &len, 3000, err, sizeof(err)),
+                 KOLO_EAUTH);
+    CHECK(strstr(err, "token") != NULL);
+    rpc_client_close(none);
+
+    struct rpc_client *wrong = client(url, "wrong-token-but-long-enough");
+    CHECK_EQ_INT(rpc_client_call(wrong, "T.Echo", "a", 1, &rep, &len, 3000, err, sizeof(err)),
+                 KOLO_EAUTH);
+    CHECK_EQ_STR(err, "wrong cluster token");
+    rpc_client_close(wrong);
+
+    rpc_server_get_stats(srv, &st);
+    CHECK_EQ_INT(st.auth_failed, 2);
+    CHECK_EQ_INT(st.requests, 1);
+    rpc_server_close(srv);
+
+    /* a server without a token refuses authenticated frames: misconfiguration */
+    srv = start_server("inproc://noauth", NULL, 0);
+    struct rpc_client *extra = client("inproc://noauth", TOKEN);
+    CHECK_EQ_INT(rpc_client_call(extra, "T.Echo", "a", 1, &rep, &len, 3000, err, sizeof(err)),
+                 KOLO_EAUTH);
+    rpc_client_close(extra);
+    rpc_server_close(srv);
+}
+
+/* Sends raw bytes with a plain req socket and returns the decoded reply. */
+static int raw_call(const char *url, const void *data, size_t len, struct rpc_frame *out,
+                    nng_msg **keep)
+{
+    nng_socket s;
+    nng_msg *m;
+    REQUIRE(nng_req0_open(&s) == 0);
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 3000);
+    nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, 0);
+    REQUIRE(nng_dial(s, url, NULL, 0) == 0);
+    REQUIRE(nng_msg_alloc(&m, 0) == 0);
+    nng_msg_append(m, data, len);
+    REQUIRE(nng_sendmsg(s, m, 0) == 0);
+    int rv = nng_recvmsg(s, &m, 0);
+    nng_close(s);
+    if (rv != 0)
+        return -1;
+    rv = rpc_frame_decode(nng_msg_body(m), nng_msg_len(m), out);
+    *keep = m;
+    return rv;
+}
+
+static void test_bad_frames(void)
+{
+    struct rpc_server *srv = start_server("tcp://127.0.0.1:0", TOKEN, 4096);
+    const char *url = rpc_server_url(srv);
+    struct rpc_frame rf;
+    nng_msg *m = NULL;
+    struct rpc_server_stats st;
+
+    /* garbage */
+    const char garbage[] = "this is not a kolo frame at all, just some bytes";
+    REQUIRE(raw_call(url, garbage, sizeof(garbage), &rf, &m) == 0);
+    CHECK_EQ_INT(rf.status, KOLO_EPROTO);
+    nng_msg_free(m);
+
+    /* a valid frame, then truncated and padded versions of it */
+    struct rpc_frame f = {0};
+    f.version = KOLO_PROTO_VERSION;
+    f.kind = RPC_REQUEST;
+    f.ts_ms = now_wall_ms();
+    random_bytes(f.nonce, sizeof(f.nonce));
+    strcpy(f.method, "T.Echo");
+    f.body = (const uint8_t *)"abc";
+    f.body_len = 3;
+    uint8_t *data;
+    size_t len;
+    REQUIRE(rpc_frame_encode(&f, TOKEN, &data, &len) == 0);
+    REQUIRE(raw_call(url, data, len, &rf, &m) == 0);
+    CHECK_EQ_INT(rf.status, 0);
+    CHECK(rf.body_len == 3 && memcmp(rf.body, "abc", 3) == 0);
+    CHECK_EQ_INT(rpc_frame_verify(nng_msg_body(m), nng_msg_len(m), TOKEN), 0);
+    nng_msg_free(m);
+
+    /* the same frame again is a replay */
+    REQUIRE(raw_call(url, data, len, &rf, &m) == 0);
+    CHECK_EQ_INT(rf.status, KOLO_EAUTH);
+    nng_msg_free(m);
+
+    REQUIRE(raw_call(url, data, len - 1, &rf, &m) == 0);
+    CHECK_EQ_INT(rf.status, KOLO_EPROTO);
+    nng_msg_free(m);
+    REQUIRE(raw_call(url, data, 40, &rf, &m) == 0);
+    CHECK_EQ_INT(rf.status, KOLO_EPROTO);
+    nng_msg_free(m);
+
+    /* one flipped body byte breaks the MAC */
+    random_bytes(f.nonce, sizeof(f.nonce));
+    free(data);
+    REQUIRE(rpc_frame_encode(&f, TOKEN, &data, &len) == 0);
+    data[len - 1] ^= 1;
+    REQUIRE(raw_call(url, data, len, &rf, &m) == 0);
+    CHECK_EQ_INT(rf.status, KOLO_EAUTH);
+    nng_msg_free(m);
+    free(data);
+
+    /* another protocol version gets a clear error naming both */
+    random_bytes(f.nonce, sizeof(f.nonce));
+    f.version = KOLO_PROTO_VERSION + 1;
+    REQUIRE(rpc_frame_encode(&f, TOKEN, &data, &len) == 0);
+    REQUIRE(raw_call(url, data, len, &rf, &m) == 0);
+    CHECK_EQ_INT(rf.status, KOLO_EVERSION);
+    CHECK(rf.body_len > 0 && strstr((const char *)rf.body, "version") != NULL);
+    nng_msg_free(m);
+    free(data);
+    f.version = KOLO_PROTO_VERSION;
+
+    /* an old timestamp is refused even with the right MAC */
+    random_bytes(f.nonce, sizeof(f.nonce));
+    f.ts_ms = now_wall_ms() - 10 * 60 * 1000;
+    REQUIRE(rpc_frame_encode(&f, TOKEN, &data, &len) == 0);
+    REQUIRE(raw_call(url, data, len, &rf, &m) == 0);
+    CHECK_EQ_INT(rf.status, KOLO_EAUTH);
+    nng_msg_free(m);
+    free(data);
+    f.ts_ms = now_wall_ms();
+
+    /* over the cap: a clear error while it is under twice the cap */
+    uint8_t *big = calloc(1, 6000);
+    random_bytes(f.nonce, sizeof(f.nonce));
+    f.body = big;
+    f.body_len = 6000;
+    REQUIRE(rpc_frame_encode(&f, TOKEN, &data, &len) == 0);
+    REQUIRE(raw_call(url, data, len, &rf, &m) == 0);
+    CHECK_EQ_INT(rf.status, KOLO_ETOOBIG);
+    nng_msg_free(m);
+    free(data);
+    free(big);
+
+    /* far over the cap: nng drops it; the server lives on */
+    big = calloc(1, 64 * 1024);
+    CHECK(raw_call(url, big, 64 * 1024, &rf, &m) != 0);
+    free(big);
+
+    /* the client's own cap check */
+    struct rpc_client *cli = client(url, TOKEN);
+    void *rep;
+    size_t rlen;
+    char err[256];
+    CHECK_EQ_INT(rpc_client_call(cli, "T.Echo", "ok", 2, &rep, &rlen, 3000, err, sizeof(err)), 0);
+    free(rep);
+    rpc_client_close(cli);
+
+    rpc_server_get_stats(srv, &st);
+    CHECK_EQ_INT(st.malformed, 3);
+    CHECK_EQ_INT(st.auth_failed, 3);
+    CHECK_EQ_INT(st.bad_version, 1);
+    CHECK_EQ_INT(st.too_big, 1);
+    CHECK_EQ_INT(st.requests, 2);
+    rpc_server_close(srv);
+}
+
+static void test_frame_codec(void)
+{
+    struct rpc_frame f = {0}, g;
+    f.version = 1;
+    f.kind = RPC_REPLY;
+    f.status = -5;
+    f.rank = -1;
+    f.job_id = UINT64_MAX;
+    strcpy(f.identity, "id");
+    uint8_t *data;
+    size_t len;
+    REQUIRE(rpc_frame_encode(&f, NULL, &data, &len) == 0);
+    CHECK_EQ_INT(len, RPC_HEADER_LEN + 2);
+    REQUIRE(rpc_frame_decode(data, len, &g) == 0);
+    CHECK_EQ_INT(g.status, -5);
+    CHECK_EQ_INT(g.rank, -1);
+    CHECK(g.job_id == UINT64_MAX);
+    CHECK_EQ_STR(g.identity, "id");
+    CHECK(rpc_frame_verify(data, len, TOKEN) != 0);
+    /* control characters in names are refused */
+    data[RPC_HEADER_LEN] = '\n';
+    CHECK_EQ_INT(rpc_frame_decode(data, len, &g), KOLO_EPROTO);
+    free(data);
+    /* every truncation of a frame fails cleanly */
+    f.body = (const uint8_t *)"0123456789";
+    f.body_len = 10;
+    REQUIRE(rpc_frame_encode(&f, TOKEN, &data, &len) == 0);
+    for (size_t cut = 0; cut < len; cut++)
+        CHECK(rpc_frame_decode(data, cut, &g) != 0);
+    CHECK_EQ_INT(rpc_frame_decode(data, len, &g), 0);
+    CHECK_EQ_INT(rpc_frame_verify(data, len, TOKEN), 0);
+    free(data);
+}
+
+int main(void)
+{
+    test_frame_codec();
+    test_echo_and_identity();
+    test_parking_and_deadline();
+    test_unreachable();
+    test_auth();
+    test_bad_frames();
+    TEST_DONE();
+}
