@@ -82,10 +82,11 @@ struct outbox_item {
 };
 
 /* A batch: items taken off the queue, in order, that go out in one Report.
- * All its events precede all its lines in time (see outbox_take). */
+ * All its lines precede all its events in time (see outbox_take). */
 struct outbox_batch {
     struct outbox_item *head, *tail;
     size_t n_events, n_lines;
+    uint64_t seq; /* ReportRequest.batch_seq, kept across resends */
 };
 
 /* The queue. Not locked by itself: callers hold agent.mu. */
@@ -95,6 +96,7 @@ struct outbox {
     size_t line_bytes;
     size_t cap;
     uint64_t dropped;
+    uint64_t batch_seq; /* the last one handed out */
     bool dropping; /* over the cap since the last drain; logs once per episode */
 };
 

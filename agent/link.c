@@ -15,7 +15,8 @@
  *     restarted or expired our lease): register again at once, listing
  *     the workers still running so the coordinator can re-attach them, and
  *     ask for the desired set afresh (its versions began anew);
- *   - the coordinator refuses this agent (EAUTH / EVERSION): an operator
+ *   - the coordinator refuses this agent (EAUTH / EVERSION, or EEXIST for
+ *     a host id another live agent holds): an operator
  *     must act, so say so clearly once and retry slowly;
  *   - anything else (no connection, timeouts, a coordinator shutting
  *     down): retry with exponential backoff and jitter, probing with
@@ -102,9 +103,12 @@ static bool session_unknown(int rc)
     return rc == KOLO_ESTALE || rc == KOLO_ENOTFOUND;
 }
 
+/* The coordinator will not take this agent until an operator acts: a wrong
+ * token, another protocol version, or this host id in use by another live
+ * agent (two agents sharing a state directory). */
 static bool refused(int rc)
 {
-    return rc == KOLO_EAUTH || rc == KOLO_EVERSION;
+    return rc == KOLO_EAUTH || rc == KOLO_EVERSION || rc == KOLO_EEXIST;
 }
 
 /* ---------------------------------------------------------------- register */
@@ -156,7 +160,7 @@ static int do_register(struct agent *a, char *session, size_t slen, uint32_t *hb
         snprintf(err, errlen, "out of memory");
     } else {
         kolo__register_request__pack(&req, data);
-        rc = rpc_client_call(a->rpc, "AgentService.Register", data, len, &rep, &rep_len,
+        rc = rpc_client_call(a->rpc, "AgentService.RegisterHost", data, len, &rep, &rep_len,
                              LINK_REGISTER_TIMEOUT_MS, err, errlen);
     }
     free(data);

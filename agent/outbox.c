@@ -4,10 +4,15 @@
  * DESIGN. One FIFO holds both kinds, so the order in which things happened
  * on this host is the order in which they leave it. A Report message has
  * two separate lists (events, lines) and loses the interleaving, so
- * outbox_take cuts batches such that every event in a batch happened
- * before every line in it: the coordinator applies a Report's events
- * first, then its lines, and sees the true order — a worker's STARTED
- * before its first line, its last line before its EXITED.
+ * outbox_take cuts batches such that every line in a batch happened
+ * before every event in it: the coordinator applies a Report's lines
+ * first, then its events, and sees the true order — a worker's last line
+ * before its EXITED, and its STARTED (a batch of its own, or at the end of
+ * one) before its first line.
+ *
+ * Every batch gets the next batch_seq when it is taken and keeps it when
+ * resent, so the coordinator can skip a batch it accepted already whose
+ * reply was lost.
  *
  * The reporter takes a batch off the queue and keeps it until the
  * coordinator accepted it, so a batch is never lost to a failed call and
@@ -154,14 +159,15 @@ void outbox_take(struct outbox *o, struct outbox_batch *b)
 {
     size_t bytes = 0;
     memset(b, 0, sizeof(*b));
+    b->seq = ++o->batch_seq;
     while (o->head) {
         struct outbox_item *it = o->head;
         if (it->is_event) {
-            /* An event after a line starts the next batch (see DESIGN). */
-            if (b->n_lines > 0 || b->n_events >= AGENT_BATCH_LINES)
+            if (b->n_events >= AGENT_BATCH_LINES)
                 break;
-        } else if (b->n_lines >= AGENT_BATCH_LINES ||
+        } else if (b->n_events > 0 || b->n_lines >= AGENT_BATCH_LINES ||
                    (b->head && bytes + it->cost > AGENT_BATCH_BYTES)) {
+            /* A line after an event starts the next batch (see DESIGN). */
             break;
         }
         o->head = it->next;
@@ -219,6 +225,7 @@ int outbox_batch_pack(const struct outbox_batch *b, const char *session, uint8_t
             lines[nl++] = &it->u.line;
     }
     req.session = (char *)session;
+    req.batch_seq = b->seq;
     req.n_events = ne;
     req.events = evs;
     req.n_lines = nl;

@@ -215,7 +215,7 @@ int cmd_run(int argc, char **argv)
 {
     struct run_opts o = {0};
     struct knob tab[] = {
-        {"np", "-np", "", KNOB_INT, "0", 1, 65536, "number of worker processes (required)",
+        {"np", "-np", "", KNOB_INT, "0", 0, 65536, "number of worker processes (required)",
          &o.np},
         {"hosts", "-H", "", KNOB_STR, NULL, 0, -1,
          "hosts and slots to use, host1:2,host2:2 (default: any agent's free slots)", &o.hosts},

@@ -1,0 +1,140 @@
+/*
+ * agent_cmd.c - `kolo agent`: the knob table, signals, and the daemon's
+ * life around agent_start / agent_stop.
+ *
+ * Termination signals are blocked before any thread exists, so every
+ * thread inherits the mask and only the main thread, in sigtimedwait,
+ * ever sees them; no async-signal-safety puzzles in the agent's threads.
+ * libuv resets the mask in the children it spawns.
+ */
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "agent.h"
+#include "errors.h"
+#include "knobs.h"
+#include "log.h"
+#include "util.h"
+
+static const char usage[] =
+    "usage: kolo agent --coordinator tcp://HOST:PORT [--slots N] [--name NAME] "
+    "[--token-file PATH] [--addr ADDR] [--state-dir DIR] [--stop-grace 5s] [--log-level L]";
+
+int cmd_agent(int argc, char **argv)
+{
+    char *coordinator = NULL, *name = NULL, *token_file = NULL, *addr = NULL;
+    char *state_dir = NULL, *log_level = NULL, *token = NULL;
+    int64_t slots = 0, grace = 0;
+    struct knob tab[] = {
+        {"coordinator", NULL, NULL, KNOB_STR, NULL, 1, 0,
+         "coordinator RPC address, tcp://HOST:PORT", &coordinator, NULL},
+        {"slots", NULL, NULL, KNOB_INT, "0", 0, 4096,
+         "worker slots this host offers; 0 = its GPUs if any, else its CPUs", &slots, NULL},
+        {"name", NULL, NULL, KNOB_STR, NULL, 1, 0,
+         "name of this host in host lists (default: the hostname)", &name, NULL},
+        {"token-file", NULL, NULL, KNOB_STR, NULL, 1, 0,
+         "file holding the cluster token (not readable by group or others)", &token_file, NULL},
+        {"addr", NULL, NULL, KNOB_STR, NULL, 1, 0,
+         "address other hosts reach this one at (default: the hostname's first non-loopback "
+         "IPv4)", &addr, NULL},
+        {"state-dir", NULL, NULL, KNOB_STR, NULL, 1, 0,
+         "directory holding the host id (default: $XDG_STATE_HOME/kolo/agent-NAME)", &state_dir,
+         NULL},
+        {"stop-grace", NULL, NULL, KNOB_DURATION, "5s", 0, 3600000,
+         "how long a stopped worker gets between SIGTERM and SIGKILL", &grace, NULL},
+        {"log-level", NULL, "KOLO_LOG_LEVEL", KNOB_STR, NULL, 1, 0,
+         "trace, debug, info, warn, error or off (default: info)", &log_level, NULL},
+    };
+    const size_t ntab = sizeof(tab) / sizeof(tab[0]);
+    char err[1024];
+    int rest = 0, code = 0;
+
+    log_set_default(LOG_INFO);
+    int rc = knobs_parse(tab, ntab, argc, argv, &rest, usage, stdout, err, sizeof(err));
+    if (rc == KNOBS_HELP || rc == KNOBS_DUMPED) {
+        knobs_free(tab, ntab);
+        return 0;
+    }
+    if (rc != KNOBS_OK) {
+        fprintf(stderr, "kolo agent: %s\n%s\n", err, usage);
+        knobs_free(tab, ntab);
+        return 2;
+    }
+    if (rest < argc) {
+        fprintf(stderr, "kolo agent: unexpected argument '%s'\n%s\n", argv[rest], usage);
+        code = 2;
+        goto out;
+    }
+    if (log_level) {
+        int level = log_parse_level(log_level);
+        if (level < 0) {
+            fprintf(stderr, "kolo agent: unknown log level '%s'\n", log_level);
+            code = 2;
+            goto out;
+        }
+        log_set_level(level);
+    }
+    if (!coordinator || !*coordinator) {
+        fprintf(stderr, "kolo agent: --coordinator is required\n%s\n", usage);
+        code = 2;
+        goto out;
+    }
+    if (token_file && read_token_file(token_file, &token, err, sizeof(err)) != 0) {
+        fprintf(stderr, "kolo agent: %s\n", err);
+        code = 1;
+        goto out;
+    }
+    if (!token && !addr_is_loopback(coordinator))
+        LOGW("agent", "no cluster token configured for a non-loopback coordinator (%s); "
+                      "expect it to refuse this agent", coordinator);
+
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    /* A write to a closed pipe (our stderr under a dead pager) must not
+     * kill the agent and, with it, every worker. */
+    signal(SIGPIPE, SIG_IGN);
+
+    struct agent_config cfg = {0};
+    cfg.coordinator_url = coordinator;
+    cfg.token = token;
+    cfg.name = name;
+    cfg.addr = addr;
+    cfg.state_dir = state_dir;
+    cfg.slots = (int)slots;
+    cfg.stop_grace_ms = grace;
+    cfg.exec_path = NULL; /* agent_start resolves /proc/self/exe */
+    struct agent *a = NULL;
+    if ((rc = agent_start(&a, &cfg, err, sizeof(err))) != 0) {
+        fprintf(stderr, "kolo agent: %s\n", err);
+        code = 1;
+        goto out;
+    }
+
+    siginfo_t si;
+    const struct timespec tick = {1, 0};
+    for (;;) {
+        int sig = sigtimedwait(&set, &si, &tick);
+        if (sig > 0) {
+            LOGI("agent", "received %s, stopping", strsignal(sig));
+            break;
+        }
+    }
+    agent_stop(a);
+
+out:
+    if (token) {
+        /* The secret should not linger in freed memory. */
+        memset(token, 0, strlen(token));
+        free(token);
+    }
+    knobs_free(tab, ntab);
+    return code;
+}

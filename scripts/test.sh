@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The README's test command: installs dependencies, builds, runs every test
+# (ctest, all labels), then the threaded modules again under
+# ThreadSanitizer and AddressSanitizer.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+"$root/scripts/install-deps.sh"
+
+jobs="$(nproc)"
+echo "== build"
+KOLO_BUILD_DIR="$root/build" "$root/scripts/build.sh"
+echo "== tests"
+(cd "$root/build" && ctest --output-on-failure -j"$jobs" --timeout 300)
+
+if [ "${KOLO_SKIP_SANITIZERS:-0}" != "1" ]; then
+  for san in address thread; do
+    echo "== tests under -fsanitize=$san (unit label)"
+    KOLO_BUILD_DIR="$root/build-$san" CMAKE_BUILD_TYPE=Debug "$root/scripts/build.sh" -DKOLO_SANITIZE="$san"
+    (cd "$root/build-$san" && ctest --output-on-failure -j"$jobs" -L unit --timeout 300)
+  done
+fi
+echo "== all tests passed"

@@ -1,0 +1,79 @@
+# lib.sh - shared helpers for kolo's integration tests: real processes on
+# loopback, port 0 everywhere, everything under one temporary directory,
+# and a cleanup trap that leaves no process behind.
+set -euo pipefail
+
+KOLO="${KOLO:?set KOLO to the kolo binary}"
+WORK="$(mktemp -d /tmp/kolo-it.XXXXXX)"
+# A marker in worker command lines so the test can find (and reap) them:
+# `sleep 1000.NNNN` is a plain sleep whose argv is unique to this test.
+MARK="$(( (RANDOM << 15 | RANDOM) % 100000 + 1 ))$$"
+SLEEP="1000.$MARK"
+PIDS=()
+
+cleanup() {
+  local rc=$?
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  pkill -9 -f "$SLEEP" 2>/dev/null || true
+  if [ $rc -ne 0 ]; then
+    for f in "$WORK"/*.out "$WORK"/*.err "$WORK"/*.log; do
+      [ -f "$f" ] && { echo "---- $f"; tail -n 40 "$f"; }
+    done
+  fi
+  rm -rf "$WORK"
+  exit $rc
+}
+trap cleanup EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+note() { echo "-- $*"; }
+
+# wait_for SECONDS COMMAND...: polls every 0.1 s until COMMAND succeeds.
+wait_for() {
+  local deadline=$(( $(date +%s%N) / 1000000 + $1 * 1000 )); shift
+  while ! "$@" >/dev/null 2>&1; do
+    [ $(( $(date +%s%N) / 1000000 )) -lt $deadline ] || return 1
+    sleep 0.1
+  done
+}
+
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+
+# start_coordinator NAME [flags...]: sets COORD_PID, RPC, HTTP.
+start_coordinator() {
+  local name=$1; shift
+  "$KOLO" coordinator --listen "${LISTEN:-tcp://127.0.0.1:0}" --http 127.0.0.1:0 \
+      --db "$WORK/$name.db" --lease "${LEASE:-2s}" --heartbeat "${HEARTBEAT:-300ms}" \
+      --stop-grace 2s "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
+  COORD_PID=$!
+  PIDS+=("$COORD_PID")
+  wait_for 10 grep -q "ready" "$WORK/$name.out" || fail "coordinator $name did not start"
+  RPC=$(sed -n 's/.*rpc=\([^ ]*\).*/\1/p' "$WORK/$name.out")
+  HTTP=$(sed -n 's/.*http=\([^ ]*\).*/\1/p' "$WORK/$name.out")
+}
+
+# start_agent NAME SLOTS [flags...]: sets AGENT_PID.
+start_agent() {
+  local name=$1 slots=$2; shift 2
+  "$KOLO" agent --coordinator "$RPC" --slots "$slots" --name "$name" \
+      --state-dir "$WORK/agent-$name" --log-level info "$@" \
+      >"$WORK/agent-$name.out" 2>"$WORK/agent-$name.log" &
+  AGENT_PID=$!
+  PIDS+=("$AGENT_PID")
+}
+
+# hosts_alive: number of live hosts from the REST API.
+hosts_alive() {
+  curl -sf "$HTTP/api/v1/hosts" | grep -o '"state":"alive"' | wc -l
+}
+
+hosts_at_least() { [ "$(hosts_alive)" -ge "$1" ]; }
+hosts_exactly() { [ "$(hosts_alive)" -eq "$1" ]; }
+
+wait_hosts() {
+  wait_for 10 hosts_at_least "$1" || fail "expected $1 live host(s), have $(hosts_alive)"
+}
+
+# count_marked: processes whose command line holds this test's marker.
+count_marked() { pgrep -f "^sleep $SLEEP\$" | wc -l; }
+marked_exactly() { [ "$(count_marked)" -eq "$1" ]; }
