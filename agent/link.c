@@ -47,7 +47,7 @@
 
 #define LINK_PARK_MAX_MS 1000
 #define LINK_CALL_SLACK_MS 5000 /* a parked call's timeout beyond its wait */
-#define LINK_REGISTER_TIMEOUT_MS 5000
+#define LINK_REGISTER_TIMEOUT_MS 3000
 #define LINK_PROBE_TIMEOUT_MS 3000
 #define LINK_BACKOFF_MIN_MS 100
 #define LINK_BACKOFF_MAX_MS 5000

@@ -234,10 +234,6 @@ static void call_send_frame(struct rpc_call *c, int status, const void *body, si
     rf.status = status;
     rf.body = body;
     rf.body_len = len;
-    if (c->req) {
-        nng_msg_free(c->req);
-        c->req = NULL;
-    }
     uint8_t *data;
     size_t dlen;
     nng_msg *m = NULL;
@@ -247,6 +243,11 @@ static void call_send_frame(struct rpc_call *c, int status, const void *body, si
             m = NULL;
         }
         free(data);
+    }
+    /* Only now: the body may point into the request (an echo). */
+    if (c->req) {
+        nng_msg_free(c->req);
+        c->req = NULL;
     }
     if (!m) {
         nng_mtx_lock(srv->mtx);

@@ -10,6 +10,8 @@
 #include "coord_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -299,6 +301,11 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
         coord_free(c);
         return KOLO_EPERM;
     }
+    /* The database holds job environments: create it private to its owner
+     * (SQLite gives the -wal and -shm files the same mode). */
+    int fd = open(c->db_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0)
+        close(fd);
     if ((rv = store_open(&c->store, c->db_path, err, errlen)) != 0) {
         coord_free(c);
         return rv;

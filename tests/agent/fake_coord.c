@@ -212,11 +212,18 @@ static void *tick_main(void *arg)
 
 int fake_open(struct fake_coord **out, const char *url, uint32_t heartbeat_ms)
 {
+    return fake_open_token(out, url, heartbeat_ms, NULL);
+}
+
+int fake_open_token(struct fake_coord **out, const char *url, uint32_t heartbeat_ms,
+                    const char *token)
+{
     struct fake_coord *fc = calloc(1, sizeof(*fc));
     pthread_mutex_init(&fc->mu, NULL);
     fc->heartbeat_ms = heartbeat_ms;
     struct rpc_server_config cfg = {0};
     cfg.url = url;
+    cfg.token = token;
     cfg.contexts = 64;
     cfg.handler = handler;
     cfg.arg = fc;

@@ -84,6 +84,9 @@ struct fake_coord {
 
 /* fake_open starts a fake on url ("tcp://127.0.0.1:0" or "inproc://x"). */
 int fake_open(struct fake_coord **out, const char *url, uint32_t heartbeat_ms);
+/* fake_open_token: the same, requiring the cluster token on every call. */
+int fake_open_token(struct fake_coord **out, const char *url, uint32_t heartbeat_ms,
+                    const char *token);
 const char *fake_url(struct fake_coord *fc);
 void fake_close(struct fake_coord *fc);
 

@@ -28,7 +28,7 @@
 static const char *exec_path;
 static char base_dir[64];
 
-static struct agent *start_agent_at(const char *url, const char *state_dir)
+static struct agent *start_agent_tok(const char *url, const char *state_dir, const char *token)
 {
     struct agent_config cfg = {0};
     cfg.coordinator_url = url;
@@ -37,6 +37,7 @@ static struct agent *start_agent_at(const char *url, const char *state_dir)
     cfg.slots = 2;
     cfg.stop_grace_ms = 1000;
     cfg.exec_path = exec_path;
+    cfg.token = token;
     struct agent *a = NULL;
     char err[256];
     int rc = agent_start(&a, &cfg, err, sizeof(err));
@@ -44,6 +45,11 @@ static struct agent *start_agent_at(const char *url, const char *state_dir)
         fprintf(stderr, "agent_start: %s\n", err);
     REQUIRE(rc == 0);
     return a;
+}
+
+static struct agent *start_agent_at(const char *url, const char *state_dir)
+{
+    return start_agent_tok(url, state_dir, NULL);
 }
 
 static void state_path(char *out, size_t n, const char *sub)
@@ -222,6 +228,37 @@ static void test_coordinator_restart(void)
     spec_free(specs[1]);
 }
 
+/* With a cluster token: the agent authenticates and hands the token to its
+ * workers; with a wrong one it is refused and keeps trying. */
+static void test_token(void)
+{
+    const char *token = "kolo-test-token-0123456789";
+    struct fake_coord *fc = NULL;
+    REQUIRE(fake_open_token(&fc, "inproc://agent-token", 200, token) == 0);
+    char dir[128];
+    state_path(dir, sizeof(dir), "token");
+    struct agent *a = start_agent_tok(fake_url(fc), dir, token);
+    Kolo__WorkerSpec *s = spec_sh(12, 1, 0, 1, "echo $KOLO_TOKEN");
+    fake_set_desired(fc, &s, 1);
+    CHECK(WAIT_UNTIL(fake_get_event(fc, EXITED, 12, 0, NULL), 5000));
+    fake_lock(fc);
+    CHECK(fc->n_lines == 1 && strcmp(fc->lines[0].text, token) == 0);
+    fake_unlock(fc);
+    agent_stop(a);
+
+    a = start_agent_tok(fake_url(fc), dir, "the-wrong-token-0123456789");
+    usleep(700000);
+    struct agent_stats st;
+    agent_get_stats(a, &st);
+    CHECK_EQ_INT(st.registrations, 0);
+    uint64_t t0 = now_mono_ms();
+    agent_stop(a); /* wakes from the 10 s retry sleep */
+    CHECK(now_mono_ms() - t0 < 1000);
+    CHECK_EQ_INT(fake_registrations(fc), 1);
+    fake_close(fc);
+    spec_free(s);
+}
+
 /* Nobody listens: agent_start still succeeds, and agent_stop is prompt. */
 static void test_unreachable(void)
 {
@@ -261,6 +298,7 @@ int main(int argc, char **argv)
     test_host_id();
     test_stale_session();
     test_coordinator_restart();
+    test_token();
     test_unreachable();
 
     char cmd[128];

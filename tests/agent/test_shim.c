@@ -211,6 +211,66 @@ static void test_agent_killed(void)
     CHECK(system(cmd) == 0);
 }
 
+/* `kolo agent` itself: flags, a worker run through /proc/self/exe, and a
+ * clean exit on SIGTERM. Needs the real kolo binary. */
+static void test_cmd_agent(void)
+{
+    struct fake_coord *fc = NULL;
+    REQUIRE(fake_open(&fc, "tcp://127.0.0.1:0", 200) == 0);
+    char dir[] = "/tmp/kolo-agent-cmd-XXXXXX";
+    REQUIRE(mkdtemp(dir) != NULL);
+    int devnull = open("/dev/null", O_WRONLY);
+
+    /* --help and a missing --coordinator. */
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(devnull, 1);
+        execl(exec_path, exec_path, "agent", "--help", (char *)NULL);
+        _exit(99);
+    }
+    int st;
+    REQUIRE(waitpid(pid, &st, 0) == pid);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    pid = fork();
+    if (pid == 0) {
+        dup2(devnull, 2);
+        unsetenv("KOLO_COORDINATOR");
+        execl(exec_path, exec_path, "agent", "--slots", "2", (char *)NULL);
+        _exit(99);
+    }
+    REQUIRE(waitpid(pid, &st, 0) == pid);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+
+    pid = fork();
+    if (pid == 0) {
+        dup2(devnull, 2);
+        execl(exec_path, exec_path, "agent", "--coordinator", fake_url(fc), "--slots", "3",
+              "--name", "cmdhost", "--state-dir", dir, "--stop-grace", "1s", (char *)NULL);
+        _exit(99);
+    }
+    Kolo__WorkerSpec *s = spec_sh(13, 1, 0, 1, "echo $HOROVOD_HOSTNAME; exec sleep 100");
+    fake_set_desired(fc, &s, 1);
+    CHECK(WAIT_UNTIL(has_lines(fc), 10000));
+    fake_lock(fc);
+    CHECK_EQ_INT(fc->slots, 3);
+    CHECK(fc->n_lines > 0 && strcmp(fc->lines[0].text, "cmdhost") == 0);
+    fake_unlock(fc);
+    kill(pid, SIGTERM);
+    uint64_t t0 = now_mono_ms();
+    REQUIRE(waitpid(pid, &st, 0) == pid);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    CHECK(now_mono_ms() - t0 < 5000);
+    struct fake_event e;
+    CHECK(fake_get_event(fc, KOLO__WORKER_EVENT_KIND__WORKER_EXITED, 13, 0, &e) &&
+          e.term_signal == SIGTERM);
+    close(devnull);
+    fake_close(fc);
+    spec_free(s);
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "__exec") == 0)
@@ -229,5 +289,7 @@ int main(int argc, char **argv)
     test_exit_status();
     test_forward();
     test_agent_killed();
+    if (strcmp(exec_path, self) != 0)
+        test_cmd_agent();
     TEST_DONE();
 }
