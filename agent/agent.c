@@ -77,14 +77,16 @@ static int default_state_dir(const char *name, char *out, size_t n)
     return 0;
 }
 
+/* The coordinator's rule for host ids: what an operator may also write into
+ * the file by hand (a name instead of random hex). */
 static bool host_id_valid(const char *s, size_t len)
 {
-    if (len < 8 || len > 32)
+    if (len == 0 || len >= sizeof(((struct agent *)0)->host_id))
         return false;
     for (size_t i = 0; i < len; i++) {
         char c = s[i];
         if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-              c == '-' || c == '_'))
+              c == '-' || c == '_' || c == '.'))
             return false;
     }
     return true;
@@ -358,7 +360,14 @@ int agent_start(struct agent **out, const struct agent_config *cfg, char *err, s
         a->addr = dup_or_null(buf, &oom);
     }
     if (cfg->exec_path && *cfg->exec_path) {
-        a->exec_path = dup_or_null(cfg->exec_path, &oom);
+        /* Absolute: workers are spawned after a chdir to their cwd. */
+        if (!realpath(cfg->exec_path, buf)) {
+            rc = set_err(err, errlen, KOLO_EINVAL, "cannot find %s: %s", cfg->exec_path,
+                         strerror(errno));
+            agent_free(a);
+            return rc;
+        }
+        a->exec_path = dup_or_null(buf, &oom);
     } else {
         ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
         if (n <= 0) {

@@ -55,8 +55,8 @@ int agent_start(struct agent **out, const struct agent_config *cfg, char *err, s
  */
 void agent_stop(struct agent *a);
 
-/* agent_host_id copies the host id (32 hex digits) into out; 0 or KOLO_EINVAL
- * when n is too small. */
+/* agent_host_id copies the host id (32 hex digits unless the host-id file
+ * was written by hand) into out; 0, or KOLO_EINVAL when n is too small. */
 int agent_host_id(const struct agent *a, char *out, size_t n);
 
 /* agent_get_stats fills st with a consistent snapshot of the counters. */

@@ -146,7 +146,7 @@ struct agent {
     char *state_dir;
     char *exec_path;
     char hostname[256];
-    char host_id[33];
+    char host_id[64];
     char instance[17]; /* random per agent process (RegisterRequest.agent_instance) */
     int slots;
     int64_t stop_grace_ms;

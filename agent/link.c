@@ -378,9 +378,11 @@ static void *report_main(void *arg)
             /* The link thread registers again; resend under the new
              * session as soon as there is one, or after the backoff. */
             stale_gen = gen;
-        } else if (fault != rc) {
-            LOGW("agent", "cannot report to coordinator %s (%s), retrying", a->url,
-                 err[0] ? err : kolo_strerror(rc));
+        } else {
+            stale_gen = NO_GEN;
+            if (fault != rc)
+                LOGW("agent", "cannot report to coordinator %s (%s), retrying", a->url,
+                     err[0] ? err : kolo_strerror(rc));
             fault = rc;
         }
         retry_at = now + jitter(backoff);

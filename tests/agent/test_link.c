@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 #include "agent.h"
 #include "errors.h"
 #include "fake_coord.h"
+#include "log.h"
 #include "test.h"
 #include "util.h"
 
@@ -26,6 +28,18 @@
 #define EXITED KOLO__WORKER_EVENT_KIND__WORKER_EXITED
 
 static const char *exec_path;
+
+/* agent_stop logs "event loop not empty" when uv_loop_close fails; every
+ * test here must end with a clean loop. */
+static atomic_int loop_not_empty;
+
+static void log_sink(int level, const char *module, const char *msg, void *arg)
+{
+    (void)arg;
+    fprintf(stderr, "%s %s: %s\n", log_level_name(level), module, msg);
+    if (strstr(msg, "event loop not empty"))
+        atomic_fetch_add(&loop_not_empty, 1);
+}
 static char base_dir[64];
 
 static struct agent *start_agent_tok(const char *url, const char *state_dir, const char *token)
@@ -105,6 +119,14 @@ static void test_host_id(void)
     a = start_agent_at(fake_url(fc), dir1);
     agent_host_id(a, id2, sizeof(id2));
     CHECK(strcmp(id2, id1) != 0 && strlen(id2) == 32);
+    agent_stop(a);
+    /* An id written by hand is kept. */
+    f = fopen(file, "w");
+    fputs("gpu-node-07.example\n", f);
+    fclose(f);
+    a = start_agent_at(fake_url(fc), dir1);
+    agent_host_id(a, id2, sizeof(id2));
+    CHECK_EQ_STR(id2, "gpu-node-07.example");
     agent_stop(a);
     if (geteuid() != 0) {
         chmod(file, 0);
@@ -292,6 +314,8 @@ int main(int argc, char **argv)
     REQUIRE(n > 0);
     self[n] = '\0';
     exec_path = argc > 1 ? argv[1] : self;
+    log_set_default(LOG_ERROR);
+    log_set_sink(log_sink, NULL);
     snprintf(base_dir, sizeof(base_dir), "/tmp/kolo-agent-link-XXXXXX");
     REQUIRE(mkdtemp(base_dir) != NULL);
 
@@ -304,5 +328,7 @@ int main(int argc, char **argv)
     char cmd[128];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", base_dir);
     CHECK(system(cmd) == 0);
+    CHECK_EQ_INT(atomic_load(&loop_not_empty), 0);
+    log_set_sink(NULL, NULL);
     TEST_DONE();
 }

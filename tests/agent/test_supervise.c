@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 #include "agent.h"
 #include "errors.h"
 #include "fake_coord.h"
+#include "log.h"
 #include "test.h"
 #include "util.h"
 
@@ -27,6 +29,18 @@
 #define SPAWN_FAILED KOLO__WORKER_EVENT_KIND__WORKER_SPAWN_FAILED
 
 static const char *exec_path;
+
+/* agent_stop logs "event loop not empty" when uv_loop_close fails; every
+ * test here must end with a clean loop. */
+static atomic_int loop_not_empty;
+
+static void log_sink(int level, const char *module, const char *msg, void *arg)
+{
+    (void)arg;
+    fprintf(stderr, "%s %s: %s\n", log_level_name(level), module, msg);
+    if (strstr(msg, "event loop not empty"))
+        atomic_fetch_add(&loop_not_empty, 1);
+}
 static char state_dir[64];
 
 static struct agent *start_agent(struct fake_coord *fc, int64_t grace_ms)
@@ -405,6 +419,8 @@ int main(int argc, char **argv)
     REQUIRE(n > 0);
     self[n] = '\0';
     exec_path = argc > 1 ? argv[1] : self;
+    log_set_default(LOG_ERROR);
+    log_set_sink(log_sink, NULL);
     snprintf(state_dir, sizeof(state_dir), "/tmp/kolo-agent-test-XXXXXX");
     REQUIRE(mkdtemp(state_dir) != NULL);
 
@@ -419,5 +435,7 @@ int main(int argc, char **argv)
     snprintf(path, sizeof(path), "%s/host-id", state_dir);
     unlink(path);
     rmdir(state_dir);
+    CHECK_EQ_INT(atomic_load(&loop_not_empty), 0);
+    log_set_sink(NULL, NULL);
     TEST_DONE();
 }
