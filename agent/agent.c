@@ -294,6 +294,8 @@ static void agent_free(struct agent *a)
 {
     if (a->rpc)
         rpc_client_close(a->rpc);
+    if (a->hb_rpc)
+        rpc_client_close(a->hb_rpc);
     if (a->mail_desired)
         kolo__heartbeat_reply__free_unpacked(a->mail_desired, NULL);
     outbox_free(&a->outbox);

@@ -179,7 +179,8 @@ struct agent {
     uint64_t flush_deadline; /* mono ms: the reporter's last chance to flush */
 
     /* Link threads. */
-    struct rpc_client *rpc;
+    struct rpc_client *rpc;    /* reports */
+    struct rpc_client *hb_rpc; /* registration and heartbeats (link thread) */
     pthread_t link_thread, report_thread;
     bool link_running, report_running;
 };

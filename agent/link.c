@@ -6,9 +6,9 @@
  * loop. A heartbeat is a long poll: the coordinator parks it until this
  * host's desired set changes or wait_ms passes, so a new worker set
  * arrives within one round trip while an idle host costs one call per
- * wait. The agent asks for at most LINK_PARK_MAX_MS even when the
- * coordinator suggests longer: the RPC client cannot abandon a call in
- * flight, and agent_stop must not wait out a long park.
+ * wait. The link thread has its own RPC client, which link_stop shuts
+ * down, so a parked heartbeat ends at once when the agent stops while
+ * the report thread can still flush on the other client.
  *
  * Failures are sorted in three kinds:
  *   - the session is unknown (ESTALE / ENOTFOUND: the coordinator
@@ -45,7 +45,7 @@
 #define KOLO_VERSION "0"
 #endif
 
-#define LINK_PARK_MAX_MS 1000
+#define LINK_PARK_MAX_MS 1000 /* heartbeat wait until the coordinator names one */
 #define LINK_CALL_SLACK_MS 5000 /* a parked call's timeout beyond its wait */
 #define LINK_REGISTER_TIMEOUT_MS 3000
 #define LINK_PROBE_TIMEOUT_MS 3000
@@ -160,7 +160,7 @@ static int do_register(struct agent *a, char *session, size_t slen, uint32_t *hb
         snprintf(err, errlen, "out of memory");
     } else {
         kolo__register_request__pack(&req, data);
-        rc = rpc_client_call(a->rpc, "AgentService.RegisterHost", data, len, &rep, &rep_len,
+        rc = rpc_client_call(a->hb_rpc, "AgentService.RegisterHost", data, len, &rep, &rep_len,
                              LINK_REGISTER_TIMEOUT_MS, err, errlen);
     }
     free(data);
@@ -209,7 +209,7 @@ static int do_heartbeat(struct agent *a, const char *session, char *version, siz
     kolo__heartbeat_request__pack(&req, data);
     void *rep = NULL;
     size_t rep_len = 0;
-    int rc = rpc_client_call(a->rpc, "AgentService.Heartbeat", data, len, &rep, &rep_len,
+    int rc = rpc_client_call(a->hb_rpc, "AgentService.Heartbeat", data, len, &rep, &rep_len,
                              timeout_ms, err, errlen);
     free(data);
     if (rc)
@@ -260,7 +260,7 @@ static void *link_main(void *arg)
                 continue;
             }
         } else {
-            uint32_t wait = probe ? 0 : hb_ms < LINK_PARK_MAX_MS ? hb_ms : LINK_PARK_MAX_MS;
+            uint32_t wait = probe ? 0 : hb_ms;
             int timeout = probe ? LINK_PROBE_TIMEOUT_MS : (int)wait + LINK_CALL_SLACK_MS;
             rc = do_heartbeat(a, session, version, sizeof(version), wait, timeout, err,
                               sizeof(err));
@@ -279,6 +279,11 @@ static void *link_main(void *arg)
                 continue;
             }
         }
+        pthread_mutex_lock(&a->mu);
+        bool stopping = a->link_stopping;
+        pthread_mutex_unlock(&a->mu);
+        if (stopping)
+            break; /* the failure is our own shutdown of the client */
         if (refused(rc)) {
             if (fault != rc)
                 LOGE("agent", "coordinator %s refused this agent: %s (retrying every %d s)",
@@ -411,9 +416,13 @@ int link_start(struct agent *a, char *err, size_t errlen)
     cc.token = a->token;
     cc.identity = a->host_id;
     int rc = rpc_client_open(&a->rpc, &cc);
+    if (rc == 0)
+        rc = rpc_client_open(&a->hb_rpc, &cc);
     if (rc) {
         snprintf(err, errlen, "cannot open a connection to %s: %s", a->url, kolo_strerror(rc));
+        rpc_client_close(a->rpc);
         a->rpc = NULL;
+        a->hb_rpc = NULL;
         return rc;
     }
     if ((rc = pthread_create(&a->link_thread, NULL, link_main, a)) != 0) {
@@ -437,9 +446,9 @@ void link_stop(struct agent *a)
     a->flush_deadline = now_mono_ms() + LINK_STOP_FLUSH_MS;
     pthread_cond_broadcast(&a->cond);
     pthread_mutex_unlock(&a->mu);
-    /* Bounded: every call either thread makes has a timeout, the longest
-     * LINK_PARK_MAX_MS + LINK_CALL_SLACK_MS, and the reporter's last ones
-     * end at the flush deadline. */
+    /* Ends a parked heartbeat now; the reporter's last calls end at the
+     * flush deadline. */
+    rpc_client_shutdown(a->hb_rpc);
     if (a->link_running)
         pthread_join(a->link_thread, NULL);
     if (a->report_running)

@@ -88,11 +88,12 @@ static void prune_runs(const char *dir)
         size_t len = strlen(nm);
         if (dbs > RUNS_KEPT && strncmp(nm, "run-", 4) == 0 && len > 3 &&
             strcmp(nm + len - 3, ".db") == 0) {
-            char path[4096];
             static const char *sfx[] = {"", "-wal", "-shm"};
             for (int k = 0; k < 3; k++) {
-                snprintf(path, sizeof(path), "%s/%s%s", dir, nm, sfx[k]);
-                unlink(path);
+                char *path = NULL;
+                if (asprintf(&path, "%s/%s%s", dir, nm, sfx[k]) > 0)
+                    unlink(path);
+                free(path);
             }
             dbs--;
         }

@@ -552,6 +552,14 @@ int rpc_client_open(struct rpc_client **out, const struct rpc_client_config *cfg
     return 0;
 }
 
+void rpc_client_shutdown(struct rpc_client *cli)
+{
+    /* Closing the socket aborts every operation on it; calls that start
+     * later fail to open a context. The memory stays until close. */
+    if (cli)
+        nng_close(cli->sock);
+}
+
 void rpc_client_close(struct rpc_client *cli)
 {
     if (!cli)

@@ -117,8 +117,9 @@ int rpc_server_open(struct rpc_server **srv, const struct rpc_server_config *cfg
  * asked ("tcp://127.0.0.1:41234"). */
 const char *rpc_server_url(const struct rpc_server *srv);
 void rpc_server_get_stats(struct rpc_server *srv, struct rpc_server_stats *st);
-/* rpc_server_close stops receiving, fails parked calls with KOLO_ESHUTDOWN
- * and frees everything. No handler runs after it returns. */
+/* rpc_server_close stops receiving and frees everything; no handler runs
+ * after it returns. The owner must have answered (or forgotten) every
+ * call it parked: calls still held are freed unanswered. */
 void rpc_server_close(struct rpc_server *srv);
 
 /* The request, valid until the call is answered. */
@@ -144,6 +145,10 @@ struct rpc_client_config {
 };
 
 int rpc_client_open(struct rpc_client **cli, const struct rpc_client_config *cfg);
+/* rpc_client_shutdown makes every call in flight, and every later call,
+ * fail at once with KOLO_ECLOSED; safe from any thread. The client must
+ * still be closed once no thread uses it. */
+void rpc_client_shutdown(struct rpc_client *cli);
 void rpc_client_close(struct rpc_client *cli);
 /* rpc_client_set_identity changes the identity sent with later calls. */
 void rpc_client_set_identity(struct rpc_client *cli, const char *identity, uint64_t job_id,
