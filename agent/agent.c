@@ -219,8 +219,8 @@ void agent_queue_event(struct agent *a, const Kolo__WorkerEvent *ev)
     pthread_mutex_unlock(&a->mu);
 }
 
-void agent_queue_line(struct agent *a, uint64_t job_id, int32_t rank, int stream,
-                      const char *text, size_t len)
+void agent_queue_line(struct agent *a, uint64_t job_id, int32_t rank, int stream, const char *text,
+                      size_t len)
 {
     uint64_t ts = now_wall_ms();
     pthread_mutex_lock(&a->mu);
@@ -394,8 +394,7 @@ int agent_start(struct agent **out, const struct agent_config *cfg, char *err, s
         return set_err(err, errlen, KOLO_ENOMEM, "out of memory");
     }
     if (access(a->exec_path, X_OK) != 0) {
-        rc = set_err(err, errlen, KOLO_EINVAL, "cannot run %s: %s", a->exec_path,
-                     strerror(errno));
+        rc = set_err(err, errlen, KOLO_EINVAL, "cannot run %s: %s", a->exec_path, strerror(errno));
         agent_free(a);
         return rc;
     }
@@ -414,15 +413,13 @@ int agent_start(struct agent **out, const struct agent_config *cfg, char *err, s
     a->grace_ms = a->stop_grace_ms;
 
     if ((rc = uv_loop_init(&a->loop)) != 0) {
-        rc = set_err(err, errlen, KOLO_ESYS, "cannot create the event loop: %s",
-                     uv_strerror(rc));
+        rc = set_err(err, errlen, KOLO_ESYS, "cannot create the event loop: %s", uv_strerror(rc));
         agent_free(a);
         return rc;
     }
     if ((rc = uv_async_init(&a->loop, &a->wake, on_wake)) != 0) {
         uv_loop_close(&a->loop);
-        rc = set_err(err, errlen, KOLO_ESYS, "cannot create the event loop: %s",
-                     uv_strerror(rc));
+        rc = set_err(err, errlen, KOLO_ESYS, "cannot create the event loop: %s", uv_strerror(rc));
         agent_free(a);
         return rc;
     }

@@ -32,10 +32,10 @@ struct agent_config {
 
 /* Counters for tests and `--log-level debug` diagnostics. */
 struct agent_stats {
-    uint64_t registrations;  /* successful Register calls */
-    uint64_t reports;        /* Report calls the coordinator accepted */
-    uint64_t dropped_lines;  /* output lines dropped because the queue was over its cap */
-    int workers_alive;       /* worker processes that have not exited */
+    uint64_t registrations; /* successful Register calls */
+    uint64_t reports;       /* Report calls the coordinator accepted */
+    uint64_t dropped_lines; /* output lines dropped because the queue was over its cap */
+    int workers_alive;      /* worker processes that have not exited */
 };
 
 /*

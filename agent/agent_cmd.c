@@ -40,7 +40,8 @@ int cmd_agent(int argc, char **argv)
          "file holding the cluster token (not readable by group or others)", &token_file, NULL},
         {"addr", NULL, NULL, KNOB_STR, NULL, 1, 0,
          "address other hosts reach this one at (default: the hostname's first non-loopback "
-         "IPv4)", &addr, NULL},
+         "IPv4)",
+         &addr, NULL},
         {"state-dir", NULL, NULL, KNOB_STR, NULL, 1, 0,
          "directory holding the host id (default: $XDG_STATE_HOME/kolo/agent-NAME)", &state_dir,
          NULL},
@@ -89,8 +90,10 @@ int cmd_agent(int argc, char **argv)
         goto out;
     }
     if (!token && !addr_is_loopback(coordinator))
-        LOGW("agent", "no cluster token configured for a non-loopback coordinator (%s); "
-                      "expect it to refuse this agent", coordinator);
+        LOGW("agent",
+             "no cluster token configured for a non-loopback coordinator (%s); "
+             "expect it to refuse this agent",
+             coordinator);
 
     sigset_t set;
     sigemptyset(&set);

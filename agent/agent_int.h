@@ -39,7 +39,7 @@
 #define AGENT_REPORT_PACE_MS 50
 /* A worker's exit is reported at most this long after it happened even if
  * something still holds its output pipes open. */
-#define AGENT_EXIT_FLUSH_MS 1000
+#define AGENT_EXIT_FLUSH_MS    1000
 #define AGENT_DEFAULT_GRACE_MS 5000
 
 /* ---------------------------------------------------------------- lines.c */
@@ -97,7 +97,7 @@ struct outbox {
     size_t cap;
     uint64_t dropped;
     uint64_t batch_seq; /* the last one handed out */
-    bool dropping; /* over the cap since the last drain; logs once per episode */
+    bool dropping;      /* over the cap since the last drain; logs once per episode */
 };
 
 void outbox_init(struct outbox *o, size_t cap);
@@ -108,8 +108,8 @@ bool outbox_full_batch(const struct outbox *o);
 /* The push functions return true when the reporter should be woken (the
  * queue was empty or now holds a full batch); false also on ENOMEM. */
 bool outbox_push_event(struct outbox *o, const Kolo__WorkerEvent *ev);
-bool outbox_push_line(struct outbox *o, uint64_t job_id, int32_t rank, int stream,
-                      const char *text, size_t len, uint64_t ts_ms);
+bool outbox_push_line(struct outbox *o, uint64_t job_id, int32_t rank, int stream, const char *text,
+                      size_t len, uint64_t ts_ms);
 /* outbox_take moves the next batch off the queue into b (which is empty). */
 void outbox_take(struct outbox *o, struct outbox_batch *b);
 void outbox_batch_free(struct outbox_batch *b);
@@ -173,7 +173,7 @@ struct agent {
     size_t n_running, cap_running;
     struct outbox outbox;
     struct agent_stats stats;
-    char session[128]; /* "" until registered */
+    char session[128];    /* "" until registered */
     uint64_t session_gen; /* bumped by every registration */
     bool link_stopping;
     uint64_t flush_deadline; /* mono ms: the reporter's last chance to flush */
@@ -195,8 +195,8 @@ void agent_post_desired(struct agent *a, Kolo__HeartbeatReply *rep);
 void agent_loop_check_done(struct agent *a);
 /* Queue an event / a line for the reporter (any thread). */
 void agent_queue_event(struct agent *a, const Kolo__WorkerEvent *ev);
-void agent_queue_line(struct agent *a, uint64_t job_id, int32_t rank, int stream,
-                      const char *text, size_t len);
+void agent_queue_line(struct agent *a, uint64_t job_id, int32_t rank, int stream, const char *text,
+                      size_t len);
 
 /* supervise.c (loop thread) */
 void supervise_reconcile(struct agent *a, const Kolo__HeartbeatReply *rep);

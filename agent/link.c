@@ -45,15 +45,15 @@
 #define KOLO_VERSION "0"
 #endif
 
-#define LINK_PARK_MAX_MS 1000 /* heartbeat wait until the coordinator names one */
-#define LINK_CALL_SLACK_MS 5000 /* a parked call's timeout beyond its wait */
+#define LINK_PARK_MAX_MS         1000 /* heartbeat wait until the coordinator names one */
+#define LINK_CALL_SLACK_MS       5000 /* a parked call's timeout beyond its wait */
 #define LINK_REGISTER_TIMEOUT_MS 3000
-#define LINK_PROBE_TIMEOUT_MS 3000
-#define LINK_BACKOFF_MIN_MS 100
-#define LINK_BACKOFF_MAX_MS 5000
-#define LINK_REFUSED_RETRY_MS 10000
-#define LINK_REPORT_TIMEOUT_MS 5000
-#define LINK_STOP_FLUSH_MS 2000
+#define LINK_PROBE_TIMEOUT_MS    3000
+#define LINK_BACKOFF_MIN_MS      100
+#define LINK_BACKOFF_MAX_MS      5000
+#define LINK_REFUSED_RETRY_MS    10000
+#define LINK_REPORT_TIMEOUT_MS   5000
+#define LINK_STOP_FLUSH_MS       2000
 
 #define NO_GEN UINT64_MAX
 
@@ -250,8 +250,7 @@ static void *link_main(void *arg)
                     LOGI("agent", "re-registered with coordinator %s (session %s)", a->url,
                          session);
                 else
-                    LOGI("agent", "registered with coordinator %s (session %s)", a->url,
-                         session);
+                    LOGI("agent", "registered with coordinator %s (session %s)", a->url, session);
                 registered_once = true;
                 need_register = probe = false;
                 version[0] = '\0';
@@ -262,8 +261,8 @@ static void *link_main(void *arg)
         } else {
             uint32_t wait = probe ? 0 : hb_ms;
             int timeout = probe ? LINK_PROBE_TIMEOUT_MS : (int)wait + LINK_CALL_SLACK_MS;
-            rc = do_heartbeat(a, session, version, sizeof(version), wait, timeout, err,
-                              sizeof(err));
+            rc =
+                do_heartbeat(a, session, version, sizeof(version), wait, timeout, err, sizeof(err));
             if (rc == 0) {
                 if (fault)
                     LOGI("agent", "coordinator %s reachable again", a->url);
@@ -273,8 +272,10 @@ static void *link_main(void *arg)
                 continue;
             }
             if (session_unknown(rc)) {
-                LOGW("agent", "coordinator %s no longer knows this agent's session (%s); "
-                              "registering again", a->url, err);
+                LOGW("agent",
+                     "coordinator %s no longer knows this agent's session (%s); "
+                     "registering again",
+                     a->url, err);
                 need_register = true;
                 continue;
             }
@@ -286,8 +287,8 @@ static void *link_main(void *arg)
             break; /* the failure is our own shutdown of the client */
         if (refused(rc)) {
             if (fault != rc)
-                LOGE("agent", "coordinator %s refused this agent: %s (retrying every %d s)",
-                     a->url, err, LINK_REFUSED_RETRY_MS / 1000);
+                LOGE("agent", "coordinator %s refused this agent: %s (retrying every %d s)", a->url,
+                     err, LINK_REFUSED_RETRY_MS / 1000);
             fault = rc;
             link_sleep(a, LINK_REFUSED_RETRY_MS);
         } else {
@@ -352,8 +353,8 @@ static void *report_main(void *arg)
         err[0] = '\0';
         int rc = outbox_batch_pack(&batch, session, &req, &len);
         if (rc == 0)
-            rc = rpc_client_call(a->rpc, "AgentService.Report", req, len, &rep, &rep_len,
-                                 timeout, err, sizeof(err));
+            rc = rpc_client_call(a->rpc, "AgentService.Report", req, len, &rep, &rep_len, timeout,
+                                 err, sizeof(err));
         free(req);
         free(rep);
 
@@ -374,8 +375,10 @@ static void *report_main(void *arg)
         if (rc == KOLO_EINVAL || rc == KOLO_EPROTO || rc == KOLO_ETOOBIG) {
             /* The coordinator will never take this batch; retrying it
              * would block every later one. */
-            LOGE("agent", "coordinator %s rejected a report (%s); dropping %zu events and %zu "
-                          "lines", a->url, err, batch.n_events, batch.n_lines);
+            LOGE("agent",
+                 "coordinator %s rejected a report (%s); dropping %zu events and %zu "
+                 "lines",
+                 a->url, err, batch.n_events, batch.n_lines);
             outbox_batch_free(&batch);
             continue;
         }

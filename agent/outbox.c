@@ -119,15 +119,17 @@ static bool drop_oldest_line(struct outbox *o)
     return true;
 }
 
-bool outbox_push_line(struct outbox *o, uint64_t job_id, int32_t rank, int stream,
-                      const char *text, size_t len, uint64_t ts_ms)
+bool outbox_push_line(struct outbox *o, uint64_t job_id, int32_t rank, int stream, const char *text,
+                      size_t len, uint64_t ts_ms)
 {
     size_t cost = len + ITEM_OVERHEAD;
     while (o->line_bytes + cost > o->cap && drop_oldest_line(o)) {
         if (!o->dropping) {
             o->dropping = true;
-            LOGW("agent", "output queue over %zu MiB (coordinator slow or unreachable): "
-                          "dropping the oldest output lines", o->cap >> 20);
+            LOGW("agent",
+                 "output queue over %zu MiB (coordinator slow or unreachable): "
+                 "dropping the oldest output lines",
+                 o->cap >> 20);
         }
     }
     struct outbox_item *it = malloc(sizeof(*it) + len);

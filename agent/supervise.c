@@ -158,11 +158,11 @@ static void worker_finish(struct worker *w)
         queue_event(w, KOLO__WORKER_EVENT_KIND__WORKER_EXITED, pid, (int)w->exit_status,
                     w->term_signal, NULL);
         if (w->term_signal)
-            LOGI("agent", "job %" PRIu64 " rank %d: pid %d killed by signal %d", w->job_id,
-                 w->rank, pid, w->term_signal);
+            LOGI("agent", "job %" PRIu64 " rank %d: pid %d killed by signal %d", w->job_id, w->rank,
+                 pid, w->term_signal);
         else
-            LOGI("agent", "job %" PRIu64 " rank %d: pid %d exited with code %d", w->job_id,
-                 w->rank, pid, (int)w->exit_status);
+            LOGI("agent", "job %" PRIu64 " rank %d: pid %d exited with code %d", w->job_id, w->rank,
+                 pid, (int)w->exit_status);
     }
     close_handle((uv_handle_t *)&w->timer);
     if (w->proc_inited)
@@ -330,18 +330,20 @@ static void build_env(struct agent *a, const Kolo__WorkerSpec *s, struct envv *e
         envv_set(e, *p);
     for (size_t i = 0; i < s->n_env; i++) {
         if (!strchr(s->env[i], '=') || s->env[i][0] == '=')
-            LOGW("agent", "job %" PRIu64 " rank %d: ignoring environment entry '%s' "
-                          "(want NAME=value)", s->job_id, s->rank, s->env[i]);
+            LOGW("agent",
+                 "job %" PRIu64 " rank %d: ignoring environment entry '%s' "
+                 "(want NAME=value)",
+                 s->job_id, s->rank, s->env[i]);
         else
             envv_set(e, s->env[i]);
     }
     static const char *const pre[] = {"KOLO", "HOROVOD"};
     for (int k = 0; k < 2; k++) {
         char name[64];
-#define SETV(suffix, val)                                                                  \
-    do {                                                                                   \
-        snprintf(name, sizeof(name), "%s_%s", pre[k], suffix);                             \
-        envv_setf(e, name, "%d", (int)(val));                                              \
+#define SETV(suffix, val)                                                                          \
+    do {                                                                                           \
+        snprintf(name, sizeof(name), "%s_%s", pre[k], suffix);                                     \
+        envv_setf(e, name, "%d", (int)(val));                                                      \
     } while (0)
         SETV("RANK", s->rank);
         SETV("SIZE", s->size);
@@ -513,7 +515,7 @@ void supervise_reconcile(struct agent *a, const Kolo__HeartbeatReply *rep)
         if (w->handles_open == 0)
             worker_unlink(a, w); /* finished earlier; forget the key */
         else
-            worker_stop(w);      /* frees itself once its handles are closed */
+            worker_stop(w); /* frees itself once its handles are closed */
     }
 }
 
@@ -540,8 +542,10 @@ void supervise_force_close(struct agent *a)
             /* Not even SIGKILL ended it (uninterruptible sleep in a
              * driver, typically). Give up the handle; the process is left
              * to init. */
-            LOGE("agent", "job %" PRIu64 " rank %d: pid %d did not exit after SIGKILL; "
-                          "abandoning it", w->job_id, w->rank, uv_process_get_pid(&w->proc));
+            LOGE("agent",
+                 "job %" PRIu64 " rank %d: pid %d did not exit after SIGKILL; "
+                 "abandoning it",
+                 w->job_id, w->rank, uv_process_get_pid(&w->proc));
             w->exited = true;
             w->term_signal = SIGKILL;
             agent_running_remove(a, w->job_id, w->generation, w->rank);

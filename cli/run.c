@@ -30,7 +30,7 @@
 #include "log.h"
 #include "util.h"
 
-#define RUNS_KEPT 20
+#define RUNS_KEPT      20
 #define STREAM_WAIT_MS 500
 #define COORD_RETRY_MS 60000
 
@@ -53,12 +53,23 @@ static void on_stop_signal(int sig)
  * drops the same kind): secrets, shell leftovers, per-process identity. */
 static bool env_passes(const char *entry)
 {
-    static const char *drop_prefix[] = {"KOLO_TOKEN=",   "HOROVOD_SECRET_KEY=", "OLDPWD=",
-                                        "BASH_FUNC_",    "_=",                  "KOLO_RANK=",
-                                        "KOLO_SIZE=",    "KOLO_LOCAL_",         "KOLO_CROSS_",
-                                        "KOLO_JOB=",     "KOLO_GENERATION=",    "KOLO_AGENT_PID=",
-                                        "HOROVOD_RANK=", "HOROVOD_SIZE=",       "HOROVOD_LOCAL_",
-                                        "HOROVOD_CROSS_", "HOROVOD_HOSTNAME="};
+    static const char *drop_prefix[] = {"KOLO_TOKEN=",
+                                        "HOROVOD_SECRET_KEY=",
+                                        "OLDPWD=",
+                                        "BASH_FUNC_",
+                                        "_=",
+                                        "KOLO_RANK=",
+                                        "KOLO_SIZE=",
+                                        "KOLO_LOCAL_",
+                                        "KOLO_CROSS_",
+                                        "KOLO_JOB=",
+                                        "KOLO_GENERATION=",
+                                        "KOLO_AGENT_PID=",
+                                        "HOROVOD_RANK=",
+                                        "HOROVOD_SIZE=",
+                                        "HOROVOD_LOCAL_",
+                                        "HOROVOD_CROSS_",
+                                        "HOROVOD_HOSTNAME="};
     for (size_t i = 0; i < sizeof(drop_prefix) / sizeof(drop_prefix[0]); i++)
         if (strncmp(entry, drop_prefix[i], strlen(drop_prefix[i])) == 0)
             return false;
@@ -171,8 +182,7 @@ static int stream_job(struct rpc_client *cli, uint64_t job_id, int64_t grace)
             continue;
         }
         if (rv != 0) {
-            fprintf(stderr, "[kolo] cannot follow job %llu: %s\n", (unsigned long long)job_id,
-                    err);
+            fprintf(stderr, "[kolo] cannot follow job %llu: %s\n", (unsigned long long)job_id, err);
             return 1;
         }
         if (unreachable_since) {
@@ -216,18 +226,15 @@ int cmd_run(int argc, char **argv)
 {
     struct run_opts o = {0};
     struct knob tab[] = {
-        {"np", "-np", "", KNOB_INT, "0", 0, 65536, "number of worker processes (required)",
-         &o.np},
+        {"np", "-np", "", KNOB_INT, "0", 0, 65536, "number of worker processes (required)", &o.np},
         {"hosts", "-H", "", KNOB_STR, NULL, 0, -1,
          "hosts and slots to use, host1:2,host2:2 (default: any agent's free slots)", &o.hosts},
         {"coordinator", NULL, "KOLO_RUN_COORDINATOR", KNOB_STR, NULL, 0, -1,
-         "submit to this coordinator (tcp://HOST:PORT) instead of an embedded one",
-         &o.coordinator},
+         "submit to this coordinator (tcp://HOST:PORT) instead of an embedded one", &o.coordinator},
         {"token-file", NULL, NULL, KNOB_STR, NULL, 0, -1, "file holding the cluster token",
          &o.token_file},
         {"start-timeout", NULL, "", KNOB_DURATION, "30s", 0, 86400000,
-         "fail if the job cannot be placed within this time (0 waits forever)",
-         &o.start_timeout},
+         "fail if the job cannot be placed within this time (0 waits forever)", &o.start_timeout},
         {"name", NULL, "", KNOB_STR, NULL, 0, -1, "job name (default: the command)", &o.name},
         {"http", NULL, "", KNOB_STR, "127.0.0.1:0", 0, -1,
          "embedded coordinator: HTTP address of REST and the dashboard", &o.http},

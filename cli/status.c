@@ -13,12 +13,14 @@
 #include "kolo.pb-c.h"
 #include "log.h"
 
-static const char usage[] = "usage: kolo status [--coordinator tcp://HOST:PORT] [--token-file PATH]";
+static const char usage[] =
+    "usage: kolo status [--coordinator tcp://HOST:PORT] [--token-file PATH]";
 
 static void print_hosts(Kolo__ListHostsReply *h)
 {
     printf("HOSTS (%zu)\n", h->n_hosts);
-    printf("  %-32s %-16s %-15s %-6s %-11s %s\n", "ID", "NAME", "ADDR", "STATE", "SLOTS", "LEASE AGE");
+    printf("  %-32s %-16s %-15s %-6s %-11s %s\n", "ID", "NAME", "ADDR", "STATE", "SLOTS",
+           "LEASE AGE");
     for (size_t i = 0; i < h->n_hosts; i++) {
         Kolo__HostInfo *x = h->hosts[i];
         char slots[32];
@@ -31,7 +33,8 @@ static void print_hosts(Kolo__ListHostsReply *h)
 static void print_jobs(Kolo__ListJobsReply *j)
 {
     printf("JOBS (%zu)\n", j->n_jobs);
-    printf("  %-6s %-10s %-4s %-5s %-20s %s\n", "ID", "STATE", "NP", "EXIT", "SUBMITTED", "COMMAND");
+    printf("  %-6s %-10s %-4s %-5s %-20s %s\n", "ID", "STATE", "NP", "EXIT", "SUBMITTED",
+           "COMMAND");
     for (size_t i = 0; i < j->n_jobs; i++) {
         Kolo__JobInfo *x = j->jobs[i];
         char when[32] = "-", exitc[16] = "-";
@@ -95,8 +98,8 @@ int cmd_status(int argc, char **argv)
     Kolo__ListJobsRequest jreq = KOLO__LIST_JOBS_REQUEST__INIT;
     if (cli_call(cli, "AdminService.ListHosts", &hreq.base, &kolo__list_hosts_reply__descriptor,
                  &hosts, (int)timeout, err, sizeof(err)) != 0 ||
-        cli_call(cli, "AdminService.ListJobs", &jreq.base, &kolo__list_jobs_reply__descriptor, &jobs,
-                 (int)timeout, err, sizeof(err)) != 0) {
+        cli_call(cli, "AdminService.ListJobs", &jreq.base, &kolo__list_jobs_reply__descriptor,
+                 &jobs, (int)timeout, err, sizeof(err)) != 0) {
         fprintf(stderr, "kolo status: %s\n", err);
         goto out;
     }

@@ -54,9 +54,9 @@ struct json {
     enum json_type type;
     bool b;
     double num;
-    char *str;      /* JSON_STRING (NUL-terminated, may contain NUL via \u0000) */
+    char *str; /* JSON_STRING (NUL-terminated, may contain NUL via \u0000) */
     size_t str_len;
-    char *key;      /* member name when this value is inside an object */
+    char *key;          /* member name when this value is inside an object */
     struct json *child; /* first element/member */
     struct json *next;  /* next sibling */
     size_t count;       /* number of children */

@@ -35,7 +35,7 @@ struct knob {
     const char *alias; /* optional short flag, e.g. "-np"; NULL if none */
     const char *env;   /* NULL: KOLO_<NAME>; "" : no environment variable */
     enum knob_type type;
-    const char *def; /* default as text; NULL = unset (STR only) */
+    const char *def;  /* default as text; NULL = unset (STR only) */
     int64_t min, max; /* range for INT/DURATION/SIZE; min > max means unbounded */
     const char *help;
     void *dst; /* char **, int64_t *, or bool * by type */
@@ -45,9 +45,9 @@ struct knob {
 
 enum knobs_result {
     KNOBS_OK = 0,
-    KNOBS_HELP = -1,        /* --help was given and printed */
-    KNOBS_DUMPED = -2,      /* --dump-config was given and printed */
-    KNOBS_ERROR = -3,       /* err holds a message naming the knob */
+    KNOBS_HELP = -1,   /* --help was given and printed */
+    KNOBS_DUMPED = -2, /* --dump-config was given and printed */
+    KNOBS_ERROR = -3,  /* err holds a message naming the knob */
 };
 
 /*

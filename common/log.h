@@ -32,10 +32,30 @@ void log_msg(int level, const char *module, const char *fmt, ...)
 void log_vmsg(int level, const char *module, const char *fmt, va_list ap);
 
 #define log_enabled(lvl) ((lvl) >= log_get_level())
-#define LOGT(mod, ...) do { if (log_enabled(LOG_TRACE)) log_msg(LOG_TRACE, mod, __VA_ARGS__); } while (0)
-#define LOGD(mod, ...) do { if (log_enabled(LOG_DEBUG)) log_msg(LOG_DEBUG, mod, __VA_ARGS__); } while (0)
-#define LOGI(mod, ...) do { if (log_enabled(LOG_INFO)) log_msg(LOG_INFO, mod, __VA_ARGS__); } while (0)
-#define LOGW(mod, ...) do { if (log_enabled(LOG_WARN)) log_msg(LOG_WARN, mod, __VA_ARGS__); } while (0)
-#define LOGE(mod, ...) do { if (log_enabled(LOG_ERROR)) log_msg(LOG_ERROR, mod, __VA_ARGS__); } while (0)
+#define LOGT(mod, ...)                                                                             \
+    do {                                                                                           \
+        if (log_enabled(LOG_TRACE))                                                                \
+            log_msg(LOG_TRACE, mod, __VA_ARGS__);                                                  \
+    } while (0)
+#define LOGD(mod, ...)                                                                             \
+    do {                                                                                           \
+        if (log_enabled(LOG_DEBUG))                                                                \
+            log_msg(LOG_DEBUG, mod, __VA_ARGS__);                                                  \
+    } while (0)
+#define LOGI(mod, ...)                                                                             \
+    do {                                                                                           \
+        if (log_enabled(LOG_INFO))                                                                 \
+            log_msg(LOG_INFO, mod, __VA_ARGS__);                                                   \
+    } while (0)
+#define LOGW(mod, ...)                                                                             \
+    do {                                                                                           \
+        if (log_enabled(LOG_WARN))                                                                 \
+            log_msg(LOG_WARN, mod, __VA_ARGS__);                                                   \
+    } while (0)
+#define LOGE(mod, ...)                                                                             \
+    do {                                                                                           \
+        if (log_enabled(LOG_ERROR))                                                                \
+            log_msg(LOG_ERROR, mod, __VA_ARGS__);                                                  \
+    } while (0)
 
 #endif

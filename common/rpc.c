@@ -162,7 +162,7 @@ int rpc_frame_verify(const uint8_t *data, size_t len, const char *token)
  * one window (far beyond any real load at REPLAY_BUCKETS buckets).
  */
 #define REPLAY_BUCKETS 8192
-#define REPLAY_WAYS 8
+#define REPLAY_WAYS    8
 
 struct replay_entry {
     uint8_t nonce[RPC_NONCE_LEN];

@@ -49,13 +49,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KOLO_PROTO_VERSION 1
-#define RPC_HEADER_LEN 96
-#define RPC_NONCE_LEN 16
-#define RPC_MAX_METHOD 64
-#define RPC_MAX_IDENTITY 128
+#define KOLO_PROTO_VERSION  1
+#define RPC_HEADER_LEN      96
+#define RPC_NONCE_LEN       16
+#define RPC_MAX_METHOD      64
+#define RPC_MAX_IDENTITY    128
 #define RPC_DEFAULT_MAX_MSG (16u << 20)
-#define RPC_AUTH_WINDOW_MS 120000
+#define RPC_AUTH_WINDOW_MS  120000
 
 enum rpc_kind { RPC_REQUEST = 1, RPC_REPLY = 2 };
 
@@ -95,17 +95,17 @@ struct rpc_call;
 typedef void (*rpc_handler_fn)(struct rpc_call *call, void *arg);
 
 struct rpc_server_config {
-    const char *url;     /* e.g. "tcp://127.0.0.1:0", "inproc://x" */
-    const char *token;   /* NULL: no authentication (loopback only) */
-    size_t max_msg;      /* frame size cap; 0 = RPC_DEFAULT_MAX_MSG */
-    int contexts;        /* receive contexts = max parked calls; 0 = 256 */
+    const char *url;   /* e.g. "tcp://127.0.0.1:0", "inproc://x" */
+    const char *token; /* NULL: no authentication (loopback only) */
+    size_t max_msg;    /* frame size cap; 0 = RPC_DEFAULT_MAX_MSG */
+    int contexts;      /* receive contexts = max parked calls; 0 = 256 */
     rpc_handler_fn handler;
     void *arg;
 };
 
 struct rpc_server_stats {
-    uint64_t requests;   /* valid requests handed to the handler */
-    uint64_t malformed;  /* garbage or truncated frames */
+    uint64_t requests;  /* valid requests handed to the handler */
+    uint64_t malformed; /* garbage or truncated frames */
     uint64_t too_big;
     uint64_t bad_version;
     uint64_t auth_failed; /* missing/wrong MAC, stale timestamp, replay */
@@ -136,12 +136,12 @@ struct rpc_client;
 
 struct rpc_client_config {
     const char *url;
-    const char *token;   /* NULL: no authentication */
+    const char *token;    /* NULL: no authentication */
     const char *identity; /* host id or client name, may be NULL */
     uint64_t job_id;
     uint64_t generation;
     int32_t rank;
-    size_t max_msg;      /* 0 = RPC_DEFAULT_MAX_MSG */
+    size_t max_msg; /* 0 = RPC_DEFAULT_MAX_MSG */
 };
 
 int rpc_client_open(struct rpc_client **cli, const struct rpc_client_config *cfg);

@@ -310,8 +310,7 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
         coord_free(c);
         return rv;
     }
-    if ((rv = store_hosts_each(c->store, load_host_cb, c)) != 0 ||
-        (rv = coord_jobs_load(c)) != 0) {
+    if ((rv = store_hosts_each(c->store, load_host_cb, c)) != 0 || (rv = coord_jobs_load(c)) != 0) {
         snprintf(err, errlen, "cannot load state from %s: %s", c->db_path,
                  store_last_error(c->store));
         coord_free(c);

@@ -15,15 +15,15 @@
 struct coord;
 
 struct coord_config {
-    const char *listen;     /* RPC URL, e.g. tcp://127.0.0.1:7070 (port 0 = any) */
-    const char *http;       /* HTTP "ADDR:PORT" (port 0 = any); NULL or "" = no HTTP */
+    const char *listen; /* RPC URL, e.g. tcp://127.0.0.1:7070 (port 0 = any) */
+    const char *http;   /* HTTP "ADDR:PORT" (port 0 = any); NULL or "" = no HTTP */
     const char *db_path;
-    const char *token;      /* cluster token, NULL = none (loopback only) */
-    int64_t lease_ms;       /* host lease; expires without heartbeats */
-    int64_t heartbeat_ms;   /* agents' heartbeat period (parked heartbeat wait) */
-    int64_t stop_grace_ms;  /* SIGTERM -> SIGKILL grace agents use to stop workers */
-    int64_t max_msg;        /* RPC frame cap in bytes */
-    int64_t rpc_contexts;   /* concurrent / parked RPC calls */
+    const char *token;         /* cluster token, NULL = none (loopback only) */
+    int64_t lease_ms;          /* host lease; expires without heartbeats */
+    int64_t heartbeat_ms;      /* agents' heartbeat period (parked heartbeat wait) */
+    int64_t stop_grace_ms;     /* SIGTERM -> SIGKILL grace agents use to stop workers */
+    int64_t max_msg;           /* RPC frame cap in bytes */
+    int64_t rpc_contexts;      /* concurrent / parked RPC calls */
     const char *dashboard_dir; /* static files served at "/", NULL = none */
 };
 

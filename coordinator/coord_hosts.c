@@ -382,15 +382,14 @@ void coord_rpc_agent_report(struct coord *c, struct rpc_call *call)
         if (!j || l->rank < 0 || l->rank >= j->nranks || j->ranks[l->rank].host != h)
             continue; /* only a rank's own host may speak for it */
         size_t len = l->text.len > 65536 ? 65536 : l->text.len;
-        out[nout] = (struct store_output){.job_id = j->id,
-                                          .seq = ++j->out_seq,
-                                          .rank = l->rank,
-                                          .stream = l->stream == KOLO__OUTPUT_STREAM__OUTPUT_STDERR
-                                                        ? 2
-                                                        : 1,
-                                          .text = (const char *)l->text.data,
-                                          .text_len = len,
-                                          .ts_ms = l->ts_ms ? l->ts_ms : now_wall_ms()};
+        out[nout] =
+            (struct store_output){.job_id = j->id,
+                                  .seq = ++j->out_seq,
+                                  .rank = l->rank,
+                                  .stream = l->stream == KOLO__OUTPUT_STREAM__OUTPUT_STDERR ? 2 : 1,
+                                  .text = (const char *)l->text.data,
+                                  .text_len = len,
+                                  .ts_ms = l->ts_ms ? l->ts_ms : now_wall_ms()};
         nout++;
         size_t k;
         for (k = 0; k < ntouched && touched[k] != j; k++)

@@ -304,19 +304,23 @@ static void render_metrics(struct coord *c, struct buf *b)
     struct rpc_server_stats st;
     rpc_server_get_stats(c->rpc, &st);
 
-    buf_printf(b, "# HELP kolo_build_info Build information; the value is always 1.\n"
-                  "# TYPE kolo_build_info gauge\n"
-                  "kolo_build_info{version=\"%s\",protocol=\"%d\"} 1\n",
+    buf_printf(b,
+               "# HELP kolo_build_info Build information; the value is always 1.\n"
+               "# TYPE kolo_build_info gauge\n"
+               "kolo_build_info{version=\"%s\",protocol=\"%d\"} 1\n",
                KOLO_VERSION, KOLO_PROTO_VERSION);
-    buf_printf(b, "# HELP kolo_uptime_seconds Seconds since this coordinator started.\n"
-                  "# TYPE kolo_uptime_seconds gauge\nkolo_uptime_seconds %.3f\n",
+    buf_printf(b,
+               "# HELP kolo_uptime_seconds Seconds since this coordinator started.\n"
+               "# TYPE kolo_uptime_seconds gauge\nkolo_uptime_seconds %.3f\n",
                (double)(now_wall_ms() - c->started_ms) / 1000.0);
-    buf_printf(b, "# HELP kolo_hosts Hosts known to the coordinator, by state.\n"
-                  "# TYPE kolo_hosts gauge\nkolo_hosts{state=\"alive\"} %d\n"
-                  "kolo_hosts{state=\"lost\"} %d\n",
+    buf_printf(b,
+               "# HELP kolo_hosts Hosts known to the coordinator, by state.\n"
+               "# TYPE kolo_hosts gauge\nkolo_hosts{state=\"alive\"} %d\n"
+               "kolo_hosts{state=\"lost\"} %d\n",
                hosts[HOST_ALIVE], hosts[HOST_LOST]);
-    buf_printf(b, "# HELP kolo_slots Worker slots on live hosts.\n# TYPE kolo_slots gauge\n"
-                  "kolo_slots{state=\"total\"} %lld\nkolo_slots{state=\"used\"} %lld\n",
+    buf_printf(b,
+               "# HELP kolo_slots Worker slots on live hosts.\n# TYPE kolo_slots gauge\n"
+               "kolo_slots{state=\"total\"} %lld\nkolo_slots{state=\"used\"} %lld\n",
                (long long)slots_total, (long long)slots_used);
     buf_puts(b, "# HELP kolo_jobs Jobs by state.\n# TYPE kolo_jobs gauge\n");
     for (int s = 0; s < 5; s++)
@@ -371,18 +375,17 @@ static void render_metrics(struct coord *c, struct buf *b)
                "# HELP kolo_store_errors_total SQLite operations that failed.\n"
                "# TYPE kolo_store_errors_total counter\nkolo_store_errors_total %llu\n",
                (unsigned long long)c->m.heartbeats_rejected,
-               (unsigned long long)c->m.leases_expired,
-               (unsigned long long)c->m.reports_duplicate, (unsigned long long)c->m.output_lines,
-               (unsigned long long)c->m.store_errors);
-    buf_printf(b,
-               "# HELP kolo_http_requests_total HTTP requests, by response class.\n"
-               "# TYPE kolo_http_requests_total counter\n"
-               "kolo_http_requests_total{class=\"2xx\"} %llu\n"
-               "kolo_http_requests_total{class=\"4xx\"} %llu\n"
-               "kolo_http_requests_total{class=\"5xx\"} %llu\n",
-               (unsigned long long)(c->m.http_requests - c->m.http_errors_4xx -
-                                    c->m.http_errors_5xx),
-               (unsigned long long)c->m.http_errors_4xx, (unsigned long long)c->m.http_errors_5xx);
+               (unsigned long long)c->m.leases_expired, (unsigned long long)c->m.reports_duplicate,
+               (unsigned long long)c->m.output_lines, (unsigned long long)c->m.store_errors);
+    buf_printf(
+        b,
+        "# HELP kolo_http_requests_total HTTP requests, by response class.\n"
+        "# TYPE kolo_http_requests_total counter\n"
+        "kolo_http_requests_total{class=\"2xx\"} %llu\n"
+        "kolo_http_requests_total{class=\"4xx\"} %llu\n"
+        "kolo_http_requests_total{class=\"5xx\"} %llu\n",
+        (unsigned long long)(c->m.http_requests - c->m.http_errors_4xx - c->m.http_errors_5xx),
+        (unsigned long long)c->m.http_errors_4xx, (unsigned long long)c->m.http_errors_5xx);
 }
 
 /* ---------------------------------------------------------------- mutating routes */

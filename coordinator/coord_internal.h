@@ -28,7 +28,7 @@
 #include "store.h"
 
 #define COORD_CRON_MS 100
-#define COORD_MAX_NP 65536
+#define COORD_MAX_NP  65536
 
 enum host_state { HOST_ALIVE, HOST_LOST };
 enum job_state { JOB_PENDING, JOB_RUNNING, JOB_SUCCEEDED, JOB_FAILED, JOB_STOPPED };
@@ -47,23 +47,23 @@ struct host {
     uint64_t mem_bytes;
     enum host_state state;
     int64_t order;
-    uint64_t registered_ms;    /* wall clock, first registration */
-    uint64_t last_seen_ms;     /* wall clock */
-    uint64_t lease_deadline;   /* monotonic */
+    uint64_t registered_ms;  /* wall clock, first registration */
+    uint64_t last_seen_ms;   /* wall clock */
+    uint64_t lease_deadline; /* monotonic */
     uint64_t last_seen_mono;
-    char session[40];          /* empty when no live session */
+    char session[40]; /* empty when no live session */
     char agent_instance[64];
     char superseded_instance[64]; /* instance replaced by a newer one */
     uint64_t superseded_mono;
     uint64_t last_batch_seq;
-    uint64_t desired_counter;  /* bumped when the host's worker set changes */
+    uint64_t desired_counter; /* bumped when the host's worker set changes */
     struct rpc_call *parked_hb;
-    uint64_t parked_deadline;  /* monotonic */
+    uint64_t parked_deadline; /* monotonic */
 };
 
 struct rank {
     int rank;
-    struct host *host;         /* NULL if the host is unknown (after reload) */
+    struct host *host; /* NULL if the host is unknown (after reload) */
     char host_id[64];
     int local_rank, local_size, cross_rank, cross_size;
     enum rank_state state;
@@ -77,7 +77,7 @@ struct waiter {
     struct rpc_call *call;
     uint64_t after_seq;
     uint32_t max_lines;
-    uint64_t deadline;         /* monotonic */
+    uint64_t deadline; /* monotonic */
 };
 
 struct job {
@@ -91,17 +91,17 @@ struct job {
     char **env;
     int nenv;
     char *cwd;
-    char *hosts;               /* -H spec, "" = any */
+    char *hosts; /* -H spec, "" = any */
     int exit_code;
-    char *reason;              /* why it is pending, or why it ended */
+    char *reason; /* why it is pending, or why it ended */
     uint64_t generation;
     uint32_t start_timeout_ms;
     uint64_t submitted_ms, started_ms, ended_ms;
     uint64_t pending_deadline; /* monotonic, 0 = none */
     struct rank *ranks;
     int nranks;
-    uint64_t out_seq;          /* last output sequence number assigned */
-    struct waiter *waiters;    /* parked StreamOutput calls */
+    uint64_t out_seq;       /* last output sequence number assigned */
+    struct waiter *waiters; /* parked StreamOutput calls */
 };
 
 enum work_kind { WORK_RPC, WORK_HTTP };
@@ -114,16 +114,16 @@ struct work {
 };
 
 /* RPC methods, for dispatch and per-method metrics. */
-#define COORD_METHODS(X)                                                                     \
-    X(AGENT_REGISTER, "AgentService.RegisterHost")                                               \
-    X(AGENT_HEARTBEAT, "AgentService.Heartbeat")                                             \
-    X(AGENT_REPORT, "AgentService.Report")                                                   \
-    X(ADMIN_SUBMIT, "AdminService.SubmitJob")                                                \
-    X(ADMIN_STOP, "AdminService.StopJob")                                                    \
-    X(ADMIN_GET_JOB, "AdminService.GetJob")                                                  \
-    X(ADMIN_LIST_JOBS, "AdminService.ListJobs")                                              \
-    X(ADMIN_LIST_HOSTS, "AdminService.ListHosts")                                            \
-    X(ADMIN_STREAM, "AdminService.StreamOutput")                                             \
+#define COORD_METHODS(X)                                                                           \
+    X(AGENT_REGISTER, "AgentService.RegisterHost")                                                 \
+    X(AGENT_HEARTBEAT, "AgentService.Heartbeat")                                                   \
+    X(AGENT_REPORT, "AgentService.Report")                                                         \
+    X(ADMIN_SUBMIT, "AdminService.SubmitJob")                                                      \
+    X(ADMIN_STOP, "AdminService.StopJob")                                                          \
+    X(ADMIN_GET_JOB, "AdminService.GetJob")                                                        \
+    X(ADMIN_LIST_JOBS, "AdminService.ListJobs")                                                    \
+    X(ADMIN_LIST_HOSTS, "AdminService.ListHosts")                                                  \
+    X(ADMIN_STREAM, "AdminService.StreamOutput")                                                   \
     X(UNKNOWN, "unknown")
 
 enum coord_method {
@@ -136,8 +136,8 @@ enum coord_method {
 struct coord_metrics {
     uint64_t rpc_requests[M_COUNT];
     uint64_t rpc_errors[M_COUNT];
-    uint64_t registrations[4];      /* new, reregister, restart, refused */
-    uint64_t heartbeats_rejected;   /* unknown or expired session */
+    uint64_t registrations[4];    /* new, reregister, restart, refused */
+    uint64_t heartbeats_rejected; /* unknown or expired session */
     uint64_t leases_expired;
     uint64_t reports_duplicate;
     uint64_t http_requests;
@@ -153,23 +153,23 @@ struct coord {
     char *listen, *http_addr, *db_path, *token, *dashboard_dir; /* owned copies */
     char rpc_url[256];
     char http_url[256];
-    char instance[17];             /* random per coordinator process */
+    char instance[17]; /* random per coordinator process */
     uint64_t started_ms;
 
     struct rpc_server *rpc;
     nng_http_server *http;
     pthread_t thread;
 
-    pthread_mutex_t mtx;           /* guards the queue and the flags below */
+    pthread_mutex_t mtx; /* guards the queue and the flags below */
     pthread_cond_t cond;
     struct work *queue_head, *queue_tail;
     bool stopping;
-    bool draining;                 /* set by the main thread: answer new work at once */
+    bool draining; /* set by the main thread: answer new work at once */
 
     /* ---- main thread only ---- */
     struct store *store;
-    struct host *hosts;            /* by order */
-    struct job *jobs;              /* by id, ascending */
+    struct host *hosts; /* by order */
+    struct job *jobs;   /* by id, ascending */
     struct coord_metrics m;
     uint64_t last_cron;
 };

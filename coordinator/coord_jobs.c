@@ -27,8 +27,8 @@
 #include "util.h"
 
 #define OUTPUT_DEFAULT_LINES 1000
-#define OUTPUT_MAX_LINES 10000
-#define STREAM_MAX_WAIT_MS 30000
+#define OUTPUT_MAX_LINES     10000
+#define STREAM_MAX_WAIT_MS   30000
 
 static const char *job_state_names[] = {"pending", "running", "succeeded", "failed", "stopped"};
 static const char *rank_state_names[] = {"assigned", "running", "exited", "lost"};
@@ -253,8 +253,8 @@ static int load_job_cb(const struct store_job *sj, void *arg)
             j->ranks[r].state = RANK_LOST;
         store_ranks_each(c->store, j->id, j->generation, load_rank_cb, j);
         for (int r = 0; r < j->nranks; r++)
-            j->ranks[r].host = j->ranks[r].host_id[0] ? coord_host_find(c, j->ranks[r].host_id)
-                                                      : NULL;
+            j->ranks[r].host =
+                j->ranks[r].host_id[0] ? coord_host_find(c, j->ranks[r].host_id) : NULL;
     }
     store_output_max_seq(c->store, j->id, &j->out_seq);
     job_append(c, j);
@@ -293,12 +293,12 @@ static void job_finish(struct coord *c, struct job *j, enum job_state state, int
     j->pending_deadline = 0;
     job_set_reason(j, reason);
     job_persist(c, j);
-    coord_event(c, j->id, NULL, state == JOB_SUCCEEDED ? "job.succeeded"
-                                : state == JOB_STOPPED ? "job.stopped"
-                                                       : "job.failed",
-                "job %llu %s (exit code %d)%s%s", (unsigned long long)j->id,
-                job_state_names[state], exit_code, reason && reason[0] ? ": " : "",
-                reason ? reason : "");
+    coord_event(c, j->id, NULL,
+                state == JOB_SUCCEEDED ? "job.succeeded"
+                : state == JOB_STOPPED ? "job.stopped"
+                                       : "job.failed",
+                "job %llu %s (exit code %d)%s%s", (unsigned long long)j->id, job_state_names[state],
+                exit_code, reason && reason[0] ? ": " : "", reason ? reason : "");
     /* The job's ranks leave the desired sets: agents stop what still runs. */
     job_hosts_wake(c, j);
     job_wake_waiters(c, j);
@@ -369,8 +369,7 @@ int coord_job_submit(struct coord *c, char **argv, int argc, char **env, int nen
     }
     job_append(c, j);
     coord_event(c, j->id, NULL, "job.submitted", "job %llu submitted: np %d, %s%s%s",
-                (unsigned long long)j->id, np, j->name, j->hosts[0] ? ", hosts " : "",
-                j->hosts);
+                (unsigned long long)j->id, np, j->name, j->hosts[0] ? ", hosts " : "", j->hosts);
     *job_id = j->id;
     coord_jobs_place_pending(c);
     return 0;
@@ -550,8 +549,8 @@ void coord_job_worker_event(struct coord *c, struct host *h, uint64_t job_id, ui
     }
     struct rank *r = &j->ranks[rank];
     if (r->host != h) {
-        LOGW("coord", "host %s reported rank %d of job %llu, which is not its rank", h->name,
-             rank, (unsigned long long)job_id);
+        LOGW("coord", "host %s reported rank %d of job %llu, which is not its rank", h->name, rank,
+             (unsigned long long)job_id);
         return;
     }
     switch (kind) {
@@ -581,8 +580,8 @@ void coord_job_worker_event(struct coord *c, struct host *h, uint64_t job_id, ui
     if (j->state == JOB_RUNNING && code != 0) {
         char why[256];
         if (term_signal)
-            snprintf(why, sizeof(why), "rank %d on host %s was killed by signal %d", rank,
-                     h->name, term_signal);
+            snprintf(why, sizeof(why), "rank %d on host %s was killed by signal %d", rank, h->name,
+                     term_signal);
         else
             snprintf(why, sizeof(why), "rank %d on host %s exited with code %d", rank, h->name,
                      exit_code);
@@ -675,8 +674,8 @@ static int collect_line(const struct store_output *o, void *arg)
     kolo__output_line__init(l);
     l->job_id = o->job_id;
     l->rank = o->rank;
-    l->stream = o->stream == 2 ? KOLO__OUTPUT_STREAM__OUTPUT_STDERR
-                               : KOLO__OUTPUT_STREAM__OUTPUT_STDOUT;
+    l->stream =
+        o->stream == 2 ? KOLO__OUTPUT_STREAM__OUTPUT_STDERR : KOLO__OUTPUT_STREAM__OUTPUT_STDOUT;
     l->text.data = malloc(o->text_len ? o->text_len : 1);
     if (!l->text.data)
         return 1;
@@ -695,8 +694,8 @@ static bool job_done(const struct job *j)
 }
 
 /* Answers a stream request if there is something to say; false = park. */
-static bool stream_answer(struct coord *c, struct job *j, struct rpc_call *call,
-                          uint64_t after_seq, uint32_t max_lines, bool force)
+static bool stream_answer(struct coord *c, struct job *j, struct rpc_call *call, uint64_t after_seq,
+                          uint32_t max_lines, bool force)
 {
     bool done = job_done(j);
     if (!force && !done && after_seq >= j->out_seq)

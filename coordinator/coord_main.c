@@ -54,8 +54,8 @@ int cmd_coordinator(int argc, char **argv)
         return 0;
     }
     if (rv != KNOBS_OK || rest < argc) {
-        fprintf(stderr, "kolo coordinator: %s\n%s\n",
-                rv != KNOBS_OK ? err : "unexpected argument", usage);
+        fprintf(stderr, "kolo coordinator: %s\n%s\n", rv != KNOBS_OK ? err : "unexpected argument",
+                usage);
         knobs_free(tab, n);
         return 2;
     }

@@ -29,7 +29,7 @@ struct place_spec_entry {
 
 struct place_rank {
     int rank;
-    int host;             /* index into the hosts array */
+    int host; /* index into the hosts array */
     int local_rank, local_size;
     int cross_rank, cross_size;
 };

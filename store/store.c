@@ -168,83 +168,83 @@ _Static_assert(sizeof migrations / sizeof migrations[0] == STORE_SCHEMA_VERSION,
 
 /* -------------------------------------------------------------- statements */
 
-#define HOST_COLUMNS                                                                       \
-    "id, name, hostname, addr, slots, cpus, gpus, gpu_names, mem_bytes, state, "           \
+#define HOST_COLUMNS                                                                               \
+    "id, name, hostname, addr, slots, cpus, gpus, gpu_names, mem_bytes, state, "                   \
     "registered_ms, last_seen_ms, agent_instance, reg_order"
-#define JOB_COLUMNS                                                                        \
-    "id, name, state, np, argv_json, env_json, cwd, hosts, exit_code, reason, generation, " \
+#define JOB_COLUMNS                                                                                \
+    "id, name, state, np, argv_json, env_json, cwd, hosts, exit_code, reason, generation, "        \
     "start_timeout_ms, submitted_ms, started_ms, ended_ms"
-#define RANK_COLUMNS                                                                       \
-    "job_id, generation, rank, host_id, local_rank, local_size, cross_rank, cross_size, "  \
+#define RANK_COLUMNS                                                                               \
+    "job_id, generation, rank, host_id, local_rank, local_size, cross_rank, cross_size, "          \
     "state, exit_code, term_signal, pid"
-#define EVENT_COLUMNS "id, ts_ms, job_id, host_id, kind, message"
+#define EVENT_COLUMNS  "id, ts_ms, job_id, host_id, kind, message"
 #define OUTPUT_COLUMNS "job_id, seq, rank, stream, text, ts_ms"
 
 /* Placeholders are positional and bound in the order they appear. */
-#define STORE_STATEMENTS(X)                                                                \
-    X(BEGIN, "BEGIN IMMEDIATE")                                                            \
-    X(COMMIT, "COMMIT")                                                                    \
-    X(ROLLBACK, "ROLLBACK")                                                                \
-    X(SAVEPOINT, "SAVEPOINT store_nested")                                                 \
-    X(RELEASE, "RELEASE store_nested")                                                     \
-    X(ROLLBACK_TO, "ROLLBACK TO store_nested")                                             \
-    X(USER_VERSION, "PRAGMA user_version")                                                 \
-    X(META_GET, "SELECT value FROM meta WHERE key = ?")                                    \
-    X(META_PUT, "INSERT INTO meta(key, value) VALUES (?, ?) "                              \
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value")                   \
-    X(HOST_PUT, "INSERT INTO hosts(" HOST_COLUMNS ") "                                     \
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "                             \
-                "        (SELECT IFNULL(MAX(reg_order), 0) + 1 FROM hosts)) "              \
-                "ON CONFLICT(id) DO UPDATE SET name = excluded.name, "                     \
-                "hostname = excluded.hostname, addr = excluded.addr, "                     \
-                "slots = excluded.slots, cpus = excluded.cpus, gpus = excluded.gpus, "     \
-                "gpu_names = excluded.gpu_names, mem_bytes = excluded.mem_bytes, "         \
-                "state = excluded.state, last_seen_ms = excluded.last_seen_ms, "               \
-                "agent_instance = excluded.agent_instance")            \
-    X(HOST_SET_STATE, "UPDATE hosts SET state = ?, last_seen_ms = ? WHERE id = ?")         \
-    X(HOSTS_EACH, "SELECT " HOST_COLUMNS " FROM hosts ORDER BY reg_order")                 \
-    X(JOB_INSERT, "INSERT INTO jobs(name, state, np, argv_json, env_json, cwd, hosts, "    \
-                  "exit_code, reason, generation, start_timeout_ms, submitted_ms, "        \
-                  "started_ms, ended_ms) "                                                 \
-                  "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")                     \
-    X(JOB_UPDATE, "UPDATE jobs SET state = ?, np = ?, hosts = ?, exit_code = ?, "          \
-                  "reason = ?, generation = ?, start_timeout_ms = ?, started_ms = ?, "     \
-                  "ended_ms = ? WHERE id = ?")                                             \
-    X(JOBS_EACH, "SELECT " JOB_COLUMNS " FROM jobs ORDER BY id")                           \
-    X(GENERATION_ADD, "INSERT INTO generations(job_id, generation, cause, size, ts_ms) "   \
-                      "VALUES (?, ?, ?, ?, ?)")                                            \
-    X(RANK_PUT, "INSERT INTO ranks(" RANK_COLUMNS ") "                                     \
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "                             \
-                "ON CONFLICT(job_id, generation, rank) DO UPDATE SET "                     \
-                "host_id = excluded.host_id, local_rank = excluded.local_rank, "           \
-                "local_size = excluded.local_size, cross_rank = excluded.cross_rank, "     \
-                "cross_size = excluded.cross_size, state = excluded.state, "               \
-                "exit_code = excluded.exit_code, term_signal = excluded.term_signal, "     \
-                "pid = excluded.pid")                                                      \
-    X(RANK_UPDATE, "UPDATE ranks SET state = ?, exit_code = ?, term_signal = ?, pid = ? "  \
-                   "WHERE job_id = ? AND generation = ? AND rank = ?")                     \
-    X(RANKS_EACH, "SELECT " RANK_COLUMNS " FROM ranks "                                    \
-                  "WHERE job_id = ? AND generation = ? ORDER BY rank")                     \
-    X(EVENT_ADD, "INSERT INTO events(ts_ms, job_id, host_id, kind, message) "              \
-                 "VALUES (?, ?, ?, ?, ?)")                                                 \
-    X(EVENTS_AFTER, "SELECT " EVENT_COLUMNS " FROM events "                                \
-                    "WHERE id > ? ORDER BY id LIMIT ?")                                    \
-    X(EVENTS_AFTER_JOB, "SELECT " EVENT_COLUMNS " FROM events "                            \
-                        "WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?")                 \
-    X(EVENTS_TAIL, "SELECT * FROM (SELECT " EVENT_COLUMNS " FROM events "                  \
-                   "ORDER BY id DESC LIMIT ?) ORDER BY id")                                \
-    X(EVENTS_TAIL_JOB, "SELECT * FROM (SELECT " EVENT_COLUMNS " FROM events "              \
-                       "WHERE job_id = ? ORDER BY id DESC LIMIT ?) ORDER BY id")           \
-    X(OUTPUT_APPEND, "INSERT INTO output(" OUTPUT_COLUMNS ") VALUES (?, ?, ?, ?, ?, ?)")   \
-    X(OUTPUT_EACH, "SELECT " OUTPUT_COLUMNS " FROM output "                                \
-                   "WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?")                    \
+#define STORE_STATEMENTS(X)                                                                        \
+    X(BEGIN, "BEGIN IMMEDIATE")                                                                    \
+    X(COMMIT, "COMMIT")                                                                            \
+    X(ROLLBACK, "ROLLBACK")                                                                        \
+    X(SAVEPOINT, "SAVEPOINT store_nested")                                                         \
+    X(RELEASE, "RELEASE store_nested")                                                             \
+    X(ROLLBACK_TO, "ROLLBACK TO store_nested")                                                     \
+    X(USER_VERSION, "PRAGMA user_version")                                                         \
+    X(META_GET, "SELECT value FROM meta WHERE key = ?")                                            \
+    X(META_PUT, "INSERT INTO meta(key, value) VALUES (?, ?) "                                      \
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value")                           \
+    X(HOST_PUT, "INSERT INTO hosts(" HOST_COLUMNS ") "                                             \
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "                                  \
+                "        (SELECT IFNULL(MAX(reg_order), 0) + 1 FROM hosts)) "                      \
+                "ON CONFLICT(id) DO UPDATE SET name = excluded.name, "                             \
+                "hostname = excluded.hostname, addr = excluded.addr, "                             \
+                "slots = excluded.slots, cpus = excluded.cpus, gpus = excluded.gpus, "             \
+                "gpu_names = excluded.gpu_names, mem_bytes = excluded.mem_bytes, "                 \
+                "state = excluded.state, last_seen_ms = excluded.last_seen_ms, "                   \
+                "agent_instance = excluded.agent_instance")                                        \
+    X(HOST_SET_STATE, "UPDATE hosts SET state = ?, last_seen_ms = ? WHERE id = ?")                 \
+    X(HOSTS_EACH, "SELECT " HOST_COLUMNS " FROM hosts ORDER BY reg_order")                         \
+    X(JOB_INSERT, "INSERT INTO jobs(name, state, np, argv_json, env_json, cwd, hosts, "            \
+                  "exit_code, reason, generation, start_timeout_ms, submitted_ms, "                \
+                  "started_ms, ended_ms) "                                                         \
+                  "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")                             \
+    X(JOB_UPDATE, "UPDATE jobs SET state = ?, np = ?, hosts = ?, exit_code = ?, "                  \
+                  "reason = ?, generation = ?, start_timeout_ms = ?, started_ms = ?, "             \
+                  "ended_ms = ? WHERE id = ?")                                                     \
+    X(JOBS_EACH, "SELECT " JOB_COLUMNS " FROM jobs ORDER BY id")                                   \
+    X(GENERATION_ADD, "INSERT INTO generations(job_id, generation, cause, size, ts_ms) "           \
+                      "VALUES (?, ?, ?, ?, ?)")                                                    \
+    X(RANK_PUT, "INSERT INTO ranks(" RANK_COLUMNS ") "                                             \
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "                                     \
+                "ON CONFLICT(job_id, generation, rank) DO UPDATE SET "                             \
+                "host_id = excluded.host_id, local_rank = excluded.local_rank, "                   \
+                "local_size = excluded.local_size, cross_rank = excluded.cross_rank, "             \
+                "cross_size = excluded.cross_size, state = excluded.state, "                       \
+                "exit_code = excluded.exit_code, term_signal = excluded.term_signal, "             \
+                "pid = excluded.pid")                                                              \
+    X(RANK_UPDATE, "UPDATE ranks SET state = ?, exit_code = ?, term_signal = ?, pid = ? "          \
+                   "WHERE job_id = ? AND generation = ? AND rank = ?")                             \
+    X(RANKS_EACH, "SELECT " RANK_COLUMNS " FROM ranks "                                            \
+                  "WHERE job_id = ? AND generation = ? ORDER BY rank")                             \
+    X(EVENT_ADD, "INSERT INTO events(ts_ms, job_id, host_id, kind, message) "                      \
+                 "VALUES (?, ?, ?, ?, ?)")                                                         \
+    X(EVENTS_AFTER, "SELECT " EVENT_COLUMNS " FROM events "                                        \
+                    "WHERE id > ? ORDER BY id LIMIT ?")                                            \
+    X(EVENTS_AFTER_JOB, "SELECT " EVENT_COLUMNS " FROM events "                                    \
+                        "WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?")                         \
+    X(EVENTS_TAIL, "SELECT * FROM (SELECT " EVENT_COLUMNS " FROM events "                          \
+                   "ORDER BY id DESC LIMIT ?) ORDER BY id")                                        \
+    X(EVENTS_TAIL_JOB, "SELECT * FROM (SELECT " EVENT_COLUMNS " FROM events "                      \
+                       "WHERE job_id = ? ORDER BY id DESC LIMIT ?) ORDER BY id")                   \
+    X(OUTPUT_APPEND, "INSERT INTO output(" OUTPUT_COLUMNS ") VALUES (?, ?, ?, ?, ?, ?)")           \
+    X(OUTPUT_EACH, "SELECT " OUTPUT_COLUMNS " FROM output "                                        \
+                   "WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?")                            \
     X(OUTPUT_MAX_SEQ, "SELECT IFNULL(MAX(seq), 0) FROM output WHERE job_id = ?")
 
 enum stmt_id {
 #define STMT_ENUM(name, sql) STMT_##name,
     STORE_STATEMENTS(STMT_ENUM)
 #undef STMT_ENUM
-    STMT_COUNT
+        STMT_COUNT
 };
 
 static const char *const stmt_sql[STMT_COUNT] = {
@@ -433,8 +433,7 @@ static int step_write(struct store *st, enum stmt_id id, sqlite3_stmt *s, const 
 }
 
 /* bind_failed releases s after a failed bind and reports it. */
-static int bind_failed(struct store *st, enum stmt_id id, sqlite3_stmt *s, int rc,
-                       const char *what)
+static int bind_failed(struct store *st, enum stmt_id id, sqlite3_stmt *s, int rc, const char *what)
 {
     int err = store_fail(st, rc, what);
     stmt_done(st, id, s);
@@ -593,8 +592,7 @@ int store_open(struct store **stp, const char *path, char *err, size_t errlen)
     int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
     int rc = sqlite3_open_v2(path, &st->db, flags, NULL);
     if (rc != SQLITE_OK) {
-        snprintf(err, errlen, "%s: %s", path,
-                 st->db ? sqlite3_errmsg(st->db) : sqlite3_errstr(rc));
+        snprintf(err, errlen, "%s: %s", path, st->db ? sqlite3_errmsg(st->db) : sqlite3_errstr(rc));
         store_close(st);
         return KOLO_ESTORE;
     }
@@ -751,8 +749,7 @@ int store_rollback(struct store *st)
 int store_meta_get(struct store *st, const char *key, char *value, size_t size)
 {
     if (!st || !key || !value || size == 0)
-        return st ? store_reject(st, KOLO_EINVAL, "store_meta_get: invalid argument")
-                  : KOLO_EINVAL;
+        return st ? store_reject(st, KOLO_EINVAL, "store_meta_get: invalid argument") : KOLO_EINVAL;
     sqlite3_stmt *s;
     int err = stmt_data_get(st, STMT_META_GET, &s);
     if (err)
@@ -784,8 +781,7 @@ int store_meta_get(struct store *st, const char *key, char *value, size_t size)
 int store_meta_put(struct store *st, const char *key, const char *value)
 {
     if (!st || !key || !value)
-        return st ? store_reject(st, KOLO_EINVAL, "store_meta_put: invalid argument")
-                  : KOLO_EINVAL;
+        return st ? store_reject(st, KOLO_EINVAL, "store_meta_put: invalid argument") : KOLO_EINVAL;
     sqlite3_stmt *s;
     int err = stmt_data_get(st, STMT_META_PUT, &s);
     if (err)
@@ -1066,7 +1062,8 @@ int store_ranks_put(struct store *st, const struct store_rank *ranks, size_t n)
 int store_rank_update(struct store *st, const struct store_rank *r)
 {
     if (!st || !r || r->job_id == 0 || !r->state)
-        return st ? store_reject(st, KOLO_EINVAL, "store_rank_update: job_id and state are required")
+        return st ? store_reject(st, KOLO_EINVAL,
+                                 "store_rank_update: job_id and state are required")
                   : KOLO_EINVAL;
     sqlite3_stmt *s;
     int err = stmt_data_get(st, STMT_RANK_UPDATE, &s);

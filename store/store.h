@@ -30,8 +30,8 @@
 struct store;
 
 struct store_host {
-    const char *id;       /* stable host id chosen by the agent */
-    const char *name;     /* name in host lists */
+    const char *id;   /* stable host id chosen by the agent */
+    const char *name; /* name in host lists */
     const char *hostname;
     const char *addr;
     int slots;
@@ -39,22 +39,22 @@ struct store_host {
     int gpus;
     const char *gpu_names; /* JSON array text, may be NULL */
     uint64_t mem_bytes;
-    const char *state;     /* "alive", "lost" */
+    const char *state; /* "alive", "lost" */
     uint64_t registered_ms;
     uint64_t last_seen_ms;
-    int64_t order;         /* first-registration order; assigned by the store on insert */
+    int64_t order;              /* first-registration order; assigned by the store on insert */
     const char *agent_instance; /* random per agent process; tells restarts apart */
 };
 
 struct store_job {
-    uint64_t id;           /* assigned by store_job_insert */
+    uint64_t id; /* assigned by store_job_insert */
     const char *name;
-    const char *state;     /* pending, running, succeeded, failed, stopped */
+    const char *state; /* pending, running, succeeded, failed, stopped */
     int np;
     const char *argv_json; /* JSON array of strings */
     const char *env_json;  /* JSON array of "K=V" strings */
     const char *cwd;
-    const char *hosts;     /* "h:2,h2:2" or "" */
+    const char *hosts; /* "h:2,h2:2" or "" */
     int exit_code;
     const char *reason;
     uint64_t generation;
@@ -70,26 +70,26 @@ struct store_rank {
     int rank;
     const char *host_id;
     int local_rank, local_size, cross_rank, cross_size;
-    const char *state;     /* assigned, running, exited, lost */
+    const char *state; /* assigned, running, exited, lost */
     int exit_code;
     int term_signal;
     int pid;
 };
 
 struct store_event {
-    int64_t id;            /* assigned on insert */
+    int64_t id; /* assigned on insert */
     uint64_t ts_ms;
-    uint64_t job_id;       /* 0: none */
-    const char *host_id;   /* NULL: none */
-    const char *kind;      /* "host.registered", "host.lost", "job.failed", ... */
+    uint64_t job_id;     /* 0: none */
+    const char *host_id; /* NULL: none */
+    const char *kind;    /* "host.registered", "host.lost", "job.failed", ... */
     const char *message;
 };
 
 struct store_output {
     uint64_t job_id;
-    uint64_t seq;          /* per job, assigned by the caller, increasing */
+    uint64_t seq; /* per job, assigned by the caller, increasing */
     int rank;
-    int stream;            /* 1 stdout, 2 stderr */
+    int stream; /* 1 stdout, 2 stderr */
     const char *text;
     size_t text_len;
     uint64_t ts_ms;

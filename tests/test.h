@@ -11,50 +11,50 @@
 
 static int test_failures;
 
-#define CHECK(cond)                                                                    \
-    do {                                                                               \
-        if (!(cond)) {                                                                 \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);   \
-            test_failures++;                                                           \
-        }                                                                              \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
+            test_failures++;                                                                       \
+        }                                                                                          \
     } while (0)
 
-#define REQUIRE(cond)                                                                  \
-    do {                                                                               \
-        if (!(cond)) {                                                                 \
-            fprintf(stderr, "%s:%d: REQUIRE failed: %s\n", __FILE__, __LINE__, #cond); \
-            exit(1);                                                                   \
-        }                                                                              \
+#define REQUIRE(cond)                                                                              \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: REQUIRE failed: %s\n", __FILE__, __LINE__, #cond);             \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
-#define CHECK_EQ_INT(a, b)                                                             \
-    do {                                                                               \
-        long long va_ = (long long)(a), vb_ = (long long)(b);                          \
-        if (va_ != vb_) {                                                              \
-            fprintf(stderr, "%s:%d: CHECK_EQ_INT failed: %s == %lld, %s == %lld\n",    \
-                    __FILE__, __LINE__, #a, va_, #b, vb_);                             \
-            test_failures++;                                                           \
-        }                                                                              \
+#define CHECK_EQ_INT(a, b)                                                                         \
+    do {                                                                                           \
+        long long va_ = (long long)(a), vb_ = (long long)(b);                                      \
+        if (va_ != vb_) {                                                                          \
+            fprintf(stderr, "%s:%d: CHECK_EQ_INT failed: %s == %lld, %s == %lld\n", __FILE__,      \
+                    __LINE__, #a, va_, #b, vb_);                                                   \
+            test_failures++;                                                                       \
+        }                                                                                          \
     } while (0)
 
-#define CHECK_EQ_STR(a, b)                                                             \
-    do {                                                                               \
-        const char *sa_ = (a), *sb_ = (b);                                             \
-        if (!sa_ || !sb_ || strcmp(sa_, sb_) != 0) {                                   \
-            fprintf(stderr, "%s:%d: CHECK_EQ_STR failed: %s == \"%s\", %s == \"%s\"\n", \
-                    __FILE__, __LINE__, #a, sa_ ? sa_ : "(null)", #b, sb_ ? sb_ : "(null)"); \
-            test_failures++;                                                           \
-        }                                                                              \
+#define CHECK_EQ_STR(a, b)                                                                         \
+    do {                                                                                           \
+        const char *sa_ = (a), *sb_ = (b);                                                         \
+        if (!sa_ || !sb_ || strcmp(sa_, sb_) != 0) {                                               \
+            fprintf(stderr, "%s:%d: CHECK_EQ_STR failed: %s == \"%s\", %s == \"%s\"\n", __FILE__,  \
+                    __LINE__, #a, sa_ ? sa_ : "(null)", #b, sb_ ? sb_ : "(null)");                 \
+            test_failures++;                                                                       \
+        }                                                                                          \
     } while (0)
 
-#define TEST_DONE()                                                                    \
-    do {                                                                               \
-        if (test_failures) {                                                           \
-            fprintf(stderr, "%d check(s) failed\n", test_failures);                    \
-            return 1;                                                                  \
-        }                                                                              \
-        printf("ok\n");                                                                \
-        return 0;                                                                      \
+#define TEST_DONE()                                                                                \
+    do {                                                                                           \
+        if (test_failures) {                                                                       \
+            fprintf(stderr, "%d check(s) failed\n", test_failures);                                \
+            return 1;                                                                              \
+        }                                                                                          \
+        printf("ok\n");                                                                            \
+        return 0;                                                                                  \
     } while (0)
 
 #endif

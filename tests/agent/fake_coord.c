@@ -296,8 +296,7 @@ void fake_unlock(struct fake_coord *fc)
     pthread_mutex_unlock(&fc->mu);
 }
 
-const struct fake_event *fake_find_event(struct fake_coord *fc, int kind, uint64_t job_id,
-                                         int rank)
+const struct fake_event *fake_find_event(struct fake_coord *fc, int kind, uint64_t job_id, int rank)
 {
     for (size_t i = 0; i < fc->n_events; i++) {
         const struct fake_event *e = &fc->events[i];

@@ -112,13 +112,13 @@ Kolo__WorkerSpec *spec_sh(uint64_t job_id, uint64_t generation, int rank, int si
 void spec_free(Kolo__WorkerSpec *s);
 
 /* wait_until polls cond every 10 ms for at most ms; true when it held. */
-#define WAIT_UNTIL(cond, ms)                                                               \
-    ({                                                                                     \
-        uint64_t until_ = now_mono_ms() + (ms);                                            \
-        bool ok_;                                                                          \
-        while (!(ok_ = (cond)) && now_mono_ms() < until_)                                  \
-            usleep(10000);                                                                 \
-        ok_;                                                                               \
+#define WAIT_UNTIL(cond, ms)                                                                       \
+    ({                                                                                             \
+        uint64_t until_ = now_mono_ms() + (ms);                                                    \
+        bool ok_;                                                                                  \
+        while (!(ok_ = (cond)) && now_mono_ms() < until_)                                          \
+            usleep(10000);                                                                         \
+        ok_;                                                                                       \
     })
 
 #endif

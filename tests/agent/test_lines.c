@@ -41,10 +41,10 @@ static void test_splitter_basic(void)
     struct line_splitter ls;
     REQUIRE(line_splitter_init(&ls, 16, collect, &g) == 0);
     line_splitter_feed(&ls, "a\nbb\r\n", 6);
-    line_splitter_feed(&ls, "\n", 1);           /* an empty line */
-    line_splitter_feed(&ls, "par", 3);          /* split across reads */
+    line_splitter_feed(&ls, "\n", 1);  /* an empty line */
+    line_splitter_feed(&ls, "par", 3); /* split across reads */
     line_splitter_feed(&ls, "tial\nx\r", 7);
-    line_splitter_feed(&ls, "\ny", 2);          /* "\r\n" split across reads */
+    line_splitter_feed(&ls, "\ny", 2); /* "\r\n" split across reads */
     CHECK_EQ_INT(g.n, 5);
     CHECK_EQ_STR(g.lines[0], "a");
     CHECK_EQ_STR(g.lines[1], "bb");

@@ -25,7 +25,7 @@
 #include "util.h"
 
 #define STARTED KOLO__WORKER_EVENT_KIND__WORKER_STARTED
-#define EXITED KOLO__WORKER_EVENT_KIND__WORKER_EXITED
+#define EXITED  KOLO__WORKER_EVENT_KIND__WORKER_EXITED
 
 static const char *exec_path;
 
@@ -130,8 +130,8 @@ static void test_host_id(void)
     agent_stop(a);
     if (geteuid() != 0) {
         chmod(file, 0);
-        struct agent_config cfg = {.coordinator_url = fake_url(fc), .state_dir = dir1,
-                                   .exec_path = exec_path};
+        struct agent_config cfg = {
+            .coordinator_url = fake_url(fc), .state_dir = dir1, .exec_path = exec_path};
         char err[256];
         CHECK(agent_start(&a, &cfg, err, sizeof(err)) != 0);
         chmod(file, 0600);
@@ -179,8 +179,8 @@ static void test_stale_session(void)
     fake_lock(fc);
     fc->fail_reports = 3;
     fake_unlock(fc);
-    Kolo__WorkerSpec *talk = spec_sh(9, 1, 0, 1,
-                                     "i=0; while [ $i -lt 200 ]; do echo n$i; i=$((i+1)); done");
+    Kolo__WorkerSpec *talk =
+        spec_sh(9, 1, 0, 1, "i=0; while [ $i -lt 200 ]; do echo n$i; i=$((i+1)); done");
     Kolo__WorkerSpec *all[3] = {specs[0], specs[1], talk};
     fake_set_desired(fc, all, 3);
     CHECK(WAIT_UNTIL(fake_get_event(fc, EXITED, 9, 0, NULL), 10000));
@@ -297,8 +297,8 @@ static void test_unreachable(void)
     CHECK(took < 7000);
 
     /* A bad address is refused at once. */
-    struct agent_config cfg = {.coordinator_url = "nonsense://x", .state_dir = dir,
-                               .exec_path = exec_path};
+    struct agent_config cfg = {
+        .coordinator_url = "nonsense://x", .state_dir = dir, .exec_path = exec_path};
     char err[256];
     CHECK(agent_start(&a, &cfg, err, sizeof(err)) != 0);
     cfg.coordinator_url = NULL;

@@ -24,8 +24,8 @@
 #include "test.h"
 #include "util.h"
 
-#define STARTED KOLO__WORKER_EVENT_KIND__WORKER_STARTED
-#define EXITED KOLO__WORKER_EVENT_KIND__WORKER_EXITED
+#define STARTED      KOLO__WORKER_EVENT_KIND__WORKER_STARTED
+#define EXITED       KOLO__WORKER_EVENT_KIND__WORKER_EXITED
 #define SPAWN_FAILED KOLO__WORKER_EVENT_KIND__WORKER_SPAWN_FAILED
 
 static const char *exec_path;
@@ -90,8 +90,8 @@ static int lines_of(struct fake_coord *fc, uint64_t job, int rank, int stream, u
 }
 
 /* The text of the n-th line of (job, rank) on stream, copied; "" if none. */
-static void line_text(struct fake_coord *fc, uint64_t job, int rank, int stream, int nth,
-                      char *out, size_t n)
+static void line_text(struct fake_coord *fc, uint64_t job, int rank, int stream, int nth, char *out,
+                      size_t n)
 {
     out[0] = '\0';
     fake_lock(fc);

@@ -77,8 +77,7 @@ static void test_echo_and_identity(void)
     void *rep;
     size_t len;
     char err[256];
-    CHECK_EQ_INT(rpc_client_call(cli, "T.Echo", "hello", 5, &rep, &len, 2000, err, sizeof(err)),
-                 0);
+    CHECK_EQ_INT(rpc_client_call(cli, "T.Echo", "hello", 5, &rep, &len, 2000, err, sizeof(err)), 0);
     CHECK(len == 5 && memcmp(rep, "hello", 5) == 0);
     free(rep);
     /* empty body both ways */

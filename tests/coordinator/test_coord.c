@@ -17,7 +17,7 @@
 #include "util.h"
 
 #define LEASE_MS 1000
-#define HB_MS 200
+#define HB_MS    200
 
 static char dbpath[256];
 
@@ -288,13 +288,11 @@ static void test_launch_and_succeed(void)
     expect_job_state(admin, job, "running", -1);
     for (int r = 0; r < 4; r++) {
         struct fake_agent *x = r < 2 ? a : b;
-        CHECK_EQ_INT(agent_event(x, job, 1, r, KOLO__WORKER_EVENT_KIND__WORKER_STARTED, 0, 0,
-                                 NULL),
+        CHECK_EQ_INT(agent_event(x, job, 1, r, KOLO__WORKER_EVENT_KIND__WORKER_STARTED, 0, 0, NULL),
                      0);
     }
     /* a host cannot speak for another host's rank */
-    CHECK_EQ_INT(agent_event(a, job, 1, 3, KOLO__WORKER_EVENT_KIND__WORKER_EXITED, 9, 0,
-                             "forged"),
+    CHECK_EQ_INT(agent_event(a, job, 1, 3, KOLO__WORKER_EVENT_KIND__WORKER_EXITED, 9, 0, "forged"),
                  0);
     expect_job_state(admin, job, "running", -1);
     for (int r = 0; r < 4; r++) {
@@ -356,8 +354,7 @@ static void test_failure_stops_others(void)
     hb = agent_heartbeat(a, 0, &rv);
     protobuf_c_message_free_unpacked(&hb->base, NULL);
     for (int r = 0; r < 4; r++)
-        agent_event(r < 2 ? b : a, job, 1, r, KOLO__WORKER_EVENT_KIND__WORKER_STARTED, 0, 0,
-                    NULL);
+        agent_event(r < 2 ? b : a, job, 1, r, KOLO__WORKER_EVENT_KIND__WORKER_STARTED, 0, 0, NULL);
     agent_event(a, job, 1, 2, KOLO__WORKER_EVENT_KIND__WORKER_EXITED, 3, 0, NULL);
     expect_job_state(admin, job, "failed", 3);
     Kolo__JobInfo *j = get_job(admin, job);

@@ -216,15 +216,21 @@ static void test_writes(const char *db)
     done(&r);
 
     /* malformed bodies get 400 and say what is wrong */
-    const char *bad[] = {"{\"argv\":[\"true\"],\"np\":1",    "not json",
-                         "[1,2]",                             "{\"np\":1}",
-                         "{\"argv\":[],\"np\":1}",            "{\"argv\":[1],\"np\":1}",
-                         "{\"argv\":[\"x\"]}",                "{\"argv\":[\"x\"],\"np\":0}",
-                         "{\"argv\":[\"x\"],\"np\":1.5}",     "{\"argv\":[\"x\"],\"np\":\"2\"}",
+    const char *bad[] = {"{\"argv\":[\"true\"],\"np\":1",
+                         "not json",
+                         "[1,2]",
+                         "{\"np\":1}",
+                         "{\"argv\":[],\"np\":1}",
+                         "{\"argv\":[1],\"np\":1}",
+                         "{\"argv\":[\"x\"]}",
+                         "{\"argv\":[\"x\"],\"np\":0}",
+                         "{\"argv\":[\"x\"],\"np\":1.5}",
+                         "{\"argv\":[\"x\"],\"np\":\"2\"}",
                          "{\"argv\":[\"x\"],\"np\":1,\"env\":[1]}",
                          "{\"argv\":[\"x\"],\"np\":1,\"hosts\":\"a:0\"}",
                          "{\"argv\":[\"x\"],\"np\":3,\"hosts\":\"a:2\"}",
-                         "{\"argv\":[\"x\"],\"np\":1,\"cwd\":5}", ""};
+                         "{\"argv\":[\"x\"],\"np\":1,\"cwd\":5}",
+                         ""};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         r = req("POST", "/api/v1/jobs", good, bad[i]);
         if (r.status != 400)

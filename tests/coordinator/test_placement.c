@@ -28,8 +28,8 @@ static void test_parse(void)
 
 static void test_fill_host_by_host(void)
 {
-    struct place_host h[3] = {{"h0", "h0", "id0", 2, 1}, {"h1", "h1", "id1", 2, 1},
-                              {"h2", "h2", "id2", 4, 1}};
+    struct place_host h[3] = {
+        {"h0", "h0", "id0", 2, 1}, {"h1", "h1", "id1", 2, 1}, {"h2", "h2", "id2", 4, 1}};
     struct place_rank r[8];
     char err[256];
     CHECK_EQ_INT(place_ranks(h, 3, NULL, 0, 4, r, err, sizeof(err)), PLACE_OK);

@@ -143,10 +143,18 @@ static int stop_at_first_host(const struct store_host *h, void *arg)
 
 static void test_hosts(struct store *st)
 {
-    struct store_host h = {.id = "h-b", .name = "beta", .hostname = "beta.local",
-                           .addr = "10.0.0.2:7070", .slots = 2, .cpus = 8, .gpus = 1,
-                           .gpu_names = "[\"H100\"]", .mem_bytes = 64ull << 30,
-                           .state = "alive", .registered_ms = 1000, .last_seen_ms = 1000};
+    struct store_host h = {.id = "h-b",
+                           .name = "beta",
+                           .hostname = "beta.local",
+                           .addr = "10.0.0.2:7070",
+                           .slots = 2,
+                           .cpus = 8,
+                           .gpus = 1,
+                           .gpu_names = "[\"H100\"]",
+                           .mem_bytes = 64ull << 30,
+                           .state = "alive",
+                           .registered_ms = 1000,
+                           .last_seen_ms = 1000};
     CHECK_EQ_INT(store_host_put(st, &h), 0);
     h.id = "h-a";
     h.name = "alpha";
@@ -160,8 +168,13 @@ static void test_hosts(struct store *st)
 
     /* h-b reconnects: new name, later registration time, a bogus order. It
      * must keep its first place and its first registration time. */
-    struct store_host again = {.id = "h-b", .name = "beta2", .state = "alive", .slots = 4,
-                               .registered_ms = 9000, .last_seen_ms = 9000, .order = 77};
+    struct store_host again = {.id = "h-b",
+                               .name = "beta2",
+                               .state = "alive",
+                               .slots = 4,
+                               .registered_ms = 9000,
+                               .last_seen_ms = 9000,
+                               .order = 77};
     CHECK_EQ_INT(store_host_put(st, &again), 0);
 
     struct host_seen seen = {0};
@@ -227,9 +240,14 @@ static int collect_job(const struct store_job *j, void *arg)
 
 static void test_jobs(struct store *st, uint64_t *job1, uint64_t *job2)
 {
-    struct store_job j = {.name = "train", .state = "pending", .np = 4,
-                          .argv_json = "[\"python\",\"train.py\"]", .env_json = "[]",
-                          .cwd = "/w", .hosts = "", .submitted_ms = 100,
+    struct store_job j = {.name = "train",
+                          .state = "pending",
+                          .np = 4,
+                          .argv_json = "[\"python\",\"train.py\"]",
+                          .env_json = "[]",
+                          .cwd = "/w",
+                          .hosts = "",
+                          .submitted_ms = 100,
                           .start_timeout_ms = 30000};
     CHECK_EQ_INT(store_job_insert(st, &j), 0);
     CHECK(j.id > 0);
@@ -239,8 +257,13 @@ static void test_jobs(struct store *st, uint64_t *job1, uint64_t *job2)
     CHECK(j.id > *job1);
     *job2 = j.id;
 
-    struct store_job upd = {.id = *job1, .name = "ignored", .state = "running", .np = 4,
-                            .hosts = "h-a:2,h-b:2", .generation = 1, .started_ms = 200};
+    struct store_job upd = {.id = *job1,
+                            .name = "ignored",
+                            .state = "running",
+                            .np = 4,
+                            .hosts = "h-a:2,h-b:2",
+                            .generation = 1,
+                            .started_ms = 200};
     CHECK_EQ_INT(store_job_update(st, &upd), 0);
     upd.id = 9999;
     CHECK_EQ_INT(store_job_update(st, &upd), KOLO_ENOTFOUND);
@@ -308,18 +331,39 @@ static void test_generations_ranks(struct store *st, uint64_t job)
 
     /* Stored out of order, read back by rank. */
     struct store_rank rs[3] = {
-        {.job_id = job, .generation = 1, .rank = 2, .host_id = "h-c", .local_rank = 0,
-         .local_size = 1, .cross_rank = 2, .cross_size = 3, .state = "assigned"},
-        {.job_id = job, .generation = 1, .rank = 0, .host_id = "h-a", .local_rank = 0,
-         .local_size = 1, .cross_rank = 0, .cross_size = 3, .state = "assigned"},
-        {.job_id = job, .generation = 1, .rank = 1, .host_id = "h-b", .local_rank = 0,
-         .local_size = 1, .cross_rank = 1, .cross_size = 3, .state = "assigned"},
+        {.job_id = job,
+         .generation = 1,
+         .rank = 2,
+         .host_id = "h-c",
+         .local_rank = 0,
+         .local_size = 1,
+         .cross_rank = 2,
+         .cross_size = 3,
+         .state = "assigned"},
+        {.job_id = job,
+         .generation = 1,
+         .rank = 0,
+         .host_id = "h-a",
+         .local_rank = 0,
+         .local_size = 1,
+         .cross_rank = 0,
+         .cross_size = 3,
+         .state = "assigned"},
+        {.job_id = job,
+         .generation = 1,
+         .rank = 1,
+         .host_id = "h-b",
+         .local_rank = 0,
+         .local_size = 1,
+         .cross_rank = 1,
+         .cross_size = 3,
+         .state = "assigned"},
     };
     CHECK_EQ_INT(store_ranks_put(st, rs, 3), 0);
     CHECK_EQ_INT(store_ranks_put(st, rs, 0), 0);
 
-    struct store_rank upd = {.job_id = job, .generation = 1, .rank = 1, .state = "exited",
-                             .exit_code = 3, .pid = 4242};
+    struct store_rank upd = {
+        .job_id = job, .generation = 1, .rank = 1, .state = "exited", .exit_code = 3, .pid = 4242};
     CHECK_EQ_INT(store_rank_update(st, &upd), 0);
     upd.rank = 7;
     CHECK_EQ_INT(store_rank_update(st, &upd), KOLO_ENOTFOUND);
@@ -337,8 +381,7 @@ static void test_generations_ranks(struct store *st, uint64_t job)
     /* A batch with one bad rank (unknown host) stores none of its ranks. */
     struct store_rank batch[2] = {
         {.job_id = job, .generation = 2, .rank = 0, .host_id = "h-a", .state = "assigned"},
-        {.job_id = job, .generation = 2, .rank = 1, .host_id = "no-such-host",
-         .state = "assigned"},
+        {.job_id = job, .generation = 2, .rank = 1, .host_id = "no-such-host", .state = "assigned"},
     };
     CHECK_EQ_INT(store_ranks_put(st, batch, 2), KOLO_ENOTFOUND);
     memset(&seen, 0, sizeof seen);
@@ -396,8 +439,10 @@ static void test_events(struct store *st, uint64_t job1, uint64_t job2)
         char msg[32];
         snprintf(msg, sizeof msg, "event %d", i);
         uint64_t job = i % 2 == 0 ? job1 : i % 3 == 0 ? job2 : 0;
-        struct store_event ev = {.ts_ms = 1000 + (uint64_t)i, .job_id = job,
-                                 .host_id = i == 4 ? NULL : "h-a", .kind = "test",
+        struct store_event ev = {.ts_ms = 1000 + (uint64_t)i,
+                                 .job_id = job,
+                                 .host_id = i == 4 ? NULL : "h-a",
+                                 .kind = "test",
                                  .message = msg};
         CHECK_EQ_INT(store_event_add(st, &ev), 0);
         ids[i] = ev.id;
@@ -487,14 +532,17 @@ static void test_output(struct store *st, uint64_t job1, uint64_t job2)
     static const char binary[] = {'a', '\0', 'b', '\n', '\xff', '\0'};
     struct store_output lines[4] = {
         {.job_id = job1, .seq = 1, .rank = 0, .stream = 1, .text = "hello\n", .text_len = 6},
-        {.job_id = job1, .seq = 2, .rank = 1, .stream = 2, .text = binary,
+        {.job_id = job1,
+         .seq = 2,
+         .rank = 1,
+         .stream = 2,
+         .text = binary,
          .text_len = sizeof binary},
         {.job_id = job1, .seq = 3, .rank = 0, .stream = 1, .text = NULL, .text_len = 0},
         {.job_id = job1, .seq = 5, .rank = 0, .stream = 1, .text = "last", .text_len = 4},
     };
     CHECK_EQ_INT(store_output_append(st, lines, 4), 0);
-    struct store_output other = {.job_id = job2, .seq = 1, .stream = 1, .text = "x",
-                                 .text_len = 1};
+    struct store_output other = {.job_id = job2, .seq = 1, .stream = 1, .text = "x", .text_len = 1};
     CHECK_EQ_INT(store_output_append(st, &other, 1), 0);
 
     CHECK_EQ_INT(store_output_max_seq(st, job1, &max), 0);
@@ -529,8 +577,8 @@ static void test_output(struct store *st, uint64_t job1, uint64_t job2)
     CHECK_EQ_INT(store_output_max_seq(st, job1, &max), 0);
     CHECK_EQ_INT(max, 5);
 
-    struct store_output orphan = {.job_id = 424242, .seq = 1, .stream = 1, .text = "?",
-                                  .text_len = 1};
+    struct store_output orphan = {
+        .job_id = 424242, .seq = 1, .stream = 1, .text = "?", .text_len = 1};
     CHECK_EQ_INT(store_output_append(st, &orphan, 1), KOLO_ENOTFOUND);
     struct store_output bad = {.job_id = job1, .seq = 9, .text = NULL, .text_len = 3};
     CHECK_EQ_INT(store_output_append(st, &bad, 1), KOLO_EINVAL);
@@ -555,8 +603,7 @@ static void test_transactions(struct store *st, uint64_t job)
     CHECK_EQ_INT(store_meta_put(st, "outer", "1"), 0);
     CHECK_EQ_INT(store_begin(st), 0);
     CHECK_EQ_INT(store_meta_put(st, "inner", "1"), 0);
-    struct store_output line = {.job_id = job, .seq = 100, .stream = 1, .text = "t",
-                                .text_len = 1};
+    struct store_output line = {.job_id = job, .seq = 100, .stream = 1, .text = "t", .text_len = 1};
     CHECK_EQ_INT(store_output_append(st, &line, 1), 0);
     CHECK_EQ_INT(store_rollback(st), 0);
     CHECK_EQ_INT(store_begin(st), 0);
@@ -566,8 +613,7 @@ static void test_transactions(struct store *st, uint64_t job)
     CHECK_EQ_INT(store_commit(st), 0);
     CHECK_EQ_INT(store_commit(st), 0);
     /* A failing batch inside the transaction does not doom it. */
-    struct store_output dup = {.job_id = job, .seq = 1, .stream = 1, .text = "d",
-                               .text_len = 1};
+    struct store_output dup = {.job_id = job, .seq = 1, .stream = 1, .text = "d", .text_len = 1};
     CHECK_EQ_INT(store_output_append(st, &dup, 1), KOLO_EEXIST);
     CHECK_EQ_INT(store_commit(st), 0);
     CHECK(meta_present(st, "outer"));
@@ -673,10 +719,9 @@ static void test_not_a_database(void)
 
 static void cleanup(void)
 {
-    static const char *const names[] = {"store.db",    "store.db-wal",  "store.db-shm",
-                                        "future.db",   "future.db-wal", "future.db-shm",
-                                        "empty.db",    "empty.db-wal",  "empty.db-shm",
-                                        "garbage.db"};
+    static const char *const names[] = {
+        "store.db",      "store.db-wal", "store.db-shm", "future.db",    "future.db-wal",
+        "future.db-shm", "empty.db",     "empty.db-wal", "empty.db-shm", "garbage.db"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char path[300];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);

@@ -56,15 +56,15 @@ static int write_event(struct store *st, uint64_t job, uint64_t k)
 {
     char msg[32];
     snprintf(msg, sizeof msg, "%" PRIu64, k);
-    struct store_event ev = {.ts_ms = k, .job_id = job, .host_id = "h", .kind = "tick",
-                             .message = msg};
+    struct store_event ev = {
+        .ts_ms = k, .job_id = job, .host_id = "h", .kind = "tick", .message = msg};
     return store_event_add(st, &ev);
 }
 
 static int write_job(struct store *st, uint64_t job, uint64_t k)
 {
-    struct store_job j = {.id = job, .state = "running", .np = 2, .hosts = "h:2",
-                          .generation = k, .started_ms = k};
+    struct store_job j = {
+        .id = job, .state = "running", .np = 2, .hosts = "h:2", .generation = k, .started_ms = k};
     return store_job_update(st, &j);
 }
 
@@ -72,8 +72,13 @@ static int write_output(struct store *st, uint64_t job, uint64_t k)
 {
     char text[48];
     int len = snprintf(text, sizeof text, "line %" PRIu64 "\n", k);
-    struct store_output o = {.job_id = job, .seq = k, .rank = (int)(k % 2), .stream = 1,
-                             .text = text, .text_len = (size_t)len, .ts_ms = k};
+    struct store_output o = {.job_id = job,
+                             .seq = k,
+                             .rank = (int)(k % 2),
+                             .stream = 1,
+                             .text = text,
+                             .text_len = (size_t)len,
+                             .ts_ms = k};
     return store_output_append(st, &o, 1);
 }
 
