@@ -1,0 +1,303 @@
+/*
+ * kolo.h - libkolo, the runtime inside every training process.
+ *
+ * This is the library's only public header. A process creates a context
+ * (normally from the environment that `kolo run` / the agent set), then
+ * submits named collective operations asynchronously and waits for them.
+ * A background thread per context negotiates each operation with the
+ * coordinator (an operation runs once every rank submitted it, in one
+ * order for all ranks) and executes it on the data plane (shared memory
+ * between ranks of one host, TCP between hosts).
+ *
+ * Conventions. Every function returns int: 0 on success, a positive
+ * KOLO_E* code on failure (stable, see the table below). kolo_strerror and
+ * kolo_errname describe a code; kolo_last_error(ctx) has the detail of the
+ * last failure on that context. Handles are opaque integers: a handle that
+ * was released or never existed fails with KOLO_ENOTFOUND, never crashes.
+ * There are no library globals: several contexts may live in one process.
+ * The library prints nothing unless KOLO_LOG_LEVEL asks it to.
+ */
+#ifndef KOLO_H
+#define KOLO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KOLO_API __attribute__((visibility("default")))
+
+/* The error codes: one table, also used by every other kolo component.
+ * Codes are part of the ABI and the wire protocol: never renumbered. */
+#define KOLO_ERRORS(X)                                                                             \
+    X(OK, 0, "success")                                                                            \
+    X(EINVAL, 1, "invalid argument")                                                               \
+    X(ENOMEM, 2, "out of memory")                                                                  \
+    X(ETIMEDOUT, 3, "timed out")                                                                   \
+    X(ECLOSED, 4, "closed")                                                                        \
+    X(EPROTO, 5, "malformed message")                                                              \
+    X(EVERSION, 6, "protocol version mismatch")                                                    \
+    X(EAUTH, 7, "authentication failed")                                                           \
+    X(ETOOBIG, 8, "message too large")                                                             \
+    X(ENOMETHOD, 9, "unknown method")                                                              \
+    X(ENOTFOUND, 10, "not found")                                                                  \
+    X(EEXIST, 11, "already exists")                                                                \
+    X(ESTALE, 12, "stale session or generation")                                                   \
+    X(EBUSY, 13, "busy")                                                                           \
+    X(EIO, 14, "input/output error")                                                               \
+    X(ESTORE, 15, "state store error")                                                             \
+    X(ESHUTDOWN, 16, "shut down")                                                                  \
+    X(EPERM, 17, "permission denied")                                                              \
+    X(ENOSLOTS, 18, "not enough slots")                                                            \
+    X(EMISMATCH, 19, "mismatched collective arguments")                                            \
+    X(EINTERNAL, 20, "internal error")                                                             \
+    X(ENOTSUP, 21, "not supported")                                                                \
+    X(EPEER, 22, "peer failed")                                                                    \
+    X(ESYS, 23, "system call failed")                                                              \
+    X(ECONNREFUSED, 24, "connection refused")                                                      \
+    X(ESTATE, 25, "invalid state for this operation")
+
+enum kolo_err {
+#define KOLO_ERR_ENUM(name, code, text) KOLO_##name = code,
+    KOLO_ERRORS(KOLO_ERR_ENUM)
+#undef KOLO_ERR_ENUM
+};
+
+/* kolo_errname returns the symbolic name of code ("KOLO_ETIMEDOUT"), or
+ * "KOLO_E?" for a code not in the table. Never NULL. */
+KOLO_API const char *kolo_errname(int code);
+
+/* kolo_strerror returns a short English description of code. Never NULL. */
+KOLO_API const char *kolo_strerror(int code);
+
+/* Element types. Values are stable (used on the wire). */
+typedef enum kolo_dtype {
+    KOLO_UINT8 = 0,
+    KOLO_INT8 = 1,
+    KOLO_INT16 = 2,
+    KOLO_INT32 = 3,
+    KOLO_INT64 = 4,
+    KOLO_FLOAT16 = 5,
+    KOLO_BFLOAT16 = 6,
+    KOLO_FLOAT32 = 7,
+    KOLO_FLOAT64 = 8,
+    KOLO_DTYPE_COUNT
+} kolo_dtype;
+
+/* Reductions. AVERAGE is SUM followed by a division by the number of
+ * ranks (for integers, rounding toward zero). */
+typedef enum kolo_op {
+    KOLO_SUM = 0,
+    KOLO_AVERAGE = 1,
+    KOLO_MIN = 2,
+    KOLO_MAX = 3,
+    KOLO_PRODUCT = 4,
+    KOLO_OP_COUNT
+} kolo_op;
+
+/* Collective kinds, as named in errors and the timeline. */
+typedef enum kolo_coll {
+    KOLO_COLL_ALLREDUCE = 0,
+    KOLO_COLL_ALLGATHER = 1,
+    KOLO_COLL_BROADCAST = 2,
+    KOLO_COLL_ALLTOALL = 3,
+    KOLO_COLL_REDUCESCATTER = 4,
+    KOLO_COLL_BARRIER = 5,
+    KOLO_COLL_JOIN = 6,
+    KOLO_COLL_COUNT
+} kolo_coll;
+
+typedef struct kolo_ctx kolo_ctx;
+typedef int64_t kolo_handle;
+
+/*
+ * kolo_config is the explicit form of what kolo_init otherwise reads from
+ * the environment (KOLO_COORDINATOR, KOLO_TOKEN, KOLO_JOB,
+ * KOLO_GENERATION, KOLO_RANK, KOLO_SIZE, KOLO_LOCAL_RANK, ...,
+ * KOLO_HOST_ID). Zero-initialise it and set what you need; zero fields
+ * take the documented defaults.
+ */
+typedef struct kolo_config {
+    const char *coordinator; /* RPC URL of the coordinator */
+    const char *token;       /* cluster token, NULL for none */
+    uint64_t job_id;
+    uint64_t generation;
+    int rank, size;
+    int local_rank, local_size; /* informational; placement decides */
+    int cross_rank, cross_size;
+    const char *host_id;   /* ranks with the same host id share memory */
+    const char *data_addr; /* address peers reach this rank at; NULL: the
+                              host's first non-loopback IPv4, else 127.0.0.1 */
+    int timeout_ms;        /* rendezvous and peer-failure deadline; 0 = 30000 */
+    int64_t fusion_threshold; /* bytes; 0 = 64 MiB; -1 disables fusion */
+    int disable_shm;       /* 1: TCP between every pair (tests, benchmarks) */
+} kolo_config;
+
+/*
+ * kolo_init joins the job: it connects to the coordinator, opens this
+ * rank's data-plane listener, waits until every rank of the generation
+ * has joined (rendezvous, bounded by timeout_ms), connects to its peers
+ * and starts the background thread. cfg NULL reads the environment.
+ * On failure *ctx is NULL and the code says why (KOLO_ETIMEDOUT if peers
+ * did not join in time, KOLO_EINVAL for a missing variable).
+ */
+KOLO_API int kolo_init(kolo_ctx **ctx, const kolo_config *cfg);
+
+/*
+ * kolo_fini leaves the job: pending operations fail with KOLO_ESHUTDOWN,
+ * the background thread stops, connections close, memory is freed.
+ * Other ranks see this rank leave (their pending operations fail with
+ * KOLO_EPEER). NULL is accepted.
+ */
+KOLO_API int kolo_fini(kolo_ctx *ctx);
+
+/*
+ * kolo_abort fails every pending and future operation on ctx with
+ * KOLO_ESHUTDOWN and tells the peers, without waiting for anything.
+ * kolo_fini must still be called.
+ */
+KOLO_API int kolo_abort(kolo_ctx *ctx, const char *reason);
+
+/* Topology of this context's generation. -1 for a NULL ctx. */
+KOLO_API int kolo_rank(const kolo_ctx *ctx);
+KOLO_API int kolo_size(const kolo_ctx *ctx);
+KOLO_API int kolo_local_rank(const kolo_ctx *ctx);
+KOLO_API int kolo_local_size(const kolo_ctx *ctx);
+KOLO_API int kolo_cross_rank(const kolo_ctx *ctx);
+KOLO_API int kolo_cross_size(const kolo_ctx *ctx);
+
+/* kolo_last_error returns the detail of the last failure on ctx (the
+ * text of a mismatch, the peer that died), "" if none. Valid until the
+ * next call on ctx from the same thread. */
+KOLO_API const char *kolo_last_error(const kolo_ctx *ctx);
+
+/* kolo_dtype_size returns the size of one element in bytes (0 if dtype
+ * is invalid); kolo_dtype_name its name ("float32"). */
+KOLO_API size_t kolo_dtype_size(kolo_dtype dtype);
+KOLO_API const char *kolo_dtype_name(kolo_dtype dtype);
+
+/*
+ * kolo_request is the general form of a collective operation, used by
+ * kolo_submit; the kolo_*_async functions below fill one for you.
+ *
+ *  - name: unique among this rank's operations in flight; NULL or "" gets
+ *    a per-context counter name ("kolo.op.17"), the same on every rank
+ *    when every rank submits unnamed operations in the same order.
+ *  - sendbuf: the input, shape[0..ndim) elements of dtype (ndim 0 means
+ *    one element). count = product of shape.
+ *  - recvbuf: the output for allreduce (same size), broadcast (same size;
+ *    may equal sendbuf, which is then also the root's input) and
+ *    reducescatter (this rank's rows: shape[0] / size rows, the first
+ *    shape[0] % size ranks getting one more). NULL for allgather and
+ *    alltoall, whose output sizes are known only after negotiation: read
+ *    those with kolo_result. sendbuf == recvbuf works in place.
+ *  - op, prescale, postscale: allreduce and reducescatter. Inputs are
+ *    multiplied by prescale before the reduction and outputs by postscale
+ *    after it (floating types only; 0 means 1.0).
+ *  - root: broadcast.
+ *  - splits, nsplits: alltoall: how many first-dimension rows go to each
+ *    rank (nsplits == size), or NULL to split evenly (shape[0] must then
+ *    divide by size).
+ *  - device: -1 for host memory; >= 0 for a CUDA device (GPU backend).
+ */
+typedef struct kolo_request {
+    kolo_coll coll;
+    const char *name;
+    const void *sendbuf;
+    void *recvbuf;
+    kolo_dtype dtype;
+    int ndim;
+    const int64_t *shape;
+    kolo_op op;
+    double prescale, postscale;
+    int root;
+    const int32_t *splits;
+    int nsplits;
+    int device;
+} kolo_request;
+
+/*
+ * kolo_submit enqueues n operations and returns their handles. With n > 1
+ * they form a group: negotiated and executed together (fused where they
+ * can be), as Horovod's grouped_allreduce. Argument errors that this rank
+ * can see alone (bad dtype, a name already in flight) fail here, with
+ * nothing enqueued; disagreements between ranks fail in kolo_wait on
+ * every rank with KOLO_EMISMATCH and Horovod's message in kolo_last_error.
+ */
+KOLO_API int kolo_submit(kolo_ctx *ctx, const kolo_request *reqs, int n, kolo_handle *handles);
+
+/* kolo_allreduce_async reduces count elements of sendbuf across ranks
+ * into recvbuf (may be the same buffer). */
+KOLO_API int kolo_allreduce_async(kolo_ctx *ctx, const char *name, const void *sendbuf,
+                                  void *recvbuf, size_t count, kolo_dtype dtype, kolo_op op,
+                                  kolo_handle *handle);
+
+/* kolo_allgather_async concatenates every rank's rows (first dimensions
+ * may differ; the rest of the shape must agree); read with kolo_result. */
+KOLO_API int kolo_allgather_async(kolo_ctx *ctx, const char *name, const void *sendbuf, int ndim,
+                                  const int64_t *shape, kolo_dtype dtype, kolo_handle *handle);
+
+/* kolo_broadcast_async copies root's buffer to every rank, in place. */
+KOLO_API int kolo_broadcast_async(kolo_ctx *ctx, const char *name, void *buf, size_t count,
+                                  kolo_dtype dtype, int root, kolo_handle *handle);
+
+/* kolo_alltoall_async sends splits[i] rows to rank i (NULL: even) and
+ * receives rows from every rank; read with kolo_result, which also gives
+ * the received splits. */
+KOLO_API int kolo_alltoall_async(kolo_ctx *ctx, const char *name, const void *sendbuf, int ndim,
+                                 const int64_t *shape, kolo_dtype dtype, const int32_t *splits,
+                                 kolo_handle *handle);
+
+/* kolo_reducescatter_async reduces (SUM or AVERAGE) and leaves this
+ * rank's share of the rows in recvbuf. */
+KOLO_API int kolo_reducescatter_async(kolo_ctx *ctx, const char *name, const void *sendbuf,
+                                      void *recvbuf, int ndim, const int64_t *shape,
+                                      kolo_dtype dtype, kolo_op op, kolo_handle *handle);
+
+/* kolo_barrier_async completes once every rank reached it. */
+KOLO_API int kolo_barrier_async(kolo_ctx *ctx, kolo_handle *handle);
+
+/*
+ * kolo_join_async tells the others this rank ran out of data: until every
+ * rank joined, it takes part in every allreduce the others run with zeros
+ * (so averages still divide by size). Completes when all ranks joined;
+ * kolo_result's value is the last rank to join.
+ */
+KOLO_API int kolo_join_async(kolo_ctx *ctx, kolo_handle *handle);
+
+/* kolo_poll: 1 if the operation finished (successfully or not), 0 if not
+ * yet, or an error for an unknown handle. */
+KOLO_API int kolo_poll(kolo_ctx *ctx, kolo_handle handle);
+
+/*
+ * kolo_wait waits up to timeout_ms (negative: forever) for the operation
+ * and returns its result: 0, or why it failed (KOLO_EMISMATCH,
+ * KOLO_EPEER, KOLO_ESHUTDOWN, ...; detail in kolo_last_error). KOLO_ETIMEDOUT
+ * means it is still running and the handle stays valid. Once finished, the
+ * handle is released, except for operations with a result
+ * (allgather, alltoall, join), which keep it for kolo_result until
+ * kolo_release.
+ */
+KOLO_API int kolo_wait(kolo_ctx *ctx, kolo_handle handle, int timeout_ms);
+
+/*
+ * kolo_result describes a finished operation's output held by the
+ * library: data and its size in bytes; the output's first dimension
+ * (rows, the other dimensions are the input's); for alltoall, recv_splits
+ * (size entries: rows received from each rank); for join, value is the
+ * last joined rank. Pointers stay valid until kolo_release. Any output
+ * pointer may be NULL.
+ */
+KOLO_API int kolo_result(kolo_ctx *ctx, kolo_handle handle, const void **data, size_t *bytes,
+                         int64_t *rows, const int32_t **recv_splits, int64_t *value);
+
+/* kolo_release frees a finished operation's handle and result. */
+KOLO_API int kolo_release(kolo_ctx *ctx, kolo_handle handle);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

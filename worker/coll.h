@@ -1,0 +1,83 @@
+/*
+ * coll.h - the collective algorithms behind one interface.
+ *
+ * A struct coll runs the data movement of one generation's collectives
+ * for this rank; the executor (exec.c) only talks to this table. Two
+ * implementations:
+ *   - shmcoll (shmcoll.c): every rank of the generation on this host; one
+ *     shared segment, chunked and pipelined so that intermediate data
+ *     stays in cache, futex waits with a short spin.
+ *   - ring (ring.c): any placement, over point-to-point transports
+ *     (transport.h: shm between local peers, tcp between hosts):
+ *     bandwidth-optimal ring (reduce-scatter + allgather, pipelined in
+ *     chunks) for large buffers, a latency-optimal algorithm for small
+ *     ones.
+ *
+ * All functions are collective: every rank calls the same function with
+ * matching arguments (the negotiation guarantees it), and returns 0 or the
+ * same kind of error. Buffers are host memory. "bytes" arrays have one
+ * entry per rank. A peer that dies makes every rank's call fail with
+ * KOLO_EPEER before the deadline (CLOCK_MONOTONIC ms; 0 = none) - never
+ * a hang. After a failure the struct coll is unusable (sticky error).
+ */
+#ifndef KOLO_WORKER_COLL_H
+#define KOLO_WORKER_COLL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kolo.h"
+
+struct coll;
+
+struct coll_ops {
+    const char *name;
+    /* out[i] = OP over ranks of in[i]; in may equal out; AVERAGE reduces
+     * as SUM (the caller divides). count may be 0. */
+    int (*allreduce)(struct coll *c, kolo_dtype dtype, kolo_op op, const void *in, void *out,
+                     size_t count, uint64_t deadline);
+    /* out = concatenation of every rank's in, in rank order; bytes[r] is
+     * rank r's contribution (may be 0 and may differ). */
+    int (*allgatherv)(struct coll *c, const void *in, void *out, const size_t *bytes,
+                      uint64_t deadline);
+    /* buf on root is copied to every rank's buf. */
+    int (*broadcast)(struct coll *c, void *buf, size_t bytes, int root, uint64_t deadline);
+    /* send_bytes[r] bytes of in (consecutive, in rank order) go to rank r;
+     * recv_bytes[r] bytes from rank r land in out, in rank order. */
+    int (*alltoallv)(struct coll *c, const void *in, const size_t *send_bytes, void *out,
+                     const size_t *recv_bytes, uint64_t deadline);
+    /* in has sum(counts) elements; rank r receives the reduction of
+     * elements [sum(counts[0..r)), +counts[r]) in out. */
+    int (*reducescatter)(struct coll *c, kolo_dtype dtype, kolo_op op, const void *in, void *out,
+                         const size_t *counts, uint64_t deadline);
+    int (*barrier)(struct coll *c, uint64_t deadline);
+    void (*destroy)(struct coll *c);
+};
+
+struct coll {
+    const struct coll_ops *ops;
+    int rank, size;
+    int failed;     /* sticky KOLO_E* */
+    char why[160];  /* e.g. "rank 3 (pid 4242) exited" */
+};
+
+/* ---- shmcoll: all ranks on one host ---- */
+
+/* The leader (rank 0) creates the segment named name before rendezvous;
+ * the others attach after it. pids[r] is rank r's pid, watched (pidfd)
+ * so a dead rank is noticed within ~10 ms of a wait. slot_bytes is each
+ * rank's staging area (0 = a default sized for the cache). */
+int shmcoll_create(const char *name, int rank, int size, size_t slot_bytes, struct coll **out);
+int shmcoll_attach(const char *name, int rank, int size, size_t slot_bytes, struct coll **out);
+/* Once every rank attached (after a first barrier): set the peers' pids
+ * and unlink the name. */
+int shmcoll_ready(struct coll *c, const int *pids, uint64_t deadline);
+
+/* ---- ring: any placement, over transports ---- */
+
+struct xport;
+/* peers[r] is the connection to rank r (NULL for self, and for ranks the
+ * algorithms never talk to). The ring order is rank order. */
+int ring_create(int rank, int size, struct xport **peers, struct coll **out);
+
+#endif
