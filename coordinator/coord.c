@@ -137,6 +137,10 @@ static void dispatch_rpc(struct coord *c, struct rpc_call *call)
     case M_AGENT_REPORT:
         coord_rpc_agent_report(c, call);
         break;
+    case M_WORKER_RENDEZVOUS:
+    case M_WORKER_NEGOTIATE:
+        coord_rpc_worker(c, call, m);
+        break;
     case M_UNKNOWN:
         c->m.rpc_errors[M_UNKNOWN]++;
         LOGW("coord", "unknown method '%s' from '%s'", f->method, f->identity);

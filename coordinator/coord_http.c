@@ -372,11 +372,15 @@ static void render_metrics(struct coord *c, struct buf *b)
                "# HELP kolo_worker_output_lines_total Worker output lines stored.\n"
                "# TYPE kolo_worker_output_lines_total counter\n"
                "kolo_worker_output_lines_total %llu\n"
+               "# HELP kolo_stale_generation_rejects_total Worker requests refused for naming an "
+               "old generation.\n# TYPE kolo_stale_generation_rejects_total counter\n"
+               "kolo_stale_generation_rejects_total %llu\n"
                "# HELP kolo_store_errors_total SQLite operations that failed.\n"
                "# TYPE kolo_store_errors_total counter\nkolo_store_errors_total %llu\n",
                (unsigned long long)c->m.heartbeats_rejected,
                (unsigned long long)c->m.leases_expired, (unsigned long long)c->m.reports_duplicate,
-               (unsigned long long)c->m.output_lines, (unsigned long long)c->m.store_errors);
+               (unsigned long long)c->m.output_lines, (unsigned long long)c->m.stale_generation,
+               (unsigned long long)c->m.store_errors);
     buf_printf(
         b,
         "# HELP kolo_http_requests_total HTTP requests, by response class.\n"

@@ -102,6 +102,7 @@ struct job {
     int nranks;
     uint64_t out_seq;       /* last output sequence number assigned */
     struct waiter *waiters; /* parked StreamOutput calls */
+    struct negot *negot;    /* rendezvous and negotiation of the generation */
 };
 
 enum work_kind { WORK_RPC, WORK_HTTP };
@@ -124,6 +125,8 @@ struct work {
     X(ADMIN_LIST_JOBS, "AdminService.ListJobs")                                                    \
     X(ADMIN_LIST_HOSTS, "AdminService.ListHosts")                                                  \
     X(ADMIN_STREAM, "AdminService.StreamOutput")                                                   \
+    X(WORKER_RENDEZVOUS, "WorkerService.Rendezvous")                                               \
+    X(WORKER_NEGOTIATE, "WorkerService.Negotiate")                                                 \
     X(UNKNOWN, "unknown")
 
 enum coord_method {
@@ -146,6 +149,7 @@ struct coord_metrics {
     uint64_t http_auth_failed;
     uint64_t store_errors;
     uint64_t output_lines;
+    uint64_t stale_generation; /* fenced requests from older generations */
 };
 
 struct coord {
@@ -216,6 +220,14 @@ void coord_rpc_admin(struct coord *c, struct rpc_call *call, enum coord_method m
 void coord_jobs_shutdown(struct coord *c);
 void coord_jobs_free(struct coord *c);
 int coord_jobs_load(struct coord *c);
+
+/* coord_negot.c */
+struct negot;
+void coord_rpc_worker(struct coord *c, struct rpc_call *call, enum coord_method m);
+void coord_negot_job_ended(struct coord *c, struct job *j, int code, const char *why);
+void coord_negot_cron(struct coord *c, struct job *j, uint64_t now);
+void coord_negot_drop_parked(struct coord *c, struct job *j);
+void coord_negot_free(struct negot *n);
 
 /* coord_http.c */
 int coord_http_start(struct coord *c, char *err, size_t errlen);

@@ -185,6 +185,7 @@ static void job_free(struct job *j)
     free(j->hosts);
     free(j->reason);
     free(j->ranks);
+    coord_negot_free(j->negot);
     free(j);
 }
 
@@ -299,6 +300,9 @@ static void job_finish(struct coord *c, struct job *j, enum job_state state, int
                                        : "job.failed",
                 "job %llu %s (exit code %d)%s%s", (unsigned long long)j->id, job_state_names[state],
                 exit_code, reason && reason[0] ? ": " : "", reason ? reason : "");
+    /* Workers blocked in negotiation learn it now, not at their deadline. */
+    coord_negot_job_ended(c, j, state == JOB_SUCCEEDED ? KOLO_ESHUTDOWN : KOLO_EPEER,
+                          reason && reason[0] ? reason : "the job ended");
     /* The job's ranks leave the desired sets: agents stop what still runs. */
     job_hosts_wake(c, j);
     job_wake_waiters(c, j);
@@ -752,6 +756,8 @@ void coord_job_output_added(struct coord *c, struct job *j)
 void coord_jobs_cron(struct coord *c, uint64_t now)
 {
     for (struct job *j = c->jobs; j; j = j->next) {
+        if (j->negot)
+            coord_negot_cron(c, j, now);
         if (j->state == JOB_PENDING && j->pending_deadline && now >= j->pending_deadline) {
             char why[600];
             snprintf(why, sizeof(why), "not placed within the start timeout of %u ms: %s",
@@ -1026,6 +1032,7 @@ void coord_rpc_admin(struct coord *c, struct rpc_call *call, enum coord_method m
 void coord_jobs_shutdown(struct coord *c)
 {
     for (struct job *j = c->jobs; j; j = j->next) {
+        coord_negot_drop_parked(c, j);
         struct waiter *w = j->waiters;
         j->waiters = NULL;
         while (w) {

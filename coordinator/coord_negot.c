@@ -1,0 +1,1160 @@
+/*
+ * coord_negot.c - rendezvous and tensor negotiation for a job generation.
+ *
+ * Rendezvous: each worker reports its data-plane addresses, pid and (for
+ * the first rank of a host) its shared-memory segment; the call parks
+ * until every rank of the generation reported, then all get the full
+ * peer table.
+ *
+ * Negotiation follows Horovod's semantics with the coordinator as the one
+ * place that decides the order. Workers send the requests they queued
+ * since their last call and a cursor into the generation's response log.
+ * A tensor is ready when every rank that has not joined submitted it;
+ * ready tensors are checked against each other (Horovod's mismatch rules
+ * and error texts), fused (consecutive allreduces of one dtype, op and
+ * scaling, up to the fusion threshold) and appended to the log as
+ * responses. Every rank executes the log in order, so all ranks run the
+ * same collectives in the same sequence. A call with nothing new to read
+ * parks until the log grows, which is what makes a small op fast: the
+ * last rank's request wakes everyone in one round trip.
+ *
+ * Log entries are packed once (protobuf bytes) and sent as they are to
+ * every rank; the reply is built by concatenating them. Entries every
+ * rank has read are dropped. Retrying a request with the same cursor is
+ * harmless: the log is read-only once written.
+ *
+ * Response cache: an allreduce that completed cleanly gets a cache id.
+ * A worker that submits the same name with the same signature again
+ * sends only the id; the coordinator takes the stored request as that
+ * rank's. A rank that changes the signature sends a full request, which
+ * is then checked against the others like any request (a mismatch is
+ * reported, a consistent change is negotiated afresh).
+ */
+#include "coord_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "kolo.pb-c.h"
+#include "log.h"
+#include "util.h"
+
+#define NEGOT_BUCKETS 4096
+#define NEGOT_MAX_WAIT_MS 30000
+#define NEGOT_MAX_REPLY_BYTES (8u << 20)
+#define NEGOT_CACHE_MAX 65536
+#define NEGOT_DEFAULT_FUSION (64ll << 20)
+#define STALL_WARN_MS 60000
+
+/* One rank's request for one tensor, copied out of the message. */
+struct treq {
+    uint32_t coll, dtype, op;
+    int ndim;
+    int64_t *shape;
+    double prescale, postscale;
+    int root;
+    int device;
+    int32_t *splits;
+    int nsplits;
+};
+
+struct entry {
+    char *name;
+    uint32_t cache_id;
+    struct treq **reqs; /* [size]; NULL = not yet submitted */
+    uint8_t *borrowed;  /* [size]; 1 = reqs[r] is the cache template */
+    int count;
+    uint64_t first_mono;
+    bool warned;
+    struct entry *hnext;
+    struct entry *prev, *next; /* pending list, arrival order */
+};
+
+struct logent {
+    uint8_t *bytes;
+    size_t len;
+};
+
+struct peer {
+    bool joined;
+    char *host_id;
+    char **addrs;
+    int naddrs;
+    int pid;
+    char *shm_name;
+    struct rpc_call *parked;
+    uint64_t deadline;
+};
+
+struct negot {
+    uint64_t job_id, generation;
+    int size;
+    int64_t fusion_threshold;
+    /* rendezvous */
+    struct peer *peers;
+    int joined;
+    bool complete;
+    /* negotiation */
+    struct entry *buckets[NEGOT_BUCKETS];
+    struct entry *head, *tail;
+    struct logent *log;
+    size_t log_len, log_cap;
+    uint64_t log_base; /* index of log[0] */
+    uint64_t *cursor;  /* per rank: first index not yet received */
+    struct rpc_call **parked;
+    uint64_t *parked_deadline;
+    bool *rank_joined;
+    int njoined, last_joined;
+    bool shut;
+    /* cache */
+    char **cache_name;           /* [id] */
+    struct treq **cache_tmpl;    /* [id] */
+    struct entry **cache_pending; /* [id] */
+    uint32_t ncache;
+    /* names in the cache, for lookup at assignment time */
+    struct cname {
+        char *name;
+        uint32_t id;
+        struct cname *next;
+    } *cbuckets[NEGOT_BUCKETS];
+};
+
+static const char *coll_names[] = {"ALLREDUCE", "ALLGATHER",     "BROADCAST", "ALLTOALL",
+                                   "REDUCESCATTER", "BARRIER", "JOIN"};
+static const char *dtype_names[] = {"HOROVOD_UINT8",   "HOROVOD_INT8",     "HOROVOD_INT16",
+                                    "HOROVOD_INT32",   "HOROVOD_INT64",    "HOROVOD_FLOAT16",
+                                    "HOROVOD_BFLOAT16", "HOROVOD_FLOAT32", "HOROVOD_FLOAT64"};
+static const size_t dtype_sizes[] = {1, 1, 2, 4, 8, 2, 2, 4, 8};
+static const char *op_names[] = {"SUM", "AVERAGE", "MIN", "MAX", "PRODUCT"};
+
+static uint64_t hash_name(const char *s)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* ---------------------------------------------------------------- memory */
+
+static void treq_free(struct treq *t)
+{
+    if (!t)
+        return;
+    free(t->shape);
+    free(t->splits);
+    free(t);
+}
+
+static struct treq *treq_from(const Kolo__TensorRequest *m)
+{
+    struct treq *t = calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
+    t->coll = m->coll;
+    t->dtype = m->dtype;
+    t->op = m->op;
+    t->ndim = (int)m->n_shape;
+    t->shape = malloc((m->n_shape + 1) * sizeof(int64_t));
+    t->splits = malloc((m->n_splits + 1) * sizeof(int32_t));
+    if (!t->shape || !t->splits) {
+        treq_free(t);
+        return NULL;
+    }
+    memcpy(t->shape, m->shape, m->n_shape * sizeof(int64_t));
+    memcpy(t->splits, m->splits, m->n_splits * sizeof(int32_t));
+    t->nsplits = (int)m->n_splits;
+    t->prescale = m->prescale == 0 ? 1.0 : m->prescale;
+    t->postscale = m->postscale == 0 ? 1.0 : m->postscale;
+    t->root = m->root;
+    t->device = m->device;
+    return t;
+}
+
+static struct treq *treq_clone(const struct treq *s)
+{
+    struct treq *t = calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
+    *t = *s;
+    t->shape = malloc(((size_t)s->ndim + 1) * sizeof(int64_t));
+    t->splits = malloc(((size_t)s->nsplits + 1) * sizeof(int32_t));
+    if (!t->shape || !t->splits) {
+        free(t->shape);
+        free(t->splits);
+        free(t);
+        return NULL;
+    }
+    memcpy(t->shape, s->shape, (size_t)s->ndim * sizeof(int64_t));
+    memcpy(t->splits, s->splits, (size_t)s->nsplits * sizeof(int32_t));
+    return t;
+}
+
+static void entry_free(struct negot *n, struct entry *e)
+{
+    for (int r = 0; r < n->size; r++)
+        if (!e->borrowed[r])
+            treq_free(e->reqs[r]);
+    free(e->reqs);
+    free(e->borrowed);
+    free(e->name);
+    free(e);
+}
+
+static void negot_unlink(struct negot *n, struct entry *e)
+{
+    struct entry **pp = &n->buckets[hash_name(e->name) % NEGOT_BUCKETS];
+    while (*pp && *pp != e)
+        pp = &(*pp)->hnext;
+    if (*pp)
+        *pp = e->hnext;
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        n->head = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    else
+        n->tail = e->prev;
+    if (e->cache_id && n->cache_pending[e->cache_id] == e)
+        n->cache_pending[e->cache_id] = NULL;
+}
+
+static struct entry *negot_find(struct negot *n, const char *name)
+{
+    for (struct entry *e = n->buckets[hash_name(name) % NEGOT_BUCKETS]; e; e = e->hnext)
+        if (strcmp(e->name, name) == 0)
+            return e;
+    return NULL;
+}
+
+static struct entry *negot_add(struct negot *n, const char *name)
+{
+    struct entry *e = calloc(1, sizeof(*e));
+    if (!e)
+        return NULL;
+    e->name = strdup(name);
+    e->reqs = calloc((size_t)n->size, sizeof(*e->reqs));
+    e->borrowed = calloc((size_t)n->size, 1);
+    if (!e->name || !e->reqs || !e->borrowed) {
+        free(e->name);
+        free(e->reqs);
+        free(e->borrowed);
+        free(e);
+        return NULL;
+    }
+    e->first_mono = now_mono_ms();
+    uint64_t b = hash_name(name) % NEGOT_BUCKETS;
+    e->hnext = n->buckets[b];
+    n->buckets[b] = e;
+    e->prev = n->tail;
+    if (n->tail)
+        n->tail->next = e;
+    else
+        n->head = e;
+    n->tail = e;
+    return e;
+}
+
+static uint32_t cache_lookup(struct negot *n, const char *name)
+{
+    for (struct cname *c = n->cbuckets[hash_name(name) % NEGOT_BUCKETS]; c; c = c->next)
+        if (strcmp(c->name, name) == 0)
+            return c->id;
+    return 0;
+}
+
+static struct negot *negot_new(uint64_t job, uint64_t gen, int size)
+{
+    struct negot *n = calloc(1, sizeof(*n));
+    if (!n)
+        return NULL;
+    n->job_id = job;
+    n->generation = gen;
+    n->size = size;
+    n->fusion_threshold = NEGOT_DEFAULT_FUSION;
+    n->peers = calloc((size_t)size, sizeof(*n->peers));
+    n->cursor = calloc((size_t)size, sizeof(*n->cursor));
+    n->parked = calloc((size_t)size, sizeof(*n->parked));
+    n->parked_deadline = calloc((size_t)size, sizeof(*n->parked_deadline));
+    n->rank_joined = calloc((size_t)size, sizeof(*n->rank_joined));
+    n->cache_name = calloc(NEGOT_CACHE_MAX, sizeof(*n->cache_name));
+    n->cache_tmpl = calloc(NEGOT_CACHE_MAX, sizeof(*n->cache_tmpl));
+    n->cache_pending = calloc(NEGOT_CACHE_MAX, sizeof(*n->cache_pending));
+    n->ncache = 1; /* id 0 means "not cached" */
+    if (!n->peers || !n->cursor || !n->parked || !n->parked_deadline || !n->rank_joined ||
+        !n->cache_name || !n->cache_tmpl || !n->cache_pending) {
+        coord_negot_free(n);
+        return NULL;
+    }
+    return n;
+}
+
+void coord_negot_free(struct negot *n)
+{
+    if (!n)
+        return;
+    for (int r = 0; n->peers && r < n->size; r++) {
+        struct peer *p = &n->peers[r];
+        free(p->host_id);
+        for (int i = 0; i < p->naddrs; i++)
+            free(p->addrs[i]);
+        free(p->addrs);
+        free(p->shm_name);
+    }
+    struct entry *e = n->head;
+    while (e) {
+        struct entry *next = e->next;
+        entry_free(n, e);
+        e = next;
+    }
+    for (size_t i = 0; i < n->log_len; i++)
+        free(n->log[i].bytes);
+    for (uint32_t i = 0; n->cache_name && i < n->ncache; i++) {
+        free(n->cache_name[i]);
+        treq_free(n->cache_tmpl[i]);
+    }
+    for (int b = 0; b < NEGOT_BUCKETS; b++) {
+        struct cname *c = n->cbuckets[b];
+        while (c) {
+            struct cname *next = c->next;
+            free(c->name);
+            free(c);
+            c = next;
+        }
+    }
+    free(n->log);
+    free(n->peers);
+    free(n->cursor);
+    free(n->parked);
+    free(n->parked_deadline);
+    free(n->rank_joined);
+    free(n->cache_name);
+    free(n->cache_tmpl);
+    free(n->cache_pending);
+    free(n);
+}
+
+/* ---------------------------------------------------------------- the log */
+
+static void put_varint(uint8_t **p, uint64_t v)
+{
+    while (v >= 0x80) {
+        *(*p)++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *(*p)++ = (uint8_t)v;
+}
+
+static int log_append(struct coord *c, struct negot *n, Kolo__Response *r)
+{
+    if (n->log_len == n->log_cap) {
+        size_t cap = n->log_cap ? n->log_cap * 2 : 64;
+        struct logent *nl = realloc(n->log, cap * sizeof(*nl));
+        if (!nl)
+            return KOLO_ENOMEM;
+        n->log = nl;
+        n->log_cap = cap;
+    }
+    r->index = n->log_base + n->log_len;
+    size_t len = protobuf_c_message_get_packed_size(&r->base);
+    uint8_t *b = malloc(len ? len : 1);
+    if (!b)
+        return KOLO_ENOMEM;
+    protobuf_c_message_pack(&r->base, b);
+    n->log[n->log_len].bytes = b;
+    n->log[n->log_len].len = len;
+    n->log_len++;
+    (void)c;
+    return 0;
+}
+
+/* Drops entries every rank has read. */
+static void log_trim(struct negot *n)
+{
+    uint64_t min = UINT64_MAX;
+    for (int r = 0; r < n->size; r++)
+        if (n->cursor[r] < min)
+            min = n->cursor[r];
+    if (min <= n->log_base)
+        return;
+    size_t drop = (size_t)(min - n->log_base);
+    if (drop > n->log_len)
+        drop = n->log_len;
+    for (size_t i = 0; i < drop; i++)
+        free(n->log[i].bytes);
+    memmove(n->log, n->log + drop, (n->log_len - drop) * sizeof(*n->log));
+    n->log_len -= drop;
+    n->log_base += drop;
+}
+
+/* Builds a NegotiateReply from cursor on: field 1 (responses) for each log
+ * entry, field 2 (next_cursor). Packed by hand to reuse the entries. */
+static void negot_answer(struct negot *n, struct rpc_call *call, uint64_t cursor)
+{
+    if (cursor < n->log_base)
+        cursor = n->log_base; /* already trimmed: the rank read them */
+    size_t first = (size_t)(cursor - n->log_base), last = first, total = 16;
+    while (last < n->log_len && total + n->log[last].len + 12 < NEGOT_MAX_REPLY_BYTES) {
+        total += n->log[last].len + 12;
+        last++;
+    }
+    uint8_t *buf = malloc(total), *p = buf;
+    if (!buf) {
+        rpc_call_error(call, KOLO_ENOMEM, "out of memory");
+        return;
+    }
+    for (size_t i = first; i < last; i++) {
+        *p++ = (1 << 3) | 2;
+        put_varint(&p, n->log[i].len);
+        memcpy(p, n->log[i].bytes, n->log[i].len);
+        p += n->log[i].len;
+    }
+    *p++ = (2 << 3) | 0;
+    put_varint(&p, n->log_base + last);
+    rpc_call_reply(call, buf, (size_t)(p - buf));
+    free(buf);
+}
+
+static void negot_wake(struct negot *n)
+{
+    for (int r = 0; r < n->size; r++) {
+        if (n->parked[r] && n->cursor[r] < n->log_base + n->log_len) {
+            struct rpc_call *call = n->parked[r];
+            n->parked[r] = NULL;
+            negot_answer(n, call, n->cursor[r]);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- responses */
+
+static void fmt_shape(char *out, size_t size, const struct treq *t)
+{
+    size_t o = 0;
+    o += (size_t)snprintf(out + o, size - o, "[");
+    for (int i = 0; i < t->ndim && o < size; i++)
+        o += (size_t)snprintf(out + o, size - o, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (o < size)
+        snprintf(out + o, size - o, "]");
+}
+
+static int64_t elems(const struct treq *t, int from_dim)
+{
+    int64_t n = 1;
+    for (int i = from_dim; i < t->ndim; i++)
+        n *= t->shape[i];
+    return n;
+}
+
+static bool same_shape(const struct treq *a, const struct treq *b)
+{
+    return a->ndim == b->ndim && memcmp(a->shape, b->shape, (size_t)a->ndim * 8) == 0;
+}
+
+static const char *cname(uint32_t coll)
+{
+    return coll < 7 ? coll_names[coll] : "UNKNOWN";
+}
+
+static const char *dname(uint32_t dtype)
+{
+    return dtype < 9 ? dtype_names[dtype] : "UNKNOWN";
+}
+
+/* Checks the ranks' requests for one tensor against each other; returns
+ * an error text in err (Horovod's wording) or "" when they agree. */
+static void check_entry(struct negot *n, struct entry *e, char *err, size_t errlen)
+{
+    err[0] = '\0';
+    const struct treq *a = NULL;
+    for (int r = 0; r < n->size && !a; r++)
+        a = e->reqs[r];
+    if (!a) {
+        snprintf(err, errlen, "internal error: no request for %s", e->name);
+        return;
+    }
+    const char *op = cname(a->coll);
+    if (a->dtype >= 9 || a->coll > 6 || (a->coll == KOLO_COLL_ALLREDUCE && a->op > 4)) {
+        snprintf(err, errlen, "Invalid request for tensor %s.", e->name);
+        return;
+    }
+    for (int r = 0; r < n->size; r++) {
+        const struct treq *b = e->reqs[r];
+        if (!b || b == a)
+            continue;
+        if (b->coll != a->coll) {
+            snprintf(err, errlen,
+                     "Mismatched operations: One rank did an %s, but another rank did an %s.", op,
+                     cname(b->coll));
+            return;
+        }
+        if (b->dtype != a->dtype) {
+            snprintf(err, errlen,
+                     "Mismatched data types: One rank had type %s, but another rank had type %s.",
+                     dname(a->dtype), dname(b->dtype));
+            return;
+        }
+        if ((b->device < 0) != (a->device < 0)) {
+            snprintf(err, errlen,
+                     "Mismatched %s CPU/GPU device selection: One rank specified device %s, but "
+                     "another rank specified device %s.",
+                     op, a->device < 0 ? "CPU" : "GPU", b->device < 0 ? "CPU" : "GPU");
+            return;
+        }
+        switch (a->coll) {
+        case KOLO_COLL_ALLREDUCE:
+        case KOLO_COLL_BROADCAST:
+        case KOLO_COLL_REDUCESCATTER:
+            if (!same_shape(a, b)) {
+                char sa[256], sb[256];
+                fmt_shape(sa, sizeof(sa), a);
+                fmt_shape(sb, sizeof(sb), b);
+                snprintf(err, errlen,
+                         "Mismatched %s tensor shapes: One rank sent a tensor of shape %s, but "
+                         "another rank sent a tensor of shape %s.",
+                         op, sa, sb);
+                return;
+            }
+            if (a->coll != KOLO_COLL_BROADCAST &&
+                (a->prescale != b->prescale || a->postscale != b->postscale)) {
+                snprintf(err, errlen,
+                         "Mismatched prescale and/or postscale factors: One rank sent factors "
+                         "%g, %g, but another rank sent factors %g, %g.",
+                         a->prescale, a->postscale, b->prescale, b->postscale);
+                return;
+            }
+            if (a->coll != KOLO_COLL_BROADCAST && a->op != b->op) {
+                snprintf(err, errlen,
+                         "Mismatched reduction operation: One rank requested op %s, but another "
+                         "rank requested op %s.",
+                         a->op < 5 ? op_names[a->op] : "?", b->op < 5 ? op_names[b->op] : "?");
+                return;
+            }
+            if (a->coll == KOLO_COLL_BROADCAST && a->root != b->root) {
+                snprintf(err, errlen,
+                         "Mismatched BROADCAST root ranks: One rank specified root rank %d, but "
+                         "another rank specified root rank %d.",
+                         a->root, b->root);
+                return;
+            }
+            break;
+        case KOLO_COLL_ALLGATHER:
+        case KOLO_COLL_ALLTOALL:
+            if (a->ndim != b->ndim) {
+                snprintf(err, errlen,
+                         "Mismatched %s tensor shapes: One rank sent a tensor of rank %d, but "
+                         "another rank sent a tensor of rank %d.",
+                         op, a->ndim, b->ndim);
+                return;
+            }
+            for (int d = 1; d < a->ndim; d++) {
+                if (a->shape[d] != b->shape[d]) {
+                    snprintf(err, errlen,
+                             "Mismatched %s tensor shapes: One rank sent a tensor with dimension "
+                             "%d equal to %lld, but another rank sent a tensor with dimension %d "
+                             "equal to %lld.",
+                             op, d, (long long)a->shape[d], d, (long long)b->shape[d]);
+                    return;
+                }
+            }
+            break;
+        default:
+            break;
+        }
+    }
+    if ((a->coll == KOLO_COLL_ALLGATHER || a->coll == KOLO_COLL_ALLTOALL ||
+         a->coll == KOLO_COLL_REDUCESCATTER) &&
+        a->ndim == 0) {
+        snprintf(err, errlen, "Process-set rank zero tried to %s a rank-zero tensor.", op);
+        return;
+    }
+    if (a->coll == KOLO_COLL_BROADCAST && (a->root < 0 || a->root >= n->size)) {
+        snprintf(err, errlen, "Invalid BROADCAST root rank %d for %d rank(s).", a->root, n->size);
+        return;
+    }
+    if (n->njoined > 0) {
+        if (a->coll == KOLO_COLL_ALLGATHER)
+            snprintf(err, errlen,
+                     "Allgather is not supported with Join at this time. Specify "
+                     "sparse_as_dense=True if using DistributedOptimizer");
+        else if (a->coll == KOLO_COLL_ALLTOALL || a->coll == KOLO_COLL_BROADCAST ||
+                 a->coll == KOLO_COLL_REDUCESCATTER)
+            snprintf(err, errlen, "%s is not supported with Join at this time.",
+                     a->coll == KOLO_COLL_ALLTOALL    ? "Alltoall"
+                     : a->coll == KOLO_COLL_BROADCAST ? "Broadcast"
+                                                      : "Reducescatter");
+    }
+}
+
+/* The response fields of one checked tensor (sizes, rows). */
+static int fill_sizes(struct negot *n, struct entry *e, const struct treq *a, int64_t **sizes,
+                      size_t *nsizes)
+{
+    int64_t *s = NULL;
+    size_t k = 0;
+    switch (a->coll) {
+    case KOLO_COLL_ALLGATHER:
+        s = malloc((size_t)n->size * sizeof(int64_t));
+        if (!s)
+            return KOLO_ENOMEM;
+        for (int r = 0; r < n->size; r++)
+            s[k++] = e->reqs[r] ? e->reqs[r]->shape[0] : 0;
+        break;
+    case KOLO_COLL_ALLTOALL:
+        s = malloc((size_t)n->size * (size_t)n->size * sizeof(int64_t));
+        if (!s)
+            return KOLO_ENOMEM;
+        for (int src = 0; src < n->size; src++) {
+            const struct treq *t = e->reqs[src];
+            for (int d = 0; d < n->size; d++) {
+                if (!t)
+                    s[k++] = 0;
+                else if (t->nsplits == n->size)
+                    s[k++] = t->splits[d];
+                else
+                    s[k++] = t->shape[0] / n->size;
+            }
+        }
+        break;
+    default:
+        s = malloc(sizeof(int64_t));
+        if (!s)
+            return KOLO_ENOMEM;
+        s[k++] = elems(a, 0);
+        break;
+    }
+    *sizes = s;
+    *nsizes = k;
+    return 0;
+}
+
+/* Emits the responses for a batch of ready entries, fusing consecutive
+ * compatible allreduces; frees the entries. */
+static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, size_t nready)
+{
+    size_t i = 0;
+    /* Replaced cache templates may still be borrowed by entries of this
+     * batch: free them at the end. */
+    struct treq **old = calloc(nready + 1, sizeof(*old));
+    size_t nold = 0;
+    int32_t *joined = NULL;
+    size_t njoined = 0;
+    if (n->njoined) {
+        joined = malloc((size_t)n->size * sizeof(int32_t));
+        for (int r = 0; joined && r < n->size; r++)
+            if (n->rank_joined[r])
+                joined[njoined++] = r;
+    }
+    while (i < nready) {
+        struct entry *e = ready[i];
+        char err[1024];
+        check_entry(n, e, err, sizeof(err));
+        const struct treq *a = NULL;
+        for (int r = 0; r < n->size && !a; r++)
+            a = e->reqs[r];
+        Kolo__Response resp = KOLO__RESPONSE__INIT;
+        resp.coll = a ? a->coll : 0;
+        if (err[0]) {
+            char *names[1] = {e->name};
+            resp.names = names;
+            resp.n_names = 1;
+            resp.error_code = KOLO_EMISMATCH;
+            resp.error = err;
+            if (log_append(c, n, &resp) != 0)
+                c->m.store_errors++;
+            i++;
+            continue;
+        }
+        /* Take the longest run of fusable allreduces starting at i. */
+        size_t j = i + 1;
+        int64_t bytes = elems(a, 0) * (int64_t)dtype_sizes[a->dtype];
+        if (a->coll == KOLO_COLL_ALLREDUCE) {
+            while (j < nready) {
+                struct entry *f = ready[j];
+                char ferr[1024];
+                const struct treq *b = NULL;
+                for (int r = 0; r < n->size && !b; r++)
+                    b = f->reqs[r];
+                if (!b || b->coll != KOLO_COLL_ALLREDUCE || b->dtype != a->dtype ||
+                    b->op != a->op || b->prescale != a->prescale ||
+                    b->postscale != a->postscale || (b->device < 0) != (a->device < 0))
+                    break;
+                check_entry(n, f, ferr, sizeof(ferr));
+                int64_t fb = elems(b, 0) * (int64_t)dtype_sizes[b->dtype];
+                if (ferr[0] || (n->fusion_threshold >= 0 && bytes + fb > n->fusion_threshold))
+                    break;
+                bytes += fb;
+                j++;
+            }
+        }
+        size_t k = j - i;
+        char **names = calloc(k, sizeof(char *));
+        int64_t *sizes = NULL, *rows = calloc(k, sizeof(int64_t));
+        uint32_t *cids = calloc(k, sizeof(uint32_t));
+        size_t nsizes = 0;
+        if (!names || !rows || !cids) {
+            free(names);
+            free(rows);
+            free(cids);
+            break;
+        }
+        if (k == 1) {
+            fill_sizes(n, e, a, &sizes, &nsizes);
+        } else {
+            sizes = calloc(k, sizeof(int64_t));
+            nsizes = sizes ? k : 0;
+        }
+        for (size_t x = 0; x < k; x++) {
+            struct entry *f = ready[i + x];
+            const struct treq *b = NULL;
+            for (int r = 0; r < n->size && !b; r++)
+                b = f->reqs[r];
+            names[x] = f->name;
+            rows[x] = b->ndim > 0 ? elems(b, 1) : 1;
+            if (k > 1 && sizes)
+                sizes[x] = elems(b, 0);
+            /* Cache clean allreduces run by every rank. */
+            if (b->coll == KOLO_COLL_ALLREDUCE && n->njoined == 0) {
+                uint32_t id = f->cache_id ? f->cache_id : cache_lookup(n, f->name);
+                if (!id && n->ncache < NEGOT_CACHE_MAX) {
+                    struct cname *cn = calloc(1, sizeof(*cn));
+                    if (cn && (cn->name = strdup(f->name)) != NULL) {
+                        id = n->ncache++;
+                        cn->id = id;
+                        uint64_t hb = hash_name(f->name) % NEGOT_BUCKETS;
+                        cn->next = n->cbuckets[hb];
+                        n->cbuckets[hb] = cn;
+                        n->cache_name[id] = strdup(f->name);
+                    } else {
+                        free(cn);
+                    }
+                }
+                if (id && n->cache_tmpl[id] == b) {
+                    cids[x] = id; /* submitted through the cache: unchanged */
+                } else if (id && old) {
+                    struct treq *t = treq_clone(b);
+                    if (t) {
+                        if (n->cache_tmpl[id])
+                            old[nold++] = n->cache_tmpl[id];
+                        n->cache_tmpl[id] = t;
+                        cids[x] = id;
+                    }
+                }
+            }
+        }
+        resp.names = names;
+        resp.n_names = k;
+        resp.dtype = a->dtype;
+        resp.op = a->op;
+        resp.prescale = a->prescale;
+        resp.postscale = a->postscale;
+        resp.root = a->root;
+        resp.sizes = sizes;
+        resp.n_sizes = nsizes;
+        resp.row_elems = rows;
+        resp.n_row_elems = k;
+        resp.cache_ids = cids;
+        resp.n_cache_ids = k;
+        resp.joined = joined;
+        resp.n_joined = njoined;
+        if (log_append(c, n, &resp) != 0)
+            c->m.store_errors++;
+        free(names);
+        free(sizes);
+        free(rows);
+        free(cids);
+        i = j;
+    }
+    free(joined);
+    for (size_t x = 0; x < nready; x++)
+        entry_free(n, ready[x]);
+    for (size_t x = 0; x < nold; x++)
+        treq_free(old[x]);
+    free(old);
+}
+
+/* Collects every pending entry that is now ready, in arrival order. */
+static void negot_progress(struct coord *c, struct negot *n)
+{
+    size_t cap = 0, nready = 0;
+    struct entry **ready = NULL;
+    struct entry *e = n->head;
+    while (e) {
+        struct entry *next = e->next;
+        if (e->count >= n->size - n->njoined) {
+            if (nready == cap) {
+                cap = cap ? cap * 2 : 64;
+                struct entry **nr = realloc(ready, cap * sizeof(*nr));
+                if (!nr)
+                    break;
+                ready = nr;
+            }
+            negot_unlink(n, e);
+            ready[nready++] = e;
+        }
+        e = next;
+    }
+    if (nready)
+        emit_ready(c, n, ready, nready);
+    free(ready);
+    if (n->njoined == n->size) {
+        Kolo__Response resp = KOLO__RESPONSE__INIT;
+        resp.coll = KOLO_COLL_JOIN;
+        resp.last_joined = n->last_joined;
+        log_append(c, n, &resp);
+        memset(n->rank_joined, 0, (size_t)n->size * sizeof(*n->rank_joined));
+        n->njoined = 0;
+    }
+}
+
+static void negot_shutdown(struct coord *c, struct negot *n, int code, const char *why)
+{
+    if (n->shut)
+        return;
+    n->shut = true;
+    Kolo__Response resp = KOLO__RESPONSE__INIT;
+    resp.shutdown = 1;
+    resp.error_code = code;
+    resp.error = (char *)why;
+    log_append(c, n, &resp);
+    struct entry *e = n->head;
+    while (e) {
+        struct entry *next = e->next;
+        negot_unlink(n, e);
+        entry_free(n, e);
+        e = next;
+    }
+    negot_wake(n);
+}
+
+/* ---------------------------------------------------------------- RPC handlers */
+
+static struct job *worker_job(struct coord *c, struct rpc_call *call, enum coord_method m)
+{
+    const struct rpc_frame *f = rpc_call_frame(call);
+    struct job *j = coord_job_find(c, f->job_id);
+    const char *bad = NULL;
+    int code = KOLO_EINVAL;
+    if (!j)
+        bad = "no such job";
+    else if (j->state != JOB_RUNNING) {
+        bad = "the job is not running";
+        code = KOLO_ESHUTDOWN;
+    } else if (f->generation != j->generation) {
+        c->m.stale_generation++;
+        rpc_call_error(call, KOLO_ESTALE,
+                       "stale generation %llu: job %llu is at generation %llu",
+                       (unsigned long long)f->generation, (unsigned long long)j->id,
+                       (unsigned long long)j->generation);
+        c->m.rpc_errors[m]++;
+        return NULL;
+    } else if (f->rank < 0 || f->rank >= j->nranks)
+        bad = "rank out of range";
+    if (bad) {
+        c->m.rpc_errors[m]++;
+        rpc_call_error(call, code, "%s (job %llu, rank %d)", bad, (unsigned long long)f->job_id,
+                       f->rank);
+        return NULL;
+    }
+    if (!j->negot || j->negot->generation != j->generation) {
+        coord_negot_free(j->negot);
+        j->negot = negot_new(j->id, j->generation, j->nranks);
+        if (!j->negot) {
+            rpc_call_error(call, KOLO_ENOMEM, "out of memory");
+            return NULL;
+        }
+    }
+    return j;
+}
+
+static void rendezvous_answer(struct negot *n, struct rpc_call *call)
+{
+    Kolo__RendezvousReply rep = KOLO__RENDEZVOUS_REPLY__INIT;
+    rep.complete = n->complete;
+    rep.joined = n->joined;
+    Kolo__PeerInfo *infos = NULL, **ptrs = NULL;
+    if (n->complete) {
+        infos = calloc((size_t)n->size, sizeof(*infos));
+        ptrs = calloc((size_t)n->size, sizeof(*ptrs));
+        if (!infos || !ptrs) {
+            free(infos);
+            free(ptrs);
+            rpc_call_error(call, KOLO_ENOMEM, "out of memory");
+            return;
+        }
+        for (int r = 0; r < n->size; r++) {
+            kolo__peer_info__init(&infos[r]);
+            infos[r].rank = r;
+            infos[r].host_id = n->peers[r].host_id;
+            infos[r].data_addrs = n->peers[r].addrs;
+            infos[r].n_data_addrs = (size_t)n->peers[r].naddrs;
+            infos[r].pid = n->peers[r].pid;
+            infos[r].shm_name = n->peers[r].shm_name;
+            ptrs[r] = &infos[r];
+        }
+        rep.peers = ptrs;
+        rep.n_peers = (size_t)n->size;
+    }
+    coord_send_pb(call, &rep.base);
+    free(infos);
+    free(ptrs);
+}
+
+static void rpc_rendezvous(struct coord *c, struct rpc_call *call)
+{
+    struct job *j = worker_job(c, call, M_WORKER_RENDEZVOUS);
+    if (!j)
+        return;
+    const struct rpc_frame *f = rpc_call_frame(call);
+    Kolo__RendezvousRequest *req = kolo__rendezvous_request__unpack(NULL, f->body_len, f->body);
+    if (!req) {
+        c->m.rpc_errors[M_WORKER_RENDEZVOUS]++;
+        rpc_call_error(call, KOLO_EPROTO, "malformed RendezvousRequest");
+        return;
+    }
+    struct negot *n = j->negot;
+    if (req->size != n->size) {
+        c->m.rpc_errors[M_WORKER_RENDEZVOUS]++;
+        rpc_call_error(call, KOLO_EINVAL, "rank %d believes the job has %d ranks; it has %d",
+                       f->rank, req->size, n->size);
+        kolo__rendezvous_request__free_unpacked(req, NULL);
+        return;
+    }
+    struct peer *p = &n->peers[f->rank];
+    if (!p->joined) {
+        p->joined = true;
+        n->joined++;
+    }
+    free(p->host_id);
+    for (int i = 0; i < p->naddrs; i++)
+        free(p->addrs[i]);
+    free(p->addrs);
+    free(p->shm_name);
+    p->host_id = strdup(req->host_id);
+    p->addrs = calloc(req->n_data_addrs + 1, sizeof(char *));
+    p->naddrs = 0;
+    for (size_t i = 0; p->addrs && i < req->n_data_addrs && i < 16; i++)
+        p->addrs[p->naddrs++] = strdup(req->data_addrs[i]);
+    p->pid = req->pid;
+    p->shm_name = strdup(req->shm_name);
+    if (f->rank == 0 && req->fusion_threshold != 0)
+        n->fusion_threshold = req->fusion_threshold;
+    uint32_t wait = req->wait_ms > NEGOT_MAX_WAIT_MS ? NEGOT_MAX_WAIT_MS : req->wait_ms;
+    kolo__rendezvous_request__free_unpacked(req, NULL);
+
+    if (p->parked) {
+        rendezvous_answer(n, p->parked);
+        p->parked = NULL;
+    }
+    if (!n->complete && n->joined == n->size) {
+        n->complete = true;
+        LOGI("coord", "job %llu generation %llu: all %d rank(s) joined", (unsigned long long)j->id,
+             (unsigned long long)j->generation, n->size);
+        for (int r = 0; r < n->size; r++) {
+            if (n->peers[r].parked) {
+                rendezvous_answer(n, n->peers[r].parked);
+                n->peers[r].parked = NULL;
+            }
+        }
+    }
+    if (n->complete || wait == 0) {
+        rendezvous_answer(n, call);
+    } else {
+        p->parked = call;
+        p->deadline = now_mono_ms() + wait;
+    }
+}
+
+static void rpc_negotiate(struct coord *c, struct rpc_call *call)
+{
+    struct job *j = worker_job(c, call, M_WORKER_NEGOTIATE);
+    if (!j)
+        return;
+    const struct rpc_frame *f = rpc_call_frame(call);
+    struct negot *n = j->negot;
+    int rank = f->rank;
+    if (!n->complete) {
+        c->m.rpc_errors[M_WORKER_NEGOTIATE]++;
+        rpc_call_error(call, KOLO_ESTATE, "rendezvous of generation %llu is not complete",
+                       (unsigned long long)n->generation);
+        return;
+    }
+    Kolo__NegotiateRequest *req = kolo__negotiate_request__unpack(NULL, f->body_len, f->body);
+    if (!req) {
+        c->m.rpc_errors[M_WORKER_NEGOTIATE]++;
+        rpc_call_error(call, KOLO_EPROTO, "malformed NegotiateRequest");
+        return;
+    }
+    if (n->parked[rank]) {
+        /* The worker has something new; its older call ends now. */
+        struct rpc_call *old = n->parked[rank];
+        n->parked[rank] = NULL;
+        negot_answer(n, old, n->cursor[rank]);
+    }
+    if (req->cursor > n->cursor[rank] && req->cursor <= n->log_base + n->log_len)
+        n->cursor[rank] = req->cursor;
+    const char *bad = NULL;
+    if (!n->shut) {
+        for (size_t i = 0; i < req->n_cached && !bad; i++) {
+            uint32_t id = req->cached[i];
+            if (id == 0 || id >= n->ncache || !n->cache_tmpl[id]) {
+                bad = "unknown cache id";
+                break;
+            }
+            struct entry *e = n->cache_pending[id];
+            if (!e)
+                e = negot_find(n, n->cache_name[id]);
+            if (!e && !(e = negot_add(n, n->cache_name[id])))
+                break;
+            e->cache_id = id;
+            n->cache_pending[id] = e;
+            if (e->reqs[rank]) {
+                bad = "a tensor was submitted twice";
+                break;
+            }
+            e->reqs[rank] = n->cache_tmpl[id];
+            e->borrowed[rank] = 1;
+            e->count++;
+        }
+        for (size_t i = 0; i < req->n_requests && !bad; i++) {
+            Kolo__TensorRequest *tr = req->requests[i];
+            if (tr->coll == KOLO_COLL_JOIN) {
+                if (!n->rank_joined[rank]) {
+                    n->rank_joined[rank] = true;
+                    n->njoined++;
+                }
+                n->last_joined = rank;
+                continue;
+            }
+            if (!tr->name[0] || tr->n_shape > 64) {
+                bad = "a request without a name, or with too many dimensions";
+                break;
+            }
+            struct entry *e = negot_find(n, tr->name);
+            if (!e && !(e = negot_add(n, tr->name)))
+                break;
+            if (e->reqs[rank]) {
+                bad = "a tensor was submitted twice";
+                break;
+            }
+            e->reqs[rank] = treq_from(tr);
+            if (!e->reqs[rank])
+                break;
+            e->count++;
+        }
+        if (req->shutdown) {
+            char why[600];
+            snprintf(why, sizeof(why),
+                     "Horovod has been shut down: rank %d left the job (%s). This was caused by an "
+                     "exception on one of the ranks or an attempt to run a collective after one "
+                     "of the ranks finished execution.",
+                     rank, req->reason[0] ? req->reason : "shutdown");
+            negot_shutdown(c, n, KOLO_ESHUTDOWN, why);
+        } else {
+            negot_progress(c, n);
+        }
+    }
+    uint32_t wait = req->wait_ms > NEGOT_MAX_WAIT_MS ? NEGOT_MAX_WAIT_MS : req->wait_ms;
+    kolo__negotiate_request__free_unpacked(req, NULL);
+    if (bad) {
+        c->m.rpc_errors[M_WORKER_NEGOTIATE]++;
+        rpc_call_error(call, KOLO_EPROTO, "rank %d: %s", rank, bad);
+        return;
+    }
+    negot_wake(n);
+    if (n->cursor[rank] < n->log_base + n->log_len || wait == 0) {
+        negot_answer(n, call, n->cursor[rank]);
+    } else {
+        n->parked[rank] = call;
+        n->parked_deadline[rank] = now_mono_ms() + wait;
+    }
+    log_trim(n);
+}
+
+void coord_rpc_worker(struct coord *c, struct rpc_call *call, enum coord_method m)
+{
+    if (m == M_WORKER_RENDEZVOUS)
+        rpc_rendezvous(c, call);
+    else
+        rpc_negotiate(c, call);
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+void coord_negot_job_ended(struct coord *c, struct job *j, int code, const char *why)
+{
+    struct negot *n = j->negot;
+    if (!n)
+        return;
+    negot_shutdown(c, n, code, why);
+    for (int r = 0; r < n->size; r++) {
+        if (n->peers[r].parked) {
+            rpc_call_error(n->peers[r].parked, code, "%s", why);
+            n->peers[r].parked = NULL;
+        }
+        if (n->parked[r]) {
+            negot_answer(n, n->parked[r], n->cursor[r]);
+            n->parked[r] = NULL;
+        }
+    }
+}
+
+void coord_negot_cron(struct coord *c, struct job *j, uint64_t now)
+{
+    struct negot *n = j->negot;
+    if (!n)
+        return;
+    for (int r = 0; r < n->size; r++) {
+        struct peer *p = &n->peers[r];
+        if (p->parked && now >= p->deadline) {
+            rendezvous_answer(n, p->parked);
+            p->parked = NULL;
+        }
+        if (n->parked[r] && now >= n->parked_deadline[r]) {
+            negot_answer(n, n->parked[r], n->cursor[r]);
+            n->parked[r] = NULL;
+        }
+    }
+    /* Stall inspector: an op some ranks submitted and others did not. */
+    for (struct entry *e = n->head; e; e = e->next) {
+        if (e->warned || now - e->first_mono < STALL_WARN_MS)
+            continue;
+        e->warned = true;
+        char missing[512];
+        size_t o = 0;
+        int nmiss = 0;
+        for (int r = 0; r < n->size && o < sizeof(missing) - 16; r++) {
+            if (!e->reqs[r] && !n->rank_joined[r]) {
+                o += (size_t)snprintf(missing + o, sizeof(missing) - o, "%s%d", nmiss ? ", " : "",
+                                      r);
+                nmiss++;
+            }
+        }
+        missing[o] = '\0';
+        coord_event(c, j->id, NULL, "op.stalled",
+                    "tensor %s waited %llu s for rank(s) %s: a rank may have diverged or hung",
+                    e->name, (unsigned long long)((now - e->first_mono) / 1000), missing);
+    }
+}
+
+void coord_negot_drop_parked(struct coord *c, struct job *j)
+{
+    struct negot *n = j->negot;
+    if (!n)
+        return;
+    for (int r = 0; r < n->size; r++) {
+        if (n->peers[r].parked) {
+            rpc_call_error(n->peers[r].parked, KOLO_ESHUTDOWN, "the coordinator is shutting down");
+            n->peers[r].parked = NULL;
+        }
+        if (n->parked[r]) {
+            rpc_call_error(n->parked[r], KOLO_ESHUTDOWN, "the coordinator is shutting down");
+            n->parked[r] = NULL;
+        }
+    }
+    (void)c;
+}
