@@ -499,6 +499,8 @@ struct rpc_client {
     uint64_t job_id, generation;
     int32_t rank;
     atomic_int pipes; /* connected pipes; 0 means "cannot connect" on timeout */
+    nng_cv *idle;     /* signalled when async_calls drops to 0 */
+    int async_calls;  /* under mtx */
 };
 
 static void client_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
@@ -520,6 +522,12 @@ int rpc_client_open(struct rpc_client **out, const struct rpc_client_config *cfg
     cli->token = cfg->token ? strdup(cfg->token) : NULL;
     cli->max_msg = cfg->max_msg ? cfg->max_msg : RPC_DEFAULT_MAX_MSG;
     if (nng_mtx_alloc(&cli->mtx) != 0) {
+        free(cli->token);
+        free(cli);
+        return KOLO_ENOMEM;
+    }
+    if (nng_cv_alloc(&cli->idle, cli->mtx) != 0) {
+        nng_mtx_free(cli->mtx);
         free(cli->token);
         free(cli);
         return KOLO_ENOMEM;
@@ -565,6 +573,11 @@ void rpc_client_close(struct rpc_client *cli)
     if (!cli)
         return;
     nng_close(cli->sock);
+    nng_mtx_lock(cli->mtx);
+    while (cli->async_calls > 0)
+        nng_cv_wait(cli->idle);
+    nng_mtx_unlock(cli->mtx);
+    nng_cv_free(cli->idle);
     nng_mtx_free(cli->mtx);
     free(cli->token);
     free(cli);
@@ -592,12 +605,88 @@ static int set_err(char *err, size_t errlen, int code, const char *fmt, ...)
     return code;
 }
 
+/* Encodes a request frame with the client's identity and a fresh nonce. */
+static int client_encode(struct rpc_client *cli, const char *method, const void *req,
+                         size_t req_len, struct rpc_frame *f, nng_msg **out, char *err,
+                         size_t errlen)
+{
+    uint8_t *data = NULL;
+    size_t dlen;
+    int rv;
+    if (strlen(method) > RPC_MAX_METHOD)
+        return set_err(err, errlen, KOLO_EINVAL, "method name too long");
+    if (req_len + RPC_HEADER_LEN > cli->max_msg)
+        return set_err(err, errlen, KOLO_ETOOBIG, "request of %zu bytes exceeds the cap", req_len);
+    memset(f, 0, sizeof(*f));
+    f->version = KOLO_PROTO_VERSION;
+    f->kind = RPC_REQUEST;
+    f->ts_ms = now_wall_ms();
+    random_bytes(f->nonce, sizeof(f->nonce));
+    str_copy(f->method, method, sizeof(f->method));
+    nng_mtx_lock(cli->mtx);
+    memcpy(f->identity, cli->identity, sizeof(f->identity));
+    f->job_id = cli->job_id;
+    f->generation = cli->generation;
+    f->rank = cli->rank;
+    nng_mtx_unlock(cli->mtx);
+    f->body = req;
+    f->body_len = req_len;
+    if ((rv = rpc_frame_encode(f, cli->token, &data, &dlen)) != 0)
+        return set_err(err, errlen, rv, "cannot encode request");
+    if (nng_msg_alloc(out, 0) != 0 || nng_msg_append(*out, data, dlen) != 0) {
+        if (*out)
+            nng_msg_free(*out);
+        *out = NULL;
+        free(data);
+        return set_err(err, errlen, KOLO_ENOMEM, "out of memory");
+    }
+    free(data);
+    return 0;
+}
+
+/* Checks a reply against its request; on success *rf describes it. */
+static int client_check_reply(struct rpc_client *cli, nng_msg *m, const struct rpc_frame *req,
+                              struct rpc_frame *rf, char *err, size_t errlen)
+{
+    const uint8_t *body = nng_msg_body(m);
+    size_t blen = nng_msg_len(m);
+    if (rpc_frame_decode(body, blen, rf) != 0 || rf->kind != RPC_REPLY)
+        return set_err(err, errlen, KOLO_EPROTO, "malformed reply from %s", cli->url);
+    if (memcmp(rf->nonce, req->nonce, RPC_NONCE_LEN) != 0)
+        return set_err(err, errlen, KOLO_EPROTO, "reply does not match the request");
+    if (rf->status == KOLO_EVERSION || rf->version != KOLO_PROTO_VERSION)
+        return set_err(err, errlen, KOLO_EVERSION,
+                       "protocol version mismatch: this client speaks version %u, %s speaks %u",
+                       KOLO_PROTO_VERSION, cli->url, rf->version);
+    if (cli->token && rf->status != KOLO_EAUTH && rpc_frame_verify(body, blen, cli->token) != 0)
+        return set_err(err, errlen, KOLO_EAUTH,
+                       "reply from %s is not authenticated with the cluster token", cli->url);
+    if (rf->status != 0)
+        return set_err(err, errlen, rf->status, "%.*s",
+                       (int)(rf->body_len > 900 ? 900 : rf->body_len), (const char *)rf->body);
+    return 0;
+}
+
+static int transport_err(struct rpc_client *cli, int rv, const char *method, int timeout_ms,
+                         char *err, size_t errlen)
+{
+    if (rv == NNG_ETIMEDOUT) {
+        if (atomic_load(&cli->pipes) == 0)
+            return set_err(err, errlen, KOLO_ECONNREFUSED,
+                           "cannot connect to %s within %d ms (is the coordinator running?)",
+                           cli->url, timeout_ms);
+        return set_err(err, errlen, KOLO_ETIMEDOUT, "%s: no reply from %s within %d ms", method,
+                       cli->url, timeout_ms);
+    }
+    if (rv == NNG_ECLOSED)
+        return set_err(err, errlen, KOLO_ECLOSED, "client closed");
+    return set_err(err, errlen, KOLO_EIO, "%s: %s", method, nng_strerror(rv));
+}
+
 int rpc_client_call(struct rpc_client *cli, const char *method, const void *req, size_t req_len,
                     void **rep, size_t *rep_len, int timeout_ms, char *err, size_t errlen)
 {
-    struct rpc_frame f = {0};
-    uint8_t *data = NULL;
-    size_t dlen;
+    struct rpc_frame f, rf;
     nng_ctx ctx;
     nng_aio *aio = NULL;
     nng_msg *m = NULL;
@@ -609,39 +698,18 @@ int rpc_client_call(struct rpc_client *cli, const char *method, const void *req,
         *rep_len = 0;
     if (err && errlen)
         err[0] = '\0';
-    if (strlen(method) > RPC_MAX_METHOD)
-        return set_err(err, errlen, KOLO_EINVAL, "method name too long");
-    if (req_len + RPC_HEADER_LEN > cli->max_msg)
-        return set_err(err, errlen, KOLO_ETOOBIG, "request of %zu bytes exceeds the cap", req_len);
-
-    f.version = KOLO_PROTO_VERSION;
-    f.kind = RPC_REQUEST;
-    f.ts_ms = now_wall_ms();
-    random_bytes(f.nonce, sizeof(f.nonce));
-    str_copy(f.method, method, sizeof(f.method));
-    nng_mtx_lock(cli->mtx);
-    memcpy(f.identity, cli->identity, sizeof(f.identity));
-    f.job_id = cli->job_id;
-    f.generation = cli->generation;
-    f.rank = cli->rank;
-    nng_mtx_unlock(cli->mtx);
-    f.body = req;
-    f.body_len = req_len;
-    if ((rv = rpc_frame_encode(&f, cli->token, &data, &dlen)) != 0)
-        return set_err(err, errlen, rv, "cannot encode request");
-
+    if ((code = client_encode(cli, method, req, req_len, &f, &m, err, errlen)) != 0)
+        return code;
     uint64_t deadline = now_mono_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
-    if ((rv = nng_ctx_open(&ctx, cli->sock)) != 0) {
-        free(data);
+    if (nng_ctx_open(&ctx, cli->sock) != 0) {
+        nng_msg_free(m);
         return set_err(err, errlen, KOLO_ECLOSED, "client closed");
     }
-    if (nng_aio_alloc(&aio, NULL, NULL) != 0 || nng_msg_alloc(&m, 0) != 0 ||
-        nng_msg_append(m, data, dlen) != 0) {
-        code = set_err(err, errlen, KOLO_ENOMEM, "out of memory");
-        goto out;
+    if (nng_aio_alloc(&aio, NULL, NULL) != 0) {
+        nng_msg_free(m);
+        nng_ctx_close(ctx);
+        return set_err(err, errlen, KOLO_ENOMEM, "out of memory");
     }
-    free(data);
-    data = NULL;
     nng_aio_set_timeout(aio, timeout_ms > 0 ? timeout_ms : 1);
     nng_aio_set_msg(aio, m);
     nng_ctx_send(ctx, aio);
@@ -649,44 +717,21 @@ int rpc_client_call(struct rpc_client *cli, const char *method, const void *req,
     if ((rv = nng_aio_result(aio)) != 0) {
         nng_msg_free(m);
         m = NULL;
-        goto transport_error;
+        code = transport_err(cli, rv, method, timeout_ms, err, errlen);
+        goto out;
     }
     m = NULL;
     uint64_t now = now_mono_ms();
     nng_aio_set_timeout(aio, now < deadline ? (nng_duration)(deadline - now) : 1);
     nng_ctx_recv(ctx, aio);
     nng_aio_wait(aio);
-    if ((rv = nng_aio_result(aio)) != 0)
-        goto transport_error;
+    if ((rv = nng_aio_result(aio)) != 0) {
+        code = transport_err(cli, rv, method, timeout_ms, err, errlen);
+        goto out;
+    }
     m = nng_aio_get_msg(aio);
-
-    struct rpc_frame rf;
-    const uint8_t *body = nng_msg_body(m);
-    size_t blen = nng_msg_len(m);
-    if (rpc_frame_decode(body, blen, &rf) != 0 || rf.kind != RPC_REPLY) {
-        code = set_err(err, errlen, KOLO_EPROTO, "malformed reply from %s", cli->url);
+    if ((code = client_check_reply(cli, m, &f, &rf, err, errlen)) != 0)
         goto out;
-    }
-    if (memcmp(rf.nonce, f.nonce, RPC_NONCE_LEN) != 0) {
-        code = set_err(err, errlen, KOLO_EPROTO, "reply does not match the request");
-        goto out;
-    }
-    if (rf.status == KOLO_EVERSION || rf.version != KOLO_PROTO_VERSION) {
-        code = set_err(err, errlen, KOLO_EVERSION,
-                       "protocol version mismatch: this client speaks version %u, %s speaks %u",
-                       KOLO_PROTO_VERSION, cli->url, rf.version);
-        goto out;
-    }
-    if (cli->token && rf.status != KOLO_EAUTH && rpc_frame_verify(body, blen, cli->token) != 0) {
-        code = set_err(err, errlen, KOLO_EAUTH,
-                       "reply from %s is not authenticated with the cluster token", cli->url);
-        goto out;
-    }
-    if (rf.status != 0) {
-        code = set_err(err, errlen, rf.status, "%.*s", (int)(rf.body_len > 900 ? 900 : rf.body_len),
-                       (const char *)rf.body);
-        goto out;
-    }
     if (rf.body_len && rep) {
         *rep = malloc(rf.body_len);
         if (!*rep) {
@@ -698,28 +743,112 @@ int rpc_client_call(struct rpc_client *cli, const char *method, const void *req,
     if (rep_len)
         *rep_len = rf.body_len;
     code = 0;
-    goto out;
-
-transport_error:
-    if (rv == NNG_ETIMEDOUT) {
-        if (atomic_load(&cli->pipes) == 0)
-            code = set_err(err, errlen, KOLO_ECONNREFUSED,
-                           "cannot connect to %s within %d ms (is the coordinator running?)",
-                           cli->url, timeout_ms);
-        else
-            code = set_err(err, errlen, KOLO_ETIMEDOUT, "%s: no reply from %s within %d ms", method,
-                           cli->url, timeout_ms);
-    } else if (rv == NNG_ECLOSED) {
-        code = set_err(err, errlen, KOLO_ECLOSED, "client closed");
-    } else {
-        code = set_err(err, errlen, KOLO_EIO, "%s: %s", method, nng_strerror(rv));
-    }
 out:
-    free(data);
     if (m)
         nng_msg_free(m);
-    if (aio)
-        nng_aio_free(aio);
+    nng_aio_free(aio);
     nng_ctx_close(ctx);
     return code;
+}
+
+/* ---------------------------------------------------------------- async calls */
+
+struct acall {
+    struct rpc_client *cli;
+    nng_ctx ctx;
+    nng_aio *aio;
+    bool receiving;
+    struct rpc_frame f;
+    char method[RPC_MAX_METHOD + 1];
+    int timeout_ms;
+    uint64_t deadline;
+    rpc_done_fn done;
+    void *arg;
+};
+
+static void acall_finish(struct acall *a, int code, const void *rep, size_t len, const char *err)
+{
+    struct rpc_client *cli = a->cli;
+    a->done(a->arg, code, rep, len, err);
+    nng_ctx_close(a->ctx);
+    /* nng_aio_free would wait for this very callback: reap it lazily. */
+    nng_aio_reap(a->aio);
+    free(a);
+    nng_mtx_lock(cli->mtx);
+    if (--cli->async_calls == 0)
+        nng_cv_wake(cli->idle);
+    nng_mtx_unlock(cli->mtx);
+}
+
+static void acall_cb(void *arg)
+{
+    struct acall *a = arg;
+    char err[1024];
+    int rv = nng_aio_result(a->aio);
+    if (!a->receiving) {
+        if (rv != 0) {
+            nng_msg_free(nng_aio_get_msg(a->aio));
+            int code = transport_err(a->cli, rv, a->method, a->timeout_ms, err, sizeof(err));
+            acall_finish(a, code, NULL, 0, err);
+            return;
+        }
+        a->receiving = true;
+        uint64_t now = now_mono_ms();
+        nng_aio_set_timeout(a->aio, now < a->deadline ? (nng_duration)(a->deadline - now) : 1);
+        nng_ctx_recv(a->ctx, a->aio);
+        return;
+    }
+    if (rv != 0) {
+        int code = transport_err(a->cli, rv, a->method, a->timeout_ms, err, sizeof(err));
+        acall_finish(a, code, NULL, 0, err);
+        return;
+    }
+    nng_msg *m = nng_aio_get_msg(a->aio);
+    struct rpc_frame rf;
+    int code = client_check_reply(a->cli, m, &a->f, &rf, err, sizeof(err));
+    if (code == 0)
+        acall_finish(a, 0, rf.body, rf.body_len, "");
+    else
+        acall_finish(a, code, NULL, 0, err);
+    nng_msg_free(m);
+}
+
+int rpc_client_call_async(struct rpc_client *cli, const char *method, const void *req,
+                          size_t req_len, int timeout_ms, rpc_done_fn done, void *arg)
+{
+    char err[256];
+    nng_msg *m = NULL;
+    struct acall *a = calloc(1, sizeof(*a));
+    if (!a)
+        return KOLO_ENOMEM;
+    int code = client_encode(cli, method, req, req_len, &a->f, &m, err, sizeof(err));
+    if (code) {
+        free(a);
+        return code;
+    }
+    a->f.body = NULL; /* the request body is the caller's: do not keep it */
+    a->cli = cli;
+    a->done = done;
+    a->arg = arg;
+    a->timeout_ms = timeout_ms;
+    a->deadline = now_mono_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
+    str_copy(a->method, method, sizeof(a->method));
+    if (nng_ctx_open(&a->ctx, cli->sock) != 0) {
+        nng_msg_free(m);
+        free(a);
+        return KOLO_ECLOSED;
+    }
+    if (nng_aio_alloc(&a->aio, acall_cb, a) != 0) {
+        nng_msg_free(m);
+        nng_ctx_close(a->ctx);
+        free(a);
+        return KOLO_ENOMEM;
+    }
+    nng_mtx_lock(cli->mtx);
+    cli->async_calls++;
+    nng_mtx_unlock(cli->mtx);
+    nng_aio_set_timeout(a->aio, timeout_ms > 0 ? timeout_ms : 1);
+    nng_aio_set_msg(a->aio, m);
+    nng_ctx_send(a->ctx, a->aio);
+    return 0;
 }

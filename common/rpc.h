@@ -162,4 +162,17 @@ void rpc_client_set_identity(struct rpc_client *cli, const char *identity, uint6
 int rpc_client_call(struct rpc_client *cli, const char *method, const void *req, size_t req_len,
                     void **rep, size_t *rep_len, int timeout_ms, char *err, size_t errlen);
 
+/*
+ * rpc_client_call_async starts the same call and returns at once; done
+ * runs exactly once, on an nng thread, with the result: code 0 and the
+ * reply body (valid only during the callback), or an error code and
+ * message. rpc_client_close waits for outstanding async calls (they end
+ * with KOLO_ECLOSED). Returns non-zero if the call could not start (then
+ * done is not called).
+ */
+typedef void (*rpc_done_fn)(void *arg, int code, const void *rep, size_t rep_len,
+                            const char *err);
+int rpc_client_call_async(struct rpc_client *cli, const char *method, const void *req,
+                          size_t req_len, int timeout_ms, rpc_done_fn done, void *arg);
+
 #endif

@@ -267,9 +267,9 @@ KOLO_API int kolo_barrier_async(kolo_ctx *ctx, kolo_handle *handle);
  */
 KOLO_API int kolo_join_async(kolo_ctx *ctx, kolo_handle *handle);
 
-/* kolo_poll: 1 if the operation finished (successfully or not), 0 if not
- * yet, or an error for an unknown handle. */
-KOLO_API int kolo_poll(kolo_ctx *ctx, kolo_handle handle);
+/* kolo_poll sets *done to 1 if the operation finished (successfully or
+ * not) and 0 if not yet; it returns KOLO_ENOTFOUND for an unknown handle. */
+KOLO_API int kolo_poll(kolo_ctx *ctx, kolo_handle handle, int *done);
 
 /*
  * kolo_wait waits up to timeout_ms (negative: forever) for the operation

@@ -37,12 +37,19 @@ struct xport_ops {
     ssize_t (*try_recv)(struct xport *x, void *buf, size_t len);
     /* Arm the fd for waiting: want_send / want_recv say what the caller
      * waits for; returns the fd and the poll events to wait for. The shm
-     * transport tells its peer to signal the eventfd, then the caller must
-     * retry try_* once before sleeping (no lost wake-ups). */
+     * transport tells its peer to poke its doorbell, then the caller must
+     * retry try_* once before sleeping (no lost wake-ups). For shm the fd
+     * is an epoll fd that also turns readable when the peer process dies,
+     * so a plain poll() on it notices a dead local peer. */
     int (*arm)(struct xport *x, bool want_send, bool want_recv, short *events);
-    /* Disarm after waking (optional, may be NULL). */
+    /* Disarm after waking (optional, may be NULL). Must be called before
+     * the next try_* that follows a poll on the armed fd: it consumes the
+     * wake-up and notices a dead peer. */
     void (*disarm)(struct xport *x);
     void (*close)(struct xport *x);
+    /* true when try_* costs no system call while nothing moves (shm), so
+     * a waiter spins for KOLO_SPIN_US before it arms and sleeps. */
+    bool spin;
 };
 
 struct xport {
@@ -53,7 +60,11 @@ struct xport {
 };
 
 /* Blocking helpers built on the table; deadline is CLOCK_MONOTONIC ms
- * (now_mono_ms() + timeout), 0 = no deadline. */
+ * (now_mono_ms() + timeout), 0 = no deadline. At the deadline they return
+ * KOLO_ETIMEDOUT; a connection on which part of the buffer had moved is
+ * then marked failed (its byte stream is out of step), one on which
+ * nothing moved stays usable. When nothing moves they spin for
+ * xport_spin_us() if a connection is a spinning one (shm), then poll(). */
 int xport_send(struct xport *x, const void *buf, size_t len, uint64_t deadline);
 int xport_recv(struct xport *x, void *buf, size_t len, uint64_t deadline);
 /* xport_sendrecv sends slen bytes on xs while receiving rlen bytes on xr
@@ -62,14 +73,39 @@ int xport_sendrecv(struct xport *xs, const void *sbuf, size_t slen, struct xport
                    size_t rlen, uint64_t deadline);
 void xport_close(struct xport *x);
 
+/* xport_spin_us: how long a blocked wait spins before it sleeps, in
+ * microseconds. Knob KOLO_SPIN_US (default 20, 0 = never spin, at most
+ * 10000), read once; keep it short where ranks outnumber cores, since a
+ * spinning rank takes the core its peer needs. xport_set_spin_us
+ * overrides it (a negative value goes back to the environment). */
+int xport_spin_us(void);
+void xport_set_spin_us(int us);
+
+/* xport_fail is for transports: it makes the connection's failure sticky
+ * (the first code and message win) and returns -code for try_*. */
+ssize_t xport_fail(struct xport *x, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* ---- tcp ---- */
 
 /* A listener on addr ("0.0.0.0", "127.0.0.1", ...) port 0; *port is the
- * port the kernel chose. */
+ * port the kernel chose. The fd is non-blocking; close() it when done. */
 int tcp_listen(const char *addr, int *fd, int *port);
 /* tcp_connect dials addr:port and sends a hello naming (job, generation,
  * from_rank); tcp_accept reads the hello from a new connection, refusing
- * other jobs and generations. Both return a connected xport. */
+ * other jobs and generations. Both return a connected xport.
+ *
+ * tcp_connect does not wait for the acceptor: it returns once the kernel
+ * connected (or KOLO_ECONNREFUSED / KOLO_ETIMEDOUT), so ranks may connect
+ * and accept in any order. The acceptor's answer to the hello arrives
+ * in-band and is checked by the first try_send/try_recv: a refusal fails
+ * the connection with the acceptor's code (KOLO_ESTALE for another
+ * generation, KOLO_EPROTO for another job, another rank or a malformed
+ * hello, KOLO_EVERSION for another protocol version).
+ *
+ * tcp_accept returns that same code when it refuses a connection (and
+ * closes it): the caller decides whether to keep accepting. It waits for
+ * a connection and its hello until the deadline (KOLO_ETIMEDOUT). */
 int tcp_connect(const char *addr, int port, uint64_t job, uint64_t generation, int from_rank,
                 int to_rank, uint64_t deadline, struct xport **out);
 int tcp_accept(int listen_fd, uint64_t job, uint64_t generation, int my_rank, uint64_t deadline,
@@ -82,13 +118,33 @@ int tcp_accept(int listen_fd, uint64_t job, uint64_t generation, int my_rank, ui
  * rank attaches, and once all attached the name is unlinked so nothing is
  * left behind if processes die. */
 struct shm_segment;
+/* The ring size used when ring_bytes is 0. Other sizes are rounded up to
+ * a power of two (at least 4 KiB). The segment takes about
+ * nlocal * nlocal * (ring_bytes + 4 KiB) of address space; tmpfs only
+ * backs the pages a ring actually used. Creator and attachers must pass
+ * the same nlocal and ring_bytes (checked: KOLO_EPROTO otherwise). */
+#define SHM_RING_BYTES_DEFAULT ((size_t)1 << 20)
+/* shm_segment_name writes "/kolo-<job>-<gen>-<random hex>" into out. */
+int shm_segment_name(uint64_t job, uint64_t generation, char *out, size_t outlen);
+/* create fails with KOLO_EEXIST if the name exists; attach with
+ * KOLO_ENOTFOUND if it does not. */
 int shm_segment_create(const char *name, int nlocal, size_t ring_bytes, struct shm_segment **out);
 int shm_segment_attach(const char *name, int nlocal, size_t ring_bytes, struct shm_segment **out);
 void shm_segment_unlink(const char *name);
 void shm_segment_release(struct shm_segment *seg); /* after every xport on it closed */
 /* shm_connect returns the connection from local index me to local index
  * peer (rank numbers are only for messages). peer_pid lets the waiter
- * notice a dead peer (pidfd). */
+ * notice a dead peer (pidfd; 0 = do not watch). It never waits for the
+ * peer, so every rank can connect in any order. One connection per
+ * ordered pair and segment: closing it tells the peer (KOLO_EPEER once
+ * the data sent before the close is read), and the pair cannot be
+ * connected again on that segment.
+ *
+ * Waiting: each local index has a doorbell, an abstract unix datagram
+ * socket named from a random id stored in the segment, bound by the first
+ * shm_connect for that index. Peers poke it only while we sleep. One
+ * thread at a time waits for a given local index (the one that runs its
+ * collectives); ranks must share a network namespace. */
 int shm_connect(struct shm_segment *seg, int me, int peer, int peer_rank, pid_t peer_pid,
                 struct xport **out);
 

@@ -1,0 +1,4 @@
+# libkolo end to end: in-process coordinator, threads as ranks, shm and tcp.
+kolo_test(api worker "unit;worker" test_api.c)
+target_link_libraries(${KOLO_LAST_TEST_TARGET} PRIVATE kolo_worker kolo_coord)
+set_tests_properties(kolo.worker.api PROPERTIES TIMEOUT 300)

@@ -1,0 +1,418 @@
+/*
+ * test_api.c - libkolo end to end: an in-process coordinator, N threads as
+ * ranks (each with its own kolo_ctx, so "no library globals" is tested by
+ * construction), over shared memory and over TCP.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "coord.h"
+#include "kolo.h"
+#include "kolo.pb-c.h"
+#include "rpc.h"
+#include "test.h"
+#include "util.h"
+
+static struct coord *coord;
+static uint64_t job_id;
+static int job_np;
+static int use_tcp;
+
+/* Registers a host with np slots and submits an np-rank job, so the
+ * coordinator has a running generation for the threads to join. */
+static void make_job(int np)
+{
+    struct rpc_client *cli;
+    struct rpc_client_config cc = {.url = coord_rpc_url(coord), .identity = "test"};
+    REQUIRE(rpc_client_open(&cli, &cc) == 0);
+    char err[512], id[32], inst[32];
+    snprintf(id, sizeof(id), "host-%d", np);
+    random_hex(inst, 8);
+    Kolo__RegisterRequest reg = KOLO__REGISTER_REQUEST__INIT;
+    reg.host_id = id;
+    reg.name = id;
+    reg.hostname = id;
+    reg.addr = "127.0.0.1";
+    reg.slots = np;
+    reg.agent_instance = inst;
+    size_t len = kolo__register_request__get_packed_size(&reg);
+    uint8_t buf[512];
+    kolo__register_request__pack(&reg, buf);
+    void *out;
+    size_t olen;
+    REQUIRE(rpc_client_call(cli, "AgentService.RegisterHost", buf, len, &out, &olen, 3000, err,
+                            sizeof(err)) == 0);
+    free(out);
+    Kolo__SubmitJobRequest sub = KOLO__SUBMIT_JOB_REQUEST__INIT;
+    char *argv[] = {"true"};
+    sub.argv = argv;
+    sub.n_argv = 1;
+    sub.np = np;
+    sub.hosts = id;
+    char hosts[64];
+    snprintf(hosts, sizeof(hosts), "%s:%d", id, np);
+    sub.hosts = hosts;
+    len = kolo__submit_job_request__get_packed_size(&sub);
+    kolo__submit_job_request__pack(&sub, buf);
+    REQUIRE(rpc_client_call(cli, "AdminService.SubmitJob", buf, len, &out, &olen, 3000, err,
+                            sizeof(err)) == 0);
+    Kolo__SubmitJobReply *rep = kolo__submit_job_reply__unpack(NULL, olen, out);
+    job_id = rep->job_id;
+    kolo__submit_job_reply__free_unpacked(rep, NULL);
+    free(out);
+    rpc_client_close(cli);
+    job_np = np;
+}
+
+typedef void (*rank_fn)(kolo_ctx *ctx, int rank, int size);
+
+struct thread_arg {
+    int rank;
+    rank_fn fn;
+};
+
+static void *rank_main(void *p)
+{
+    struct thread_arg *a = p;
+    kolo_config cfg = {0};
+    char host[32];
+    snprintf(host, sizeof(host), "host-%d", job_np);
+    cfg.coordinator = coord_rpc_url(coord);
+    cfg.job_id = job_id;
+    cfg.generation = 1;
+    cfg.rank = a->rank;
+    cfg.size = job_np;
+    cfg.local_rank = a->rank;
+    cfg.local_size = job_np;
+    cfg.host_id = host;
+    cfg.data_addr = "127.0.0.1";
+    cfg.timeout_ms = 10000;
+    cfg.disable_shm = use_tcp;
+    kolo_ctx *ctx = NULL;
+    int rv = kolo_init(&ctx, &cfg);
+    if (rv)
+        fprintf(stderr, "rank %d: kolo_init: %s\n", a->rank, kolo_strerror(rv));
+    REQUIRE(rv == 0);
+    CHECK_EQ_INT(kolo_rank(ctx), a->rank);
+    CHECK_EQ_INT(kolo_size(ctx), job_np);
+    a->fn(ctx, a->rank, job_np);
+    CHECK_EQ_INT(kolo_fini(ctx), 0);
+    return NULL;
+}
+
+static void run_ranks(int np, rank_fn fn)
+{
+    make_job(np);
+    pthread_t t[16];
+    struct thread_arg args[16];
+    for (int r = 0; r < np; r++) {
+        args[r] = (struct thread_arg){r, fn};
+        pthread_create(&t[r], NULL, rank_main, &args[r]);
+    }
+    for (int r = 0; r < np; r++)
+        pthread_join(t[r], NULL);
+}
+
+/* ---------------------------------------------------------------- cases */
+
+static void t_allreduce(kolo_ctx *ctx, int rank, int size)
+{
+    /* sum of float32, several counts incl. 0; in place and not */
+    size_t counts[] = {0, 1, 7, 4099, 1 << 18};
+    for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
+        size_t n = counts[ci];
+        float *in = malloc((n + 1) * sizeof(float)), *out = malloc((n + 1) * sizeof(float));
+        for (size_t i = 0; i < n; i++)
+            in[i] = (float)(rank + 1) * (float)(i % 13);
+        char name[32];
+        snprintf(name, sizeof(name), "sum.%zu", n);
+        kolo_handle h;
+        REQUIRE(kolo_allreduce_async(ctx, name, in, out, n, KOLO_FLOAT32, KOLO_SUM, &h) == 0);
+        CHECK_EQ_INT(kolo_wait(ctx, h, 10000), 0);
+        float tri = (float)(size * (size + 1) / 2);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++)
+            bad += out[i] != tri * (float)(i % 13);
+        CHECK_EQ_INT(bad, 0);
+        free(in);
+        free(out);
+    }
+    /* average of int32 truncates; max of int64; in place */
+    int32_t v[5];
+    for (int i = 0; i < 5; i++)
+        v[i] = rank * 10 + i;
+    kolo_handle h;
+    REQUIRE(kolo_allreduce_async(ctx, "avg", v, v, 5, KOLO_INT32, KOLO_AVERAGE, &h) == 0);
+    CHECK_EQ_INT(kolo_wait(ctx, h, 10000), 0);
+    int32_t want = 0;
+    for (int r = 0; r < size; r++)
+        want += r * 10;
+    CHECK_EQ_INT(v[0], want / size);
+    int64_t m = rank * 3, mo = -1;
+    REQUIRE(kolo_allreduce_async(ctx, "max", &m, &mo, 1, KOLO_INT64, KOLO_MAX, &h) == 0);
+    CHECK_EQ_INT(kolo_wait(ctx, h, 10000), 0);
+    CHECK_EQ_INT(mo, (size - 1) * 3);
+    /* prescale / postscale on float64 */
+    double d = 1.0, dout = 0;
+    int64_t shape[1] = {1};
+    kolo_request req = {.coll = KOLO_COLL_ALLREDUCE,
+                        .name = "scaled",
+                        .sendbuf = &d,
+                        .recvbuf = &dout,
+                        .dtype = KOLO_FLOAT64,
+                        .ndim = 1,
+                        .shape = shape,
+                        .op = KOLO_SUM,
+                        .prescale = 2.0,
+                        .postscale = 0.5,
+                        .device = -1};
+    REQUIRE(kolo_submit(ctx, &req, 1, &h) == 0);
+    CHECK_EQ_INT(kolo_wait(ctx, h, 10000), 0);
+    CHECK(fabs(dout - size) < 1e-12);
+}
+
+/* Many tensors at once (fused), repeated (response cache), checked. */
+static void t_fused_steps(kolo_ctx *ctx, int rank, int size)
+{
+    enum { NT = 40, STEPS = 100 };
+    float *in[NT], *out[NT];
+    size_t n[NT];
+    for (int t = 0; t < NT; t++) {
+        n[t] = (size_t)(t * 37 % 500 + 1);
+        in[t] = malloc(n[t] * sizeof(float));
+        out[t] = malloc(n[t] * sizeof(float));
+    }
+    for (int s = 0; s < STEPS; s++) {
+        kolo_handle h[NT];
+        for (int t = 0; t < NT; t++) {
+            for (size_t i = 0; i < n[t]; i++)
+                in[t][i] = (float)(rank + s + t);
+            char name[32];
+            snprintf(name, sizeof(name), "grad.%d", t);
+            REQUIRE(kolo_allreduce_async(ctx, name, in[t], out[t], n[t], KOLO_FLOAT32,
+                                         KOLO_AVERAGE, &h[t]) == 0);
+        }
+        int bad = 0;
+        for (int t = 0; t < NT; t++) {
+            CHECK_EQ_INT(kolo_wait(ctx, h[t], 10000), 0);
+            float want = (float)(size - 1) / 2.0f + (float)(s + t);
+            for (size_t i = 0; i < n[t]; i++)
+                bad += fabsf(out[t][i] - want) > 1e-4f;
+        }
+        CHECK_EQ_INT(bad, 0);
+    }
+    for (int t = 0; t < NT; t++) {
+        free(in[t]);
+        free(out[t]);
+    }
+}
+
+static void t_others(kolo_ctx *ctx, int rank, int size)
+{
+    kolo_handle h;
+    /* allgather with uneven first dimensions: rank r sends r+1 rows of 3 */
+    int64_t shape[2] = {rank + 1, 3};
+    int32_t *rows = malloc((size_t)(rank + 1) * 3 * sizeof(int32_t));
+    for (int i = 0; i < (rank + 1) * 3; i++)
+        rows[i] = rank * 100 + i;
+    REQUIRE(kolo_allgather_async(ctx, "gather", rows, 2, shape, KOLO_INT32, &h) == 0);
+    CHECK_EQ_INT(kolo_wait(ctx, h, 10000), 0);
+    const void *data;
+    size_t bytes;
+    int64_t nrows;
+    REQUIRE(kolo_result(ctx, h, &data, &bytes, &nrows, NULL, NULL) == 0);
+    CHECK_EQ_INT(nrows, size * (size + 1) / 2);
+    const int32_t *g = data;
+    size_t off = 0;
+    int bad = 0;
+    for (int r = 0; r < size; r++)
+        for (int i = 0; i < (r + 1) * 3; i++)
+            bad += g[off++] != r * 100 + i;
+    CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_INT(kolo_release(ctx, h), 0);
+    CHECK_EQ_INT(kolo_release(ctx, h), KOLO_ENOTFOUND);
+    free(rows);
+
+    /* broadcast from the last rank */
+    double b[4] = {rank, rank, rank, rank};
+    REQUIRE(kolo_broadcast_async(ctx, "bcast", b, 4, KOLO_FLOAT64, size - 1, &h) == 0);
+    CHECK_EQ_INT(kolo_wait(ctx, h, 10000), 0);
+    CHECK(b[0] == size - 1 && b[3] == size - 1);
+
+    /* alltoall: rank r sends d+1 rows (of 2) to rank d, value r*1000+d */
+    int32_t splits[16];
+    int64_t total = 0;
+    for (int d = 0; d < size; d++) {
+        splits[d] = d + 1;
+        total += d + 1;
+    }
+    int16_t *sendv = malloc((size_t)total * 2 * sizeof(int16_t));
+    off = 0;
+    for (int d = 0; d < size; d++)
+        for (int i = 0; i < (d + 1) * 2; i++)
+            sendv[off++] = (int16_t)(rank * 100 + d);
+    int64_t ashape[2] = {total, 2};
+    REQUIRE(kolo_alltoall_async(ctx, "a2a", sendv, 2, ashape, KOLO_INT16, splits, &h) == 0);
+    CHECK_EQ_INT(kolo_wait(ctx, h, 10000), 0);
+    const int32_t *recv_splits;
+    REQUIRE(kolo_result(ctx, h, &data, &bytes, &nrows, &recv_splits, NULL) == 0);
+    CHECK_EQ_INT(nrows, (int64_t)size * (rank + 1));
+    const int16_t *av = data;
+    bad = 0;
+    off = 0;
+    for (int s = 0; s < size; s++) {
+        bad += recv_splits[s] != rank + 1;
+        for (int i = 0; i < (rank + 1) * 2; i++)
+            bad += av[off++] != s * 100 + rank;
+    }
+    CHECK_EQ_INT(bad, 0);
+    kolo_release(ctx, h);
+    free(sendv);
+
+    /* reducescatter of 2*size+1 rows of 2 floats: uneven split */
+    int64_t rrows = 2 * size + 1;
+    int64_t rshape[2] = {rrows, 2};
+    float *rin = malloc((size_t)rrows * 2 * sizeof(float));
+    for (int64_t i = 0; i < rrows * 2; i++)
+        rin[i] = (float)i;
+    int64_t mine = rrows / size + (rank < rrows % size ? 1 : 0);
+    float *rout = malloc((size_t)mine * 2 * sizeof(float) + 4);
+    REQUIRE(kolo_reducescatter_async(ctx, "rs", rin, rout, 2, rshape, KOLO_FLOAT32, KOLO_SUM,
+                                     &h) == 0);
+    CHECK_EQ_INT(kolo_wait(ctx, h, 10000), 0);
+    int64_t first = 0;
+    for (int r = 0; r < rank; r++)
+        first += rrows / size + (r < rrows % size ? 1 : 0);
+    bad = 0;
+    for (int64_t i = 0; i < mine * 2; i++)
+        bad += rout[i] != (float)((first * 2 + i) * size);
+    CHECK_EQ_INT(bad, 0);
+    free(rin);
+    free(rout);
+
+    /* barrier */
+    REQUIRE(kolo_barrier_async(ctx, &h) == 0);
+    CHECK_EQ_INT(kolo_wait(ctx, h, 10000), 0);
+}
+
+/* Mismatches give the same error on every rank; a duplicate name fails
+ * at submission; the context keeps working afterwards. */
+static void t_errors(kolo_ctx *ctx, int rank, int size)
+{
+    kolo_handle h, h2;
+    float f[4] = {0};
+    /* shape mismatch: rank 0 sends 3 elements, others 4 */
+    REQUIRE(kolo_allreduce_async(ctx, "bad.shape", f, f, rank == 0 ? 3 : 4, KOLO_FLOAT32,
+                                 KOLO_SUM, &h) == 0);
+    if (size == 1) {
+        CHECK_EQ_INT(kolo_wait(ctx, h, 10000), 0);
+        return; /* one rank cannot disagree with itself */
+    }
+    CHECK_EQ_INT(kolo_wait(ctx, h, 10000), KOLO_EMISMATCH);
+    CHECK(strstr(kolo_last_error(ctx), "Mismatched ALLREDUCE tensor shapes") != NULL);
+    /* dtype mismatch */
+    REQUIRE(kolo_allreduce_async(ctx, "bad.type", f, f, 1, rank == 0 ? KOLO_INT32 : KOLO_FLOAT32,
+                                 KOLO_SUM, &h) == 0);
+    CHECK_EQ_INT(kolo_wait(ctx, h, 10000), KOLO_EMISMATCH);
+    CHECK(strstr(kolo_last_error(ctx), "Mismatched data types") != NULL);
+    /* op mismatch */
+    REQUIRE(kolo_allreduce_async(ctx, "bad.op", f, f, 1, KOLO_FLOAT32,
+                                 rank == 0 ? KOLO_MIN : KOLO_MAX, &h) == 0);
+    CHECK_EQ_INT(kolo_wait(ctx, h, 10000), KOLO_EMISMATCH);
+    CHECK(strstr(kolo_last_error(ctx), "Mismatched reduction operation") != NULL);
+    /* broadcast root mismatch */
+    REQUIRE(kolo_broadcast_async(ctx, "bad.root", f, 1, KOLO_FLOAT32, rank == 0 ? 0 : size - 1,
+                                 &h) == 0);
+    CHECK_EQ_INT(kolo_wait(ctx, h, 10000), size > 1 ? KOLO_EMISMATCH : 0);
+    /* collective kind mismatch */
+    if (rank == 0)
+        REQUIRE(kolo_allreduce_async(ctx, "bad.kind", f, f, 1, KOLO_FLOAT32, KOLO_SUM, &h) == 0);
+    else
+        REQUIRE(kolo_broadcast_async(ctx, "bad.kind", f, 1, KOLO_FLOAT32, 0, &h) == 0);
+    CHECK_EQ_INT(kolo_wait(ctx, h, 10000), size > 1 ? KOLO_EMISMATCH : 0);
+    /* duplicate in-flight name: refused at once, the first one still runs */
+    REQUIRE(kolo_allreduce_async(ctx, "dup", f, f, 1, KOLO_FLOAT32, KOLO_SUM, &h) == 0);
+    CHECK_EQ_INT(kolo_allreduce_async(ctx, "dup", f, f, 1, KOLO_FLOAT32, KOLO_SUM, &h2),
+                 KOLO_EEXIST);
+    CHECK(strstr(kolo_last_error(ctx), "same name") != NULL);
+    CHECK_EQ_INT(kolo_wait(ctx, h, 10000), 0);
+    /* local argument errors */
+    CHECK_EQ_INT(kolo_allreduce_async(ctx, "x", f, f, 1, (kolo_dtype)99, KOLO_SUM, &h),
+                 KOLO_EINVAL);
+    CHECK_EQ_INT(kolo_broadcast_async(ctx, "x", f, 1, KOLO_FLOAT32, size, &h), KOLO_EINVAL);
+    CHECK_EQ_INT(kolo_wait(ctx, 12345, 0), KOLO_ENOTFOUND);
+    int done = 0;
+    CHECK_EQ_INT(kolo_poll(ctx, -7, &done), KOLO_ENOTFOUND);
+    /* unnamed ops match by order */
+    float one = 1, sum = 0;
+    REQUIRE(kolo_allreduce_async(ctx, NULL, &one, &sum, 1, KOLO_FLOAT32, KOLO_SUM, &h) == 0);
+    CHECK_EQ_INT(kolo_wait(ctx, h, 10000), 0);
+    CHECK(sum == (float)size);
+}
+
+/* Join: the last rank joins early; the others keep reducing; the joined
+ * rank contributes zeros; all learn the last rank to join. */
+static void t_join(kolo_ctx *ctx, int rank, int size)
+{
+    kolo_handle h;
+    int64_t last = -1;
+    if (rank == size - 1 && size > 1) {
+        REQUIRE(kolo_join_async(ctx, &h) == 0);
+        CHECK_EQ_INT(kolo_wait(ctx, h, 10000), 0);
+        REQUIRE(kolo_result(ctx, h, NULL, NULL, NULL, NULL, &last) == 0);
+        kolo_release(ctx, h);
+        CHECK(last != size - 1);
+        return;
+    }
+    for (int s = 0; s < 5; s++) {
+        float v = 1.0f, out = 0;
+        char name[32];
+        snprintf(name, sizeof(name), "j.%d", s);
+        REQUIRE(kolo_allreduce_async(ctx, name, &v, &out, 1, KOLO_FLOAT32, KOLO_SUM, &h) == 0);
+        CHECK_EQ_INT(kolo_wait(ctx, h, 10000), 0);
+        CHECK(out == (float)(size > 1 ? size - 1 : 1));
+    }
+    REQUIRE(kolo_join_async(ctx, &h) == 0);
+    CHECK_EQ_INT(kolo_wait(ctx, h, 10000), 0);
+    REQUIRE(kolo_result(ctx, h, NULL, NULL, NULL, NULL, &last) == 0);
+    kolo_release(ctx, h);
+    CHECK(last >= 0 && last < size);
+}
+
+int main(int argc, char **argv)
+{
+    char dir[] = "/tmp/kolo-test-api-XXXXXX", db[128];
+    REQUIRE(mkdtemp(dir));
+    snprintf(db, sizeof(db), "%s/c.db", dir);
+    char err[512];
+    struct coord_config cfg = {.listen = "tcp://127.0.0.1:0", .db_path = db};
+    REQUIRE(coord_start(&coord, &cfg, err, sizeof(err)) == 0);
+    int sizes[] = {1, 2, 3, 5};
+    const char *only = getenv("KOLO_TEST_TRANSPORT"); /* "shm" or "tcp" to run one */
+    for (use_tcp = 0; use_tcp < 2; use_tcp++) {
+        if (only && strcmp(only, use_tcp ? "tcp" : "shm") != 0)
+            continue;
+        for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+            int np = sizes[i];
+            fprintf(stderr, "-- %s, %d rank(s)\n", use_tcp ? "tcp" : "shm", np);
+            run_ranks(np, t_allreduce);
+            run_ranks(np, t_others);
+            run_ranks(np, t_errors);
+            run_ranks(np, t_join);
+            if (np <= 3)
+                run_ranks(np, t_fused_steps);
+        }
+    }
+    coord_stop(coord);
+    char cmd[200];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", dir);
+    (void)argc;
+    (void)argv;
+    TEST_DONE();
+}

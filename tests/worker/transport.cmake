@@ -1,0 +1,3 @@
+# Point-to-point transports (tcp, shm) and the blocking helpers.
+kolo_test(transport worker "unit;worker" test_transport.c)
+target_link_libraries(${KOLO_LAST_TEST_TARGET} PRIVATE kolo_worker)

@@ -1,0 +1,680 @@
+/*
+ * ctx.c - joining a job (rendezvous, data plane) and the background thread.
+ *
+ * kolo_init: open the RPC client; open a TCP listener (every rank, so any
+ * placement works); if the environment says every rank of the job is on
+ * this host, the first local rank also creates the shared segment for the
+ * shmcoll backend. Rendezvous through the coordinator returns every
+ * rank's host id, addresses, pid and the segment name. All on one host
+ * with a segment: shmcoll. Otherwise: a full mesh of TCP connections
+ * (rank r dials every lower rank, accepts every higher one) under the
+ * ring backend. Everything is bounded by the config's timeout.
+ *
+ * Background thread: see worker_int.h. Negotiation errors that mean the
+ * generation is over (stale, the job ended, a rank left) become a sticky
+ * error that fails every pending and future operation; transport errors
+ * towards the coordinator are retried until the timeout, since the
+ * coordinator may be restarting.
+ */
+#include "worker_int.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "errors.h"
+#include "log.h"
+#include "transport.h"
+#include "util.h"
+
+#define RENDEZVOUS_SLICE_MS 5000
+#define DEFAULT_TIMEOUT_MS 30000
+#define DEFAULT_FUSION (64ll << 20)
+
+void ctx_set_error(struct kolo_ctx *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
+    va_end(ap);
+}
+
+void ctx_wake(struct kolo_ctx *c)
+{
+    pthread_cond_signal(&c->wake);
+}
+
+/* Sets the sticky error and fails everything pending (mu held). */
+static void ctx_fail(struct kolo_ctx *c, int code, const char *msg)
+{
+    if (!c->sticky) {
+        c->sticky = code;
+        snprintf(c->sticky_msg, sizeof(c->sticky_msg), "%s", msg);
+        if (code != KOLO_ESHUTDOWN || c->inflight || c->q_head)
+            LOGW("kolo", "rank %d: %s (%s)", c->rank, msg, kolo_errname(code));
+    }
+    ops_fail_all(c, c->sticky, c->sticky_msg);
+    pthread_cond_signal(&c->wake);
+}
+
+/* ---------------------------------------------------------------- config */
+
+static int env_int(const char *name, int def)
+{
+    const char *v = getenv(name);
+    return v && v[0] ? atoi(v) : def;
+}
+
+static uint64_t env_u64(const char *name)
+{
+    const char *v = getenv(name);
+    return v && v[0] ? strtoull(v, NULL, 10) : 0;
+}
+
+/* The first non-loopback IPv4 address, or 127.0.0.1. */
+static void default_data_addr(char *out, size_t n)
+{
+    struct ifaddrs *ifs = NULL, *i;
+    str_copy(out, "127.0.0.1", n);
+    if (getifaddrs(&ifs) != 0)
+        return;
+    for (i = ifs; i; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET)
+            continue;
+        struct sockaddr_in *sin = (struct sockaddr_in *)i->ifa_addr;
+        if ((ntohl(sin->sin_addr.s_addr) >> 24) == 127)
+            continue;
+        inet_ntop(AF_INET, &sin->sin_addr, out, (socklen_t)n);
+        break;
+    }
+    freeifaddrs(ifs);
+}
+
+static int config_from_env(kolo_config *cfg, char *err, size_t errlen)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->coordinator = getenv("KOLO_COORDINATOR");
+    cfg->token = getenv("KOLO_TOKEN");
+    cfg->job_id = env_u64("KOLO_JOB");
+    cfg->generation = env_u64("KOLO_GENERATION");
+    cfg->rank = env_int("KOLO_RANK", -1);
+    cfg->size = env_int("KOLO_SIZE", -1);
+    cfg->local_rank = env_int("KOLO_LOCAL_RANK", 0);
+    cfg->local_size = env_int("KOLO_LOCAL_SIZE", 1);
+    cfg->cross_rank = env_int("KOLO_CROSS_RANK", 0);
+    cfg->cross_size = env_int("KOLO_CROSS_SIZE", 1);
+    cfg->host_id = getenv("KOLO_HOST_ID");
+    cfg->data_addr = getenv("KOLO_DATA_ADDR");
+    cfg->timeout_ms = env_int("KOLO_TIMEOUT_MS", 0);
+    const char *ft = getenv("KOLO_FUSION_THRESHOLD");
+    if (!ft || !ft[0])
+        ft = getenv("HOROVOD_FUSION_THRESHOLD");
+    if (ft && ft[0]) {
+        cfg->fusion_threshold = strtoll(ft, NULL, 10);
+        if (cfg->fusion_threshold == 0)
+            cfg->fusion_threshold = -1; /* Horovod: 0 disables fusion */
+    }
+    cfg->disable_shm = env_int("KOLO_DISABLE_SHM", 0);
+    if (!cfg->coordinator || !cfg->coordinator[0] || cfg->rank < 0 || cfg->size < 1 ||
+        !cfg->job_id) {
+        snprintf(err, errlen,
+                 "not started by kolo: KOLO_COORDINATOR, KOLO_JOB, KOLO_RANK and KOLO_SIZE must "
+                 "be set (run the program with `kolo run`)");
+        return KOLO_EINVAL;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- rendezvous */
+
+struct rdv {
+    int listen_fd;
+    int port;
+    char addr[64];
+    char shm_name[64];
+    struct coll *shm; /* created by the local leader before rendezvous */
+    Kolo__RendezvousReply *reply;
+};
+
+static int rendezvous(struct kolo_ctx *c, const kolo_config *cfg, struct rdv *rv, char *err,
+                      size_t errlen)
+{
+    uint64_t deadline = now_mono_ms() + (uint64_t)c->timeout_ms;
+    char addr_text[96];
+    snprintf(addr_text, sizeof(addr_text), "tcp:%s:%d", rv->addr, rv->port);
+    char *addrs[1] = {addr_text};
+    for (;;) {
+        uint64_t now = now_mono_ms();
+        if (now >= deadline) {
+            snprintf(err, errlen, "rendezvous: not every rank joined within %d ms",
+                     c->timeout_ms);
+            return KOLO_ETIMEDOUT;
+        }
+        uint32_t wait = (uint32_t)(deadline - now < RENDEZVOUS_SLICE_MS ? deadline - now
+                                                                         : RENDEZVOUS_SLICE_MS);
+        Kolo__RendezvousRequest req = KOLO__RENDEZVOUS_REQUEST__INIT;
+        req.host_id = (char *)(cfg->host_id ? cfg->host_id : "");
+        req.data_addrs = addrs;
+        req.n_data_addrs = 1;
+        req.pid = (int32_t)getpid();
+        req.shm_name = rv->shm_name;
+        req.wait_ms = wait;
+        req.size = c->size;
+        req.fusion_threshold = c->fusion_threshold;
+        size_t len = kolo__rendezvous_request__get_packed_size(&req);
+        uint8_t *buf = malloc(len + 1);
+        void *out = NULL;
+        size_t olen = 0;
+        if (!buf)
+            return KOLO_ENOMEM;
+        kolo__rendezvous_request__pack(&req, buf);
+        int code = rpc_client_call(c->rpc, "WorkerService.Rendezvous", buf, len, &out, &olen,
+                                   (int)wait + 5000, err, errlen);
+        free(buf);
+        if (code == KOLO_ETIMEDOUT || code == KOLO_ECONNREFUSED || code == KOLO_EIO) {
+            usleep(100000); /* the coordinator may be starting or restarting */
+            continue;
+        }
+        if (code)
+            return code;
+        Kolo__RendezvousReply *rep = kolo__rendezvous_reply__unpack(NULL, olen, out);
+        free(out);
+        if (!rep) {
+            snprintf(err, errlen, "malformed rendezvous reply");
+            return KOLO_EPROTO;
+        }
+        if (rep->complete && rep->n_peers == (size_t)c->size) {
+            rv->reply = rep;
+            return 0;
+        }
+        kolo__rendezvous_reply__free_unpacked(rep, NULL);
+    }
+}
+
+/* Parses "tcp:ADDR:PORT". */
+static bool parse_tcp_addr(const char *s, char *host, size_t n, int *port)
+{
+    if (strncmp(s, "tcp:", 4) != 0)
+        return false;
+    const char *colon = strrchr(s + 4, ':');
+    if (!colon || (size_t)(colon - (s + 4)) >= n)
+        return false;
+    memcpy(host, s + 4, (size_t)(colon - (s + 4)));
+    host[colon - (s + 4)] = '\0';
+    *port = atoi(colon + 1);
+    return *port > 0;
+}
+
+static int connect_mesh(struct kolo_ctx *c, struct rdv *rv, char *err, size_t errlen)
+{
+    uint64_t deadline = now_mono_ms() + (uint64_t)c->timeout_ms;
+    struct xport **peers = calloc((size_t)c->size, sizeof(*peers));
+    int code = 0;
+    if (!peers)
+        return KOLO_ENOMEM;
+    /* Dial every lower rank first (non-blocking connects), then accept
+     * every higher one: no two ranks wait on each other. */
+    for (int r = 0; r < c->rank && !code; r++) {
+        Kolo__PeerInfo *p = rv->reply->peers[r];
+        char host[64];
+        int port = 0;
+        code = KOLO_EPROTO;
+        for (size_t i = 0; i < p->n_data_addrs; i++) {
+            if (!parse_tcp_addr(p->data_addrs[i], host, sizeof(host), &port))
+                continue;
+            code = tcp_connect(host, port, c->job, c->generation, c->rank, r, deadline,
+                               &peers[r]);
+            if (code == 0)
+                break;
+        }
+        if (code)
+            snprintf(err, errlen, "cannot connect to rank %d: %s", r, kolo_strerror(code));
+    }
+    for (int n = c->rank + 1; n < c->size && !code; n++) {
+        struct xport *x = NULL;
+        code = tcp_accept(rv->listen_fd, c->job, c->generation, c->rank, deadline, &x);
+        if (code) {
+            snprintf(err, errlen, "accepting peer connections: %s", kolo_strerror(code));
+            break;
+        }
+        if (x->peer <= c->rank || x->peer >= c->size || peers[x->peer]) {
+            xport_close(x);
+            code = KOLO_EPROTO;
+            snprintf(err, errlen, "unexpected connection from rank %d", x ? x->peer : -1);
+            break;
+        }
+        peers[x->peer] = x;
+    }
+    if (code) {
+        for (int r = 0; r < c->size; r++)
+            if (peers[r])
+                xport_close(peers[r]);
+        free(peers);
+        return code;
+    }
+    code = ring_create(c->rank, c->size, peers, &c->coll);
+    free(peers);
+    if (code)
+        snprintf(err, errlen, "cannot set up the ring: %s", kolo_strerror(code));
+    return code;
+}
+
+static int setup_data_plane(struct kolo_ctx *c, const kolo_config *cfg, char *err, size_t errlen)
+{
+    struct rdv rv = {.listen_fd = -1};
+    int code;
+    if (cfg->data_addr && cfg->data_addr[0])
+        str_copy(rv.addr, cfg->data_addr, sizeof(rv.addr));
+    else
+        default_data_addr(rv.addr, sizeof(rv.addr));
+    const char *bind_addr = strcmp(rv.addr, "127.0.0.1") == 0 ? "127.0.0.1" : "0.0.0.0";
+    if ((code = tcp_listen(bind_addr, &rv.listen_fd, &rv.port)) != 0) {
+        snprintf(err, errlen, "cannot open the data-plane listener: %s", kolo_strerror(code));
+        return code;
+    }
+    bool one_host = cfg->local_size == c->size && c->size > 1 && !cfg->disable_shm;
+    if (one_host && cfg->local_rank == 0) {
+        shm_segment_name(c->job, c->generation, rv.shm_name, sizeof(rv.shm_name));
+        if (shmcoll_create(rv.shm_name, c->rank, c->size, 0, &rv.shm) != 0) {
+            LOGW("kolo", "cannot create the shared segment; using TCP");
+            rv.shm = NULL;
+            rv.shm_name[0] = '\0';
+        }
+    }
+    if ((code = rendezvous(c, cfg, &rv, err, errlen)) != 0)
+        goto out;
+    /* One host (same host id everywhere) and a segment: shared memory. */
+    const char *segment = NULL;
+    bool same = true;
+    for (int r = 0; r < c->size; r++) {
+        Kolo__PeerInfo *p = rv.reply->peers[r];
+        if (strcmp(p->host_id, rv.reply->peers[0]->host_id) != 0)
+            same = false;
+        if (p->shm_name[0])
+            segment = p->shm_name;
+    }
+    if (same && segment && !cfg->disable_shm) {
+        if (rv.shm) {
+            c->coll = rv.shm;
+            rv.shm = NULL;
+        } else if ((code = shmcoll_attach(segment, c->rank, c->size, 0, &c->coll)) != 0) {
+            snprintf(err, errlen, "cannot attach the shared segment %s: %s", segment,
+                     kolo_strerror(code));
+            goto out;
+        }
+        int *pids = calloc((size_t)c->size, sizeof(int));
+        if (!pids) {
+            code = KOLO_ENOMEM;
+            goto out;
+        }
+        for (int r = 0; r < c->size; r++)
+            pids[r] = rv.reply->peers[r]->pid;
+        code = shmcoll_ready(c->coll, pids, now_mono_ms() + (uint64_t)c->timeout_ms);
+        free(pids);
+        if (code)
+            snprintf(err, errlen, "shared-memory setup failed: %s", c->coll->why);
+    } else {
+        code = connect_mesh(c, &rv, err, errlen);
+    }
+out:
+    if (rv.shm)
+        rv.shm->ops->destroy(rv.shm);
+    if (rv.listen_fd >= 0)
+        close(rv.listen_fd);
+    if (rv.reply)
+        kolo__rendezvous_reply__free_unpacked(rv.reply, NULL);
+    return code;
+}
+
+/* ---------------------------------------------------------------- negotiation */
+
+static void negotiate_done(void *arg, int code, const void *rep, size_t len, const char *err)
+{
+    struct kolo_ctx *c = arg;
+    pthread_mutex_lock(&c->mu);
+    c->calls--;
+    if (code == 0) {
+        Kolo__NegotiateReply *r = kolo__negotiate_reply__unpack(NULL, len, rep);
+        if (!r) {
+            ctx_fail(c, KOLO_EPROTO, "malformed negotiation reply from the coordinator");
+        } else {
+            for (size_t i = 0; i < r->n_responses; i++) {
+                Kolo__Response *x = r->responses[i];
+                if (x->index < c->resp_base) {
+                    kolo__response__free_unpacked(x, NULL);
+                    continue; /* already executed: a repeated read */
+                }
+                size_t slot = (size_t)(x->index - c->resp_base);
+                if (slot >= c->resp_cap) {
+                    size_t cap = c->resp_cap ? c->resp_cap : 64;
+                    while (cap <= slot)
+                        cap *= 2;
+                    Kolo__Response **nr = realloc(c->resp, cap * sizeof(*nr));
+                    if (!nr) {
+                        kolo__response__free_unpacked(x, NULL);
+                        continue;
+                    }
+                    memset(nr + c->resp_cap, 0, (cap - c->resp_cap) * sizeof(*nr));
+                    c->resp = nr;
+                    c->resp_cap = cap;
+                }
+                if (c->resp[slot])
+                    kolo__response__free_unpacked(x, NULL);
+                else
+                    c->resp[slot] = x;
+            }
+            r->n_responses = 0;
+            if (r->next_cursor > c->cursor)
+                c->cursor = r->next_cursor;
+            kolo__negotiate_reply__free_unpacked(r, NULL);
+        }
+    } else if (!c->stopping && code != KOLO_ETIMEDOUT && code != KOLO_ECONNREFUSED &&
+               code != KOLO_EIO && code != KOLO_ECLOSED) {
+        /* The generation is over for us: stale, job ended, protocol. */
+        ctx_fail(c, code == KOLO_ESHUTDOWN ? KOLO_ESHUTDOWN : code, err);
+    } else if (!c->stopping) {
+        LOGD("kolo", "rank %d: negotiation call failed (%s); retrying", c->rank, err);
+    }
+    pthread_cond_signal(&c->wake);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Sends the queued requests (mu held; released around the send). */
+static void negotiate_send(struct kolo_ctx *c, bool shutdown, const char *reason)
+{
+    size_t nq = 0;
+    for (struct op *o = c->q_head; o; o = o->next)
+        nq++;
+    Kolo__TensorRequest *reqs = calloc(nq + 1, sizeof(*reqs));
+    Kolo__TensorRequest **ptrs = calloc(nq + 1, sizeof(*ptrs));
+    uint32_t *cached = calloc(nq + 1, sizeof(*cached));
+    if (!reqs || !ptrs || !cached) {
+        free(reqs);
+        free(ptrs);
+        free(cached);
+        return;
+    }
+    size_t nr = 0, nc = 0;
+    for (struct op *o = c->q_head; o; o = o->next) {
+        o->state = OP_SENT;
+        c->inflight++;
+        if (o->cache_id) {
+            cached[nc++] = o->cache_id;
+            continue;
+        }
+        Kolo__TensorRequest *t = &reqs[nr];
+        kolo__tensor_request__init(t);
+        t->name = o->name;
+        t->coll = (uint32_t)o->req.coll;
+        t->dtype = (uint32_t)o->req.dtype;
+        t->n_shape = (size_t)o->req.ndim;
+        t->shape = o->shape;
+        t->op = (uint32_t)o->req.op;
+        t->prescale = o->req.prescale;
+        t->postscale = o->req.postscale;
+        t->root = o->req.root;
+        t->n_splits = o->splits ? (size_t)o->req.nsplits : 0;
+        t->splits = o->splits;
+        t->device = o->req.device;
+        t->group = o->group;
+        t->group_size = o->group_size;
+        ptrs[nr++] = t;
+    }
+    c->q_head = c->q_tail = NULL;
+    Kolo__NegotiateRequest req = KOLO__NEGOTIATE_REQUEST__INIT;
+    req.cursor = c->cursor;
+    req.requests = ptrs;
+    req.n_requests = nr;
+    req.cached = cached;
+    req.n_cached = nc;
+    req.shutdown = shutdown;
+    req.reason = (char *)(reason ? reason : "");
+    req.wait_ms = shutdown ? 0 : WORKER_NEGOTIATE_WAIT_MS;
+    size_t len = kolo__negotiate_request__get_packed_size(&req);
+    uint8_t *buf = malloc(len + 1);
+    if (buf)
+        kolo__negotiate_request__pack(&req, buf);
+    free(reqs);
+    free(ptrs);
+    free(cached);
+    if (!buf)
+        return;
+    c->calls++;
+    pthread_mutex_unlock(&c->mu);
+    int code = rpc_client_call_async(c->rpc, "WorkerService.Negotiate", buf, len,
+                                     WORKER_NEGOTIATE_WAIT_MS + c->timeout_ms, negotiate_done, c);
+    free(buf);
+    pthread_mutex_lock(&c->mu);
+    if (code) {
+        c->calls--;
+        if (!c->stopping)
+            ctx_fail(c, code, "cannot send to the coordinator");
+    }
+}
+
+static void *bg_main(void *arg)
+{
+    struct kolo_ctx *c = arg;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        if (c->leaving) {
+            c->leaving = false;
+            negotiate_send(c, true, c->leave_reason);
+            continue;
+        }
+        if (c->stopping)
+            break;
+        if (!c->sticky && (c->q_head || (c->inflight > 0 && c->calls == 0))) {
+            negotiate_send(c, false, NULL);
+            continue;
+        }
+        if (c->resp_cap && c->resp[0]) {
+            Kolo__Response *r = c->resp[0];
+            memmove(c->resp, c->resp + 1, (c->resp_cap - 1) * sizeof(*c->resp));
+            c->resp[c->resp_cap - 1] = NULL;
+            c->resp_base++;
+            pthread_mutex_unlock(&c->mu);
+            exec_response(c, r);
+            kolo__response__free_unpacked(r, NULL);
+            pthread_mutex_lock(&c->mu);
+            continue;
+        }
+        pthread_cond_wait(&c->wake, &c->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+static void ctx_free(struct kolo_ctx *c)
+{
+    if (c->coll)
+        c->coll->ops->destroy(c->coll);
+    rpc_client_close(c->rpc);
+    ops_free_all(c);
+    for (size_t i = 0; i < c->resp_cap; i++)
+        if (c->resp[i])
+            kolo__response__free_unpacked(c->resp[i], NULL);
+    free(c->resp);
+    free(c->fusion);
+    free(c->zeros);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->wake);
+    pthread_cond_destroy(&c->done);
+    free(c);
+}
+
+int kolo_init(kolo_ctx **out, const kolo_config *given)
+{
+    kolo_config env_cfg;
+    char err[1024] = "";
+    int code;
+    if (!out)
+        return KOLO_EINVAL;
+    *out = NULL;
+    const kolo_config *cfg = given;
+    if (!cfg) {
+        if ((code = config_from_env(&env_cfg, err, sizeof(err))) != 0) {
+            LOGE("kolo", "%s", err);
+            return code;
+        }
+        cfg = &env_cfg;
+    }
+    if (!cfg->coordinator || cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size)
+        return KOLO_EINVAL;
+    struct kolo_ctx *c = calloc(1, sizeof(*c));
+    if (!c)
+        return KOLO_ENOMEM;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->wake, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->done, &ca);
+    pthread_condattr_destroy(&ca);
+    c->job = cfg->job_id;
+    c->generation = cfg->generation;
+    c->rank = cfg->rank;
+    c->size = cfg->size;
+    c->local_rank = cfg->local_rank;
+    c->local_size = cfg->local_size > 0 ? cfg->local_size : 1;
+    c->cross_rank = cfg->cross_rank;
+    c->cross_size = cfg->cross_size > 0 ? cfg->cross_size : 1;
+    c->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : DEFAULT_TIMEOUT_MS;
+    c->fusion_threshold = cfg->fusion_threshold ? cfg->fusion_threshold : DEFAULT_FUSION;
+    char ident[64];
+    snprintf(ident, sizeof(ident), "job%llu-rank%d", (unsigned long long)c->job, c->rank);
+    struct rpc_client_config rc = {.url = cfg->coordinator,
+                                   .token = cfg->token && cfg->token[0] ? cfg->token : NULL,
+                                   .identity = ident,
+                                   .job_id = c->job,
+                                   .generation = c->generation,
+                                   .rank = c->rank};
+    if ((code = rpc_client_open(&c->rpc, &rc)) != 0) {
+        LOGE("kolo", "rank %d: cannot open the coordinator connection %s", c->rank,
+             cfg->coordinator);
+        ctx_free(c);
+        return code;
+    }
+    if ((code = setup_data_plane(c, cfg, err, sizeof(err))) != 0) {
+        LOGE("kolo", "rank %d: %s", c->rank, err);
+        ctx_free(c);
+        return code;
+    }
+    if (pthread_create(&c->bg, NULL, bg_main, c) != 0) {
+        ctx_free(c);
+        return KOLO_ESYS;
+    }
+    c->bg_running = true;
+    LOGI("kolo", "rank %d of %d joined job %llu generation %llu (%s)", c->rank, c->size,
+         (unsigned long long)c->job, (unsigned long long)c->generation, c->coll->ops->name);
+    *out = c;
+    return 0;
+}
+
+int kolo_abort(kolo_ctx *c, const char *reason)
+{
+    if (!c)
+        return KOLO_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    if (!c->sticky) {
+        /* The background thread tells the coordinator, which tells the
+         * other ranks; nothing here waits. */
+        c->leaving = true;
+        snprintf(c->leave_reason, sizeof(c->leave_reason), "%s",
+                 reason && reason[0] ? reason : "kolo_abort");
+        char msg[300];
+        snprintf(msg, sizeof(msg), "aborted on this rank: %s", c->leave_reason);
+        ctx_fail(c, KOLO_ESHUTDOWN, msg);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return 0;
+}
+
+/* Tells the coordinator this rank leaves, so the others fail fast. */
+static void send_leave(struct kolo_ctx *c, const char *reason)
+{
+    Kolo__NegotiateRequest req = KOLO__NEGOTIATE_REQUEST__INIT;
+    char err[256];
+    req.cursor = c->cursor;
+    req.shutdown = 1;
+    req.reason = (char *)reason;
+    size_t len = kolo__negotiate_request__get_packed_size(&req);
+    uint8_t *buf = malloc(len + 1);
+    if (!buf)
+        return;
+    kolo__negotiate_request__pack(&req, buf);
+    void *out = NULL;
+    size_t olen;
+    rpc_client_call(c->rpc, "WorkerService.Negotiate", buf, len, &out, &olen, 1000, err,
+                    sizeof(err));
+    free(out);
+    free(buf);
+}
+
+int kolo_fini(kolo_ctx *c)
+{
+    if (!c)
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    bool tell = !c->sticky || c->leaving;
+    char reason[200];
+    snprintf(reason, sizeof(reason), "%s", c->leaving ? c->leave_reason : "kolo_fini");
+    c->leaving = false;
+    if (!c->sticky)
+        ctx_fail(c, KOLO_ESHUTDOWN,
+                 "Horovod has been shut down on this rank: the operation was pending when "
+                 "kolo_fini was called.");
+    c->stopping = true;
+    pthread_cond_signal(&c->wake);
+    pthread_mutex_unlock(&c->mu);
+    if (c->bg_running)
+        pthread_join(c->bg, NULL);
+    if (tell)
+        send_leave(c, reason);
+    rpc_client_shutdown(c->rpc);
+    ctx_free(c);
+    return 0;
+}
+
+int kolo_rank(const kolo_ctx *c)
+{
+    return c ? c->rank : -1;
+}
+
+int kolo_size(const kolo_ctx *c)
+{
+    return c ? c->size : -1;
+}
+
+int kolo_local_rank(const kolo_ctx *c)
+{
+    return c ? c->local_rank : -1;
+}
+
+int kolo_local_size(const kolo_ctx *c)
+{
+    return c ? c->local_size : -1;
+}
+
+int kolo_cross_rank(const kolo_ctx *c)
+{
+    return c ? c->cross_rank : -1;
+}
+
+int kolo_cross_size(const kolo_ctx *c)
+{
+    return c ? c->cross_size : -1;
+}
+
+const char *kolo_last_error(const kolo_ctx *c)
+{
+    return c ? c->last_error : "";
+}

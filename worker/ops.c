@@ -1,0 +1,603 @@
+/*
+ * ops.c - submitting operations, handles, waiting, results.
+ *
+ * A handle is (sequence << 32 | slot): slots are reused, sequence numbers
+ * are not, so a released or made-up handle is recognised and refused
+ * (KOLO_ENOTFOUND) instead of pointing at another operation.
+ */
+#include "worker_int.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "errors.h"
+#include "util.h"
+
+static uint64_t hash_str(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* ---------------------------------------------------------------- handles */
+
+static int slot_alloc(struct kolo_ctx *c, struct op *op)
+{
+    uint32_t slot;
+    if (c->nfree) {
+        slot = c->free_slots[--c->nfree];
+    } else {
+        if (c->nslots == c->slot_cap) {
+            uint32_t cap = c->slot_cap ? c->slot_cap * 2 : 256;
+            struct op **ns = realloc(c->slots, cap * sizeof(*ns));
+            if (!ns)
+                return KOLO_ENOMEM;
+            c->slots = ns;
+            uint32_t *nq = realloc(c->slot_seq, cap * sizeof(*nq));
+            if (!nq)
+                return KOLO_ENOMEM;
+            c->slot_seq = nq;
+            uint32_t *nf = realloc(c->free_slots, cap * sizeof(*nf));
+            if (!nf)
+                return KOLO_ENOMEM;
+            c->free_slots = nf;
+            c->slot_cap = cap;
+        }
+        slot = c->nslots++;
+        c->slot_seq[slot] = 0;
+    }
+    c->slot_seq[slot]++;
+    c->slots[slot] = op;
+    op->handle = ((int64_t)c->slot_seq[slot] << 32) | slot;
+    return 0;
+}
+
+struct op *ops_lookup(struct kolo_ctx *c, kolo_handle h)
+{
+    if (h <= 0)
+        return NULL;
+    uint32_t slot = (uint32_t)(h & 0xffffffff), seq = (uint32_t)(h >> 32);
+    if (slot >= c->nslots || c->slot_seq[slot] != seq)
+        return NULL;
+    return c->slots[slot];
+}
+
+static void op_free(struct op *op)
+{
+    free(op->error);
+    free(op->name);
+    free(op->shape);
+    free(op->splits);
+    free(op->result);
+    free(op->recv_splits);
+    free(op);
+}
+
+static void slot_release(struct kolo_ctx *c, struct op *op)
+{
+    uint32_t slot = (uint32_t)(op->handle & 0xffffffff);
+    c->slots[slot] = NULL;
+    c->slot_seq[slot]++; /* the old handle is now stale */
+    c->free_slots[c->nfree++] = slot;
+    op_free(op);
+}
+
+/* ---------------------------------------------------------------- names */
+
+struct op *ops_by_name(struct kolo_ctx *c, const char *name)
+{
+    for (struct op *o = c->names[hash_str(name) % NAME_BUCKETS]; o; o = o->name_next)
+        if (strcmp(o->name, name) == 0)
+            return o;
+    return NULL;
+}
+
+static void name_add(struct kolo_ctx *c, struct op *op)
+{
+    uint64_t b = hash_str(op->name) % NAME_BUCKETS;
+    op->name_next = c->names[b];
+    c->names[b] = op;
+}
+
+static void name_remove(struct kolo_ctx *c, struct op *op)
+{
+    struct op **pp = &c->names[hash_str(op->name) % NAME_BUCKETS];
+    while (*pp && *pp != op)
+        pp = &(*pp)->name_next;
+    if (*pp)
+        *pp = op->name_next;
+}
+
+/* ---------------------------------------------------------------- completion */
+
+void ops_complete(struct kolo_ctx *c, struct op *op, int status, const char *error)
+{
+    if (op->state == OP_DONE)
+        return;
+    if (op->state == OP_SENT)
+        c->inflight--;
+    op->state = OP_DONE;
+    op->status = status;
+    if (status && error)
+        op->error = strdup(error);
+    name_remove(c, op);
+    pthread_cond_broadcast(&c->done);
+}
+
+void ops_fail_all(struct kolo_ctx *c, int status, const char *error)
+{
+    for (uint32_t s = 0; s < c->nslots; s++) {
+        struct op *op = c->slots[s];
+        if (op && op->state != OP_DONE)
+            ops_complete(c, op, status, error);
+    }
+    c->q_head = c->q_tail = NULL;
+}
+
+void ops_free_all(struct kolo_ctx *c)
+{
+    for (uint32_t s = 0; s < c->nslots; s++)
+        if (c->slots[s])
+            op_free(c->slots[s]);
+    free(c->slots);
+    free(c->slot_seq);
+    free(c->free_slots);
+    c->slots = NULL;
+    c->nslots = c->slot_cap = c->nfree = 0;
+    for (int b = 0; b < NAME_BUCKETS; b++) {
+        struct cache_sig *s = c->cache[b];
+        while (s) {
+            struct cache_sig *next = s->next;
+            free(s->name);
+            free(s->shape);
+            free(s);
+            s = next;
+        }
+        c->cache[b] = NULL;
+    }
+}
+
+/* ---------------------------------------------------------------- the cache */
+
+static bool sig_matches(const struct cache_sig *s, const struct op *op)
+{
+    const kolo_request *r = &op->req;
+    return s->coll == (uint32_t)r->coll && s->dtype == (uint32_t)r->dtype &&
+           s->op == (uint32_t)r->op && s->ndim == r->ndim &&
+           memcmp(s->shape, r->shape, (size_t)r->ndim * sizeof(int64_t)) == 0 &&
+           s->prescale == r->prescale && s->postscale == r->postscale && s->device == r->device;
+}
+
+uint32_t ops_cache_lookup(struct kolo_ctx *c, const struct op *op)
+{
+    for (struct cache_sig *s = c->cache[hash_str(op->name) % NAME_BUCKETS]; s; s = s->next)
+        if (strcmp(s->name, op->name) == 0)
+            return sig_matches(s, op) ? s->id : 0;
+    return 0;
+}
+
+void ops_cache_put(struct kolo_ctx *c, const struct op *op, uint32_t id)
+{
+    uint64_t b = hash_str(op->name) % NAME_BUCKETS;
+    struct cache_sig *s;
+    for (s = c->cache[b]; s; s = s->next)
+        if (strcmp(s->name, op->name) == 0)
+            break;
+    if (!s) {
+        s = calloc(1, sizeof(*s));
+        if (!s || !(s->name = strdup(op->name))) {
+            free(s);
+            return;
+        }
+        s->next = c->cache[b];
+        c->cache[b] = s;
+    }
+    int64_t *shape = malloc(((size_t)op->req.ndim + 1) * sizeof(int64_t));
+    if (!shape)
+        return;
+    memcpy(shape, op->req.shape, (size_t)op->req.ndim * sizeof(int64_t));
+    free(s->shape);
+    s->shape = shape;
+    s->id = id;
+    s->coll = op->req.coll;
+    s->dtype = op->req.dtype;
+    s->op = op->req.op;
+    s->ndim = op->req.ndim;
+    s->prescale = op->req.prescale;
+    s->postscale = op->req.postscale;
+    s->device = op->req.device;
+}
+
+/* ---------------------------------------------------------------- submit */
+
+static int fail(struct kolo_ctx *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail(struct kolo_ctx *c, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+static int validate(struct kolo_ctx *c, const kolo_request *r)
+{
+    if ((unsigned)r->coll >= KOLO_COLL_COUNT)
+        return fail(c, KOLO_EINVAL, "invalid collective %d", (int)r->coll);
+    if (r->coll == KOLO_COLL_BARRIER || r->coll == KOLO_COLL_JOIN)
+        return 0;
+    if ((unsigned)r->dtype >= KOLO_DTYPE_COUNT)
+        return fail(c, KOLO_EINVAL, "invalid dtype %d", (int)r->dtype);
+    if (r->ndim < 0 || r->ndim > 64 || (r->ndim > 0 && !r->shape))
+        return fail(c, KOLO_EINVAL, "invalid shape (ndim %d)", r->ndim);
+    for (int i = 0; i < r->ndim; i++)
+        if (r->shape[i] < 0)
+            return fail(c, KOLO_EINVAL, "negative dimension %lld", (long long)r->shape[i]);
+    if (r->device >= 0)
+        return fail(c, KOLO_ENOTSUP,
+                    "GPU tensors need the NCCL backend, which this build or host does not have");
+    int64_t count = 1;
+    for (int i = 0; i < r->ndim; i++)
+        count *= r->shape[i];
+    if (count > 0 && !r->sendbuf && r->coll != KOLO_COLL_BROADCAST)
+        return fail(c, KOLO_EINVAL, "sendbuf is NULL");
+    switch (r->coll) {
+    case KOLO_COLL_ALLREDUCE:
+        if ((unsigned)r->op >= KOLO_OP_COUNT)
+            return fail(c, KOLO_EINVAL, "invalid reduction op %d", (int)r->op);
+        if (count > 0 && !r->recvbuf)
+            return fail(c, KOLO_EINVAL, "recvbuf is NULL");
+        break;
+    case KOLO_COLL_REDUCESCATTER:
+        if (r->op != KOLO_SUM && r->op != KOLO_AVERAGE)
+            return fail(c, KOLO_EINVAL, "Reducescatter currently only supports AVERAGE and SUM.");
+        if (r->ndim < 1)
+            return fail(c, KOLO_EINVAL, "reducescatter needs a tensor of rank >= 1");
+        break;
+    case KOLO_COLL_BROADCAST:
+        if (r->root < 0 || r->root >= c->size)
+            return fail(c, KOLO_EINVAL, "broadcast root %d out of range [0, %d)", r->root,
+                        c->size);
+        if (count > 0 && !r->recvbuf)
+            return fail(c, KOLO_EINVAL, "broadcast buffer is NULL");
+        break;
+    case KOLO_COLL_ALLGATHER:
+        if (r->ndim < 1)
+            return fail(c, KOLO_EINVAL, "allgather needs a tensor of rank >= 1");
+        break;
+    case KOLO_COLL_ALLTOALL:
+        if (r->ndim < 1)
+            return fail(c, KOLO_EINVAL, "alltoall needs a tensor of rank >= 1");
+        if (r->splits) {
+            if (r->nsplits != c->size)
+                return fail(c, KOLO_EINVAL, "splits must have %d entries, one per rank",
+                            c->size);
+            int64_t sum = 0;
+            for (int i = 0; i < r->nsplits; i++) {
+                if (r->splits[i] < 0)
+                    return fail(c, KOLO_EINVAL, "negative split");
+                sum += r->splits[i];
+            }
+            if (sum > r->shape[0])
+                return fail(c, KOLO_EINVAL,
+                            "the splits add up to %lld rows, more than the tensor's %lld",
+                            (long long)sum, (long long)r->shape[0]);
+        } else if (r->shape[0] % c->size != 0) {
+            return fail(c, KOLO_EINVAL,
+                        "alltoall without splits needs the first dimension (%lld) divisible by "
+                        "the number of ranks (%d)",
+                        (long long)r->shape[0], c->size);
+        }
+        break;
+    default:
+        break;
+    }
+    return 0;
+}
+
+static struct op *op_new(struct kolo_ctx *c, const kolo_request *r)
+{
+    struct op *op = calloc(1, sizeof(*op));
+    if (!op)
+        return NULL;
+    op->req = *r;
+    char auto_name[64];
+    const char *name = r->name;
+    if (!name || !name[0]) {
+        static const char *kinds[] = {"allreduce", "allgather",     "broadcast", "alltoall",
+                                      "reducescatter", "barrier", "join"};
+        if (r->coll == KOLO_COLL_BARRIER)
+            snprintf(auto_name, sizeof(auto_name), "kolo.barrier.%llu",
+                     (unsigned long long)++c->barriers);
+        else if (r->coll == KOLO_COLL_JOIN)
+            snprintf(auto_name, sizeof(auto_name), "kolo.join");
+        else
+            snprintf(auto_name, sizeof(auto_name), "%s.noname.%llu", kinds[r->coll],
+                     (unsigned long long)++c->unnamed);
+        name = auto_name;
+    }
+    op->name = strdup(name);
+    op->shape = malloc(((size_t)r->ndim + 1) * sizeof(int64_t));
+    op->splits = r->splits ? malloc(((size_t)r->nsplits + 1) * sizeof(int32_t)) : NULL;
+    if (!op->name || !op->shape || (r->splits && !op->splits)) {
+        op_free(op);
+        return NULL;
+    }
+    if (r->ndim)
+        memcpy(op->shape, r->shape, (size_t)r->ndim * sizeof(int64_t));
+    if (r->splits)
+        memcpy(op->splits, r->splits, (size_t)r->nsplits * sizeof(int32_t));
+    op->req.name = op->name;
+    op->req.shape = op->shape;
+    op->req.splits = op->splits;
+    if (op->req.prescale == 0)
+        op->req.prescale = 1.0;
+    if (op->req.postscale == 0)
+        op->req.postscale = 1.0;
+    if (op->req.coll == KOLO_COLL_BARRIER || op->req.coll == KOLO_COLL_JOIN) {
+        op->req.dtype = KOLO_UINT8;
+        op->req.ndim = 0;
+    }
+    return op;
+}
+
+int kolo_submit(kolo_ctx *c, const kolo_request *reqs, int n, kolo_handle *handles)
+{
+    if (!c || !reqs || n < 1 || !handles)
+        return KOLO_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    int rv = 0;
+    if (c->sticky) {
+        rv = fail(c, c->sticky, "%s", c->sticky_msg);
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        if ((rv = validate(c, &reqs[i])) != 0)
+            goto out;
+        const char *nm = reqs[i].name;
+        if (nm && nm[0]) {
+            if (strlen(nm) >= WORKER_NAME_MAX) {
+                rv = fail(c, KOLO_EINVAL, "operation name longer than %d bytes",
+                          WORKER_NAME_MAX - 1);
+                goto out;
+            }
+            bool dup = ops_by_name(c, nm) != NULL;
+            for (int k = 0; k < i && !dup; k++)
+                dup = reqs[k].name && strcmp(reqs[k].name, nm) == 0;
+            if (dup) {
+                rv = fail(c, KOLO_EEXIST,
+                          "Requested to collective-operate a tensor with the same name as "
+                          "another tensor that is currently being processed. If you want to "
+                          "request another tensor, use a different tensor name. (%s)",
+                          nm);
+                goto out;
+            }
+        }
+    }
+    uint64_t group = n > 1 ? ++c->groups : 0;
+    for (int i = 0; i < n; i++) {
+        struct op *op = op_new(c, &reqs[i]);
+        if (!op || slot_alloc(c, op) != 0) {
+            if (op)
+                op_free(op);
+            rv = fail(c, KOLO_ENOMEM, "out of memory");
+            goto out; /* ops already queued run; their handles are lost to the caller */
+        }
+        op->group = group;
+        op->group_size = (uint32_t)n;
+        if (op->req.coll != KOLO_COLL_JOIN)
+            name_add(c, op);
+        if (op->req.coll == KOLO_COLL_ALLREDUCE && !c->joined)
+            op->cache_id = ops_cache_lookup(c, op);
+        if (op->req.coll == KOLO_COLL_JOIN)
+            c->joined = true;
+        op->state = OP_QUEUED;
+        if (c->q_tail)
+            c->q_tail->next = op;
+        else
+            c->q_head = op;
+        c->q_tail = op;
+        handles[i] = op->handle;
+    }
+    pthread_cond_signal(&c->wake);
+out:
+    pthread_mutex_unlock(&c->mu);
+    return rv;
+}
+
+/* ---------------------------------------------------------------- waiting */
+
+int kolo_poll(kolo_ctx *c, kolo_handle h, int *done)
+{
+    if (!c || !done)
+        return KOLO_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    struct op *op = ops_lookup(c, h);
+    if (op)
+        *done = op->state == OP_DONE;
+    pthread_mutex_unlock(&c->mu);
+    return op ? 0 : KOLO_ENOTFOUND;
+}
+
+int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
+{
+    if (!c)
+        return KOLO_EINVAL;
+    struct timespec ts;
+    if (timeout_ms >= 0) {
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_sec += timeout_ms / 1000;
+        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&c->mu);
+    struct op *op = ops_lookup(c, h);
+    if (!op) {
+        pthread_mutex_unlock(&c->mu);
+        return KOLO_ENOTFOUND;
+    }
+    while (op->state != OP_DONE) {
+        int rv = timeout_ms >= 0 ? pthread_cond_timedwait(&c->done, &c->mu, &ts)
+                                 : pthread_cond_wait(&c->done, &c->mu);
+        if (rv == ETIMEDOUT && op->state != OP_DONE) {
+            pthread_mutex_unlock(&c->mu);
+            return KOLO_ETIMEDOUT;
+        }
+    }
+    int status = op->status;
+    if (status)
+        snprintf(c->last_error, sizeof(c->last_error), "%s", op->error ? op->error : "");
+    if (!op->has_result)
+        slot_release(c, op);
+    pthread_mutex_unlock(&c->mu);
+    return status;
+}
+
+int kolo_result(kolo_ctx *c, kolo_handle h, const void **data, size_t *bytes, int64_t *rows,
+                const int32_t **recv_splits, int64_t *value)
+{
+    if (!c)
+        return KOLO_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    struct op *op = ops_lookup(c, h);
+    int rv = 0;
+    if (!op)
+        rv = KOLO_ENOTFOUND;
+    else if (op->state != OP_DONE)
+        rv = fail(c, KOLO_ESTATE, "the operation has not finished");
+    else if (op->status)
+        rv = op->status;
+    else {
+        if (data)
+            *data = op->result;
+        if (bytes)
+            *bytes = op->result_bytes;
+        if (rows)
+            *rows = op->result_rows;
+        if (recv_splits)
+            *recv_splits = op->recv_splits;
+        if (value)
+            *value = op->value;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rv;
+}
+
+int kolo_release(kolo_ctx *c, kolo_handle h)
+{
+    if (!c)
+        return KOLO_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    struct op *op = ops_lookup(c, h);
+    int rv = 0;
+    if (!op)
+        rv = KOLO_ENOTFOUND;
+    else if (op->state != OP_DONE)
+        rv = fail(c, KOLO_ESTATE, "the operation has not finished");
+    else
+        slot_release(c, op);
+    pthread_mutex_unlock(&c->mu);
+    return rv;
+}
+
+/* ---------------------------------------------------------------- the short forms */
+
+int kolo_allreduce_async(kolo_ctx *c, const char *name, const void *sendbuf, void *recvbuf,
+                         size_t count, kolo_dtype dtype, kolo_op op, kolo_handle *handle)
+{
+    int64_t shape[1] = {(int64_t)count};
+    kolo_request r = {.coll = KOLO_COLL_ALLREDUCE,
+                      .name = name,
+                      .sendbuf = sendbuf,
+                      .recvbuf = recvbuf,
+                      .dtype = dtype,
+                      .ndim = 1,
+                      .shape = shape,
+                      .op = op,
+                      .device = -1};
+    return kolo_submit(c, &r, 1, handle);
+}
+
+int kolo_allgather_async(kolo_ctx *c, const char *name, const void *sendbuf, int ndim,
+                         const int64_t *shape, kolo_dtype dtype, kolo_handle *handle)
+{
+    kolo_request r = {.coll = KOLO_COLL_ALLGATHER,
+                      .name = name,
+                      .sendbuf = sendbuf,
+                      .dtype = dtype,
+                      .ndim = ndim,
+                      .shape = shape,
+                      .device = -1};
+    return kolo_submit(c, &r, 1, handle);
+}
+
+int kolo_broadcast_async(kolo_ctx *c, const char *name, void *buf, size_t count,
+                         kolo_dtype dtype, int root, kolo_handle *handle)
+{
+    int64_t shape[1] = {(int64_t)count};
+    kolo_request r = {.coll = KOLO_COLL_BROADCAST,
+                      .name = name,
+                      .sendbuf = buf,
+                      .recvbuf = buf,
+                      .dtype = dtype,
+                      .ndim = 1,
+                      .shape = shape,
+                      .root = root,
+                      .device = -1};
+    return kolo_submit(c, &r, 1, handle);
+}
+
+int kolo_alltoall_async(kolo_ctx *c, const char *name, const void *sendbuf, int ndim,
+                        const int64_t *shape, kolo_dtype dtype, const int32_t *splits,
+                        kolo_handle *handle)
+{
+    kolo_request r = {.coll = KOLO_COLL_ALLTOALL,
+                      .name = name,
+                      .sendbuf = sendbuf,
+                      .dtype = dtype,
+                      .ndim = ndim,
+                      .shape = shape,
+                      .splits = splits,
+                      .nsplits = splits && c ? c->size : 0,
+                      .device = -1};
+    return kolo_submit(c, &r, 1, handle);
+}
+
+int kolo_reducescatter_async(kolo_ctx *c, const char *name, const void *sendbuf, void *recvbuf,
+                             int ndim, const int64_t *shape, kolo_dtype dtype, kolo_op op,
+                             kolo_handle *handle)
+{
+    kolo_request r = {.coll = KOLO_COLL_REDUCESCATTER,
+                      .name = name,
+                      .sendbuf = sendbuf,
+                      .recvbuf = recvbuf,
+                      .dtype = dtype,
+                      .ndim = ndim,
+                      .shape = shape,
+                      .op = op,
+                      .device = -1};
+    return kolo_submit(c, &r, 1, handle);
+}
+
+int kolo_barrier_async(kolo_ctx *c, kolo_handle *handle)
+{
+    kolo_request r = {.coll = KOLO_COLL_BARRIER, .device = -1};
+    return kolo_submit(c, &r, 1, handle);
+}
+
+int kolo_join_async(kolo_ctx *c, kolo_handle *handle)
+{
+    kolo_request r = {.coll = KOLO_COLL_JOIN, .device = -1};
+    return kolo_submit(c, &r, 1, handle);
+}

@@ -1,0 +1,981 @@
+/*
+ * ring.c - the "ring" backend: every collective for any placement of the
+ * ranks, over the point-to-point transports of transport.h.
+ *
+ * DESIGN
+ *
+ * Layers. This file is the algorithm layer. It sees struct xport (tcp or
+ * shm, mixed freely) and reduce.h, nothing else. peers[r] is the
+ * connection to rank r and the ring order is rank order: next = rank + 1,
+ * prev = rank - 1 (mod size).
+ *
+ * Large buffers: one pipelined flow. The bandwidth-optimal algorithms
+ * (ring reduce-scatter, ring allgather, their concatenation allreduce,
+ * and the chain broadcast) are all the same shape: a stream of items
+ * goes to next while another stream of items comes from prev, and item i
+ * of the outgoing stream can only leave once item i - lag of the
+ * incoming stream has arrived (and, for reductions, been reduced). An
+ * item is one chunk (256 KiB) of one segment in one step. Instead of a
+ * blocking sendrecv per chunk - which would leave both links idle while
+ * the chunk is being reduced - flow_run() drives both streams with the
+ * transports' non-blocking try_send/try_recv and reduces a chunk as soon
+ * as it is complete, then goes back to moving bytes. While chunk k is
+ * reduced, chunk k+1 is already in the kernel's socket buffers (or the
+ * shm ring) on its way in, and the sender side keeps the next rank fed.
+ * The chunks of one step and of consecutive steps overlap, so a chunk
+ * travels around the ring as soon as its data exists, like NCCL's
+ * pipelined ring. Incoming chunks that need reducing land in a small
+ * pool of scratch slots that stays in cache; chunks that are final land
+ * directly in the output. No stream waits for the other, so buffer sizes
+ * (socket buffers, shm rings) can never deadlock the ring: a rank only
+ * ever waits for bytes its neighbour can produce without waiting for it.
+ *
+ * Small buffers: latency-optimal algorithms on the full mesh, with the
+ * blocking helpers of transport.c: recursive doubling for allreduce
+ * (log2(size) exchanges instead of 2 * (size - 1) ring steps), a
+ * binomial tree for broadcast, dissemination for barrier, pairwise
+ * exchange for alltoallv. The crossovers (RING_SMALL_BYTES,
+ * RING_BCAST_TREE_BYTES) were measured with two processes over TCP
+ * loopback on a 2-core machine; see the constants.
+ *
+ * Determinism. Every element of an allreduce is reduced in a fixed order
+ * that depends only on size, count and the element's index, and it is
+ * computed by one rank (the ring) or by both partners from the same
+ * operands in the same order (recursive doubling), so every rank gets
+ * the same bits.
+ *
+ * Failure. Any transport error, or the deadline, makes the coll failed
+ * (sticky: c->failed, and c->why names the peer) and closes every
+ * connection at once. The neighbours that were waiting on us see their
+ * connection close and fail with KOLO_EPEER, and so on around the mesh:
+ * a dead rank makes every rank fail quickly instead of each one waiting
+ * for its own deadline.
+ *
+ * Threading: one thread at a time calls into a struct coll (the
+ * executor's). Buffers passed to a collective must not partly overlap
+ * (in == out is fine where the contract says so).
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "coll.h"
+#include "reduce.h"
+#include "transport.h"
+#include "util.h"
+
+/* Pipeline chunk. Big enough that a system call moves a lot of data, and
+ * that RING_SLOTS of them (the reduction scratch) stay in a 1 MiB L2
+ * cache. Measured (2 processes, TCP loopback, 64 MiB float32 sum): 64 KiB
+ * and 1 MiB chunks were both slower than 256 KiB. */
+#define RING_CHUNK_BYTES tune_chunk()
+/* Scratch slots for incoming chunks that still have to be reduced: how
+ * far the receiving side may run ahead of the reductions. */
+#define RING_SLOTS tune_slots()
+/* Allreduce crossover: up to this many bytes recursive doubling (on a
+ * full mesh), above it the pipelined ring. Measured with 2 processes over
+ * TCP loopback: recursive doubling wins clearly up to 64 KiB and they
+ * are even around 256 KiB; with more ranks the ring's advantage starts
+ * earlier, so the smaller, safer side of the measured range is used. */
+#define RING_SMALL_BYTES tune_small()
+/* Broadcast crossover: a binomial tree sends the whole buffer
+ * ceil(log2 size) times in sequence, the chain pipelines it in chunks so
+ * its cost approaches one buffer time plus (size - 2) chunk times. Below
+ * one chunk the chain cannot pipeline, so that is the crossover. */
+#define RING_BCAST_TREE_BYTES RING_CHUNK_BYTES
+/* Longest single poll() when no deadline was given; the wait loop just
+ * goes round again. */
+#define RING_POLL_MAX_MS 1000
+
+/* TEMPORARY TUNING */
+static size_t tune_env(const char *name, size_t def)
+{
+    const char *v = getenv(name);
+    return v ? (size_t)strtoull(v, NULL, 10) : def;
+}
+static size_t tune_chunk(void) { static size_t v; if (!v) v = tune_env("TUNE_CHUNK", 256 << 10); return v; }
+static size_t tune_small(void) { static size_t v; if (!v) v = tune_env("TUNE_SMALL", 64 << 10); return v; }
+static size_t tune_slots(void) { static size_t v; if (!v) v = tune_env("TUNE_SLOTS", 4); return v; }
+struct ring {
+    struct coll c;         /* first member: a struct coll * is a struct ring * */
+    struct xport **peers;  /* peers[r]: connection to rank r, NULL for self */
+    bool mesh;             /* every other rank is connected */
+    size_t *off, *len;     /* per-rank segment layout of the current call, bytes */
+    unsigned char *scratch;
+    size_t scratch_cap;
+};
+
+static const struct coll_ops ring_ops;
+
+static inline int rmod(long a, int n)
+{
+    long m = a % n;
+    return (int)(m < 0 ? m + n : m);
+}
+
+static inline size_t min_size(size_t a, size_t b)
+{
+    return a < b ? a : b;
+}
+
+static inline size_t div_up(size_t a, size_t b)
+{
+    return (a + b - 1) / b;
+}
+
+/* ------------------------------------------------------------------ failure */
+
+static void ring_close_all(struct ring *rg)
+{
+    for (int r = 0; r < rg->c.size; r++) {
+        if (rg->peers[r]) {
+            xport_close(rg->peers[r]);
+            rg->peers[r] = NULL;
+        }
+    }
+}
+
+/* ring_fail makes err sticky on the coll with a reason that names the
+ * peer (-1 when no peer is involved). The connections are closed by
+ * ring_done() once the collective has unwound, so nothing below the
+ * public entry points ever touches a closed xport. Returns the sticky
+ * code. */
+static int ring_fail(struct ring *rg, int err, int peer, const char *what)
+{
+    if (err < 0)
+        err = -err;
+    if (err == 0)
+        err = KOLO_EINTERNAL;
+    if (!rg->c.failed) {
+        const struct xport *x = peer >= 0 ? rg->peers[peer] : NULL;
+        const char *detail = x && x->why[0] ? x->why : kolo_strerror(err);
+        /* bounded so that the reason always fits in why[] */
+        if (peer >= 0)
+            snprintf(rg->c.why, sizeof rg->c.why, "ring %.40s, rank %d: %.90s", what, peer,
+                     detail);
+        else
+            snprintf(rg->c.why, sizeof rg->c.why, "ring %.40s: %.90s", what, detail);
+        rg->c.failed = err;
+    }
+    return rg->c.failed;
+}
+
+/* The peer that a failed two-sided transfer should be blamed on: the
+ * connection that recorded a failure, else the receiving side (a
+ * timeout while receiving means that peer did not send). */
+static int blame(const struct xport *xs, int srank, const struct xport *xr, int rrank)
+{
+    if (xs && xs->failed)
+        return srank;
+    if (xr && xr->failed)
+        return rrank;
+    return xr ? rrank : srank;
+}
+
+/* Every public entry point ends here: a failure closes every connection
+ * so that the other ranks notice at once (see DESIGN). */
+static int ring_done(struct ring *rg, int err)
+{
+    if (err && rg->c.failed)
+        ring_close_all(rg);
+    return err;
+}
+
+static int ring_start(struct ring *rg, uint64_t deadline)
+{
+    if (rg->c.failed)
+        return rg->c.failed;
+    if (deadline && now_mono_ms() >= deadline)
+        return ring_fail(rg, KOLO_ETIMEDOUT, -1, "deadline passed before the collective started");
+    return 0;
+}
+
+/* Scratch memory, kept between calls and grown on demand; 64-byte
+ * aligned so the reductions vectorise. NULL only when bytes > 0 and the
+ * allocation failed. */
+static unsigned char *ring_scratch(struct ring *rg, size_t bytes)
+{
+    if (bytes <= rg->scratch_cap)
+        return rg->scratch;
+    size_t cap = (bytes + 63) & ~(size_t)63;
+    free(rg->scratch);
+    rg->scratch = aligned_alloc(64, cap);
+    rg->scratch_cap = rg->scratch ? cap : 0;
+    return rg->scratch;
+}
+
+/* -------------------------------------------------------------------- flows */
+
+enum flow_kind {
+    FLOW_ALLREDUCE,     /* reduce-scatter steps into out, then allgather steps */
+    FLOW_REDUCESCATTER, /* reduce-scatter steps, partials in acc, own segment to out */
+    FLOW_ALLGATHER,     /* allgather steps */
+    FLOW_CHAIN,         /* broadcast: one segment passed down the chain */
+};
+
+/* One pipelined exchange with the ring neighbours (see DESIGN). Items are
+ * numbered i = step * K + chunk on both streams; the two streams of a
+ * rank and its neighbours agree on every item's length because a rank's
+ * outgoing item i is the next rank's incoming item i. */
+struct flow {
+    struct ring *rg;
+    enum flow_kind kind;
+    kolo_dtype dtype;
+    kolo_op op;
+    const unsigned char *in;
+    unsigned char *out;
+    size_t total;    /* FLOW_CHAIN: bytes of the buffer */
+    size_t chunk;    /* bytes per chunk, a multiple of the element size */
+    size_t K;        /* chunks per step (of the longest segment) */
+    int rs_steps;    /* how many of the steps are reduce-scatter steps */
+    struct xport *tx, *rx;
+    int tx_rank, rx_rank;
+    size_t nsend, nrecv; /* items on each stream */
+    size_t lag;          /* outgoing i waits for incoming i - lag (SIZE_MAX: never) */
+    unsigned char *slots; /* RING_SLOTS chunks of reduction scratch */
+    unsigned char *acc[2]; /* FLOW_REDUCESCATTER: partial sums, by step parity */
+    size_t esz;
+
+    size_t sent, received, processed; /* items done on each stream */
+    const unsigned char *sp;          /* current outgoing item */
+    size_t slen, spos;
+    bool sbusy;
+    unsigned char *rp; /* current incoming item */
+    size_t rlen, rpos;
+    bool rbusy;
+};
+
+/* Bytes [*off, *off + *len) of segment s that chunk j covers (len 0 past
+ * the segment's end). */
+static void flow_piece(const struct flow *f, size_t seglen, size_t j, size_t *off, size_t *len)
+{
+    size_t o = j * f->chunk;
+    *off = o;
+    *len = o < seglen ? min_size(f->chunk, seglen - o) : 0;
+}
+
+/* Which segment a step sends and receives. In reduce-scatter step t a
+ * rank sends the partial of segment rank-t-1 and receives segment
+ * rank-t-2, so that after size-1 steps it holds the full reduction of its
+ * own segment. In allgather step u it sends segment rank-u (its own
+ * first) and receives rank-u-1. */
+static int flow_send_seg(const struct flow *f, size_t t)
+{
+    int n = f->rg->c.size, r = f->rg->c.rank;
+    if ((int)t < f->rs_steps)
+        return rmod((long)r - (long)t - 1, n);
+    return rmod((long)r - (long)(t - (size_t)f->rs_steps), n);
+}
+
+static int flow_recv_seg(const struct flow *f, size_t t)
+{
+    return rmod((long)flow_send_seg(f, t) - 1, f->rg->c.size);
+}
+
+static void flow_send_span(const struct flow *f, size_t i, const unsigned char **p, size_t *len)
+{
+    size_t t = i / f->K, j = i % f->K, o;
+    if (f->kind == FLOW_CHAIN) {
+        flow_piece(f, f->total, j, &o, len);
+        *p = f->out + o;
+        return;
+    }
+    int s = flow_send_seg(f, t);
+    flow_piece(f, f->rg->len[s], j, &o, len);
+    if ((int)t < f->rs_steps) {
+        if (t == 0)
+            *p = f->in + f->rg->off[s] + o;
+        else if (f->kind == FLOW_ALLREDUCE)
+            *p = f->out + f->rg->off[s] + o;
+        else
+            *p = f->acc[(t - 1) & 1] + o;
+    } else if (t == (size_t)f->rs_steps && f->kind == FLOW_ALLGATHER) {
+        *p = f->in + o; /* our own contribution */
+    } else {
+        *p = f->out + f->rg->off[s] + o;
+    }
+}
+
+static void flow_recv_span(const struct flow *f, size_t i, unsigned char **p, size_t *len)
+{
+    size_t t = i / f->K, j = i % f->K, o;
+    if (f->kind == FLOW_CHAIN) {
+        flow_piece(f, f->total, j, &o, len);
+        *p = f->out + o;
+        return;
+    }
+    int s = flow_recv_seg(f, t);
+    flow_piece(f, f->rg->len[s], j, &o, len);
+    if ((int)t < f->rs_steps)
+        *p = f->slots + (i % RING_SLOTS) * f->chunk;
+    else
+        *p = f->out + f->rg->off[s] + o;
+}
+
+static bool flow_needs_slot(const struct flow *f, size_t i)
+{
+    return f->kind != FLOW_CHAIN && (int)(i / f->K) < f->rs_steps;
+}
+
+static bool flow_send_ready(const struct flow *f)
+{
+    size_t i = f->sent;
+    return f->lag == SIZE_MAX || i < f->lag || f->processed > i - f->lag;
+}
+
+static bool flow_recv_ready(const struct flow *f)
+{
+    size_t i = f->received;
+    return !flow_needs_slot(f, i) || i - f->processed < RING_SLOTS;
+}
+
+/* In a reducescatter, reducing item i overwrites acc[t & 1], which held
+ * the partials that outgoing item i - K (one step earlier) sends; so it
+ * waits until that item has left. */
+static bool flow_process_ready(const struct flow *f)
+{
+    size_t i = f->processed;
+    if (i >= f->received)
+        return false;
+    return f->kind != FLOW_REDUCESCATTER || i < f->K || f->sent > i - f->K;
+}
+
+/* Finishes incoming item `processed`: a reduce-scatter item is combined
+ * with our own input (upstream partial first, then ours: a fixed order);
+ * anything else already sits where it belongs. */
+static void flow_process(struct flow *f)
+{
+    size_t i = f->processed, t = i / f->K, j = i % f->K;
+    if (flow_needs_slot(f, i)) {
+        int s = flow_recv_seg(f, t);
+        size_t o, len;
+        flow_piece(f, f->rg->len[s], j, &o, &len);
+        if (len) {
+            unsigned char *dst;
+            if (f->kind == FLOW_ALLREDUCE)
+                dst = f->out + f->rg->off[s] + o;
+            else if ((int)t == f->rs_steps - 1)
+                dst = f->out + o; /* our own segment: the result */
+            else
+                dst = f->acc[t & 1] + o;
+            reduce_two(f->dtype, f->op, dst, f->slots + (i % RING_SLOTS) * f->chunk,
+                       f->in + f->rg->off[s] + o, len / f->esz);
+        }
+    }
+    f->processed++;
+}
+
+/* Moves bytes of the outgoing stream until the transport would block or
+ * the next item is not ready yet. 0 or the sticky error. */
+static int flow_push(struct flow *f, bool *moved)
+{
+    while (f->sent < f->nsend && flow_send_ready(f)) {
+        if (!f->sbusy) {
+            flow_send_span(f, f->sent, &f->sp, &f->slen);
+            f->spos = 0;
+            f->sbusy = true;
+        }
+        if (f->spos < f->slen) {
+            ssize_t k = f->tx->ops->try_send(f->tx, f->sp + f->spos, f->slen - f->spos);
+            if (k < 0)
+                return ring_fail(f->rg, (int)-k, f->tx_rank, "send");
+            if (k == 0)
+                return 0;
+            f->spos += (size_t)k;
+            *moved = true;
+            if (f->spos < f->slen)
+                return 0; /* the transport is full for now */
+        }
+        f->sent++;
+        f->sbusy = false;
+        *moved = true;
+    }
+    return 0;
+}
+
+/* The incoming side of flow_push: fills items while scratch slots are
+ * free. */
+static int flow_pull(struct flow *f, bool *moved)
+{
+    while (f->received < f->nrecv && flow_recv_ready(f)) {
+        if (!f->rbusy) {
+            flow_recv_span(f, f->received, &f->rp, &f->rlen);
+            f->rpos = 0;
+            f->rbusy = true;
+        }
+        if (f->rpos < f->rlen) {
+            ssize_t k = f->rx->ops->try_recv(f->rx, f->rp + f->rpos, f->rlen - f->rpos);
+            if (k < 0)
+                return ring_fail(f->rg, (int)-k, f->rx_rank, "receive");
+            if (k == 0)
+                return 0;
+            f->rpos += (size_t)k;
+            *moved = true;
+            if (f->rpos < f->rlen)
+                return 0;
+        }
+        f->received++;
+        f->rbusy = false;
+        *moved = true;
+    }
+    return 0;
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The connections a sleeping flow waits on: at most two. */
+struct flow_wait {
+    struct pollfd pfd[2];
+    struct xport *x[2];
+    int rank[2];
+    int n;
+};
+
+static int flow_arm(struct flow *f, struct flow_wait *w, struct xport *x, int rank, bool want_send,
+                    bool want_recv)
+{
+    short events = 0;
+    int fd = x->ops->arm(x, want_send, want_recv, &events);
+    if (fd < 0)
+        return ring_fail(f->rg, x->failed ? x->failed : KOLO_ESYS, rank, "wait");
+    w->pfd[w->n] = (struct pollfd){.fd = fd, .events = events};
+    w->x[w->n] = x;
+    w->rank[w->n++] = rank;
+    return 0;
+}
+
+/* Sleeps until a stream we wait on can move: arm the connections (once
+ * for both directions when prev and next are the same rank), retry once
+ * so that nothing that arrived before the arm is slept on, poll(),
+ * disarm. The same protocol as transport.c's waits. */
+static int flow_sleep(struct flow *f, uint64_t deadline)
+{
+    bool ws = f->sent < f->nsend && flow_send_ready(f);
+    bool wr = f->received < f->nrecv && flow_recv_ready(f);
+    if (!ws && !wr)
+        return ring_fail(f->rg, KOLO_EINTERNAL, -1, "flow stalled");
+
+    struct flow_wait w = {.n = 0};
+    int err = 0;
+    if (ws && wr && f->tx == f->rx) {
+        err = flow_arm(f, &w, f->tx, f->tx_rank, true, true);
+    } else {
+        if (ws)
+            err = flow_arm(f, &w, f->tx, f->tx_rank, true, false);
+        if (wr && !err)
+            err = flow_arm(f, &w, f->rx, f->rx_rank, false, true);
+    }
+
+    bool moved = false;
+    if (!err)
+        err = flow_push(f, &moved);
+    if (!err)
+        err = flow_pull(f, &moved);
+    if (!err && !moved) {
+        int timeout = RING_POLL_MAX_MS;
+        if (deadline) {
+            uint64_t now = now_mono_ms();
+            timeout = now >= deadline ? 0 : (int)min_size(deadline - now, RING_POLL_MAX_MS);
+        }
+        if (poll(w.pfd, (nfds_t)w.n, timeout) < 0 && errno != EINTR)
+            err = ring_fail(f->rg, KOLO_ESYS, w.rank[0], "poll");
+    }
+    for (int k = 0; k < w.n; k++)
+        if (w.x[k]->ops->disarm)
+            w.x[k]->ops->disarm(w.x[k]);
+    return err;
+}
+
+/* flow_run drives a flow to its end. Each pass moves what both streams
+ * can move without blocking, then reduces at most one complete chunk (so
+ * that the links are serviced between chunks), and checks the deadline
+ * even while data moves. When nothing moved: on a memory transport spin
+ * briefly (the neighbour is probably mid-copy on another core), else, or
+ * after the spin window, sleep in flow_sleep. */
+static int flow_run(struct flow *f, uint64_t deadline)
+{
+    bool spin = (f->tx && f->tx->ops->spin) || (f->rx && f->rx->ops->spin);
+    uint64_t spin_ns = spin ? (uint64_t)xport_spin_us() * 1000u : 0;
+    uint64_t idle_since = 0;
+    int err;
+
+    while (f->processed < f->nrecv || f->sent < f->nsend) {
+        bool moved = false;
+        if ((err = flow_push(f, &moved)) || (err = flow_pull(f, &moved)))
+            return err;
+        if (flow_process_ready(f)) {
+            flow_process(f);
+            moved = true;
+        }
+        if (deadline && now_mono_ms() >= deadline)
+            return ring_fail(f->rg, KOLO_ETIMEDOUT, f->rx ? f->rx_rank : f->tx_rank,
+                             "deadline passed waiting for");
+        if (moved) {
+            idle_since = 0;
+            continue;
+        }
+        if (spin_ns) {
+            uint64_t t = mono_ns();
+            if (!idle_since)
+                idle_since = t;
+            if (t - idle_since < spin_ns)
+                continue;
+        }
+        if ((err = flow_sleep(f, deadline)))
+            return err;
+        idle_since = 0;
+    }
+    return 0;
+}
+
+/* Common set-up of a ring flow over the segment layout in rg->off/len:
+ * chunk size, chunks per step, neighbours, scratch. */
+static int flow_ring_init(struct flow *f, struct ring *rg, enum flow_kind kind, size_t esz,
+                          int rs_steps, int steps)
+{
+    int n = rg->c.size, r = rg->c.rank;
+    size_t maxseg = 0;
+    for (int s = 0; s < n; s++)
+        if (rg->len[s] > maxseg)
+            maxseg = rg->len[s];
+    f->rg = rg;
+    f->kind = kind;
+    f->esz = esz;
+    f->chunk = min_size(RING_CHUNK_BYTES - RING_CHUNK_BYTES % esz, maxseg);
+    f->K = f->chunk ? div_up(maxseg, f->chunk) : 0;
+    f->rs_steps = rs_steps;
+    f->tx_rank = (r + 1) % n;
+    f->rx_rank = (r + n - 1) % n;
+    f->tx = rg->peers[f->tx_rank];
+    f->rx = rg->peers[f->rx_rank];
+    f->nsend = f->nrecv = f->K * (size_t)steps;
+    f->lag = f->K;
+    if (!f->K)
+        return 0;
+    size_t slot_bytes = rs_steps ? RING_SLOTS * f->chunk : 0;
+    size_t acc_bytes = kind == FLOW_REDUCESCATTER ? f->K * f->chunk : 0;
+    unsigned char *mem = ring_scratch(rg, slot_bytes + 2 * acc_bytes);
+    if (!mem && slot_bytes + acc_bytes)
+        return ring_fail(rg, KOLO_ENOMEM, -1, "scratch");
+    f->slots = mem;
+    f->acc[0] = mem ? mem + slot_bytes : NULL;
+    f->acc[1] = mem ? mem + slot_bytes + acc_bytes : NULL;
+    return 0;
+}
+
+/* ----------------------------------------------------------------- allreduce */
+
+/* Recursive doubling, for small buffers on a full mesh; out already holds
+ * our input.
+ *
+ * With size = p + rem (p the largest power of two not above size), the
+ * first 2*rem ranks first fold in pairs (2i, 2i+1): the even rank hands
+ * its vector to the odd one, which reduces them (even's first) and plays
+ * virtual rank i; the even rank sits out. Ranks from 2*rem on are virtual
+ * ranks rank - rem. Virtual ranks map to increasing, contiguous runs of
+ * real ranks, so in round k (mask = 2^k) every virtual rank trades its
+ * partial result with virtual rank ^ mask and both compute "lower run OP
+ * higher run" from the same two operands: the same bits on both sides.
+ * After log2(p) rounds every virtual rank holds the total, and the odd
+ * ranks of the fold hand it back to their even partners. */
+static int allreduce_rd(struct ring *rg, kolo_dtype dtype, kolo_op op, unsigned char *out,
+                        size_t count, uint64_t deadline)
+{
+    int n = rg->c.size, r = rg->c.rank, err;
+    size_t bytes = count * kolo_dtype_size(dtype);
+    unsigned char *tmp = ring_scratch(rg, bytes);
+    if (!tmp)
+        return ring_fail(rg, KOLO_ENOMEM, -1, "scratch");
+    int p = 1;
+    while (p * 2 <= n)
+        p *= 2;
+    int rem = n - p, vr;
+
+    if (r < 2 * rem) {
+        if (r % 2 == 0) {
+            if ((err = xport_send(rg->peers[r + 1], out, bytes, deadline)))
+                return ring_fail(rg, err, r + 1, "allreduce fold");
+            vr = -1;
+        } else {
+            if ((err = xport_recv(rg->peers[r - 1], tmp, bytes, deadline)))
+                return ring_fail(rg, err, r - 1, "allreduce fold");
+            reduce_two(dtype, op, out, tmp, out, count);
+            vr = r / 2;
+        }
+    } else {
+        vr = r - rem;
+    }
+
+    for (int mask = 1; vr >= 0 && mask < p; mask <<= 1) {
+        int vpeer = vr ^ mask;
+        int peer = vpeer < rem ? 2 * vpeer + 1 : vpeer + rem;
+        struct xport *x = rg->peers[peer];
+        if ((err = xport_sendrecv(x, out, bytes, x, tmp, bytes, deadline)))
+            return ring_fail(rg, err, peer, "allreduce exchange");
+        if (vpeer < vr)
+            reduce_two(dtype, op, out, tmp, out, count);
+        else
+            reduce_two(dtype, op, out, out, tmp, count);
+    }
+
+    if (r < 2 * rem) {
+        if (r % 2 == 1)
+            err = xport_send(rg->peers[r - 1], out, bytes, deadline);
+        else
+            err = xport_recv(rg->peers[r + 1], out, bytes, deadline);
+        if (err)
+            return ring_fail(rg, err, r % 2 ? r - 1 : r + 1, "allreduce unfold");
+    }
+    return 0;
+}
+
+/* The ring: segments of count/size elements (the first count%size one
+ * element longer), size-1 reduce-scatter steps that leave each rank with
+ * the total of its own segment, then size-1 allgather steps that pass the
+ * totals around - all one pipelined flow. */
+static int allreduce_ring(struct ring *rg, kolo_dtype dtype, kolo_op op, const unsigned char *in,
+                          unsigned char *out, size_t count, uint64_t deadline)
+{
+    int n = rg->c.size;
+    size_t esz = kolo_dtype_size(dtype), base = count / (size_t)n, extra = count % (size_t)n;
+    size_t o = 0;
+    for (int s = 0; s < n; s++) {
+        rg->off[s] = o;
+        rg->len[s] = (base + ((size_t)s < extra)) * esz;
+        o += rg->len[s];
+    }
+    struct flow f = {.dtype = dtype, .op = op, .in = in, .out = out};
+    int err = flow_ring_init(&f, rg, FLOW_ALLREDUCE, esz, n - 1, 2 * (n - 1));
+    return err ? err : flow_run(&f, deadline);
+}
+
+static bool valid_dtype_op(kolo_dtype dtype, kolo_op op)
+{
+    return (unsigned)dtype < KOLO_DTYPE_COUNT && (unsigned)op < KOLO_OP_COUNT;
+}
+
+static int ring_allreduce(struct coll *c, kolo_dtype dtype, kolo_op op, const void *in, void *out,
+                          size_t count, uint64_t deadline)
+{
+    struct ring *rg = (struct ring *)c;
+    if (!valid_dtype_op(dtype, op) || (count && (!in || !out)))
+        return KOLO_EINVAL;
+    size_t esz = kolo_dtype_size(dtype);
+    if (count > SIZE_MAX / esz)
+        return KOLO_EINVAL;
+    size_t bytes = count * esz;
+    int err = ring_start(rg, deadline);
+    if (err)
+        return ring_done(rg, err);
+    if (c->size == 1 || count == 0) {
+        if (in != out && bytes)
+            memcpy(out, in, bytes);
+        return 0;
+    }
+    if (rg->mesh && bytes <= RING_SMALL_BYTES) {
+        if (in != out)
+            memcpy(out, in, bytes);
+        err = allreduce_rd(rg, dtype, op, out, count, deadline);
+    } else {
+        err = allreduce_ring(rg, dtype, op, in, out, count, deadline);
+    }
+    return ring_done(rg, err);
+}
+
+/* ------------------------------------------------------------ reducescatter */
+
+/* Ring reduce-scatter with the caller's segment sizes: size-1 steps of
+ * one pipelined flow, partials kept in two step-parity buffers, the last
+ * step reducing straight into out. */
+static int ring_reducescatter(struct coll *c, kolo_dtype dtype, kolo_op op, const void *in,
+                              void *out, const size_t *counts, uint64_t deadline)
+{
+    struct ring *rg = (struct ring *)c;
+    int n = c->size, r = c->rank;
+    if (!valid_dtype_op(dtype, op) || !counts)
+        return KOLO_EINVAL;
+    size_t esz = kolo_dtype_size(dtype), o = 0;
+    for (int s = 0; s < n; s++) {
+        if (counts[s] > (SIZE_MAX - o) / esz)
+            return KOLO_EINVAL;
+        rg->off[s] = o;
+        rg->len[s] = counts[s] * esz;
+        o += rg->len[s];
+    }
+    if ((o && !in) || (rg->len[r] && !out))
+        return KOLO_EINVAL;
+    int err = ring_start(rg, deadline);
+    if (err)
+        return ring_done(rg, err);
+    if (n == 1) {
+        if (in != out && o)
+            memcpy(out, in, o);
+        return 0;
+    }
+    struct flow f = {.dtype = dtype, .op = op, .in = in, .out = out};
+    err = flow_ring_init(&f, rg, FLOW_REDUCESCATTER, esz, n - 1, n - 1);
+    if (!err)
+        err = flow_run(&f, deadline);
+    return ring_done(rg, err);
+}
+
+/* --------------------------------------------------------------- allgatherv */
+
+/* Ring allgather of variable-sized pieces: our piece goes into place
+ * locally, then size-1 steps of one pipelined flow pass every piece
+ * around, each landing straight in out. */
+static int ring_allgatherv(struct coll *c, const void *in, void *out, const size_t *bytes,
+                           uint64_t deadline)
+{
+    struct ring *rg = (struct ring *)c;
+    int n = c->size, r = c->rank;
+    if (!bytes)
+        return KOLO_EINVAL;
+    size_t o = 0;
+    for (int s = 0; s < n; s++) {
+        if (bytes[s] > SIZE_MAX - o)
+            return KOLO_EINVAL;
+        rg->off[s] = o;
+        rg->len[s] = bytes[s];
+        o += bytes[s];
+    }
+    if ((o && !out) || (bytes[r] && !in))
+        return KOLO_EINVAL;
+    int err = ring_start(rg, deadline);
+    if (err)
+        return ring_done(rg, err);
+    unsigned char *mine = (unsigned char *)out + rg->off[r];
+    if (bytes[r] && (const void *)mine != in)
+        memmove(mine, in, bytes[r]);
+    if (n == 1)
+        return 0;
+    struct flow f = {.in = in, .out = out};
+    err = flow_ring_init(&f, rg, FLOW_ALLGATHER, 1, 0, n - 1);
+    if (!err)
+        err = flow_run(&f, deadline);
+    return ring_done(rg, err);
+}
+
+/* ---------------------------------------------------------------- broadcast */
+
+/* Binomial tree from root. With v = (rank - root) mod size, a rank
+ * receives from v minus its lowest set bit, then sends to v + m for each
+ * power of two m below that bit, largest first (so the deepest subtree
+ * starts first); the root starts from the largest power of two below
+ * size. Every round doubles the ranks that hold the data: ceil(log2 size)
+ * rounds. */
+static int bcast_tree(struct ring *rg, unsigned char *buf, size_t bytes, int root,
+                      uint64_t deadline)
+{
+    int n = rg->c.size, v = rmod((long)rg->c.rank - root, n), m = 1, err;
+    if (v == 0) {
+        while (m < n)
+            m <<= 1;
+    } else {
+        m = v & -v;
+        int from = rmod((long)root + v - m, n);
+        if ((err = xport_recv(rg->peers[from], buf, bytes, deadline)))
+            return ring_fail(rg, err, from, "broadcast receive");
+    }
+    for (m >>= 1; m > 0; m >>= 1) {
+        if (v + m >= n)
+            continue;
+        int to = rmod((long)root + v + m, n);
+        if ((err = xport_send(rg->peers[to], buf, bytes, deadline)))
+            return ring_fail(rg, err, to, "broadcast send");
+    }
+    return 0;
+}
+
+/* Pipelined chain along the ring from root: every rank but the last
+ * forwards each chunk to next as soon as it has it. */
+static int bcast_chain(struct ring *rg, unsigned char *buf, size_t bytes, int root,
+                       uint64_t deadline)
+{
+    int n = rg->c.size, r = rg->c.rank, v = rmod((long)r - root, n);
+    struct flow f = {.rg = rg, .kind = FLOW_CHAIN, .esz = 1, .in = buf, .out = buf};
+    f.total = bytes;
+    f.chunk = min_size(RING_CHUNK_BYTES, bytes);
+    f.K = div_up(bytes, f.chunk);
+    f.tx_rank = (r + 1) % n;
+    f.rx_rank = (r + n - 1) % n;
+    f.tx = v < n - 1 ? rg->peers[f.tx_rank] : NULL;
+    f.rx = v > 0 ? rg->peers[f.rx_rank] : NULL;
+    f.nsend = f.tx ? f.K : 0;
+    f.nrecv = f.rx ? f.K : 0;
+    f.lag = v == 0 ? SIZE_MAX : 0;
+    return flow_run(&f, deadline);
+}
+
+static int ring_broadcast(struct coll *c, void *buf, size_t bytes, int root, uint64_t deadline)
+{
+    struct ring *rg = (struct ring *)c;
+    if (root < 0 || root >= c->size || (bytes && !buf))
+        return KOLO_EINVAL;
+    int err = ring_start(rg, deadline);
+    if (err)
+        return ring_done(rg, err);
+    if (c->size == 1 || bytes == 0)
+        return 0;
+    if (rg->mesh && bytes <= RING_BCAST_TREE_BYTES)
+        err = bcast_tree(rg, buf, bytes, root, deadline);
+    else
+        err = bcast_chain(rg, buf, bytes, root, deadline);
+    return ring_done(rg, err);
+}
+
+/* ---------------------------------------------------------------- alltoallv */
+
+/* Pairwise exchange: in step k (1..size-1) a rank sends its block for
+ * rank+k while receiving the block of rank-k, one sendrecv per step, so
+ * every pair meets exactly once and no rank is sent to by two ranks at
+ * the same time. Needs the full mesh. */
+static int ring_alltoallv(struct coll *c, const void *in, const size_t *send_bytes, void *out,
+                          const size_t *recv_bytes, uint64_t deadline)
+{
+    struct ring *rg = (struct ring *)c;
+    int n = c->size, r = c->rank, err;
+    if (!send_bytes || !recv_bytes)
+        return KOLO_EINVAL;
+    /* the per-rank layout arrays hold the send and receive offsets here */
+    size_t *soff = rg->off, *roff = rg->len, so = 0, ro = 0;
+    for (int s = 0; s < n; s++) {
+        if (send_bytes[s] > SIZE_MAX - so || recv_bytes[s] > SIZE_MAX - ro)
+            return KOLO_EINVAL;
+        soff[s] = so;
+        roff[s] = ro;
+        so += send_bytes[s];
+        ro += recv_bytes[s];
+    }
+    if ((so && !in) || (ro && !out) || send_bytes[r] != recv_bytes[r])
+        return KOLO_EINVAL;
+    if ((err = ring_start(rg, deadline)))
+        return ring_done(rg, err);
+    for (int s = 0; s < n; s++)
+        if (s != r && !rg->peers[s] && (send_bytes[s] || recv_bytes[s]))
+            return KOLO_ENOTSUP; /* not a full mesh */
+    if (send_bytes[r])
+        memmove((unsigned char *)out + roff[r], (const unsigned char *)in + soff[r], send_bytes[r]);
+    for (int k = 1; k < n; k++) {
+        int to = (r + k) % n, from = (r + n - k) % n;
+        struct xport *xs = rg->peers[to], *xr = rg->peers[from];
+        err = xport_sendrecv(xs, (const unsigned char *)in + soff[to], send_bytes[to], xr,
+                             (unsigned char *)out + roff[from], recv_bytes[from], deadline);
+        if (err) {
+            err = ring_fail(rg, err, blame(xs, to, xr, from), "alltoall");
+            break;
+        }
+    }
+    return ring_done(rg, err);
+}
+
+/* ------------------------------------------------------------------ barrier */
+
+/* Dissemination: in round k a rank signals rank + 2^k and waits for the
+ * signal of rank - 2^k; after ceil(log2 size) rounds every rank has
+ * heard, directly or through others, from every rank. Without a full
+ * mesh, a ring allgather of one byte per rank does the same in size-1
+ * steps. */
+static int ring_barrier(struct coll *c, uint64_t deadline)
+{
+    struct ring *rg = (struct ring *)c;
+    int n = c->size, r = c->rank;
+    int err = ring_start(rg, deadline);
+    if (err || n == 1)
+        return ring_done(rg, err);
+    if (rg->mesh) {
+        for (int d = 1; d < n && !err; d <<= 1) {
+            int to = (r + d) % n, from = (r + n - d) % n;
+            unsigned char token = 1, got = 0;
+            struct xport *xs = rg->peers[to], *xr = rg->peers[from];
+            if ((err = xport_sendrecv(xs, &token, 1, xr, &got, 1, deadline)))
+                err = ring_fail(rg, err, blame(xs, to, xr, from), "barrier");
+        }
+        return ring_done(rg, err);
+    }
+    unsigned char *tokens = ring_scratch(rg, (size_t)n);
+    if (!tokens)
+        return ring_done(rg, ring_fail(rg, KOLO_ENOMEM, -1, "scratch"));
+    for (int s = 0; s < n; s++) {
+        rg->off[s] = (size_t)s;
+        rg->len[s] = 1;
+    }
+    tokens[r] = 1;
+    struct flow f = {.in = tokens + r, .out = tokens};
+    err = flow_ring_init(&f, rg, FLOW_ALLGATHER, 1, 0, n - 1);
+    if (!err)
+        err = flow_run(&f, deadline);
+    return ring_done(rg, err);
+}
+
+/* -------------------------------------------------------------------- setup */
+
+static void ring_destroy(struct coll *c)
+{
+    struct ring *rg = (struct ring *)c;
+    if (!rg)
+        return;
+    ring_close_all(rg);
+    free(rg->peers);
+    free(rg->off);
+    free(rg->len);
+    free(rg->scratch);
+    free(rg);
+}
+
+static const struct coll_ops ring_ops = {
+    .name = "ring",
+    .allreduce = ring_allreduce,
+    .allgatherv = ring_allgatherv,
+    .broadcast = ring_broadcast,
+    .alltoallv = ring_alltoallv,
+    .reducescatter = ring_reducescatter,
+    .barrier = ring_barrier,
+    .destroy = ring_destroy,
+};
+
+/* ring_create needs at least the ring neighbours; with every other rank
+ * connected (a full mesh) it also uses the small-message algorithms.
+ * The xports become the ring's only on success. */
+int ring_create(int rank, int size, struct xport **peers, struct coll **out)
+{
+    if (!out || size < 1 || rank < 0 || rank >= size || (size > 1 && !peers))
+        return KOLO_EINVAL;
+    *out = NULL;
+    int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+    if (size > 1 && (!peers[next] || !peers[prev]))
+        return KOLO_EINVAL;
+    struct ring *rg = calloc(1, sizeof *rg);
+    if (!rg)
+        return KOLO_ENOMEM;
+    rg->peers = calloc((size_t)size, sizeof *rg->peers);
+    rg->off = calloc((size_t)size, sizeof *rg->off);
+    rg->len = calloc((size_t)size, sizeof *rg->len);
+    if (!rg->peers || !rg->off || !rg->len) {
+        free(rg->peers);
+        free(rg->off);
+        free(rg->len);
+        free(rg);
+        return KOLO_ENOMEM;
+    }
+    rg->c.ops = &ring_ops;
+    rg->c.rank = rank;
+    rg->c.size = size;
+    rg->mesh = true;
+    for (int r = 0; r < size; r++) {
+        rg->peers[r] = r == rank ? NULL : peers[r];
+        if (r != rank && !peers[r])
+            rg->mesh = false;
+    }
+    *out = &rg->c;
+    return 0;
+}

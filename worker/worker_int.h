@@ -1,0 +1,137 @@
+/*
+ * worker_int.h - libkolo's context, operations and background thread.
+ *
+ * Threads. User threads submit operations (ops.c) and wait on them; one
+ * background thread per context (ctx.c) sends the queued requests to the
+ * coordinator, receives the ordered response log, and executes each
+ * response on the data plane (exec.c). Negotiation calls are asynchronous
+ * (their replies arrive on nng threads and are handed to the background
+ * thread), so a new request never waits behind a parked call: the
+ * coordinator answers the older call as soon as a newer one arrives.
+ *
+ * Everything below the mutex is guarded by it; the data-plane state
+ * (coll, fusion buffer) belongs to the background thread alone.
+ */
+#ifndef KOLO_WORKER_WORKER_INT_H
+#define KOLO_WORKER_WORKER_INT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "coll.h"
+#include "kolo.h"
+#include "kolo.pb-c.h"
+#include "rpc.h"
+
+#define WORKER_NEGOTIATE_WAIT_MS 1000
+#define WORKER_NAME_MAX 512
+
+enum op_state { OP_QUEUED, OP_SENT, OP_DONE };
+
+struct op {
+    kolo_handle handle;
+    enum op_state state;
+    int status;
+    char *error;
+    /* the request, with owned copies of name, shape and splits */
+    kolo_request req;
+    char *name;
+    int64_t *shape;
+    int32_t *splits;
+    uint32_t cache_id; /* submitted by cache id */
+    uint64_t group;
+    uint32_t group_size;
+    /* results (allgather, alltoall, join) */
+    void *result;
+    size_t result_bytes;
+    int64_t result_rows;
+    int32_t *recv_splits;
+    int64_t value;
+    bool has_result;
+    struct op *next;      /* submit queue */
+    struct op *name_next; /* in-flight name table chain */
+};
+
+struct cache_sig {
+    char *name;
+    uint32_t id;
+    uint32_t coll, dtype, op;
+    int ndim;
+    int64_t *shape;
+    double prescale, postscale;
+    int device;
+    struct cache_sig *next;
+};
+
+#define NAME_BUCKETS 1024
+
+struct kolo_ctx {
+    /* identity and topology (read-only after init) */
+    uint64_t job, generation;
+    int rank, size, local_rank, local_size, cross_rank, cross_size;
+    int timeout_ms;
+    int64_t fusion_threshold;
+    struct rpc_client *rpc;
+    struct coll *coll;
+
+    pthread_t bg;
+    bool bg_running;
+    pthread_mutex_t mu;
+    pthread_cond_t wake; /* the background thread waits on it */
+    pthread_cond_t done; /* user threads waiting for ops */
+
+    /* ---- under mu ---- */
+    bool stopping;
+    bool leaving;        /* send shutdown to the coordinator */
+    char leave_reason[200];
+    int sticky;          /* once set, every op fails with it */
+    char sticky_msg[512];
+    char last_error[1024];
+    /* handles */
+    struct op **slots;
+    uint32_t *slot_seq;
+    uint32_t nslots, slot_cap;
+    uint32_t *free_slots;
+    uint32_t nfree;
+    /* in-flight names */
+    struct op *names[NAME_BUCKETS];
+    /* submit queue: ops not yet sent */
+    struct op *q_head, *q_tail;
+    int inflight;       /* ops sent and not done */
+    int calls;          /* negotiate calls outstanding */
+    uint64_t cursor;    /* next log index to receive */
+    /* received, not yet executed responses, by log index */
+    Kolo__Response **resp;
+    uint64_t resp_base; /* log index of resp[0] == next to execute */
+    size_t resp_cap;
+    uint64_t unnamed;
+    uint64_t groups;
+    uint64_t barriers;
+    struct cache_sig *cache[NAME_BUCKETS];
+    bool joined;
+
+    /* ---- background thread only ---- */
+    void *fusion;
+    size_t fusion_cap;
+    void *zeros;
+    size_t zeros_cap;
+};
+
+/* ctx.c */
+void ctx_set_error(struct kolo_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void ctx_wake(struct kolo_ctx *c);
+
+/* ops.c (caller holds mu unless noted) */
+struct op *ops_lookup(struct kolo_ctx *c, kolo_handle h);
+struct op *ops_by_name(struct kolo_ctx *c, const char *name);
+void ops_complete(struct kolo_ctx *c, struct op *op, int status, const char *error);
+void ops_fail_all(struct kolo_ctx *c, int status, const char *error);
+void ops_free_all(struct kolo_ctx *c);
+uint32_t ops_cache_lookup(struct kolo_ctx *c, const struct op *op);
+void ops_cache_put(struct kolo_ctx *c, const struct op *op, uint32_t id);
+
+/* exec.c (background thread, mu not held) */
+void exec_response(struct kolo_ctx *c, const Kolo__Response *r);
+
+#endif
