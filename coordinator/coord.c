@@ -76,8 +76,12 @@ static void work_refuse(struct work *w)
     free(w);
 }
 
-/* Called from nng threads. After the main thread began draining, work is
- * answered right here instead of being queued. */
+static void dispatch_rpc(struct coord *c, struct rpc_call *call);
+
+/* Called from nng threads: runs the work under the state lock, so exactly
+ * one handler (or the cron tick) touches the state at a time, without a
+ * hand-off to another thread on the hot path (negotiation latency). Once
+ * the coordinator stops, work is refused at once. */
 void coord_post(struct coord *c, struct work *w)
 {
     pthread_mutex_lock(&c->mtx);
@@ -86,14 +90,12 @@ void coord_post(struct coord *c, struct work *w)
         work_refuse(w);
         return;
     }
-    w->next = NULL;
-    if (c->queue_tail)
-        c->queue_tail->next = w;
+    if (w->kind == WORK_RPC)
+        dispatch_rpc(c, w->call);
     else
-        c->queue_head = w;
-    c->queue_tail = w;
-    pthread_cond_signal(&c->cond);
+        coord_http_handle(c, w->aio);
     pthread_mutex_unlock(&c->mtx);
+    free(w);
 }
 
 static void rpc_handler(struct rpc_call *call, void *arg)
@@ -162,53 +164,27 @@ static void coord_cron(struct coord *c)
     coord_jobs_cron(c, now);
 }
 
+/* The tick: every COORD_CRON_MS, under the state lock. */
 static void *coord_main(void *arg)
 {
     struct coord *c = arg;
     pthread_mutex_lock(&c->mtx);
     while (!c->stopping) {
-        struct work *w = c->queue_head;
-        if (w) {
-            c->queue_head = w->next;
-            if (!c->queue_head)
-                c->queue_tail = NULL;
-            pthread_mutex_unlock(&c->mtx);
-            if (w->kind == WORK_RPC)
-                dispatch_rpc(c, w->call);
-            else
-                coord_http_handle(c, w->aio);
-            free(w);
-            pthread_mutex_lock(&c->mtx);
+        coord_cron(c);
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += COORD_CRON_MS * 1000000L;
+        while (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
         }
-        uint64_t now = now_mono_ms();
-        if (now - c->last_cron >= COORD_CRON_MS) {
-            pthread_mutex_unlock(&c->mtx);
-            coord_cron(c);
-            pthread_mutex_lock(&c->mtx);
-        }
-        if (!c->queue_head && !c->stopping) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += COORD_CRON_MS * 1000000L / 2;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&c->cond, &c->mtx, &ts);
-        }
+        pthread_cond_timedwait(&c->cond, &c->mtx, &ts);
     }
-    /* Drain: from now on coord_post answers by itself; answer what is queued. */
+    /* From now on coord_post refuses work; answer every parked call. */
     c->draining = true;
-    struct work *w = c->queue_head;
-    c->queue_head = c->queue_tail = NULL;
-    pthread_mutex_unlock(&c->mtx);
-    while (w) {
-        struct work *next = w->next;
-        work_refuse(w);
-        w = next;
-    }
     coord_hosts_shutdown(c);
     coord_jobs_shutdown(c);
+    pthread_mutex_unlock(&c->mtx);
     return NULL;
 }
 
@@ -285,7 +261,11 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
     if (c->cfg.stop_grace_ms <= 0)
         c->cfg.stop_grace_ms = 5000;
     pthread_mutex_init(&c->mtx, NULL);
-    pthread_cond_init(&c->cond, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cond, &ca);
+    pthread_condattr_destroy(&ca);
     random_hex(c->instance, 8);
     c->started_ms = now_wall_ms();
 
@@ -372,7 +352,7 @@ void coord_stop(struct coord *c)
     pthread_cond_signal(&c->cond);
     pthread_mutex_unlock(&c->mtx);
     pthread_join(c->thread, NULL);
-    /* Parked calls were answered by the main thread; the listeners can go. */
+    /* Parked calls were answered by the tick thread; the listeners can go. */
     coord_http_stop(c);
     rpc_server_close(c->rpc);
     coord_free(c);

@@ -1,14 +1,15 @@
 /*
  * coord_internal.h - the coordinator's in-memory state, shared by its files.
  *
- * Threading: everything in struct coord below the "main thread" line is
- * owned by the coordinator's main thread. nng's RPC and HTTP callbacks
- * never touch it: they wrap the request in a struct work and post it to
- * the queue (coord_post); the main thread runs the handler, which answers
- * at once or parks the call (heartbeats, output streams) until something
- * changes or its deadline passes. A periodic tick (coord_cron) expires
- * leases, parked calls and pending jobs. This is redis's model: one owner,
- * no locks around state, and a file per concern.
+ * Threading: everything in struct coord below the "state" line belongs to
+ * whoever holds c->mtx, and only coord_post (one RPC or HTTP request, on
+ * the nng thread that received it) and the tick thread (coord_cron:
+ * leases, parked-call deadlines, pending jobs) take it. So handlers run
+ * one at a time, as in redis's single-owner model, but without handing
+ * each request to another thread: negotiation latency is a goal. A
+ * handler answers at once or parks the call (heartbeats, output streams,
+ * rendezvous, negotiation) until something changes or its deadline
+ * passes. Handlers never block: no network waits, only SQLite writes.
  */
 #ifndef KOLO_COORDINATOR_COORD_INTERNAL_H
 #define KOLO_COORDINATOR_COORD_INTERNAL_H
@@ -164,13 +165,12 @@ struct coord {
     nng_http_server *http;
     pthread_t thread;
 
-    pthread_mutex_t mtx; /* guards the queue and the flags below */
+    pthread_mutex_t mtx; /* the state lock: see the top of this file */
     pthread_cond_t cond;
-    struct work *queue_head, *queue_tail;
     bool stopping;
     bool draining; /* set by the main thread: answer new work at once */
 
-    /* ---- main thread only ---- */
+    /* ---- state: under mtx ---- */
     struct store *store;
     struct host *hosts; /* by order */
     struct job *jobs;   /* by id, ascending */

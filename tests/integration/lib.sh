@@ -26,6 +26,9 @@ cleanup() {
 trap cleanup EXIT
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
+# has PATTERN: like grep -q, but reads all its input, so the writer of a
+# pipe never dies of SIGPIPE (which pipefail would report as a failure).
+has() { grep -- "$1" >/dev/null; }
 note() { echo "-- $*"; }
 
 # wait_for SECONDS COMMAND...: polls every 0.1 s until COMMAND succeeds.

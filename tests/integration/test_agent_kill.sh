@@ -29,6 +29,6 @@ rc=$?
 set -e
 [ $rc -ne 0 ] || fail "kolo run should fail"
 grep -q "host b lost" "$WORK/run.err" || fail "no reason: $(cat "$WORK/run.err")"
-curl -sf "$HTTP/api/v1/events" | grep -q '"kind":"host.lost"' || fail "no host.lost event"
-curl -sf "$HTTP/metrics" | grep -q 'kolo_leases_expired_total 1' || fail "lease metric"
+curl -sf "$HTTP/api/v1/events" | has '"kind":"host.lost"' || fail "no host.lost event"
+curl -sf "$HTTP/metrics" | has 'kolo_leases_expired_total 1' || fail "lease metric"
 echo PASS

@@ -50,5 +50,5 @@ curl -sf "$HTTP/api/v1/jobs/1" >"$WORK/job1.json"
 grep -q '"state":"succeeded"' "$WORK/job1.json" || fail "job 1 not succeeded"
 grep -q '"exit_code":0' "$WORK/job1.json" || fail "no exit code"
 grep -q '"kind":"job.started"' "$WORK/job1.json" || fail "no events"
-curl -sf "$HTTP/metrics" | grep -q 'kolo_jobs{state="succeeded"} 2' || fail "metrics"
+curl -sf "$HTTP/metrics" | has 'kolo_jobs{state="succeeded"} 2' || fail "metrics"
 echo PASS

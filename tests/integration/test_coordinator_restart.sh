@@ -29,8 +29,8 @@ rm -f "$WORK/coord.out"
 LISTEN="tcp://127.0.0.1:$port" start_coordinator coord
 wait_hosts 2
 sleepers 4 || fail "workers were lost"
-curl -sf "$HTTP/api/v1/jobs" | grep -q '"id":1' || fail "job 1 forgotten"
-curl -sf "$HTTP/api/v1/hosts" | grep -q '"name":"a"' || fail "host a forgotten"
+curl -sf "$HTTP/api/v1/jobs" | has '"id":1' || fail "job 1 forgotten"
+curl -sf "$HTTP/api/v1/hosts" | has '"name":"a"' || fail "host a forgotten"
 
 set +e
 wait "$RUN_PID"
@@ -38,6 +38,6 @@ rc=$?
 set -e
 [ $rc -eq 0 ] || fail "job failed across the restart ($rc): $(cat "$WORK/run.err")"
 [ "$(grep -c 'finished' "$WORK/run.out")" -eq 4 ] || fail "not every rank finished: $(cat "$WORK/run.out")"
-curl -sf "$HTTP/api/v1/jobs/2" | grep -q '"state":"succeeded"' || fail "job 2 not succeeded"
+curl -sf "$HTTP/api/v1/jobs/2" | has '"state":"succeeded"' || fail "job 2 not succeeded"
 grep -q "re-registered with running workers" "$WORK/coord.err" || fail "no re-attach logged"
 echo PASS

@@ -60,7 +60,7 @@ note "the token appears nowhere"
 for f in "$WORK"/*.err "$WORK"/*.log "$WORK"/*.out; do
   grep -q "$TOKEN" "$f" && fail "token leaked into $f"
 done
-curl -sf "$HTTP/api/v1/jobs/3" | grep -q "$TOKEN" && fail "token in REST"
-curl -sf "$HTTP/metrics" | grep -q "$TOKEN" && fail "token in metrics"
-curl -sf "$HTTP/metrics" | grep -q 'kolo_auth_failures_total{listener="rpc"} [1-9]' || fail "rpc auth failures not counted"
+curl -sf "$HTTP/api/v1/jobs/3" | has "$TOKEN" && fail "token in REST"
+curl -sf "$HTTP/metrics" | has "$TOKEN" && fail "token in metrics"
+curl -sf "$HTTP/metrics" | has 'kolo_auth_failures_total{listener="rpc"} [1-9]' || fail "rpc auth failures not counted"
 echo PASS

@@ -21,7 +21,7 @@ grep -q "rank 2 on host b exited with code 3" "$WORK/run.err" || fail "no reason
 grep -q '^\[2\]<stdout>:bye$' "$WORK/run.out" || fail "the failing rank's last line is missing"
 [ $took -lt 8000 ] || fail "took $took ms to fail"
 wait_for 5 marked_exactly 0 || fail "$(count_marked) worker(s) still running"
-curl -sf "$HTTP/api/v1/jobs/1" | grep -q '"state":"failed"' || fail "job not failed"
+curl -sf "$HTTP/api/v1/jobs/1" | has '"state":"failed"' || fail "job not failed"
 
 note "a worker killed by a signal: 128+signal"
 set +e
