@@ -34,6 +34,8 @@
 #include "util.h"
 
 #define RENDEZVOUS_SLICE_MS 5000
+
+static void negotiate_send(struct kolo_ctx *c, bool shutdown, const char *reason);
 #define DEFAULT_TIMEOUT_MS 30000
 #define DEFAULT_FUSION (64ll << 20)
 
@@ -385,7 +387,15 @@ static void negotiate_done(void *arg, int code, const void *rep, size_t len, con
     pthread_mutex_unlock(&c->mu);
 }
 
-/* Sends the queued requests (mu held; released around the send). */
+/* Sends the queued requests (mu held; released around the send). The
+ * submitting thread calls it directly, so a new operation reaches the
+ * coordinator without waking the background thread first. */
+void ctx_send_queued(struct kolo_ctx *c)
+{
+    if (!c->sticky && !c->stopping && c->q_head)
+        negotiate_send(c, false, NULL);
+}
+
 static void negotiate_send(struct kolo_ctx *c, bool shutdown, const char *reason)
 {
     size_t nq = 0;

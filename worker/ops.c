@@ -407,7 +407,7 @@ int kolo_submit(kolo_ctx *c, const kolo_request *reqs, int n, kolo_handle *handl
         c->q_tail = op;
         handles[i] = op->handle;
     }
-    pthread_cond_signal(&c->wake);
+    ctx_send_queued(c);
 out:
     pthread_mutex_unlock(&c->mu);
     return rv;

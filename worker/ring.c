@@ -34,9 +34,9 @@
  * blocking helpers of transport.c: recursive doubling for allreduce
  * (log2(size) exchanges instead of 2 * (size - 1) ring steps), a
  * binomial tree for broadcast, dissemination for barrier, pairwise
- * exchange for alltoallv. The crossovers (RING_SMALL_BYTES,
- * RING_BCAST_TREE_BYTES) were measured with two processes over TCP
- * loopback on a 2-core machine; see the constants.
+ * exchange for alltoallv. The allreduce crossover was measured (TCP
+ * loopback, see allreduce_small_max); the broadcast one follows a cost
+ * model (bcast_use_tree).
  *
  * Determinism. Every element of an allreduce is reduced in a fixed order
  * that depends only on size, count and the element's index, and it is
@@ -70,36 +70,21 @@
 
 /* Pipeline chunk. Big enough that a system call moves a lot of data, and
  * that RING_SLOTS of them (the reduction scratch) stay in a 1 MiB L2
- * cache. Measured (2 processes, TCP loopback, 64 MiB float32 sum): 64 KiB
- * and 1 MiB chunks were both slower than 256 KiB. */
-#define RING_CHUNK_BYTES tune_chunk()
+ * cache. Measured with 2 processes pinned to 2 cores over TCP loopback
+ * (16 MiB .. 256 MiB float32 sums): 64 KiB and 128 KiB chunks were a
+ * few per cent slower, 512 KiB and 1 MiB no better, and 2 or 8 slots
+ * within the noise of 4. */
+#define RING_CHUNK_BYTES ((size_t)256 << 10)
 /* Scratch slots for incoming chunks that still have to be reduced: how
  * far the receiving side may run ahead of the reductions. */
-#define RING_SLOTS tune_slots()
-/* Allreduce crossover: up to this many bytes recursive doubling (on a
- * full mesh), above it the pipelined ring. Measured with 2 processes over
- * TCP loopback: recursive doubling wins clearly up to 64 KiB and they
- * are even around 256 KiB; with more ranks the ring's advantage starts
- * earlier, so the smaller, safer side of the measured range is used. */
-#define RING_SMALL_BYTES tune_small()
-/* Broadcast crossover: a binomial tree sends the whole buffer
- * ceil(log2 size) times in sequence, the chain pipelines it in chunks so
- * its cost approaches one buffer time plus (size - 2) chunk times. Below
- * one chunk the chain cannot pipeline, so that is the crossover. */
-#define RING_BCAST_TREE_BYTES RING_CHUNK_BYTES
+#define RING_SLOTS 4
+/* Allreduce crossovers, see allreduce_small_max(). */
+#define RING_SMALL_BYTES     ((size_t)256 << 10)
+#define RING_SMALL_BYTES_ODD ((size_t)64 << 10)
 /* Longest single poll() when no deadline was given; the wait loop just
  * goes round again. */
 #define RING_POLL_MAX_MS 1000
 
-/* TEMPORARY TUNING */
-static size_t tune_env(const char *name, size_t def)
-{
-    const char *v = getenv(name);
-    return v ? (size_t)strtoull(v, NULL, 10) : def;
-}
-static size_t tune_chunk(void) { static size_t v; if (!v) v = tune_env("TUNE_CHUNK", 256 << 10); return v; }
-static size_t tune_small(void) { static size_t v; if (!v) v = tune_env("TUNE_SMALL", 64 << 10); return v; }
-static size_t tune_slots(void) { static size_t v; if (!v) v = tune_env("TUNE_SLOTS", 4); return v; }
 struct ring {
     struct coll c;         /* first member: a struct coll * is a struct ring * */
     struct xport **peers;  /* peers[r]: connection to rank r, NULL for self */
@@ -658,6 +643,20 @@ static int allreduce_ring(struct ring *rg, kolo_dtype dtype, kolo_op op, const u
     return err ? err : flow_run(&f, deadline);
 }
 
+/* Up to how many bytes recursive doubling beats the ring. Measured,
+ * float32 sum over TCP loopback, one core per rank (two cores for two to
+ * four ranks), medians: recursive doubling is ahead up to 256 KiB and
+ * the ring from 512 KiB with 2, 3, 4 and 8 ranks (2 ranks, 256 KiB: 73-80
+ * us against 82-84 us; 512 KiB: 155-182 us against 149-155 us). When
+ * size is not a power of two and above 4, the fold costs two more
+ * full-buffer transfers and the ring wins from about 100 KiB (5 ranks:
+ * 101 against 122 us at 64 KiB, 163 against 131 us at 128 KiB). */
+static size_t allreduce_small_max(int n)
+{
+    bool pow2 = (n & (n - 1)) == 0;
+    return pow2 || n <= 4 ? RING_SMALL_BYTES : RING_SMALL_BYTES_ODD;
+}
+
 static bool valid_dtype_op(kolo_dtype dtype, kolo_op op)
 {
     return (unsigned)dtype < KOLO_DTYPE_COUNT && (unsigned)op < KOLO_OP_COUNT;
@@ -681,7 +680,7 @@ static int ring_allreduce(struct coll *c, kolo_dtype dtype, kolo_op op, const vo
             memcpy(out, in, bytes);
         return 0;
     }
-    if (rg->mesh && bytes <= RING_SMALL_BYTES) {
+    if (rg->mesh && bytes <= allreduce_small_max(c->size)) {
         if (in != out)
             memcpy(out, in, bytes);
         err = allreduce_rd(rg, dtype, op, out, count, deadline);
@@ -816,6 +815,20 @@ static int bcast_chain(struct ring *rg, unsigned char *buf, size_t bytes, int ro
     return flow_run(&f, deadline);
 }
 
+/* Tree or chain, by a cost model in units of one chunk's transfer time:
+ * the tree takes rounds * K (rounds = ceil(log2 size), K = chunks in the
+ * buffer), the pipelined chain (size - 2) + K: its first chunk needs
+ * size - 1 hops, every further one a single hop more. The tree is chosen
+ * while rounds * K <= size - 2 + K. With 2 ranks both are one transfer
+ * and the tree's single blocking send is the simpler. */
+static bool bcast_use_tree(int n, size_t bytes)
+{
+    size_t rounds = 0, k = div_up(bytes, RING_CHUNK_BYTES);
+    while (((size_t)1 << rounds) < (size_t)n)
+        rounds++;
+    return rounds <= 1 || k * (rounds - 1) <= (size_t)n - 2;
+}
+
 static int ring_broadcast(struct coll *c, void *buf, size_t bytes, int root, uint64_t deadline)
 {
     struct ring *rg = (struct ring *)c;
@@ -826,7 +839,7 @@ static int ring_broadcast(struct coll *c, void *buf, size_t bytes, int root, uin
         return ring_done(rg, err);
     if (c->size == 1 || bytes == 0)
         return 0;
-    if (rg->mesh && bytes <= RING_BCAST_TREE_BYTES)
+    if (rg->mesh && bcast_use_tree(c->size, bytes))
         err = bcast_tree(rg, buf, bytes, root, deadline);
     else
         err = bcast_chain(rg, buf, bytes, root, deadline);

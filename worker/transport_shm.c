@@ -38,8 +38,10 @@
  * a single pollable fd per connection, as the interface promises, that
  * wakes for data, space and death alike. Where pidfd_open is missing
  * (kernels before 5.3, some seccomp profiles), a 50 ms timerfd in the
- * same set makes the waiter check kill(pid, 0) instead. Data a dead or
- * closed peer wrote before it went is still delivered; then KOLO_EPEER.
+ * same set makes the waiter check kill(pid, 0) and /proc instead. Either
+ * way the ranks of a host must share a pid namespace (and a network
+ * namespace, for the doorbells). Data a dead or closed peer wrote before
+ * it went is still delivered; then KOLO_EPEER.
  */
 #include "transport.h"
 
@@ -464,12 +466,35 @@ static int shm_arm(struct xport *x, bool want_send, bool want_recv, short *event
     return c->epfd;
 }
 
+/* The fallback's liveness test. kill(pid, 0) still succeeds on a zombie,
+ * so the state in /proc counts too: a rank that exited is dead to us
+ * whether or not its parent has reaped it yet. */
+static bool pid_gone(pid_t pid)
+{
+    if (kill(pid, 0) < 0 && errno == ESRCH)
+        return true;
+    char path[64], stat[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false; /* no /proc to ask: kill() said alive */
+    ssize_t n = read(fd, stat, sizeof stat - 1);
+    close(fd);
+    if (n <= 0)
+        return false;
+    stat[n] = '\0';
+    /* "pid (comm) S ...": the command may hold spaces and parentheses,
+     * the state follows the last ')'. */
+    const char *p = strrchr(stat, ')');
+    return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
 static void check_peer_alive(struct shm_conn *c)
 {
     uint64_t expirations;
     while (read(c->timerfd, &expirations, sizeof expirations) > 0)
         ;
-    if (kill(c->peer_pid, 0) < 0 && errno == ESRCH)
+    if (pid_gone(c->peer_pid))
         c->peer_dead = true;
 }
 

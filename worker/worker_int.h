@@ -121,6 +121,7 @@ struct kolo_ctx {
 /* ctx.c */
 void ctx_set_error(struct kolo_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ctx_wake(struct kolo_ctx *c);
+void ctx_send_queued(struct kolo_ctx *c);
 
 /* ops.c (caller holds mu unless noted) */
 struct op *ops_lookup(struct kolo_ctx *c, kolo_handle h);

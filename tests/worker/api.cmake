@@ -2,3 +2,7 @@
 kolo_test(api worker "unit;worker" test_api.c)
 target_link_libraries(${KOLO_LAST_TEST_TARGET} PRIVATE kolo_worker kolo_coord)
 set_tests_properties(kolo.worker.api PROPERTIES TIMEOUT 300)
+
+# A worker program for tests/integration/test_peer_death.sh.
+add_executable(kolo-test-peer-death peer_death.c)
+target_link_libraries(kolo-test-peer-death PRIVATE kolo_shared)

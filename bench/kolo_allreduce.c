@@ -1,0 +1,174 @@
+/*
+ * kolo_allreduce.c - kolo's side of the allreduce benchmark.
+ *
+ * Run under `kolo run -np N`. Method (the same as the peer programs, see
+ * bench/README.md): float32 SUM, in place; each iteration is
+ * barrier; t0; allreduce; t1; an iteration's time is the maximum over
+ * ranks; the result is the median over iterations after a warm-up.
+ * Negotiation with the coordinator is inside the timed region: this is
+ * what a user's allreduce costs end to end.
+ *
+ *   kolo-bench-allreduce sizes [BYTES...]   one line of JSON per size
+ *   kolo-bench-allreduce resnet FILE [STEPS] 161 named tensors submitted
+ *                                           asynchronously, then waited
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kolo.h"
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void check(kolo_ctx *ctx, int rv, const char *what)
+{
+    if (rv) {
+        fprintf(stderr, "rank %d: %s: %s: %s\n", kolo_rank(ctx), what, kolo_strerror(rv),
+                kolo_last_error(ctx));
+        exit(1);
+    }
+}
+
+static void barrier(kolo_ctx *ctx)
+{
+    kolo_handle h;
+    check(ctx, kolo_barrier_async(ctx, &h), "barrier");
+    check(ctx, kolo_wait(ctx, h, 60000), "barrier");
+}
+
+/* Per-iteration maxima over ranks, then the median and spread on rank 0. */
+static void report(kolo_ctx *ctx, const char *kind, size_t bytes, double *t, int iters)
+{
+    kolo_handle h;
+    check(ctx, kolo_allreduce_async(ctx, "bench.times", t, t, (size_t)iters, KOLO_FLOAT64,
+                                    KOLO_MAX, &h),
+          "times");
+    check(ctx, kolo_wait(ctx, h, 60000), "times");
+    if (kolo_rank(ctx) != 0)
+        return;
+    qsort(t, (size_t)iters, sizeof(double), cmp_double);
+    int n = kolo_size(ctx);
+    double med = t[iters / 2];
+    double algbw = (double)bytes / med / 1e3; /* GB/s */
+    printf("{\"impl\":\"kolo\",\"kind\":\"%s\",\"np\":%d,\"bytes\":%zu,\"iters\":%d,"
+           "\"median_us\":%.2f,\"min_us\":%.2f,\"p90_us\":%.2f,\"algbw_gbs\":%.3f,"
+           "\"busbw_gbs\":%.3f}\n",
+           kind, n, bytes, iters, med, t[0], t[(iters * 9) / 10], algbw,
+           algbw * 2.0 * (n - 1) / n);
+    fflush(stdout);
+}
+
+static int iters_for(size_t bytes)
+{
+    if (bytes <= 4096)
+        return 1000;
+    if (bytes <= 65536)
+        return 500;
+    if (bytes <= (1 << 20))
+        return 100;
+    if (bytes <= (16 << 20))
+        return 20;
+    if (bytes <= (64 << 20))
+        return 10;
+    return 5;
+}
+
+static void bench_sizes(kolo_ctx *ctx, int argc, char **argv)
+{
+    static const size_t defaults[] = {4, 4096, 65536, 1 << 20, 16 << 20, 64 << 20, 256 << 20};
+    size_t nsizes = argc > 0 ? (size_t)argc : sizeof(defaults) / sizeof(defaults[0]);
+    for (size_t s = 0; s < nsizes; s++) {
+        size_t bytes = argc > 0 ? strtoull(argv[s], NULL, 10) : defaults[s];
+        size_t count = bytes / sizeof(float);
+        float *buf = malloc(bytes + 4);
+        for (size_t i = 0; i < count; i++)
+            buf[i] = 1.0f;
+        int iters = iters_for(bytes), warm = iters / 10 + 2;
+        double *t = malloc(sizeof(double) * (size_t)iters);
+        char name[64];
+        snprintf(name, sizeof(name), "bench.%zu", bytes);
+        for (int i = -warm; i < iters; i++) {
+            barrier(ctx);
+            kolo_handle h;
+            double t0 = now_us();
+            check(ctx, kolo_allreduce_async(ctx, name, buf, buf, count, KOLO_FLOAT32, KOLO_SUM, &h),
+                  "allreduce");
+            check(ctx, kolo_wait(ctx, h, 120000), "allreduce");
+            double t1 = now_us();
+            if (i >= 0)
+                t[i] = t1 - t0;
+        }
+        report(ctx, "allreduce", bytes, t, iters);
+        free(t);
+        free(buf);
+    }
+}
+
+static void bench_resnet(kolo_ctx *ctx, const char *file, int steps)
+{
+    FILE *f = fopen(file, "r");
+    if (!f) {
+        perror(file);
+        exit(1);
+    }
+    char names[200][96];
+    size_t counts[200];
+    int n = 0;
+    size_t total = 0;
+    while (n < 200 && fscanf(f, "%95s %zu", names[n], &counts[n]) == 2)
+        total += counts[n++] * sizeof(float);
+    fclose(f);
+    float *bufs[200];
+    for (int i = 0; i < n; i++) {
+        bufs[i] = malloc(counts[i] * sizeof(float) + 4);
+        for (size_t k = 0; k < counts[i]; k++)
+            bufs[i][k] = 1.0f;
+    }
+    double *t = malloc(sizeof(double) * (size_t)steps);
+    kolo_handle h[200];
+    for (int s = -3; s < steps; s++) {
+        barrier(ctx);
+        double t0 = now_us();
+        for (int i = 0; i < n; i++)
+            check(ctx, kolo_allreduce_async(ctx, names[i], bufs[i], bufs[i], counts[i],
+                                            KOLO_FLOAT32, KOLO_SUM, &h[i]),
+                  "allreduce");
+        for (int i = 0; i < n; i++)
+            check(ctx, kolo_wait(ctx, h[i], 120000), "allreduce");
+        double t1 = now_us();
+        if (s >= 0)
+            t[s] = t1 - t0;
+    }
+    report(ctx, "resnet50_step", total, t, steps);
+    for (int i = 0; i < n; i++)
+        free(bufs[i]);
+    free(t);
+}
+
+int main(int argc, char **argv)
+{
+    kolo_ctx *ctx;
+    int rv = kolo_init(&ctx, NULL);
+    if (rv) {
+        fprintf(stderr, "kolo_init: %s\n", kolo_strerror(rv));
+        return 1;
+    }
+    if (argc >= 3 && strcmp(argv[1], "resnet") == 0)
+        bench_resnet(ctx, argv[2], argc >= 4 ? atoi(argv[3]) : 20);
+    else
+        bench_sizes(ctx, argc - 2, argv + 2);
+    kolo_fini(ctx);
+    return 0;
+}
