@@ -663,7 +663,7 @@ static void route(struct coord *c, struct http_req *r, struct http_out *o)
         struct job *j = parse_id(idtext, &id) ? coord_job_find(c, id) : NULL;
         const char *sub = slash ? slash : "";
         if (strcmp(sub, "") && strcmp(sub, "/stop") && strcmp(sub, "/output") &&
-            strcmp(sub, "/events")) {
+            strcmp(sub, "/events") && strcmp(sub, "/stalls")) {
             out_json_error(o, 404, "no such route");
             return;
         }
@@ -705,6 +705,14 @@ static void route(struct coord *c, struct http_req *r, struct http_out *o)
                 store_output_each(c->store, j->id, after, (int)limit, render_output_cb, &oc);
                 jw_arr_end(&w);
                 jw_kuint(&w, "next", oc.last);
+                jw_obj_end(&w);
+            } else if (strcmp(sub, "/stalls") == 0) {
+                uint64_t min_age = 1000;
+                query_u64(r->query, "min_age_ms", &min_age);
+                jw_obj_begin(&w);
+                jw_kuint(&w, "generation", j->generation);
+                jw_key(&w, "stalls");
+                coord_negot_render_stalls(j, &w, min_age);
                 jw_obj_end(&w);
             } else if (strcmp(sub, "/events") == 0) {
                 jw_obj_begin(&w);

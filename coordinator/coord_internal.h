@@ -228,6 +228,8 @@ void coord_negot_job_ended(struct coord *c, struct job *j, int code, const char 
 void coord_negot_cron(struct coord *c, struct job *j, uint64_t now);
 void coord_negot_drop_parked(struct coord *c, struct job *j);
 void coord_negot_free(struct negot *n);
+struct jw;
+void coord_negot_render_stalls(struct job *j, struct jw *w, uint64_t min_age_ms);
 
 /* coord_http.c */
 int coord_http_start(struct coord *c, char *err, size_t errlen);

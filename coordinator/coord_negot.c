@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "errors.h"
+#include "json.h"
 #include "kolo.pb-c.h"
 #include "log.h"
 #include "util.h"
@@ -93,6 +94,7 @@ struct negot {
     uint64_t job_id, generation;
     int size;
     int64_t fusion_threshold;
+    int64_t stall_warning_ms, stall_shutdown_ms;
     /* rendezvous */
     struct peer *peers;
     int joined;
@@ -276,6 +278,7 @@ static struct negot *negot_new(uint64_t job, uint64_t gen, int size)
     n->generation = gen;
     n->size = size;
     n->fusion_threshold = NEGOT_DEFAULT_FUSION;
+    n->stall_warning_ms = STALL_WARN_MS;
     n->peers = calloc((size_t)size, sizeof(*n->peers));
     n->cursor = calloc((size_t)size, sizeof(*n->cursor));
     n->parked = calloc((size_t)size, sizeof(*n->parked));
@@ -941,8 +944,13 @@ static void rpc_rendezvous(struct coord *c, struct rpc_call *call)
         p->addrs[p->naddrs++] = strdup(req->data_addrs[i]);
     p->pid = req->pid;
     p->shm_name = strdup(req->shm_name);
-    if (f->rank == 0 && req->fusion_threshold != 0)
-        n->fusion_threshold = req->fusion_threshold;
+    if (f->rank == 0) {
+        if (req->fusion_threshold != 0)
+            n->fusion_threshold = req->fusion_threshold;
+        if (req->stall_warning_ms != 0)
+            n->stall_warning_ms = req->stall_warning_ms;
+        n->stall_shutdown_ms = req->stall_shutdown_ms;
+    }
     uint32_t wait = req->wait_ms > NEGOT_MAX_WAIT_MS ? NEGOT_MAX_WAIT_MS : req->wait_ms;
     kolo__rendezvous_request__free_unpacked(req, NULL);
 
@@ -1085,6 +1093,19 @@ void coord_rpc_worker(struct coord *c, struct rpc_call *call, enum coord_method 
 
 /* ---------------------------------------------------------------- lifecycle */
 
+static void stall_missing(struct negot *n, struct entry *e, char *out, size_t size)
+{
+    size_t o = 0;
+    int nmiss = 0;
+    out[0] = '\0';
+    for (int r = 0; r < n->size && o + 16 < size; r++) {
+        if (!e->reqs[r] && !n->rank_joined[r]) {
+            o += (size_t)snprintf(out + o, size - o, "%s%d", nmiss ? ", " : "", r);
+            nmiss++;
+        }
+    }
+}
+
 void coord_negot_job_ended(struct coord *c, struct job *j, int code, const char *why)
 {
     struct negot *n = j->negot;
@@ -1120,25 +1141,57 @@ void coord_negot_cron(struct coord *c, struct job *j, uint64_t now)
         }
     }
     /* Stall inspector: an op some ranks submitted and others did not. */
-    for (struct entry *e = n->head; e; e = e->next) {
-        if (e->warned || now - e->first_mono < STALL_WARN_MS)
+    for (struct entry *e = n->head; e && !n->shut; e = e->next) {
+        uint64_t age = now - e->first_mono;
+        bool warn = !e->warned && n->stall_warning_ms >= 0 && age >= (uint64_t)n->stall_warning_ms;
+        bool kill = n->stall_shutdown_ms > 0 && age >= (uint64_t)n->stall_shutdown_ms;
+        if (!warn && !kill)
             continue;
-        e->warned = true;
         char missing[512];
-        size_t o = 0;
-        int nmiss = 0;
-        for (int r = 0; r < n->size && o < sizeof(missing) - 16; r++) {
-            if (!e->reqs[r] && !n->rank_joined[r]) {
-                o += (size_t)snprintf(missing + o, sizeof(missing) - o, "%s%d", nmiss ? ", " : "",
-                                      r);
-                nmiss++;
-            }
+        stall_missing(n, e, missing, sizeof(missing));
+        if (warn) {
+            e->warned = true;
+            coord_event(c, j->id, NULL, "op.stalled",
+                        "tensor %s waited %llu s for rank(s) %s: a rank may have diverged or hung",
+                        e->name, (unsigned long long)(age / 1000), missing);
         }
-        missing[o] = '\0';
-        coord_event(c, j->id, NULL, "op.stalled",
-                    "tensor %s waited %llu s for rank(s) %s: a rank may have diverged or hung",
-                    e->name, (unsigned long long)((now - e->first_mono) / 1000), missing);
+        if (kill) {
+            char why[800];
+            snprintf(why, sizeof(why),
+                     "stall shutdown: tensor %s waited %llu s for rank(s) %s (stall shutdown "
+                     "time %lld s)",
+                     e->name, (unsigned long long)(age / 1000), missing,
+                     (long long)(n->stall_shutdown_ms / 1000));
+            coord_event(c, j->id, NULL, "op.stall_shutdown", "%s", why);
+            negot_shutdown(c, n, KOLO_ETIMEDOUT, why);
+            break;
+        }
     }
+}
+
+/* Ops that some ranks submitted and others not, as JSON (REST /stalls). */
+void coord_negot_render_stalls(struct job *j, struct jw *w, uint64_t min_age_ms)
+{
+    struct negot *n = j->negot;
+    uint64_t now = now_mono_ms();
+    jw_arr_begin(w);
+    for (struct entry *e = n ? n->head : NULL; e; e = e->next) {
+        uint64_t age = now - e->first_mono;
+        if (age < min_age_ms)
+            continue;
+        jw_obj_begin(w);
+        jw_kstr(w, "name", e->name);
+        jw_kuint(w, "waiting_ms", age);
+        jw_kint(w, "submitted", e->count);
+        jw_key(w, "missing_ranks");
+        jw_arr_begin(w);
+        for (int r = 0; r < n->size; r++)
+            if (!e->reqs[r] && !n->rank_joined[r])
+                jw_int(w, r);
+        jw_arr_end(w);
+        jw_obj_end(w);
+    }
+    jw_arr_end(w);
 }
 
 void coord_negot_drop_parked(struct coord *c, struct job *j)

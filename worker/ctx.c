@@ -169,6 +169,8 @@ static int rendezvous(struct kolo_ctx *c, const kolo_config *cfg, struct rdv *rv
         req.wait_ms = wait;
         req.size = c->size;
         req.fusion_threshold = c->fusion_threshold;
+        req.stall_warning_ms = c->stall_warning_ms;
+        req.stall_shutdown_ms = c->stall_shutdown_ms;
         size_t len = kolo__rendezvous_request__get_packed_size(&req);
         uint8_t *buf = malloc(len + 1);
         void *out = NULL;
@@ -559,6 +561,13 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
     c->cross_size = cfg->cross_size > 0 ? cfg->cross_size : 1;
     c->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : DEFAULT_TIMEOUT_MS;
     c->fusion_threshold = cfg->fusion_threshold ? cfg->fusion_threshold : DEFAULT_FUSION;
+    /* Horovod's stall inspector knobs, read here so kolo run passes them
+     * through the environment like horovodrun does. */
+    if (env_int("HOROVOD_STALL_CHECK_DISABLE", 0))
+        c->stall_warning_ms = -1;
+    else
+        c->stall_warning_ms = (int64_t)env_int("HOROVOD_STALL_CHECK_TIME_SECONDS", 0) * 1000;
+    c->stall_shutdown_ms = (int64_t)env_int("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0) * 1000;
     char ident[64];
     snprintf(ident, sizeof(ident), "job%llu-rank%d", (unsigned long long)c->job, c->rank);
     struct rpc_client_config rc = {.url = cfg->coordinator,

@@ -72,6 +72,7 @@ struct kolo_ctx {
     int rank, size, local_rank, local_size, cross_rank, cross_size;
     int timeout_ms;
     int64_t fusion_threshold;
+    int64_t stall_warning_ms, stall_shutdown_ms;
     struct rpc_client *rpc;
     struct coll *coll;
 

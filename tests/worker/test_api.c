@@ -334,12 +334,26 @@ static void t_errors(kolo_ctx *ctx, int rank, int size)
     else
         REQUIRE(kolo_broadcast_async(ctx, "bad.kind", f, 1, KOLO_FLOAT32, 0, &h) == 0);
     CHECK_EQ_INT(kolo_wait(ctx, h, 10000), size > 1 ? KOLO_EMISMATCH : 0);
-    /* duplicate in-flight name: refused at once, the first one still runs */
-    REQUIRE(kolo_allreduce_async(ctx, "dup", f, f, 1, KOLO_FLOAT32, KOLO_SUM, &h) == 0);
-    CHECK_EQ_INT(kolo_allreduce_async(ctx, "dup", f, f, 1, KOLO_FLOAT32, KOLO_SUM, &h2),
-                 KOLO_EEXIST);
+    /* duplicate names: within one submission, and against an op in flight
+     * (a group of two where the first one is still queued: deterministic) */
+    int64_t one_shape[1] = {1};
+    kolo_request two[2] = {{.coll = KOLO_COLL_ALLREDUCE, .name = "dup", .sendbuf = f,
+                            .recvbuf = f, .dtype = KOLO_FLOAT32, .ndim = 1,
+                            .shape = one_shape, .device = -1},
+                           {.coll = KOLO_COLL_ALLREDUCE, .name = "dup", .sendbuf = f,
+                            .recvbuf = f, .dtype = KOLO_FLOAT32, .ndim = 1,
+                            .shape = one_shape, .device = -1}};
+    kolo_handle hs[2];
+    CHECK_EQ_INT(kolo_submit(ctx, two, 2, hs), KOLO_EEXIST);
     CHECK(strstr(kolo_last_error(ctx), "same name") != NULL);
-    CHECK_EQ_INT(kolo_wait(ctx, h, 10000), 0);
+    if (rank == 0) {
+        /* only rank 0 submits "lonely": it stays in flight */
+        REQUIRE(kolo_allreduce_async(ctx, "lonely", f, f, 1, KOLO_FLOAT32, KOLO_SUM, &h) == 0);
+        CHECK_EQ_INT(kolo_allreduce_async(ctx, "lonely", f, f, 1, KOLO_FLOAT32, KOLO_SUM, &h2),
+                     KOLO_EEXIST);
+        CHECK_EQ_INT(kolo_wait(ctx, h, 0), KOLO_ETIMEDOUT);
+    }
+    (void)h2;
     /* local argument errors */
     CHECK_EQ_INT(kolo_allreduce_async(ctx, "x", f, f, 1, (kolo_dtype)99, KOLO_SUM, &h),
                  KOLO_EINVAL);
@@ -383,6 +397,29 @@ static void t_join(kolo_ctx *ctx, int rank, int size)
     CHECK(last >= 0 && last < size);
 }
 
+/* Stall inspector: rank 1 never submits "stuck"; with a 1 s warning and a
+ * 2 s shutdown time the others fail with a message naming rank 1. */
+static void t_stall(kolo_ctx *ctx, int rank, int size)
+{
+    kolo_handle h;
+    float f = 1;
+    if (rank == 1) {
+        usleep(3000 * 1000);
+        /* the generation was shut down meanwhile: new work fails too */
+        REQUIRE(kolo_allreduce_async(ctx, "after", &f, &f, 1, KOLO_FLOAT32, KOLO_SUM, &h) == 0);
+        CHECK(kolo_wait(ctx, h, 10000) != 0);
+        return;
+    }
+    uint64_t t0 = now_mono_ms();
+    REQUIRE(kolo_allreduce_async(ctx, "stuck", &f, &f, 1, KOLO_FLOAT32, KOLO_SUM, &h) == 0);
+    CHECK_EQ_INT(kolo_wait(ctx, h, 10000), KOLO_ETIMEDOUT);
+    uint64_t took = now_mono_ms() - t0;
+    CHECK(took >= 1500 && took < 5000);
+    CHECK(strstr(kolo_last_error(ctx), "stall shutdown") != NULL);
+    CHECK(strstr(kolo_last_error(ctx), "rank(s) 1") != NULL);
+    (void)size;
+}
+
 int main(int argc, char **argv)
 {
     char dir[] = "/tmp/kolo-test-api-XXXXXX", db[128];
@@ -406,6 +443,15 @@ int main(int argc, char **argv)
             if (np <= 3)
                 run_ranks(np, t_fused_steps);
         }
+    }
+    if (!only) {
+        fprintf(stderr, "-- stall inspector\n");
+        setenv("HOROVOD_STALL_CHECK_TIME_SECONDS", "1", 1);
+        setenv("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "2", 1);
+        use_tcp = 0;
+        run_ranks(3, t_stall);
+        unsetenv("HOROVOD_STALL_CHECK_TIME_SECONDS");
+        unsetenv("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS");
     }
     coord_stop(coord);
     char cmd[200];
