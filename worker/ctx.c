@@ -386,6 +386,7 @@ static void negotiate_done(void *arg, int code, const void *rep, size_t len, con
         LOGD("kolo", "rank %d: negotiation call failed (%s); retrying", c->rank, err);
     }
     pthread_cond_signal(&c->wake);
+    pthread_cond_broadcast(&c->done); /* a waiter may run the response itself */
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -470,6 +471,33 @@ static void negotiate_send(struct kolo_ctx *c, bool shutdown, const char *reason
     }
 }
 
+/*
+ * ctx_try_execute runs the next response of the log if it has arrived and
+ * nobody else is running one (mu held, released while it runs). Whoever
+ * holds the token executes: the background thread, or a user thread
+ * blocked in kolo_wait - which saves a thread hand-off on the path of
+ * small operations. The token keeps log order.
+ */
+bool ctx_try_execute(struct kolo_ctx *c)
+{
+    if (c->executing || !c->resp_cap || !c->resp[0])
+        return false;
+    Kolo__Response *r = c->resp[0];
+    memmove(c->resp, c->resp + 1, (c->resp_cap - 1) * sizeof(*c->resp));
+    c->resp[c->resp_cap - 1] = NULL;
+    c->resp_base++;
+    c->executing = true;
+    pthread_mutex_unlock(&c->mu);
+    exec_response(c, r);
+    kolo__response__free_unpacked(r, NULL);
+    pthread_mutex_lock(&c->mu);
+    c->executing = false;
+    /* the next response may be waiting for the token */
+    pthread_cond_signal(&c->wake);
+    pthread_cond_broadcast(&c->done);
+    return true;
+}
+
 static void *bg_main(void *arg)
 {
     struct kolo_ctx *c = arg;
@@ -486,17 +514,8 @@ static void *bg_main(void *arg)
             negotiate_send(c, false, NULL);
             continue;
         }
-        if (c->resp_cap && c->resp[0]) {
-            Kolo__Response *r = c->resp[0];
-            memmove(c->resp, c->resp + 1, (c->resp_cap - 1) * sizeof(*c->resp));
-            c->resp[c->resp_cap - 1] = NULL;
-            c->resp_base++;
-            pthread_mutex_unlock(&c->mu);
-            exec_response(c, r);
-            kolo__response__free_unpacked(r, NULL);
-            pthread_mutex_lock(&c->mu);
+        if (ctx_try_execute(c))
             continue;
-        }
         pthread_cond_wait(&c->wake, &c->mu);
     }
     pthread_mutex_unlock(&c->mu);

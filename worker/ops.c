@@ -448,6 +448,8 @@ int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
         return KOLO_ENOTFOUND;
     }
     while (op->state != OP_DONE) {
+        if (ctx_try_execute(c))
+            continue;
         int rv = timeout_ms >= 0 ? pthread_cond_timedwait(&c->done, &c->mu, &ts)
                                  : pthread_cond_wait(&c->done, &c->mu);
         if (rv == ETIMEDOUT && op->state != OP_DONE) {

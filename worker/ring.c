@@ -140,10 +140,10 @@ static int ring_fail(struct ring *rg, int err, int peer, const char *what)
         const char *detail = x && x->why[0] ? x->why : kolo_strerror(err);
         /* bounded so that the reason always fits in why[] */
         if (peer >= 0)
-            snprintf(rg->c.why, sizeof rg->c.why, "ring %.40s, rank %d: %.90s", what, peer,
+            snprintf(rg->c.why, sizeof rg->c.why, "ring: %.40s rank %d: %.90s", what, peer,
                      detail);
         else
-            snprintf(rg->c.why, sizeof rg->c.why, "ring %.40s: %.90s", what, detail);
+            snprintf(rg->c.why, sizeof rg->c.why, "ring: %.40s: %.90s", what, detail);
         rg->c.failed = err;
     }
     return rg->c.failed;
@@ -175,7 +175,7 @@ static int ring_start(struct ring *rg, uint64_t deadline)
     if (rg->c.failed)
         return rg->c.failed;
     if (deadline && now_mono_ms() >= deadline)
-        return ring_fail(rg, KOLO_ETIMEDOUT, -1, "deadline passed before the collective started");
+        return ring_fail(rg, KOLO_ETIMEDOUT, -1, "deadline passed before the start");
     return 0;
 }
 
@@ -367,7 +367,7 @@ static int flow_push(struct flow *f, bool *moved)
         if (f->spos < f->slen) {
             ssize_t k = f->tx->ops->try_send(f->tx, f->sp + f->spos, f->slen - f->spos);
             if (k < 0)
-                return ring_fail(f->rg, (int)-k, f->tx_rank, "send");
+                return ring_fail(f->rg, (int)-k, f->tx_rank, "sending to");
             if (k == 0)
                 return 0;
             f->spos += (size_t)k;
@@ -395,7 +395,7 @@ static int flow_pull(struct flow *f, bool *moved)
         if (f->rpos < f->rlen) {
             ssize_t k = f->rx->ops->try_recv(f->rx, f->rp + f->rpos, f->rlen - f->rpos);
             if (k < 0)
-                return ring_fail(f->rg, (int)-k, f->rx_rank, "receive");
+                return ring_fail(f->rg, (int)-k, f->rx_rank, "receiving from");
             if (k == 0)
                 return 0;
             f->rpos += (size_t)k;
@@ -431,7 +431,7 @@ static int flow_arm(struct flow *f, struct flow_wait *w, struct xport *x, int ra
     short events = 0;
     int fd = x->ops->arm(x, want_send, want_recv, &events);
     if (fd < 0)
-        return ring_fail(f->rg, x->failed ? x->failed : KOLO_ESYS, rank, "wait");
+        return ring_fail(f->rg, x->failed ? x->failed : KOLO_ESYS, rank, "waiting for");
     w->pfd[w->n] = (struct pollfd){.fd = fd, .events = events};
     w->x[w->n] = x;
     w->rank[w->n++] = rank;
@@ -472,7 +472,7 @@ static int flow_sleep(struct flow *f, uint64_t deadline)
             timeout = now >= deadline ? 0 : (int)min_size(deadline - now, RING_POLL_MAX_MS);
         }
         if (poll(w.pfd, (nfds_t)w.n, timeout) < 0 && errno != EINTR)
-            err = ring_fail(f->rg, KOLO_ESYS, w.rank[0], "poll");
+            err = ring_fail(f->rg, KOLO_ESYS, w.rank[0], "waiting for");
     }
     for (int k = 0; k < w.n; k++)
         if (w.x[k]->ops->disarm)
@@ -503,7 +503,7 @@ static int flow_run(struct flow *f, uint64_t deadline)
         }
         if (deadline && now_mono_ms() >= deadline)
             return ring_fail(f->rg, KOLO_ETIMEDOUT, f->rx ? f->rx_rank : f->tx_rank,
-                             "deadline passed waiting for");
+                             "deadline passed, waiting for");
         if (moved) {
             idle_since = 0;
             continue;
@@ -588,11 +588,11 @@ static int allreduce_rd(struct ring *rg, kolo_dtype dtype, kolo_op op, unsigned 
     if (r < 2 * rem) {
         if (r % 2 == 0) {
             if ((err = xport_send(rg->peers[r + 1], out, bytes, deadline)))
-                return ring_fail(rg, err, r + 1, "allreduce fold");
+                return ring_fail(rg, err, r + 1, "allreduce sending to");
             vr = -1;
         } else {
             if ((err = xport_recv(rg->peers[r - 1], tmp, bytes, deadline)))
-                return ring_fail(rg, err, r - 1, "allreduce fold");
+                return ring_fail(rg, err, r - 1, "allreduce receiving from");
             reduce_two(dtype, op, out, tmp, out, count);
             vr = r / 2;
         }
@@ -605,7 +605,7 @@ static int allreduce_rd(struct ring *rg, kolo_dtype dtype, kolo_op op, unsigned 
         int peer = vpeer < rem ? 2 * vpeer + 1 : vpeer + rem;
         struct xport *x = rg->peers[peer];
         if ((err = xport_sendrecv(x, out, bytes, x, tmp, bytes, deadline)))
-            return ring_fail(rg, err, peer, "allreduce exchange");
+            return ring_fail(rg, err, peer, "allreduce exchanging with");
         if (vpeer < vr)
             reduce_two(dtype, op, out, tmp, out, count);
         else
@@ -618,7 +618,7 @@ static int allreduce_rd(struct ring *rg, kolo_dtype dtype, kolo_op op, unsigned 
         else
             err = xport_recv(rg->peers[r + 1], out, bytes, deadline);
         if (err)
-            return ring_fail(rg, err, r % 2 ? r - 1 : r + 1, "allreduce unfold");
+            return ring_fail(rg, err, r % 2 ? r - 1 : r + 1, "allreduce result with");
     }
     return 0;
 }
@@ -783,14 +783,14 @@ static int bcast_tree(struct ring *rg, unsigned char *buf, size_t bytes, int roo
         m = v & -v;
         int from = rmod((long)root + v - m, n);
         if ((err = xport_recv(rg->peers[from], buf, bytes, deadline)))
-            return ring_fail(rg, err, from, "broadcast receive");
+            return ring_fail(rg, err, from, "broadcast receiving from");
     }
     for (m >>= 1; m > 0; m >>= 1) {
         if (v + m >= n)
             continue;
         int to = rmod((long)root + v + m, n);
         if ((err = xport_send(rg->peers[to], buf, bytes, deadline)))
-            return ring_fail(rg, err, to, "broadcast send");
+            return ring_fail(rg, err, to, "broadcast sending to");
     }
     return 0;
 }
@@ -884,7 +884,7 @@ static int ring_alltoallv(struct coll *c, const void *in, const size_t *send_byt
         err = xport_sendrecv(xs, (const unsigned char *)in + soff[to], send_bytes[to], xr,
                              (unsigned char *)out + roff[from], recv_bytes[from], deadline);
         if (err) {
-            err = ring_fail(rg, err, blame(xs, to, xr, from), "alltoall");
+            err = ring_fail(rg, err, blame(xs, to, xr, from), "alltoall with");
             break;
         }
     }
@@ -911,7 +911,7 @@ static int ring_barrier(struct coll *c, uint64_t deadline)
             unsigned char token = 1, got = 0;
             struct xport *xs = rg->peers[to], *xr = rg->peers[from];
             if ((err = xport_sendrecv(xs, &token, 1, xr, &got, 1, deadline)))
-                err = ring_fail(rg, err, blame(xs, to, xr, from), "barrier");
+                err = ring_fail(rg, err, blame(xs, to, xr, from), "barrier with");
         }
         return ring_done(rg, err);
     }

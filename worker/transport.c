@@ -175,8 +175,9 @@ static int wait_legs(struct leg *legs, int nlegs, uint64_t deadline)
         int timeout = -1;
         if (deadline) {
             uint64_t now = now_mono_ms();
-            timeout = now >= deadline ? 0 : (int)(deadline - now > INT32_MAX ? INT32_MAX
-                                                                                : deadline - now);
+            timeout = now >= deadline
+                          ? 0
+                          : (int)(deadline - now > INT32_MAX ? INT32_MAX : deadline - now);
         }
         if (poll(pfd, (nfds_t)narmed, timeout) < 0 && errno != EINTR)
             rc = KOLO_ESYS;

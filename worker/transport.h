@@ -54,9 +54,9 @@ struct xport_ops {
 
 struct xport {
     const struct xport_ops *ops;
-    int peer;        /* peer rank */
-    int failed;      /* sticky KOLO_E* once the connection broke */
-    char why[128];   /* what broke it */
+    int peer;      /* peer rank */
+    int failed;    /* sticky KOLO_E* once the connection broke */
+    char why[128]; /* what broke it */
 };
 
 /* Blocking helpers built on the table; deadline is CLOCK_MONOTONIC ms
@@ -144,7 +144,9 @@ void shm_segment_release(struct shm_segment *seg); /* after every xport on it cl
  * socket named from a random id stored in the segment, bound by the first
  * shm_connect for that index. Peers poke it only while we sleep. One
  * thread at a time waits for a given local index (the one that runs its
- * collectives); ranks must share a network namespace. */
+ * collectives). Ranks must share the pid namespace (for the watch) and
+ * the network namespace (for the doorbells). A peer_pid equal to our own
+ * (ranks as threads) is not watched. */
 int shm_connect(struct shm_segment *seg, int me, int peer, int peer_rank, pid_t peer_pid,
                 struct xport **out);
 

@@ -81,9 +81,9 @@
 #define RING_MIN_BYTES ((size_t)SEG_PAGE)
 #define RING_MAX_BYTES ((size_t)1 << 28)
 /* Two lines, not one: some CPUs prefetch cache lines in pairs. */
-#define LINE        128
-#define COPY_CHUNK  ((size_t)64 << 10)
-#define WATCH_MS    50
+#define LINE       128
+#define COPY_CHUNK ((size_t)64 << 10)
+#define WATCH_MS   50
 
 /* Lock-free atomics are address-free, which is what lets two processes
  * share them through a mapping; anything else would take a lock that
@@ -101,8 +101,8 @@ struct seg_header {
 };
 
 struct ring {
-    alignas(LINE) _Atomic uint64_t head;        /* written by the producer */
-    alignas(LINE) _Atomic uint64_t tail;        /* written by the consumer */
+    alignas(LINE) _Atomic uint64_t head;          /* written by the producer */
+    alignas(LINE) _Atomic uint64_t tail;          /* written by the consumer */
     alignas(LINE) _Atomic uint32_t data_waiting;  /* consumer asleep, wants data */
     alignas(LINE) _Atomic uint32_t space_waiting; /* producer asleep, wants space */
     alignas(LINE) _Atomic uint32_t writer_closed;
@@ -225,8 +225,7 @@ static int segment_open(const char *name, int nlocal, size_t ring_bytes, bool cr
     if (create && ftruncate(fd, (off_t)size) < 0) {
         rc = KOLO_ESYS;
     } else if (!create && (fstat(fd, &st) < 0 || (size_t)st.st_size != size)) {
-        LOGD("xport", "segment %s has %lld bytes, expected %zu", name,
-             (long long)st.st_size, size);
+        LOGD("xport", "segment %s has %lld bytes, expected %zu", name, (long long)st.st_size, size);
         rc = KOLO_EPROTO;
     }
     void *base = MAP_FAILED;
@@ -268,8 +267,8 @@ static int segment_open(const char *name, int nlocal, size_t ring_bytes, bool cr
         atomic_store_explicit(&h->magic, SEG_MAGIC, memory_order_release);
     } else if (rc == 0) {
         if (atomic_load_explicit(&h->magic, memory_order_acquire) != SEG_MAGIC ||
-            h->version != SEG_VERSION || h->nlocal != (uint32_t)nlocal ||
-            h->ring_bytes != cap || h->total_bytes != size) {
+            h->version != SEG_VERSION || h->nlocal != (uint32_t)nlocal || h->ring_bytes != cap ||
+            h->total_bytes != size) {
             LOGD("xport", "segment %s does not match (nlocal %d, ring %zu)", name, nlocal, cap);
             rc = KOLO_EPROTO;
         }

@@ -254,8 +254,7 @@ static const char *refusal_text(uint32_t status)
 static ssize_t pump_answer(struct tcp_conn *c)
 {
     while (c->answer_got < HELLO_LEN) {
-        ssize_t n = recv(c->fd, c->answer + c->answer_got, HELLO_LEN - c->answer_got,
-                         MSG_DONTWAIT);
+        ssize_t n = recv(c->fd, c->answer + c->answer_got, HELLO_LEN - c->answer_got, MSG_DONTWAIT);
         if (n > 0) {
             c->answer_got += (size_t)n;
             continue;
@@ -280,8 +279,8 @@ static ssize_t pump_answer(struct tcp_conn *c)
         return xport_fail(&c->base, KOLO_EVERSION, "rank %d speaks transport version %u, not %u",
                           c->base.peer, h.version, HELLO_VERSION);
     if (h.status != 0) {
-        int code = h.status == KOLO_ESTALE || h.status == KOLO_EVERSION ? (int)h.status
-                                                                        : KOLO_EPROTO;
+        int code =
+            h.status == KOLO_ESTALE || h.status == KOLO_EVERSION ? (int)h.status : KOLO_EPROTO;
         return xport_fail(&c->base, code,
                           "rank %d refused the connection: %s (it runs job %llu generation "
                           "%llu)",

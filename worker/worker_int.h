@@ -111,6 +111,7 @@ struct kolo_ctx {
     uint64_t barriers;
     struct cache_sig *cache[NAME_BUCKETS];
     bool joined;
+    bool executing; /* someone runs a response: the executor token */
 
     /* ---- background thread only ---- */
     void *fusion;
@@ -123,6 +124,7 @@ struct kolo_ctx {
 void ctx_set_error(struct kolo_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ctx_wake(struct kolo_ctx *c);
 void ctx_send_queued(struct kolo_ctx *c);
+bool ctx_try_execute(struct kolo_ctx *c);
 
 /* ops.c (caller holds mu unless noted) */
 struct op *ops_lookup(struct kolo_ctx *c, kolo_handle h);
