@@ -501,7 +501,10 @@ struct rpc_client {
     atomic_int pipes; /* connected pipes; 0 means "cannot connect" on timeout */
     nng_cv *idle;     /* signalled when async_calls drops to 0 */
     int async_calls;  /* under mtx */
+    struct acall *dead; /* finished async calls, freed outside callbacks */
 };
+
+static void reap_dead(struct rpc_client *cli);
 
 static void client_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
@@ -577,6 +580,7 @@ void rpc_client_close(struct rpc_client *cli)
     while (cli->async_calls > 0)
         nng_cv_wait(cli->idle);
     nng_mtx_unlock(cli->mtx);
+    reap_dead(cli);
     nng_cv_free(cli->idle);
     nng_mtx_free(cli->mtx);
     free(cli->token);
@@ -754,6 +758,7 @@ out:
 /* ---------------------------------------------------------------- async calls */
 
 struct acall {
+    struct acall *next; /* on the client's dead list */
     struct rpc_client *cli;
     nng_ctx ctx;
     nng_aio *aio;
@@ -766,15 +771,32 @@ struct acall {
     void *arg;
 };
 
+/* Freeing an aio or closing a context from inside its own callback can
+ * deadlock against a concurrent nng_close in this nng version, so a
+ * finished call goes on a list and is freed by the next call or by
+ * rpc_client_close, on an ordinary thread. */
+static void reap_dead(struct rpc_client *cli)
+{
+    nng_mtx_lock(cli->mtx);
+    struct acall *a = cli->dead;
+    cli->dead = NULL;
+    nng_mtx_unlock(cli->mtx);
+    while (a) {
+        struct acall *next = a->next;
+        nng_aio_free(a->aio); /* waits for the callback to return */
+        nng_ctx_close(a->ctx);
+        free(a);
+        a = next;
+    }
+}
+
 static void acall_finish(struct acall *a, int code, const void *rep, size_t len, const char *err)
 {
     struct rpc_client *cli = a->cli;
     a->done(a->arg, code, rep, len, err);
-    nng_ctx_close(a->ctx);
-    /* nng_aio_free would wait for this very callback: reap it lazily. */
-    nng_aio_reap(a->aio);
-    free(a);
     nng_mtx_lock(cli->mtx);
+    a->next = cli->dead;
+    cli->dead = a;
     if (--cli->async_calls == 0)
         nng_cv_wake(cli->idle);
     nng_mtx_unlock(cli->mtx);
@@ -810,7 +832,7 @@ static void acall_cb(void *arg)
         acall_finish(a, 0, rf.body, rf.body_len, "");
     else
         acall_finish(a, code, NULL, 0, err);
-    nng_msg_free(m);
+    nng_msg_free(m); /* still ours: the reply message, not the call */
 }
 
 int rpc_client_call_async(struct rpc_client *cli, const char *method, const void *req,
@@ -818,6 +840,7 @@ int rpc_client_call_async(struct rpc_client *cli, const char *method, const void
 {
     char err[256];
     nng_msg *m = NULL;
+    reap_dead(cli);
     struct acall *a = calloc(1, sizeof(*a));
     if (!a)
         return KOLO_ENOMEM;
