@@ -9,9 +9,10 @@
  * not fight over one line. The capacity is a power of two, so a position
  * is a counter masked, and head - tail is the fill level even after the
  * counters pass the capacity. The producer copies its bytes in and then
- * publishes head with a release store; the consumer reads head with an
- * acquire load before it copies out (and symmetrically for tail and the
- * space it frees). Copies go in chunks of 64 KiB, each published at
+ * publishes head with a store that releases them; the consumer reads head
+ * with a load that acquires them before it copies out (and symmetrically
+ * for tail and the space it frees); both are seq-cst for the sake of
+ * waiting, below. Copies go in chunks of 64 KiB, each published at
  * once, so the reader starts on the first chunk while the writer copies
  * the next: a 1 MiB ring then behaves as a pipeline, not as a mailbox.
  *
@@ -23,12 +24,15 @@
  * sleeps in poll() on a doorbell: an abstract-namespace unix datagram
  * socket per local rank, named from a random id kept in the segment
  * header and the local index. Sleeping is two-phase so that no wake-up is
- * lost: the waiter sets the ring's waiting flag, issues a full fence and
- * looks at the ring once more (the caller's retry after arm); the other
- * side publishes, issues a full fence and then reads the flag. With both
- * fences, at least one of them sees the other's store: either the waiter
- * finds the data, or the publisher finds the flag, takes it (exchange to
- * 0, so one poke per sleep) and sends a byte to the waiter's doorbell.
+ * lost: the waiter stores the ring's waiting flag and then looks at the
+ * other side's counter once more (the caller's retry after arm); the
+ * other side stores its counter and then reads the flag. All four are
+ * sequentially consistent, so they fall in one total order in which at
+ * least one of the two loads comes after the other side's store: either
+ * the waiter finds the data, or the publisher finds the flag, takes it
+ * (exchange to 0, so one poke per sleep) and sends a byte to the waiter's
+ * doorbell. (Seq-cst operations rather than relaxed ones plus fences:
+ * the same cost on x86 and ARM, and ThreadSanitizer understands them.)
  * Without a waiter there is no system call at all on the data path.
  *
  * Dead peers. Memory does not tell us that the process at the other end
@@ -357,8 +361,7 @@ static void poke(struct shm_conn *c)
 /* The publishing half of the two-phase sleep (see the top of the file). */
 static void wake_if_waiting(struct shm_conn *c, _Atomic uint32_t *flag)
 {
-    atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load_explicit(flag, memory_order_relaxed) &&
+    if (atomic_load_explicit(flag, memory_order_seq_cst) &&
         atomic_exchange_explicit(flag, 0, memory_order_relaxed))
         poke(c);
 }
@@ -384,9 +387,9 @@ static ssize_t shm_try_send(struct xport *x, const void *buf, size_t len)
     if (len == 0)
         return 0;
     uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
-    /* Acquire: the consumer's copies out of the space it freed are done
-     * before we overwrite it. */
-    uint64_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
+    /* At least acquire: the consumer's copies out of the space it freed
+     * are done before we overwrite it. Seq-cst for the two-phase sleep. */
+    uint64_t tail = atomic_load_explicit(&r->tail, memory_order_seq_cst);
     uint64_t space = c->cap - (head - tail);
     size_t n = len < space ? len : (size_t)space;
     const unsigned char *src = buf;
@@ -400,7 +403,7 @@ static ssize_t shm_try_send(struct xport *x, const void *buf, size_t len)
             step = c->cap - off;
         memcpy(c->tx_data + off, src + done, step);
         done += step;
-        atomic_store_explicit(&r->head, head + done, memory_order_release);
+        atomic_store_explicit(&r->head, head + done, memory_order_seq_cst);
         wake_if_waiting(c, &r->data_waiting);
     }
     return (ssize_t)n;
@@ -415,7 +418,7 @@ static ssize_t shm_try_recv(struct xport *x, void *buf, size_t len)
         return 0;
     struct ring *r = c->rx;
     uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
-    uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
+    uint64_t head = atomic_load_explicit(&r->head, memory_order_seq_cst);
     if (head == tail) {
         bool closed = atomic_load_explicit(&r->writer_closed, memory_order_acquire);
         if (!closed && !c->peer_dead)
@@ -439,9 +442,9 @@ static ssize_t shm_try_recv(struct xport *x, void *buf, size_t len)
             step = c->cap - off;
         memcpy(dst + done, c->rx_data + off, step);
         done += step;
-        /* Release: our copy out is complete before the producer may
-         * reuse the space. */
-        atomic_store_explicit(&r->tail, tail + done, memory_order_release);
+        /* At least release: our copy out is complete before the producer
+         * may reuse the space. */
+        atomic_store_explicit(&r->tail, tail + done, memory_order_seq_cst);
         wake_if_waiting(c, &r->space_waiting);
     }
     return (ssize_t)n;
@@ -451,16 +454,14 @@ static int shm_arm(struct xport *x, bool want_send, bool want_recv, short *event
 {
     struct shm_conn *c = (struct shm_conn *)x;
     if (want_recv) {
-        atomic_store_explicit(&c->rx->data_waiting, 1, memory_order_relaxed);
+        atomic_store_explicit(&c->rx->data_waiting, 1, memory_order_seq_cst);
         c->armed_recv = true;
     }
     if (want_send) {
-        atomic_store_explicit(&c->tx->space_waiting, 1, memory_order_relaxed);
+        atomic_store_explicit(&c->tx->space_waiting, 1, memory_order_seq_cst);
         c->armed_send = true;
     }
-    /* The waiting half of the two-phase sleep: the flag is visible before
-     * the caller's retry reads the ring. */
-    atomic_thread_fence(memory_order_seq_cst);
+    /* The caller's retry is the second half of the two-phase sleep. */
     *events = POLLIN;
     return c->epfd;
 }
