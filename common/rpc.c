@@ -502,9 +502,27 @@ struct rpc_client {
     nng_cv *idle;     /* signalled when async_calls drops to 0 */
     int async_calls;  /* under mtx */
     struct acall *dead; /* finished async calls, freed outside callbacks */
+    struct acall *live; /* async calls in flight */
+    bool closed;        /* rpc_client_shutdown ran */
 };
 
 static void reap_dead(struct rpc_client *cli);
+
+struct acall {
+    struct acall *next; /* on the client's dead list */
+    struct acall *live_next, *live_prev;
+    struct rpc_client *cli;
+    nng_ctx ctx;
+    nng_aio *aio;
+    bool receiving;
+    struct rpc_frame f;
+    char method[RPC_MAX_METHOD + 1];
+    int timeout_ms;
+    uint64_t deadline;
+    rpc_done_fn done;
+    void *arg;
+};
+
 
 static void client_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
@@ -565,10 +583,22 @@ int rpc_client_open(struct rpc_client **out, const struct rpc_client_config *cfg
 
 void rpc_client_shutdown(struct rpc_client *cli)
 {
-    /* Closing the socket aborts every operation on it; calls that start
-     * later fail to open a context. The memory stays until close. */
-    if (cli)
-        nng_close(cli->sock);
+    if (!cli)
+        return;
+    /* Cancel the async calls and wait for their callbacks before closing
+     * the socket: nng_close racing with those callbacks can hang in this
+     * nng version. Calls that start later fail at once. */
+    nng_mtx_lock(cli->mtx);
+    cli->closed = true;
+    for (struct acall *a = cli->live; a; a = a->live_next)
+        nng_aio_cancel(a->aio);
+    while (cli->async_calls > 0)
+        nng_cv_wait(cli->idle);
+    nng_mtx_unlock(cli->mtx);
+    /* Their contexts must be closed too: nng_close waits for every open
+     * context of the socket. */
+    reap_dead(cli);
+    nng_close(cli->sock);
 }
 
 void rpc_client_close(struct rpc_client *cli)
@@ -757,19 +787,6 @@ out:
 
 /* ---------------------------------------------------------------- async calls */
 
-struct acall {
-    struct acall *next; /* on the client's dead list */
-    struct rpc_client *cli;
-    nng_ctx ctx;
-    nng_aio *aio;
-    bool receiving;
-    struct rpc_frame f;
-    char method[RPC_MAX_METHOD + 1];
-    int timeout_ms;
-    uint64_t deadline;
-    rpc_done_fn done;
-    void *arg;
-};
 
 /* Freeing an aio or closing a context from inside its own callback can
  * deadlock against a concurrent nng_close in this nng version, so a
@@ -795,6 +812,12 @@ static void acall_finish(struct acall *a, int code, const void *rep, size_t len,
     struct rpc_client *cli = a->cli;
     a->done(a->arg, code, rep, len, err);
     nng_mtx_lock(cli->mtx);
+    if (a->live_prev)
+        a->live_prev->live_next = a->live_next;
+    else
+        cli->live = a->live_next;
+    if (a->live_next)
+        a->live_next->live_prev = a->live_prev;
     a->next = cli->dead;
     cli->dead = a;
     if (--cli->async_calls == 0)
@@ -868,10 +891,22 @@ int rpc_client_call_async(struct rpc_client *cli, const char *method, const void
         return KOLO_ENOMEM;
     }
     nng_mtx_lock(cli->mtx);
+    if (cli->closed) {
+        nng_mtx_unlock(cli->mtx);
+        nng_msg_free(m);
+        nng_aio_free(a->aio);
+        nng_ctx_close(a->ctx);
+        free(a);
+        return KOLO_ECLOSED;
+    }
     cli->async_calls++;
-    nng_mtx_unlock(cli->mtx);
+    a->live_next = cli->live;
+    if (cli->live)
+        cli->live->live_prev = a;
+    cli->live = a;
     nng_aio_set_timeout(a->aio, timeout_ms > 0 ? timeout_ms : 1);
     nng_aio_set_msg(a->aio, m);
     nng_ctx_send(a->ctx, a->aio);
+    nng_mtx_unlock(cli->mtx);
     return 0;
 }

@@ -510,12 +510,15 @@ static void *bg_main(void *arg)
         }
         if (c->stopping)
             break;
-        if (!c->sticky && (c->q_head || (c->inflight > 0 && c->calls == 0))) {
+        if (ctx_try_execute(c))
+            continue;
+        /* Ask again only for operations that are still waiting for their
+         * response: not while one is in hand or being executed. */
+        bool in_hand = c->executing || (c->resp_cap && c->resp[0]);
+        if (!c->sticky && (c->q_head || (c->inflight > 0 && c->calls == 0 && !in_hand))) {
             negotiate_send(c, false, NULL);
             continue;
         }
-        if (ctx_try_execute(c))
-            continue;
         pthread_cond_wait(&c->wake, &c->mu);
     }
     pthread_mutex_unlock(&c->mu);
