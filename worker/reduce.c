@@ -23,14 +23,12 @@
  * to nearest-even. float16 uses the F16C conversion instructions where
  * the compiler targets them: gcc 12 does not vectorise conversions of
  * _Float16 without AVX512-FP16, and the vectorised bit-manipulation
- * fallback below is about five times slower than vcvtph2ps/vcvtps2ph
- * (bench/reduce_bench.c). A block of elements is converted into a
- * small float array, the generic operation runs over the array (gcc
- * turns that fixed-length loop into one vector instruction and keeps the
- * array in a register), and the result is converted back; the few
- * elements after the last block go through the scalar conversions.
- * bfloat16 needs only shifts and an integer rounding step, done two
- * elements per 32-bit word (BF16_PAIRS) so the vectors need no shuffles.
+ * fallback below is about ten times slower than vcvtph2ps/vcvtps2ph
+ * (bench/reduce_bench.c). Chunks of elements are converted into float
+ * arrays, the generic operation runs over them, and the result is
+ * converted back (F16_BLOCKS). bfloat16 needs only shifts and an
+ * integer rounding step, done two elements per 32-bit word (BF16_PAIRS)
+ * so the vectors need no shuffles.
  *
  * MIN and MAX of floating types follow IEEE 754-2019 minimum/maximum: a
  * NaN operand gives NaN (as numpy.minimum and numpy.maximum do), and -0
@@ -155,45 +153,80 @@ static inline uint16_t f16_store(float f)
 }
 
 /*
- * Blocks of eight: one 256-bit conversion each way. Sixteen with the
- * 512-bit forms looks better on paper, but a compiler that prefers
- * 256-bit vectors (gcc's tuning for recent Intel server cores) then
- * splits the operation in two and passes the block through the stack,
- * where the 512-bit reload stalls on store forwarding: eight times slower.
- * Eight is fast with every tuning we measured.
+ * The float16 kernels convert a chunk of 64 elements into float arrays
+ * on the stack, run the generic operation over them as an ordinary loop,
+ * and convert the result back. The loop must be long enough not to be
+ * unrolled completely before vectorisation: gcc 13 does that to a loop
+ * of eight, turns the selects of MIN and MAX into branches and leaves
+ * the code scalar. The arrays stay in L1, and the conversion into them
+ * stores with the widest vectors there are, because a later load wider
+ * than the store it reads from cannot be forwarded and stalls.
  */
-#define F16_BLOCK 8
+#define F16_CHUNK 64
 
-static inline void f16_load_block(float *restrict out, const uint16_t *restrict in)
+static inline void f16_load_chunk(float *restrict out, const uint16_t *restrict in)
 {
-    _mm256_storeu_ps(out, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)in)));
+#if defined(__AVX512F__)
+    for (int k = 0; k < F16_CHUNK; k += 16)
+        _mm512_storeu_ps(
+            out + k, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(in + k))));
+#else
+    for (int k = 0; k < F16_CHUNK; k += 8)
+        _mm256_storeu_ps(out + k,
+                         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(in + k))));
+#endif
 }
 
-static inline void f16_store_block(uint16_t *restrict out, const float *restrict in)
+static inline void f16_store_chunk(uint16_t *restrict out, const float *restrict in)
 {
-    _mm_storeu_si128((__m128i *)(void *)out,
-                     _mm256_cvtps_ph(_mm256_loadu_ps(in), _MM_FROUND_TO_NEAREST_INT));
+    for (int k = 0; k < F16_CHUNK; k += 8)
+        _mm_storeu_si128((__m128i *)(void *)(out + k),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(in + k), _MM_FROUND_TO_NEAREST_INT));
 }
 
-/* The blocked part of a float16 kernel: whole blocks, leaving i at the
- * first element the scalar loop after it still has to do. */
+#define F16_CHUNK_OP(out, x, y, OP, A)                                                             \
+    do {                                                                                           \
+        _Alignas(64) float cx_[F16_CHUNK];                                                         \
+        _Alignas(64) float cy_[F16_CHUNK];                                                         \
+        f16_load_chunk(cx_, (x));                                                                  \
+        f16_load_chunk(cy_, (y));                                                                  \
+        for (int k_ = 0; k_ < F16_CHUNK; k_++)                                                     \
+            cx_[k_] = OP(A, cx_[k_], cy_[k_]);                                                     \
+        f16_store_chunk((out), cx_);                                                               \
+    } while (0)
+
+/* Whole chunks, then the rest as one chunk padded with zeros, so no
+ * element is left to the scalar loop after it. */
 #define F16_BLOCKS(i, n, out, x, y, OP, A)                                                         \
-    for (; (i) + F16_BLOCK <= (n); (i) += F16_BLOCK) {                                             \
-        float bx_[F16_BLOCK], by_[F16_BLOCK];                                                      \
-        f16_load_block(bx_, (x) + (i));                                                            \
-        f16_load_block(by_, (y) + (i));                                                            \
-        for (int k_ = 0; k_ < F16_BLOCK; k_++)                                                     \
-            bx_[k_] = OP(A, bx_[k_], by_[k_]);                                                     \
-        f16_store_block((out) + (i), bx_);                                                         \
+    for (; (i) + F16_CHUNK <= (n); (i) += F16_CHUNK)                                               \
+        F16_CHUNK_OP((out) + (i), (x) + (i), (y) + (i), OP, A);                                    \
+    if ((i) < (n)) {                                                                               \
+        uint16_t px_[F16_CHUNK] = {0}, py_[F16_CHUNK] = {0};                                       \
+        memcpy(px_, (x) + (i), ((n) - (i)) * sizeof px_[0]);                                       \
+        memcpy(py_, (y) + (i), ((n) - (i)) * sizeof py_[0]);                                       \
+        F16_CHUNK_OP(px_, px_, py_, OP, A);                                                        \
+        memcpy((out) + (i), px_, ((n) - (i)) * sizeof px_[0]);                                     \
+        (i) = (n);                                                                                 \
     }
 
+#define F16_CHUNK_SCALE(p, factor)                                                                 \
+    do {                                                                                           \
+        _Alignas(64) float cx_[F16_CHUNK];                                                         \
+        f16_load_chunk(cx_, (p));                                                                  \
+        for (int k_ = 0; k_ < F16_CHUNK; k_++)                                                     \
+            cx_[k_] *= (factor);                                                                   \
+        f16_store_chunk((p), cx_);                                                                 \
+    } while (0)
+
 #define F16_BLOCKS_SCALE(i, n, p, factor)                                                          \
-    for (; (i) + F16_BLOCK <= (n); (i) += F16_BLOCK) {                                             \
-        float bx_[F16_BLOCK];                                                                      \
-        f16_load_block(bx_, (p) + (i));                                                            \
-        for (int k_ = 0; k_ < F16_BLOCK; k_++)                                                     \
-            bx_[k_] *= (factor);                                                                   \
-        f16_store_block((p) + (i), bx_);                                                           \
+    for (; (i) + F16_CHUNK <= (n); (i) += F16_CHUNK)                                               \
+        F16_CHUNK_SCALE((p) + (i), factor);                                                        \
+    if ((i) < (n)) {                                                                               \
+        uint16_t px_[F16_CHUNK] = {0};                                                             \
+        memcpy(px_, (p) + (i), ((n) - (i)) * sizeof px_[0]);                                       \
+        F16_CHUNK_SCALE(px_, factor);                                                              \
+        memcpy((p) + (i), px_, ((n) - (i)) * sizeof px_[0]);                                       \
+        (i) = (n);                                                                                 \
     }
 #else
 #define f16_load  f16_load_bits
@@ -331,7 +364,7 @@ typedef void (*reduce_divide_fn)(void *buf, size_t n, int by);
  * BLOCKS is an optional vector prologue (float16 with F16C).
  */
 #define DEFINE_REDUCE_OP(name, T, C, LOAD, STORE, BLOCKS, A, OP)                                   \
-    static void reduce_into_##name(void *restrict dst_, const void *restrict src_, size_t n)      \
+    static void reduce_into_##name(void *restrict dst_, const void *restrict src_, size_t n)       \
     {                                                                                              \
         T *restrict d = dst_;                                                                      \
         const T *restrict s = src_;                                                                \
@@ -342,7 +375,7 @@ typedef void (*reduce_divide_fn)(void *buf, size_t n, int by);
             d[i] = (T)STORE(OP(A, x, y));                                                          \
         }                                                                                          \
     }                                                                                              \
-    static void reduce_two_##name(void *restrict dst_, const void *restrict a_,                   \
+    static void reduce_two_##name(void *restrict dst_, const void *restrict a_,                    \
                                   const void *restrict b_, size_t n)                               \
     {                                                                                              \
         T *restrict d = dst_;                                                                      \
@@ -380,7 +413,7 @@ DEFINE_FLOAT_OPS(f64, double, double, IDENTITY, IDENTITY, NO_BLOCKS, f64)
 
 /* Floating scale: multiply in C (float32 for the 16-bit types). */
 #define DEFINE_FLOAT_SCALE(name, T, C, LOAD, STORE, BLOCKS)                                        \
-    static void reduce_scale_##name(void *buf_, size_t n, double factor)                          \
+    static void reduce_scale_##name(void *buf_, size_t n, double factor)                           \
     {                                                                                              \
         T *restrict p = buf_;                                                                      \
         C f = (C)factor;                                                                           \
@@ -404,7 +437,7 @@ DEFINE_FLOAT_SCALE(f64, double, double, IDENTITY, IDENTITY, NO_BLOCKS)
  * maximum is not.
  */
 #define DEFINE_INT_SCALE(name, T, LO, HI, MAX)                                                     \
-    static void reduce_scale_##name(void *buf_, size_t n, double factor)                          \
+    static void reduce_scale_##name(void *buf_, size_t n, double factor)                           \
     {                                                                                              \
         T *restrict p = buf_;                                                                      \
         for (size_t i = 0; i < n; i++) {                                                           \
@@ -495,16 +528,16 @@ struct reduce_type {
     }
 
 static const struct reduce_type reduce_types[KOLO_DTYPE_COUNT] = {
-    [KOLO_UINT8] = REDUCE_TYPE(u8, uint8_t),      [KOLO_INT8] = REDUCE_TYPE(i8, int8_t),
-    [KOLO_INT16] = REDUCE_TYPE(i16, int16_t),     [KOLO_INT32] = REDUCE_TYPE(i32, int32_t),
-    [KOLO_INT64] = REDUCE_TYPE(i64, int64_t),     [KOLO_FLOAT16] = REDUCE_TYPE(f16, uint16_t),
+    [KOLO_UINT8] = REDUCE_TYPE(u8, uint8_t),       [KOLO_INT8] = REDUCE_TYPE(i8, int8_t),
+    [KOLO_INT16] = REDUCE_TYPE(i16, int16_t),      [KOLO_INT32] = REDUCE_TYPE(i32, int32_t),
+    [KOLO_INT64] = REDUCE_TYPE(i64, int64_t),      [KOLO_FLOAT16] = REDUCE_TYPE(f16, uint16_t),
     [KOLO_BFLOAT16] = REDUCE_TYPE(bf16, uint16_t), [KOLO_FLOAT32] = REDUCE_TYPE(f32, float),
     [KOLO_FLOAT64] = REDUCE_TYPE(f64, double),
 };
 
 /* AVERAGE is summed here; the division is a separate reduce_divide. */
 static const int reduce_op_index[KOLO_OP_COUNT] = {
-    [KOLO_SUM] = REDUCE_SUM, [KOLO_AVERAGE] = REDUCE_SUM, [KOLO_MIN] = REDUCE_MIN,
+    [KOLO_SUM] = REDUCE_SUM, [KOLO_AVERAGE] = REDUCE_SUM,  [KOLO_MIN] = REDUCE_MIN,
     [KOLO_MAX] = REDUCE_MAX, [KOLO_PRODUCT] = REDUCE_PROD,
 };
 
@@ -544,8 +577,7 @@ void reduce_into(kolo_dtype dtype, kolo_op op, void *dst, const void *src, size_
         fn(dst, src, count);
 }
 
-void reduce_two(kolo_dtype dtype, kolo_op op, void *dst, const void *a, const void *b,
-                size_t count)
+void reduce_two(kolo_dtype dtype, kolo_op op, void *dst, const void *a, const void *b, size_t count)
 {
     const struct reduce_type *t = reduce_type_of(dtype);
     if (!t || (unsigned)op >= KOLO_OP_COUNT || count == 0)

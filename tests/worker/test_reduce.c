@@ -147,9 +147,8 @@ static size_t dsize(kolo_dtype t)
 
 static const char *dname(kolo_dtype t)
 {
-    static const char *names[KOLO_DTYPE_COUNT] = {"uint8",   "int8",     "int16",
-                                                  "int32",   "int64",    "float16",
-                                                  "bfloat16", "float32", "float64"};
+    static const char *names[KOLO_DTYPE_COUNT] = {
+        "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"};
     return names[t];
 }
 
@@ -161,11 +160,16 @@ static bool is_float(kolo_dtype t)
 static int64_t get_int(kolo_dtype t, const void *p, size_t i)
 {
     switch (t) {
-    case KOLO_UINT8: return ((const uint8_t *)p)[i];
-    case KOLO_INT8: return ((const int8_t *)p)[i];
-    case KOLO_INT16: return ((const int16_t *)p)[i];
-    case KOLO_INT32: return ((const int32_t *)p)[i];
-    default: return ((const int64_t *)p)[i];
+    case KOLO_UINT8:
+        return ((const uint8_t *)p)[i];
+    case KOLO_INT8:
+        return ((const int8_t *)p)[i];
+    case KOLO_INT16:
+        return ((const int16_t *)p)[i];
+    case KOLO_INT32:
+        return ((const int32_t *)p)[i];
+    default:
+        return ((const int64_t *)p)[i];
     }
 }
 
@@ -190,17 +194,23 @@ static void put_wrapped(kolo_dtype t, void *p, size_t i, uint64_t v)
         memcpy((char *)p + 4 * i, &b, 4);
         break;
     }
-    default: memcpy((char *)p + 8 * i, &v, 8); break;
+    default:
+        memcpy((char *)p + 8 * i, &v, 8);
+        break;
     }
 }
 
 static double get_float(kolo_dtype t, const void *p, size_t i)
 {
     switch (t) {
-    case KOLO_FLOAT16: return ref_widen(FMT_F16, ((const uint16_t *)p)[i]);
-    case KOLO_BFLOAT16: return ref_widen(FMT_BF16, ((const uint16_t *)p)[i]);
-    case KOLO_FLOAT32: return ((const float *)p)[i];
-    default: return ((const double *)p)[i];
+    case KOLO_FLOAT16:
+        return ref_widen(FMT_F16, ((const uint16_t *)p)[i]);
+    case KOLO_BFLOAT16:
+        return ref_widen(FMT_BF16, ((const uint16_t *)p)[i]);
+    case KOLO_FLOAT32:
+        return ((const float *)p)[i];
+    default:
+        return ((const double *)p)[i];
     }
 }
 
@@ -211,21 +221,34 @@ static double get_float(kolo_dtype t, const void *p, size_t i)
 static void put_float(kolo_dtype t, void *p, size_t i, double v)
 {
     switch (t) {
-    case KOLO_FLOAT16: ((uint16_t *)p)[i] = ref_narrow(FMT_F16, (float)v); break;
-    case KOLO_BFLOAT16: ((uint16_t *)p)[i] = ref_narrow(FMT_BF16, (float)v); break;
-    case KOLO_FLOAT32: ((float *)p)[i] = (float)v; break;
-    default: ((double *)p)[i] = v; break;
+    case KOLO_FLOAT16:
+        ((uint16_t *)p)[i] = ref_narrow(FMT_F16, (float)v);
+        break;
+    case KOLO_BFLOAT16:
+        ((uint16_t *)p)[i] = ref_narrow(FMT_BF16, (float)v);
+        break;
+    case KOLO_FLOAT32:
+        ((float *)p)[i] = (float)v;
+        break;
+    default:
+        ((double *)p)[i] = v;
+        break;
     }
 }
 
 static bool elem_is_nan(kolo_dtype t, const void *p, size_t i)
 {
     switch (t) {
-    case KOLO_FLOAT16: return half_is_nan(FMT_F16, ((const uint16_t *)p)[i]);
-    case KOLO_BFLOAT16: return half_is_nan(FMT_BF16, ((const uint16_t *)p)[i]);
-    case KOLO_FLOAT32: return isnan(((const float *)p)[i]);
-    case KOLO_FLOAT64: return isnan(((const double *)p)[i]);
-    default: return false;
+    case KOLO_FLOAT16:
+        return half_is_nan(FMT_F16, ((const uint16_t *)p)[i]);
+    case KOLO_BFLOAT16:
+        return half_is_nan(FMT_BF16, ((const uint16_t *)p)[i]);
+    case KOLO_FLOAT32:
+        return isnan(((const float *)p)[i]);
+    case KOLO_FLOAT64:
+        return isnan(((const double *)p)[i]);
+    default:
+        return false;
     }
 }
 
@@ -261,10 +284,18 @@ static void ref_one(kolo_dtype t, kolo_op op, void *out, const void *a, const vo
     if (is_float(t)) {
         double x = get_float(t, a, i), y = get_float(t, b, i), r;
         switch (op) {
-        case KOLO_MIN: r = ref_min(x, y); break;
-        case KOLO_MAX: r = ref_max(x, y); break;
-        case KOLO_PRODUCT: r = x * y; break;
-        default: r = x + y; break;
+        case KOLO_MIN:
+            r = ref_min(x, y);
+            break;
+        case KOLO_MAX:
+            r = ref_max(x, y);
+            break;
+        case KOLO_PRODUCT:
+            r = x * y;
+            break;
+        default:
+            r = x + y;
+            break;
         }
         put_float(t, out, i, r);
         return;
@@ -272,10 +303,18 @@ static void ref_one(kolo_dtype t, kolo_op op, void *out, const void *a, const vo
     int64_t x = get_int(t, a, i), y = get_int(t, b, i);
     uint64_t r;
     switch (op) {
-    case KOLO_MIN: r = (uint64_t)(x < y ? x : y); break;
-    case KOLO_MAX: r = (uint64_t)(x > y ? x : y); break;
-    case KOLO_PRODUCT: r = (uint64_t)x * (uint64_t)y; break;
-    default: r = (uint64_t)x + (uint64_t)y; break;
+    case KOLO_MIN:
+        r = (uint64_t)(x < y ? x : y);
+        break;
+    case KOLO_MAX:
+        r = (uint64_t)(x > y ? x : y);
+        break;
+    case KOLO_PRODUCT:
+        r = (uint64_t)x * (uint64_t)y;
+        break;
+    default:
+        r = (uint64_t)x + (uint64_t)y;
+        break;
     }
     put_wrapped(t, out, i, r);
 }
@@ -284,9 +323,9 @@ static void ref_one(kolo_dtype t, kolo_op op, void *out, const void *a, const vo
 
 static void fill_random(kolo_dtype t, void *p, size_t n)
 {
-    static const double specials[] = {NAN,     -NAN, INFINITY, -INFINITY, 0.0,      -0.0,    1.0,
-                                      -1.0,    0.5,  1e-40,    -1e-45,    6.1e-5,   6e-8,    65504.0,
-                                      65520.0, 3e38, -3.4e38,  1e300,     -1e-310,  2048.0, 1.5};
+    static const double specials[] = {NAN,     -NAN, INFINITY, -INFINITY, 0.0,     -0.0,   1.0,
+                                      -1.0,    0.5,  1e-40,    -1e-45,    6.1e-5,  6e-8,   65504.0,
+                                      65520.0, 3e38, -3.4e38,  1e300,     -1e-310, 2048.0, 1.5};
     const size_t nspecials = sizeof specials / sizeof specials[0];
     for (size_t i = 0; i < n; i++) {
         uint64_t r = rng_next();
@@ -299,9 +338,15 @@ static void fill_random(kolo_dtype t, void *p, size_t n)
         if (kind == 0) { /* any bit pattern: every class, every exponent */
             switch (t) {
             case KOLO_FLOAT16:
-            case KOLO_BFLOAT16: ((uint16_t *)p)[i] = (uint16_t)bits; break;
-            case KOLO_FLOAT32: ((float *)p)[i] = f32_from((uint32_t)bits); break;
-            default: memcpy((double *)p + i, &bits, 8); break;
+            case KOLO_BFLOAT16:
+                ((uint16_t *)p)[i] = (uint16_t)bits;
+                break;
+            case KOLO_FLOAT32:
+                ((float *)p)[i] = f32_from((uint32_t)bits);
+                break;
+            default:
+                memcpy((double *)p + i, &bits, 8);
+                break;
             }
         } else if (kind == 1) {
             put_float(t, p, i, specials[bits % nspecials]);
@@ -323,8 +368,8 @@ static bool same_buffers(kolo_dtype t, const void *got, const void *want, size_t
             uint64_t g = 0, w = 0;
             memcpy(&g, (const char *)got + i * dsize(t), dsize(t));
             memcpy(&w, (const char *)want + i * dsize(t), dsize(t));
-            fprintf(stderr, "%s %s op %d count %zu: element %zu is 0x%llx, want 0x%llx\n", what,
-                    dname(t), (int)op, n, i, (unsigned long long)g, (unsigned long long)w);
+            fprintf(stderr, "%s %s op %d: element %zu of %zu is 0x%llx, want 0x%llx\n", what,
+                    dname(t), (int)op, i, n, (unsigned long long)g, (unsigned long long)w);
             return false;
         }
     }
@@ -446,8 +491,8 @@ static void test_conversions_exhaustive(void)
     }
     reduce_two(KOLO_BFLOAT16, KOLO_MAX, out, all, neg_infbf, 65536);
     for (unsigned h = 0; h < 65536; h++)
-        badbf += !(out[h] == h || (half_is_nan(FMT_BF16, (uint16_t)h) &&
-                                   half_is_nan(FMT_BF16, out[h])));
+        badbf +=
+            !(out[h] == h || (half_is_nan(FMT_BF16, (uint16_t)h) && half_is_nan(FMT_BF16, out[h])));
     CHECK_EQ_INT(bad16, 0);
     CHECK_EQ_INT(badbf, 0);
 
@@ -461,15 +506,15 @@ static void test_conversions_exhaustive(void)
         int bad = 0;
         for (unsigned h = 0; h < 65536; h++) {
             uint16_t want = ref_narrow(FMT_F16, (float)ref_widen(FMT_F16, (uint16_t)h) * f);
-            bad += !(out[h] == want ||
-                     (half_is_nan(FMT_F16, out[h]) && half_is_nan(FMT_F16, want)));
+            bad +=
+                !(out[h] == want || (half_is_nan(FMT_F16, out[h]) && half_is_nan(FMT_F16, want)));
         }
         memcpy(out, all, sizeof out);
         reduce_scale(KOLO_BFLOAT16, out, 65536, factors[k]);
         for (unsigned h = 0; h < 65536; h++) {
             uint16_t want = ref_narrow(FMT_BF16, (float)ref_widen(FMT_BF16, (uint16_t)h) * f);
-            bad += !(out[h] == want ||
-                     (half_is_nan(FMT_BF16, out[h]) && half_is_nan(FMT_BF16, want)));
+            bad +=
+                !(out[h] == want || (half_is_nan(FMT_BF16, out[h]) && half_is_nan(FMT_BF16, want)));
         }
         CHECK_EQ_INT(bad, 0);
     }
@@ -529,7 +574,7 @@ static void test_rounding_cases(void)
     CHECK_EQ_INT(f32_to_f16(1.0f + 0x1p-11f + 0x1p-20f), 0x3c01);
     CHECK_EQ_INT(f32_to_f16(65504.0f), 0x7bff);
     CHECK_EQ_INT(f32_to_f16(65519.99f), 0x7bff);
-    CHECK_EQ_INT(f32_to_f16(65520.0f), 0x7c00);  /* tie above the largest: to infinity */
+    CHECK_EQ_INT(f32_to_f16(65520.0f), 0x7c00); /* tie above the largest: to infinity */
     CHECK_EQ_INT(f32_to_f16(-1e9f), 0xfc00);
     CHECK_EQ_INT(f32_to_f16(0x1p-24f), 0x0001); /* smallest subnormal */
     CHECK_EQ_INT(f32_to_f16(0x1p-25f), 0x0000); /* tie: to even zero */
@@ -704,8 +749,9 @@ static void test_divide(void)
                 ((int32_t *)orig)[2] = INT32_MAX;
             }
             for (size_t i = 4; i < 64; i++)
-                put_wrapped(dt, orig, i, (uint64_t)((int64_t)ns[k] * (int64_t)(i / 3 - 10) +
-                                                     (int64_t)(i % 3) - 1));
+                put_wrapped(
+                    dt, orig, i,
+                    (uint64_t)((int64_t)ns[k] * (int64_t)(i / 3 - 10) + (int64_t)(i % 3) - 1));
             memcpy(buf, orig, (N + 1) * sz);
             reduce_divide(dt, buf + sz, N, ns[k]);
             int bad = 0;
@@ -752,7 +798,8 @@ static void test_divide(void)
             fill_random(dt, buf, N);
             for (size_t i = 0; i < N; i++) {
                 double v = get_float(dt, buf, i);
-                double r = dt == KOLO_FLOAT64 ? v * (1.0 / n) : (double)((float)v * (float)(1.0 / n));
+                double r =
+                    dt == KOLO_FLOAT64 ? v * (1.0 / n) : (double)((float)v * (float)(1.0 / n));
                 put_float(dt, want, i, r);
             }
             reduce_divide(dt, buf, N, n);
