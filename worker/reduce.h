@@ -6,6 +6,12 @@
  * pointers, no aliasing, no branches inside); float16 and bfloat16 are
  * reduced in float32 and rounded back to nearest-even. Integer sums wrap
  * like C unsigned arithmetic (no undefined behaviour on overflow).
+ *
+ * Floating MIN/MAX follow IEEE 754-2019 minimum/maximum: a NaN wins and
+ * -0 < +0, so both are commutative and every rank gets the same bits
+ * whatever the order of reduction. Integer reduce_scale saturates to the
+ * type's range (a NaN result becomes 0). float16 uses F16C when the build
+ * targets it (KOLO_NATIVE), a portable conversion otherwise.
  */
 #ifndef KOLO_WORKER_REDUCE_H
 #define KOLO_WORKER_REDUCE_H
