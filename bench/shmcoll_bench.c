@@ -12,6 +12,12 @@
  *       bench/shmcoll_bench.c worker/shmcoll.c worker/reduce.c \
  *       worker/errors_api.c common/util.c common/errors.c -lm -o /tmp/shmcoll_bench
  *   /tmp/shmcoll_bench [-n 2,4] [-s 4,4096,...] [-x iteration-multiplier]
+ *
+ * Built with mpicc and -DKOLO_BENCH_MPI, the same program measures Open
+ * MPI's MPI_Allreduce (in place) the same way when started by mpirun
+ * with -m, so both can be measured side by side on a machine whose load
+ * one does not control:
+ *   mpirun -np 2 --mca btl vader,self /tmp/shmcoll_bench_mpi -m
  */
 #include <errno.h>
 #include <math.h>
@@ -25,6 +31,10 @@
 #include <unistd.h>
 
 #include "coll.h"
+
+#ifdef KOLO_BENCH_MPI
+#include <mpi.h>
+#endif
 
 #define MAX_RANKS 16
 #define MAX_ITERS 4000
@@ -159,6 +169,43 @@ static int run(int n, size_t bytes, double mult, double *median_us)
     return ok ? 0 : -1;
 }
 
+#ifdef KOLO_BENCH_MPI
+/* The peer measurement: the same iteration, timed in every rank, the
+ * maximum over ranks taken per iteration at the end. */
+static void mpi_bench(const size_t *sizes, int nsizes, double mult)
+{
+    int rank, n;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    for (int b = 0; b < nsizes; b++) {
+        size_t bytes = sizes[b], count = bytes / sizeof(float);
+        float *buf = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+        for (size_t i = 0; i < count; i++)
+            buf[i] = 1.0f / 1024;
+        int iters = (int)(iterations_for(bytes) * mult);
+        iters = iters < 3 ? 3 : iters > MAX_ITERS ? MAX_ITERS : iters;
+        static double t[MAX_ITERS], worst[MAX_ITERS];
+        for (int it = -(iters / 10 + 2); it < iters; it++) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = now_us();
+            MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            double t1 = now_us();
+            if (it >= 0)
+                t[it] = t1 - t0;
+        }
+        MPI_Reduce(t, worst, iters, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+        if (rank == 0) {
+            qsort(worst, (size_t)iters, sizeof worst[0], cmp_double);
+            double us = worst[iters / 2];
+            printf("%5d %12zu %14.2f %12.3f  (MPI)\n", n, bytes, us,
+                   bytes / (us * 1e-6) * 2 * (n - 1) / n / 1e9);
+            fflush(stdout);
+        }
+        free(buf);
+    }
+}
+#endif
+
 static int parse_list(const char *s, size_t *out, int max)
 {
     int k = 0;
@@ -176,18 +223,31 @@ int main(int argc, char **argv)
                                            16u << 20, 64u << 20, 256u << 20};
     int nranks = 2, nsizes = 7;
     double mult = 1;
-    int opt;
-    while ((opt = getopt(argc, argv, "n:s:x:")) != -1) {
+    int opt, mpi = 0;
+    while ((opt = getopt(argc, argv, "mn:s:x:")) != -1) {
         if (opt == 'n')
             nranks = parse_list(optarg, ranks, 8);
         else if (opt == 's')
             nsizes = parse_list(optarg, sizes, 16);
         else if (opt == 'x')
             mult = atof(optarg);
+        else if (opt == 'm')
+            mpi = 1;
         else {
-            fprintf(stderr, "usage: %s [-n 2,4] [-s bytes,...] [-x mult]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-m] [-n 2,4] [-s bytes,...] [-x mult]\n", argv[0]);
             return 2;
         }
+    }
+    if (mpi) {
+#ifdef KOLO_BENCH_MPI
+        MPI_Init(&argc, &argv);
+        mpi_bench(sizes, nsizes, mult);
+        MPI_Finalize();
+        return 0;
+#else
+        fprintf(stderr, "%s: built without KOLO_BENCH_MPI\n", argv[0]);
+        return 2;
+#endif
     }
     printf("%5s %12s %14s %12s\n", "ranks", "bytes", "latency_us", "busbw_GB/s");
     for (int a = 0; a < nranks; a++) {

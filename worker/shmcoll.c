@@ -39,9 +39,11 @@
  * issues FUTEX_WAKE only when the sleepers count in its control block says
  * someone sleeps (store counter / load sleepers against increment
  * sleepers / load counter, all sequentially consistent, so a wake-up is
- * never lost). When ranks outnumber the CPUs the default spin is short: a
- * spinning rank would only hold the CPU its peer needs. After each slice
- * a sleeper checks the peers' pidfds (a pidfd polls readable once the
+ * never lost). When ranks outnumber the CPUs, a spinning rank would only
+ * hold the CPU its peer needs: the spin is short, and is followed by up to
+ * KOLO_YIELD_US of sched_yield, which hands the CPU straight to a peer
+ * queued behind us without a FUTEX_WAKE round trip. After each slice a
+ * sleeper checks the peers' pidfds (a pidfd polls readable once the
  * process exited, zombie or not), the abort record and its deadline.
  *
  * Failure is sticky: the first rank that sees one (a dead pid, a
@@ -55,6 +57,8 @@
  * Knobs (environment, read once in create/attach):
  *   KOLO_SPIN_US     spin before sleeping, microseconds (default 30; 2
  *                    when ranks outnumber CPUs)
+ *   KOLO_YIELD_US    then yield the CPU for up to this long before
+ *                    sleeping (default 0; 1000 when ranks outnumber CPUs)
  *   KOLO_SHM_CHUNK   pipeline chunk in bytes when slot_bytes is 0
  *                    (default SHM_CHUNK_DEFAULT); decided by the leader
  *   KOLO_SHM_SMALL   largest allreduce that takes the flat algorithm
@@ -106,6 +110,7 @@
 #define SHM_SLICE_MS 10u
 #define SHM_SPIN_US_DEFAULT       30
 #define SHM_SPIN_US_OVERSUBSCRIBED 2
+#define SHM_YIELD_US_OVERSUBSCRIBED 1000
 
 enum { SHM_STATE_FREE = 0, SHM_STATE_ATTACHED = 1, SHM_STATE_LEFT = 2 };
 
@@ -152,13 +157,14 @@ struct shmcoll {
     uint64_t small_free_at[2];
     const unsigned char **srcs; /* n source pointers for a reduction */
     uint64_t *matrix;           /* n x n alltoall sizes */
+    size_t *off_a, *off_b;      /* n offsets each, for the v-collectives */
     /* peer watching */
     int *pidfd;
     pid_t *pid;
     struct pollfd *pfd;
     int *pfd_rank;
     int npfd;
-    uint64_t spin_ns;
+    uint64_t spin_ns, yield_ns;
     bool creator, unlinked, claimed;
     char name[NAME_MAX + 2];
 };
@@ -410,12 +416,6 @@ static int shm_wait_slow(struct shmcoll *s, int j, uint64_t target, uint64_t dea
         futex_wait(&cj->events, v, slice ? slice : 1);
     }
     atomic_fetch_sub_explicit(&cj->sleepers, 1, memory_order_seq_cst);
-    if (rc) {
-        /* A post that raced with the failure still counts. */
-        uint32_t v = atomic_load_explicit(&cj->events, memory_order_acquire);
-        if (reached(v, want) && rc != KOLO_ETIMEDOUT && !s->c.failed)
-            rc = 0;
-    }
     return rc;
 }
 
@@ -455,6 +455,23 @@ static inline int shm_wait_peer(struct shmcoll *s, int j, uint64_t target, uint6
                     break;
             }
         }
+    }
+    /* With more ranks than CPUs, the rank we wait for is often queued
+     * behind us on our own CPU: yielding hands it the CPU at once, and
+     * costs the poster no FUTEX_WAKE. Bounded too, then sleep. */
+    if (s->yield_ns) {
+        uint64_t t0 = now_ns();
+        do {
+            sched_yield();
+            v = atomic_load_explicit(&cj->events, memory_order_acquire);
+            if (reached(v, want)) {
+                note_seen(s, j, v);
+                return 0;
+            }
+            if (atomic_load_explicit(&s->hdr->abort_rank, memory_order_relaxed) ||
+                atomic_load_explicit(&cj->state, memory_order_relaxed) == SHM_STATE_LEFT)
+                break;
+        } while (now_ns() - t0 < s->yield_ns);
     }
     return shm_wait_slow(s, j, target, deadline);
 }
@@ -538,29 +555,6 @@ static int allreduce_flat(struct shmcoll *s, kolo_dtype dtype, kolo_op op, size_
     return 0;
 }
 
-/*
- * Pipelined allreduce. The buffer is cut into chunks of one pipeline
- * buffer; each chunk into n cache-line-aligned parts, part j owned by
- * rank j. For chunk k every rank
- *   stage:  copies the parts it does not own into its buffer for k;
- *   reduce: reduces its own part from every rank's staged copy (its own
- *           input directly), in rank order, into its own part of its
- *           buffer, and copies the result to its output;
- *   copy:   copies every other rank's reduced part to its output.
- * Each step is followed by a post; the three waits (all staged k, all
- * reduced k) sit after other work: a rank stages k+1 while the others
- * finish reducing k, and copies k out while they stage k+1. Everything
- * but the input and output touches a few chunks of the segment, so it
- * stays in cache, and each rank reads and writes its own buffers from
- * memory exactly once.
- *
- * Event order per rank, relative to base: S0=1; then for each k:
- * R(k)=3k+2, S(k+1)=3k+3 (posted even past the last chunk, for a regular
- * count), C(k)=3k+4. Buffer B(k) is free again once every rank posted
- * C(k); by then it will have been reused SHM_NBUF chunks later, when
- * this rank has long seen S(k+3) from everyone (which they post after
- * C(k)).
- */
 /* Stage chunk k: copy the parts other ranks own into this rank's buffer. */
 static int allreduce_stage(struct shmcoll *s, size_t es, const unsigned char *in, size_t count,
                            size_t k, uint64_t free_at, uint64_t deadline)
@@ -581,6 +575,29 @@ static int allreduce_stage(struct shmcoll *s, size_t es, const unsigned char *in
     return 0;
 }
 
+/*
+ * Pipelined allreduce. The buffer is cut into chunks of one pipeline
+ * buffer; each chunk into n cache-line-aligned parts, part j owned by
+ * rank j. For chunk k every rank
+ *   stage:  copies the parts it does not own into its buffer for k;
+ *   reduce: reduces its own part from every rank's staged copy (its own
+ *           input directly), in rank order, into its own part of its
+ *           buffer, and copies the result to its output;
+ *   copy:   copies every other rank's reduced part to its output.
+ * Each step is followed by a post; the three waits (all staged k, all
+ * reduced k) sit after other work: a rank stages k+1 while the others
+ * finish reducing k, and copies k out while they stage k+1. Everything
+ * but the input and output touches a few chunks of the segment, so it
+ * stays in cache, and each rank reads and writes its own buffers from
+ * memory exactly once.
+ *
+ * Event order per rank, relative to base: S0=1; then for each k:
+ * R(k)=3k+2, S(k+1)=3k+3 (posted even past the last chunk, for a regular
+ * count), C(k)=3k+4. Buffer B(k) is free again once every rank posted
+ * C(k). It is next written for chunk k+SHM_NBUF, after this rank saw
+ * S(k+3) from everyone, which each posts after its C(k): so with three
+ * buffers or more the pipeline never waits for a buffer.
+ */
 static int allreduce_chunked(struct shmcoll *s, kolo_dtype dtype, kolo_op op, size_t es,
                              const unsigned char *in, unsigned char *out, size_t count,
                              uint64_t deadline)
@@ -851,7 +868,7 @@ static int shm_alltoallv(struct coll *c, const void *in_, const size_t *send, vo
                             (unsigned long long)s->matrix[(size_t)j * n + me], me, recv[j]);
     }
 
-    size_t soff[n > 0 ? n : 1], roff[n > 0 ? n : 1];
+    size_t *soff = s->off_a, *roff = s->off_b;
     soff[0] = roff[0] = 0;
     for (int j = 1; j < n; j++) {
         soff[j] = soff[j - 1] + send[j - 1];
@@ -932,7 +949,7 @@ static int shm_reducescatter(struct coll *c, kolo_dtype dtype, kolo_op op, const
     size_t es = kolo_dtype_size(dtype);
     if (!es || (unsigned)op >= KOLO_OP_COUNT || !counts)
         return KOLO_EINVAL;
-    size_t seg[n > 0 ? n : 1], most = 0;
+    size_t *seg = s->off_a, most = 0;
     seg[0] = 0;
     for (int j = 0; j < n; j++) {
         if (j > 0)
@@ -1026,6 +1043,8 @@ static void shm_destroy(struct coll *c)
     free(s->seen);
     free(s->srcs);
     free(s->matrix);
+    free(s->off_a);
+    free(s->off_b);
     free(s);
 }
 
@@ -1073,20 +1092,25 @@ static int shm_new(const char *name, int rank, int size, struct shmcoll **out)
     s->seen = calloc((size_t)size, sizeof *s->seen);
     s->srcs = calloc((size_t)size, sizeof *s->srcs);
     s->matrix = calloc((size_t)size * (size_t)size, sizeof *s->matrix);
+    s->off_a = calloc((size_t)size, sizeof *s->off_a);
+    s->off_b = calloc((size_t)size, sizeof *s->off_b);
     s->pidfd = malloc((size_t)size * sizeof *s->pidfd);
     s->pid = calloc((size_t)size, sizeof *s->pid);
     s->pfd = calloc((size_t)size, sizeof *s->pfd);
     s->pfd_rank = calloc((size_t)size, sizeof *s->pfd_rank);
-    if (!s->seen || !s->srcs || !s->matrix || !s->pidfd || !s->pid || !s->pfd || !s->pfd_rank) {
+    if (!s->seen || !s->srcs || !s->matrix || !s->off_a || !s->off_b || !s->pidfd || !s->pid ||
+        !s->pfd || !s->pfd_rank) {
         shm_destroy(&s->c);
         return KOLO_ENOMEM;
     }
     for (int r = 0; r < size; r++)
         s->pidfd[r] = -1;
+    bool crowded = size > usable_cpus();
     long spin = env_long("KOLO_SPIN_US",
-                         size > usable_cpus() ? SHM_SPIN_US_OVERSUBSCRIBED : SHM_SPIN_US_DEFAULT, 0,
-                         1000000);
+                         crowded ? SHM_SPIN_US_OVERSUBSCRIBED : SHM_SPIN_US_DEFAULT, 0, 1000000);
+    long yield = env_long("KOLO_YIELD_US", crowded ? SHM_YIELD_US_OVERSUBSCRIBED : 0, 0, 1000000);
     s->spin_ns = (uint64_t)spin * 1000u;
+    s->yield_ns = (uint64_t)yield * 1000u;
     *out = s;
     return 0;
 }

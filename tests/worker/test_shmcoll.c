@@ -33,6 +33,14 @@
 #define OP_MS     30000 /* per-operation deadline in the tests */
 #define NAME_PREFIX "kolo-test-shmcoll-"
 
+/* Sanitizer builds run 5-20 times slower: there the largest counts
+ * shrink, to stay within the test's time limit. */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define BIG_COUNT (1u << 16)
+#else
+#define BIG_COUNT (1u << 20)
+#endif
+
 /* What the ranks of one run share: set-up hand-off, and room for results. */
 struct world {
     _Atomic int created; /* 0 not yet, 1 created, -1 failed */
@@ -44,7 +52,9 @@ struct world {
     /* scratch for individual tests */
     _Atomic int flag;
     _Atomic uint64_t stamp_ns[MAX_RANKS];
-    uint64_t hash[MAX_RANKS][4];
+    _Atomic uint64_t hash[MAX_RANKS][4]; /* atomic: thread ranks map the
+                                             segment at other addresses, so
+                                             its ordering is lost on tsan */
     int rc[MAX_RANKS];
 };
 
@@ -332,7 +342,7 @@ static unsigned char data_byte(int r, int j, size_t i)
 
 /* ------------------------------------------------------------------ allreduce matrix */
 
-static const size_t matrix_counts[] = {0, 1, 7, 4099, 1u << 20};
+static const size_t matrix_counts[] = {0, 1, 7, 4099, BIG_COUNT};
 
 struct matrix_arg {
     size_t max_count; /* skip larger counts (thread runs) */
@@ -437,12 +447,12 @@ static int rank_bitwise(struct coll *c, struct world *w, int rank, int n, void *
         }
         if (h1 != h2)
             FAIL(fails, "rank %d: %s result differs between two runs", rank, kolo_dtype_name(t));
-        w->hash[rank][ti] = h1;
+        atomic_store(&w->hash[rank][ti], h1);
         /* everyone published before anyone compares */
         if (c->ops->barrier(c, deadline_ms()) != 0)
             FAIL(fails, "barrier");
         for (int r = 0; r < n; r++)
-            if (w->hash[r][ti] != h1)
+            if (atomic_load(&w->hash[r][ti]) != h1)
                 FAIL(fails, "rank %d and %d disagree on %s bits", rank, r, kolo_dtype_name(t));
         if (c->ops->barrier(c, deadline_ms()) != 0)
             FAIL(fails, "barrier");
@@ -651,7 +661,7 @@ static int rank_back_to_back(struct coll *c, struct world *w, int rank, int n, v
 {
     (void)w, (void)arg;
     int fails = 0;
-    const size_t max = 1u << 20;
+    const size_t max = BIG_COUNT;
     float *buf = malloc(max * sizeof *buf);
     unsigned char *tmp = malloc(1u << 16);
     uint64_t x = 12345;
