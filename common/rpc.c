@@ -503,6 +503,7 @@ struct rpc_client {
     int async_calls;  /* under mtx */
     struct acall *dead; /* finished async calls, freed outside callbacks */
     struct acall *live; /* async calls in flight */
+    nng_aio *sync_aio[64]; /* synchronous calls in flight, for shutdown */
     bool closed;        /* rpc_client_shutdown ran */
 };
 
@@ -592,25 +593,24 @@ void rpc_client_shutdown(struct rpc_client *cli)
     cli->closed = true;
     for (struct acall *a = cli->live; a; a = a->live_next)
         nng_aio_cancel(a->aio);
+    for (int i = 0; i < 64; i++)
+        if (cli->sync_aio[i])
+            nng_aio_cancel(cli->sync_aio[i]);
     while (cli->async_calls > 0)
         nng_cv_wait(cli->idle);
     nng_mtx_unlock(cli->mtx);
-    /* Their contexts must be closed too: nng_close waits for every open
-     * context of the socket. */
     reap_dead(cli);
-    nng_close(cli->sock);
+    /* The socket itself is closed by rpc_client_close, once no thread
+     * uses the client: closing it under a call in flight can hang. */
 }
 
 void rpc_client_close(struct rpc_client *cli)
 {
     if (!cli)
         return;
+    /* End whatever is still in flight first, then close the socket. */
+    rpc_client_shutdown(cli);
     nng_close(cli->sock);
-    nng_mtx_lock(cli->mtx);
-    while (cli->async_calls > 0)
-        nng_cv_wait(cli->idle);
-    nng_mtx_unlock(cli->mtx);
-    reap_dead(cli);
     nng_cv_free(cli->idle);
     nng_mtx_free(cli->mtx);
     free(cli->token);
@@ -712,7 +712,7 @@ static int transport_err(struct rpc_client *cli, int rv, const char *method, int
         return set_err(err, errlen, KOLO_ETIMEDOUT, "%s: no reply from %s within %d ms", method,
                        cli->url, timeout_ms);
     }
-    if (rv == NNG_ECLOSED)
+    if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
         return set_err(err, errlen, KOLO_ECLOSED, "client closed");
     return set_err(err, errlen, KOLO_EIO, "%s: %s", method, nng_strerror(rv));
 }
@@ -744,6 +744,19 @@ int rpc_client_call(struct rpc_client *cli, const char *method, const void *req,
         nng_ctx_close(ctx);
         return set_err(err, errlen, KOLO_ENOMEM, "out of memory");
     }
+    int slot = -1;
+    nng_mtx_lock(cli->mtx);
+    if (cli->closed) {
+        nng_mtx_unlock(cli->mtx);
+        nng_msg_free(m);
+        nng_aio_free(aio);
+        nng_ctx_close(ctx);
+        return set_err(err, errlen, KOLO_ECLOSED, "client closed");
+    }
+    for (int i = 0; i < 64 && slot < 0; i++)
+        if (!cli->sync_aio[i])
+            cli->sync_aio[slot = i] = aio;
+    nng_mtx_unlock(cli->mtx);
     nng_aio_set_timeout(aio, timeout_ms > 0 ? timeout_ms : 1);
     nng_aio_set_msg(aio, m);
     nng_ctx_send(ctx, aio);
@@ -780,6 +793,10 @@ int rpc_client_call(struct rpc_client *cli, const char *method, const void *req,
 out:
     if (m)
         nng_msg_free(m);
+    nng_mtx_lock(cli->mtx);
+    if (slot >= 0)
+        cli->sync_aio[slot] = NULL;
+    nng_mtx_unlock(cli->mtx);
     nng_aio_free(aio);
     nng_ctx_close(ctx);
     return code;

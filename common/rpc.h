@@ -147,7 +147,7 @@ struct rpc_client_config {
 int rpc_client_open(struct rpc_client **cli, const struct rpc_client_config *cfg);
 /* rpc_client_shutdown makes every call in flight, and every later call,
  * fail at once with KOLO_ECLOSED; safe from any thread. The client must
- * still be closed once no thread uses it. */
+ * still be closed (rpc_client_close) once no other thread uses it. */
 void rpc_client_shutdown(struct rpc_client *cli);
 void rpc_client_close(struct rpc_client *cli);
 /* rpc_client_set_identity changes the identity sent with later calls. */
