@@ -99,6 +99,25 @@ static void bench_sizes(kolo_ctx *ctx, int argc, char **argv)
         double *t = malloc(sizeof(double) * (size_t)iters);
         char name[64];
         snprintf(name, sizeof(name), "bench.%zu", bytes);
+        /* One checked allreduce first: every element must be the exact sum
+         * of the ranks' (rank + 1). */
+        int rank = kolo_rank(ctx), n = kolo_size(ctx);
+        for (size_t i = 0; i < count; i++)
+            buf[i] = (float)(rank + 1);
+        kolo_handle hc;
+        check(ctx, kolo_allreduce_async(ctx, name, buf, buf, count, KOLO_FLOAT32, KOLO_SUM, &hc),
+              "allreduce");
+        check(ctx, kolo_wait(ctx, hc, 120000), "allreduce");
+        size_t wrong = 0;
+        for (size_t i = 0; i < count; i++)
+            wrong += buf[i] != (float)(n * (n + 1) / 2);
+        if (wrong) {
+            fprintf(stderr, "rank %d: %zu of %zu elements wrong at %zu bytes\n", rank, wrong,
+                    count, bytes);
+            exit(1);
+        }
+        for (size_t i = 0; i < count; i++)
+            buf[i] = 1.0f;
         for (int i = -warm; i < iters; i++) {
             barrier(ctx);
             kolo_handle h;
