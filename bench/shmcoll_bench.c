@@ -219,8 +219,8 @@ static int parse_list(const char *s, size_t *out, int max)
 
 int main(int argc, char **argv)
 {
-    size_t ranks[8] = {2, 4}, sizes[16] = {4,        4096,      65536,    1u << 20,
-                                           16u << 20, 64u << 20, 256u << 20};
+    size_t ranks[8] = {2, 4},
+           sizes[16] = {4, 4096, 65536, 1u << 20, 16u << 20, 64u << 20, 256u << 20};
     int nranks = 2, nsizes = 7;
     double mult = 1;
     int opt, mpi = 0;

@@ -28,9 +28,9 @@
 #include "test.h"
 #include "util.h"
 
-#define MAX_RANKS 8
-#define PERIOD    251
-#define OP_MS     30000 /* per-operation deadline in the tests */
+#define MAX_RANKS   8
+#define PERIOD      251
+#define OP_MS       30000 /* per-operation deadline in the tests */
 #define NAME_PREFIX "kolo-test-shmcoll-"
 
 /* Sanitizer builds run 5-20 times slower: there the largest counts
@@ -267,26 +267,49 @@ static int64_t input_value(int r, size_t p, kolo_op op, kolo_dtype t)
 static void put(kolo_dtype t, void *dst, int64_t v)
 {
     switch (t) {
-    case KOLO_UINT8: *(uint8_t *)dst = (uint8_t)v; break;
-    case KOLO_INT8: *(int8_t *)dst = (int8_t)(uint8_t)v; break;
-    case KOLO_INT16: *(int16_t *)dst = (int16_t)(uint16_t)v; break;
-    case KOLO_INT32: *(int32_t *)dst = (int32_t)(uint32_t)v; break;
-    case KOLO_INT64: *(int64_t *)dst = v; break;
-    case KOLO_FLOAT16: *(uint16_t *)dst = f32_to_f16((float)v); break;
-    case KOLO_BFLOAT16: *(uint16_t *)dst = f32_to_bf16((float)v); break;
-    case KOLO_FLOAT32: *(float *)dst = (float)v; break;
-    case KOLO_FLOAT64: *(double *)dst = (double)v; break;
-    default: break;
+    case KOLO_UINT8:
+        *(uint8_t *)dst = (uint8_t)v;
+        break;
+    case KOLO_INT8:
+        *(int8_t *)dst = (int8_t)(uint8_t)v;
+        break;
+    case KOLO_INT16:
+        *(int16_t *)dst = (int16_t)(uint16_t)v;
+        break;
+    case KOLO_INT32:
+        *(int32_t *)dst = (int32_t)(uint32_t)v;
+        break;
+    case KOLO_INT64:
+        *(int64_t *)dst = v;
+        break;
+    case KOLO_FLOAT16:
+        *(uint16_t *)dst = f32_to_f16((float)v);
+        break;
+    case KOLO_BFLOAT16:
+        *(uint16_t *)dst = f32_to_bf16((float)v);
+        break;
+    case KOLO_FLOAT32:
+        *(float *)dst = (float)v;
+        break;
+    case KOLO_FLOAT64:
+        *(double *)dst = (double)v;
+        break;
+    default:
+        break;
     }
 }
 
 static int64_t fold(kolo_op op, int64_t acc, int64_t v)
 {
     switch (op) {
-    case KOLO_MIN: return v < acc ? v : acc;
-    case KOLO_MAX: return v > acc ? v : acc;
-    case KOLO_PRODUCT: return acc * v;
-    default: return acc + v; /* SUM, AVERAGE */
+    case KOLO_MIN:
+        return v < acc ? v : acc;
+    case KOLO_MAX:
+        return v > acc ? v : acc;
+    case KOLO_PRODUCT:
+        return acc * v;
+    default:
+        return acc + v; /* SUM, AVERAGE */
     }
 }
 
@@ -367,8 +390,8 @@ static int rank_allreduce_matrix(struct coll *c, struct world *w, int rank, int 
                 fill_periodic(in, per_in, count, es);
                 /* every other combination in place */
                 unsigned char *dst = combo & 1 ? in : out;
-                int rc = c->ops->allreduce(c, (kolo_dtype)t, (kolo_op)op, in, dst, count,
-                                           deadline_ms());
+                int rc =
+                    c->ops->allreduce(c, (kolo_dtype)t, (kolo_op)op, in, dst, count, deadline_ms());
                 if (rc) {
                     FAIL(fails, "rank %d/%d allreduce %s op %d count %zu: %s (%s)", rank, n,
                          kolo_dtype_name((kolo_dtype)t), op, count, kolo_errname(rc), c->why);
@@ -376,8 +399,8 @@ static int rank_allreduce_matrix(struct coll *c, struct world *w, int rank, int 
                 }
                 size_t bad = check_periodic(dst, per_want, count, es);
                 if (bad != count)
-                    FAIL(fails, "rank %d/%d allreduce %s op %d count %zu: element %zu wrong",
-                         rank, n, kolo_dtype_name((kolo_dtype)t), op, count, bad);
+                    FAIL(fails, "rank %d/%d allreduce %s op %d count %zu: element %zu wrong", rank,
+                         n, kolo_dtype_name((kolo_dtype)t), op, count, bad);
             }
         }
     }
@@ -536,8 +559,8 @@ static int rank_gather_a2a(struct coll *c, struct world *w, int rank, int n, voi
         for (int j = 0; j < n; j++) {
             for (size_t i = 0; i < recv[j]; i++)
                 if (out[off + i] != data_byte(j, rank, i)) {
-                    FAIL(fails, "rank %d alltoallv round %d: byte %zu from rank %d", rank, round,
-                         i, j);
+                    FAIL(fails, "rank %d alltoallv round %d: byte %zu from rank %d", rank, round, i,
+                         j);
                     break;
                 }
             off += recv[j];
@@ -614,8 +637,8 @@ static int rank_rs_bcast(struct coll *c, struct world *w, int rank, int n, void 
         }
         for (size_t i = 0; i < counts[rank]; i++)
             if (memcmp(out + i * es, per_want + ((seg + i) % PERIOD) * es, es) != 0) {
-                FAIL(fails, "rank %d/%d reducescatter %s: element %zu", rank, n,
-                     kolo_dtype_name(t), i);
+                FAIL(fails, "rank %d/%d reducescatter %s: element %zu", rank, n, kolo_dtype_name(t),
+                     i);
                 break;
             }
     }
@@ -632,8 +655,8 @@ static int rank_rs_bcast(struct coll *c, struct world *w, int rank, int n, void 
             }
             for (size_t i = 0; i < bytes; i++)
                 if (in[i] != data_byte(root, (int)b, i)) {
-                    FAIL(fails, "rank %d broadcast from %d, %zu bytes: byte %zu", rank, root,
-                         bytes, i);
+                    FAIL(fails, "rank %d broadcast from %d, %zu bytes: byte %zu", rank, root, bytes,
+                         i);
                     break;
                 }
         }
