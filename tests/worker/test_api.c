@@ -426,7 +426,10 @@ int main(int argc, char **argv)
     REQUIRE(mkdtemp(dir));
     snprintf(db, sizeof(db), "%s/c.db", dir);
     char err[512];
-    struct coord_config cfg = {.listen = "tcp://127.0.0.1:0", .db_path = db};
+    /* The fake hosts never heartbeat: a lease longer than the test keeps
+     * their jobs running however slow the build (sanitizers) is. */
+    struct coord_config cfg = {
+        .listen = "tcp://127.0.0.1:0", .db_path = db, .lease_ms = 3600000, .heartbeat_ms = 1000};
     REQUIRE(coord_start(&coord, &cfg, err, sizeof(err)) == 0);
     int sizes[] = {1, 2, 3, 5};
     const char *only = getenv("KOLO_TEST_TRANSPORT"); /* "shm" or "tcp" to run one */
