@@ -111,6 +111,7 @@ struct negot {
     bool *rank_joined;
     int njoined, last_joined;
     bool shut;
+    uint32_t calls_since_trim;
     /* cache */
     char **cache_name;           /* [id] */
     struct treq **cache_tmpl;    /* [id] */
@@ -997,6 +998,7 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
         rpc_call_error(call, KOLO_EPROTO, "malformed NegotiateRequest");
         return;
     }
+    uint64_t log_end_before = n->log_base + n->log_len;
     if (n->parked[rank]) {
         /* The worker has something new; its older call ends now. */
         struct rpc_call *old = n->parked[rank];
@@ -1073,14 +1075,21 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
         rpc_call_error(call, KOLO_EPROTO, "rank %d: %s", rank, bad);
         return;
     }
-    negot_wake(n);
-    if (n->cursor[rank] < n->log_base + n->log_len || wait == 0) {
+    /* Waking and trimming scan every rank: do it only when the log grew
+     * (and trim now and then), or a step would cost O(ranks^2). */
+    uint64_t log_end = n->log_base + n->log_len;
+    if (log_end != log_end_before)
+        negot_wake(n);
+    if (n->cursor[rank] < log_end || wait == 0) {
         negot_answer(n, call, n->cursor[rank]);
     } else {
         n->parked[rank] = call;
         n->parked_deadline[rank] = now_mono_ms() + wait;
     }
-    log_trim(n);
+    if (++n->calls_since_trim >= 64 || n->log_len >= 4096) {
+        n->calls_since_trim = 0;
+        log_trim(n);
+    }
 }
 
 void coord_rpc_worker(struct coord *c, struct rpc_call *call, enum coord_method m)
