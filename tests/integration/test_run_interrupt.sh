@@ -29,6 +29,6 @@ rc=$?
 set -e
 [ $rc -eq 130 ] || fail "kolo run exited $rc after SIGINT, want 130"
 [ "$(count_marked)" -eq 0 ] || fail "$(count_marked) worker(s) left behind"
-pgrep -f "kolo run -np 3" >/dev/null && fail "kolo run still running"
+kill -0 "$RUN_PID" 2>/dev/null && fail "kolo run still running"
 grep -q "stopping job" "$WORK/int.err" || fail "no stop message"
 echo PASS
