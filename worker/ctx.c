@@ -644,7 +644,9 @@ static void send_leave(struct kolo_ctx *c, const char *reason)
 {
     Kolo__NegotiateRequest req = KOLO__NEGOTIATE_REQUEST__INIT;
     char err[256];
+    pthread_mutex_lock(&c->mu); /* a late negotiation reply may still land */
     req.cursor = c->cursor;
+    pthread_mutex_unlock(&c->mu);
     req.shutdown = 1;
     req.reason = (char *)reason;
     size_t len = kolo__negotiate_request__get_packed_size(&req);
