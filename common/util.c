@@ -347,3 +347,11 @@ char *str_copy(char *dst, const char *src, size_t size)
     dst[n] = '\0';
     return dst;
 }
+
+uint64_t str_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}

@@ -25,6 +25,8 @@ int read_token_file(const char *path, char **token, char *err, size_t errlen);
 int addr_is_loopback(const char *addr);
 /* mkdir_p creates a directory and its parents (mode 0700 for new ones). */
 int mkdir_p(const char *path);
+/* str_hash: FNV-1a of a NUL-terminated string, for hash tables. */
+uint64_t str_hash(const char *s);
 /* str_copy copies with truncation, always NUL-terminates; returns dst. */
 char *str_copy(char *dst, const char *src, size_t size);
 

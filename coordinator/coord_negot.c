@@ -133,14 +133,6 @@ static const char *dtype_names[] = {"HOROVOD_UINT8",   "HOROVOD_INT8",     "HORO
 static const size_t dtype_sizes[] = {1, 1, 2, 4, 8, 2, 2, 4, 8};
 static const char *op_names[] = {"SUM", "AVERAGE", "MIN", "MAX", "PRODUCT"};
 
-static uint64_t hash_name(const char *s)
-{
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
 /* ---------------------------------------------------------------- memory */
 
 static void treq_free(struct treq *t)
@@ -209,7 +201,7 @@ static void entry_free(struct negot *n, struct entry *e)
 
 static void negot_unlink(struct negot *n, struct entry *e)
 {
-    struct entry **pp = &n->buckets[hash_name(e->name) % NEGOT_BUCKETS];
+    struct entry **pp = &n->buckets[str_hash(e->name) % NEGOT_BUCKETS];
     while (*pp && *pp != e)
         pp = &(*pp)->hnext;
     if (*pp)
@@ -228,7 +220,7 @@ static void negot_unlink(struct negot *n, struct entry *e)
 
 static struct entry *negot_find(struct negot *n, const char *name)
 {
-    for (struct entry *e = n->buckets[hash_name(name) % NEGOT_BUCKETS]; e; e = e->hnext)
+    for (struct entry *e = n->buckets[str_hash(name) % NEGOT_BUCKETS]; e; e = e->hnext)
         if (strcmp(e->name, name) == 0)
             return e;
     return NULL;
@@ -250,7 +242,7 @@ static struct entry *negot_add(struct negot *n, const char *name)
         return NULL;
     }
     e->first_mono = now_mono_ms();
-    uint64_t b = hash_name(name) % NEGOT_BUCKETS;
+    uint64_t b = str_hash(name) % NEGOT_BUCKETS;
     e->hnext = n->buckets[b];
     n->buckets[b] = e;
     e->prev = n->tail;
@@ -264,7 +256,7 @@ static struct entry *negot_add(struct negot *n, const char *name)
 
 static uint32_t cache_lookup(struct negot *n, const char *name)
 {
-    for (struct cname *c = n->cbuckets[hash_name(name) % NEGOT_BUCKETS]; c; c = c->next)
+    for (struct cname *c = n->cbuckets[str_hash(name) % NEGOT_BUCKETS]; c; c = c->next)
         if (strcmp(c->name, name) == 0)
             return c->id;
     return 0;
@@ -729,7 +721,7 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
                     if (cn && (cn->name = strdup(f->name)) != NULL) {
                         id = n->ncache++;
                         cn->id = id;
-                        uint64_t hb = hash_name(f->name) % NEGOT_BUCKETS;
+                        uint64_t hb = str_hash(f->name) % NEGOT_BUCKETS;
                         cn->next = n->cbuckets[hb];
                         n->cbuckets[hb] = cn;
                         n->cache_name[id] = strdup(f->name);

@@ -17,14 +17,6 @@
 #include "errors.h"
 #include "util.h"
 
-static uint64_t hash_str(const char *s)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
 /* ---------------------------------------------------------------- handles */
 
 static int slot_alloc(struct kolo_ctx *c, struct op *op)
@@ -92,7 +84,7 @@ static void slot_release(struct kolo_ctx *c, struct op *op)
 
 struct op *ops_by_name(struct kolo_ctx *c, const char *name)
 {
-    for (struct op *o = c->names[hash_str(name) % NAME_BUCKETS]; o; o = o->name_next)
+    for (struct op *o = c->names[str_hash(name) % NAME_BUCKETS]; o; o = o->name_next)
         if (strcmp(o->name, name) == 0)
             return o;
     return NULL;
@@ -100,14 +92,14 @@ struct op *ops_by_name(struct kolo_ctx *c, const char *name)
 
 static void name_add(struct kolo_ctx *c, struct op *op)
 {
-    uint64_t b = hash_str(op->name) % NAME_BUCKETS;
+    uint64_t b = str_hash(op->name) % NAME_BUCKETS;
     op->name_next = c->names[b];
     c->names[b] = op;
 }
 
 static void name_remove(struct kolo_ctx *c, struct op *op)
 {
-    struct op **pp = &c->names[hash_str(op->name) % NAME_BUCKETS];
+    struct op **pp = &c->names[str_hash(op->name) % NAME_BUCKETS];
     while (*pp && *pp != op)
         pp = &(*pp)->name_next;
     if (*pp)
@@ -176,7 +168,7 @@ static bool sig_matches(const struct cache_sig *s, const struct op *op)
 
 uint32_t ops_cache_lookup(struct kolo_ctx *c, const struct op *op)
 {
-    for (struct cache_sig *s = c->cache[hash_str(op->name) % NAME_BUCKETS]; s; s = s->next)
+    for (struct cache_sig *s = c->cache[str_hash(op->name) % NAME_BUCKETS]; s; s = s->next)
         if (strcmp(s->name, op->name) == 0)
             return sig_matches(s, op) ? s->id : 0;
     return 0;
@@ -184,7 +176,7 @@ uint32_t ops_cache_lookup(struct kolo_ctx *c, const struct op *op)
 
 void ops_cache_put(struct kolo_ctx *c, const struct op *op, uint32_t id)
 {
-    uint64_t b = hash_str(op->name) % NAME_BUCKETS;
+    uint64_t b = str_hash(op->name) % NAME_BUCKETS;
     struct cache_sig *s;
     for (s = c->cache[b]; s; s = s->next)
         if (strcmp(s->name, op->name) == 0)
