@@ -1,0 +1,383 @@
+"""The engine under every frontend (kolo, kolo.torch).
+
+One libkolo context per process, created by init() from the environment
+that `kolo run` (or a kolo agent) gives each worker. A program started
+without kolo runs alone, as rank 0 of 1, as Horovod does: every collective
+of one rank is computed here, locally.
+
+Frontends describe an operation as a list of Req (raw addresses, a dtype
+code, a shape) plus a `finish(results)` callback that builds the output
+once the operation completed; the engine hands back a Horovod-style integer
+handle for poll() and synchronize().
+"""
+import atexit
+import ctypes
+import os
+import threading
+import warnings
+
+from . import _lib
+from .exceptions import HorovodInternalError
+
+# kolo_coll
+ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER, BARRIER, JOIN = range(7)
+COLL_NAMES = ["allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join"]
+
+# kolo_dtype
+UINT8, INT8, INT16, INT32, INT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64 = range(9)
+DTYPE_SIZE = [1, 1, 2, 4, 8, 2, 2, 4, 8]
+FLOATING = (FLOAT16, BFLOAT16, FLOAT32, FLOAT64)
+
+# kolo_op
+K_SUM, K_AVERAGE, K_MIN, K_MAX, K_PRODUCT = range(5)
+
+# Horovod's reduce-op values (horovod/common/basics: Average=0, Sum=1, ...)
+Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+_KOLO_OP = {Average: K_AVERAGE, Sum: K_SUM, Min: K_MIN, Max: K_MAX, Product: K_PRODUCT}
+
+# error codes used here (include/kolo.h)
+E_INVAL, E_TIMEDOUT, E_NOTFOUND, E_EXIST, E_NOTSUP = 1, 3, 10, 11, 21
+
+WAIT_SLICE_MS = 200  # waits are sliced so that Ctrl-C reaches Python
+
+
+def resolve_op(op, average, default=Average):
+    """Horovod's reading of (op, average): `average` is the deprecated form."""
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed",
+                      DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    if op is None:
+        return default
+    if op == Adasum:
+        raise NotImplementedError("kolo does not implement Adasum; use op=Average or op=Sum")
+    if op not in _KOLO_OP:
+        raise ValueError("Unknown reduction op %r: use Average, Sum, Min, Max or Product" % (op,))
+    return op
+
+
+def kolo_op(op):
+    return _KOLO_OP[op]
+
+
+class Req:
+    """One collective operation, described by addresses (see kolo_request)."""
+
+    __slots__ = ("coll", "name", "send", "recv", "dtype", "shape", "op", "prescale",
+                 "postscale", "root", "splits", "device")
+
+    def __init__(self, coll, name=None, send=0, recv=0, dtype=UINT8, shape=(), op=K_SUM,
+                 prescale=1.0, postscale=1.0, root=0, splits=None, device=-1):
+        self.coll = coll
+        self.name = name
+        self.send = send
+        self.recv = recv
+        self.dtype = dtype
+        self.shape = tuple(int(d) for d in shape)
+        self.op = op
+        self.prescale = float(prescale)
+        self.postscale = float(postscale)
+        self.root = int(root)
+        self.splits = None if splits is None else [int(s) for s in splits]
+        self.device = device
+
+    def count(self):
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+class Result:
+    """The output of one finished request: rows of the first dimension,
+    received splits (alltoall), value (join) and the bytes, copied out with
+    copy_to(address) while the engine still holds them."""
+
+    __slots__ = ("rows", "recv_splits", "value", "nbytes", "_ptr")
+
+    def __init__(self, rows=0, recv_splits=None, value=0, nbytes=0, ptr=None):
+        self.rows = rows
+        self.recv_splits = recv_splits
+        self.value = value
+        self.nbytes = nbytes
+        self._ptr = ptr
+
+    def copy_to(self, address):
+        if self.nbytes:
+            ctypes.memmove(address, self._ptr, self.nbytes)
+
+
+class _Pending:
+    __slots__ = ("handles", "reqs", "keep", "finish", "output", "error", "done")
+
+    def __init__(self, handles, reqs, keep, finish):
+        self.handles = handles
+        self.reqs = reqs
+        self.keep = keep
+        self.finish = finish
+        self.output = None
+        self.error = None
+        self.done = False
+
+
+def _not_initialized():
+    return ValueError("kolo has not been initialized; use hvd.init().")
+
+
+class Engine:
+    def __init__(self):
+        self._lock = threading.RLock()
+        self._lib = None
+        self._ctx = None
+        self._solo = False
+        self._pending = {}
+        self._next = 1
+        self._topo = None
+        self._atexit = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    def initialized(self):
+        return self._topo is not None
+
+    def init(self):
+        with self._lock:
+            if self._topo is not None:
+                return
+            if not os.environ.get("KOLO_COORDINATOR"):
+                size = int(os.environ.get("KOLO_SIZE") or os.environ.get("HOROVOD_SIZE") or 1)
+                if size > 1:
+                    raise ValueError("kolo: this process was not started by kolo (KOLO_COORDINATOR "
+                                     "is not set) but a size of %d was asked for; launch it with "
+                                     "`kolo run -np %d ...`" % (size, size))
+                self._solo = True
+                self._topo = (0, 1, 0, 1, 0, 1)
+            else:
+                lib = _lib.load()
+                ctx = ctypes.c_void_p()
+                rc = lib.kolo_init(ctypes.byref(ctx), None)
+                if rc:
+                    raise HorovodInternalError(
+                        "kolo: init failed: %s (%s); set KOLO_LOG_LEVEL=info for details"
+                        % (lib.kolo_strerror(rc).decode(), lib.kolo_errname(rc).decode()))
+                self._lib, self._ctx, self._solo = lib, ctx, False
+                self._topo = (lib.kolo_rank(ctx), lib.kolo_size(ctx), lib.kolo_local_rank(ctx),
+                              lib.kolo_local_size(ctx), lib.kolo_cross_rank(ctx),
+                              lib.kolo_cross_size(ctx))
+            self._pending = {}
+            self._next = 1
+            if not self._atexit:
+                atexit.register(self.shutdown)
+                self._atexit = True
+
+    def shutdown(self):
+        with self._lock:
+            if self._topo is None:
+                return
+            ctx, lib = self._ctx, self._lib
+            self._ctx = None
+            self._topo = None
+            self._pending = {}
+            self._next = 1
+        if ctx is not None:
+            lib.kolo_fini(ctx)
+
+    def topology(self):
+        t = self._topo
+        if t is None:
+            raise _not_initialized()
+        return t
+
+    def solo(self):
+        return self._solo
+
+    # ------------------------------------------------------------ operations
+
+    def submit(self, reqs, keep, finish):
+        """Enqueues reqs as one operation (a group when several) and returns
+        its handle; `finish(results)` builds the output when it completes."""
+        with self._lock:
+            if self._topo is None:
+                raise _not_initialized()
+            if self._solo:
+                handles = None
+                p = _Pending(None, reqs, keep, finish)
+                try:
+                    p.output = finish([_solo_run(r) for r in reqs])
+                except HorovodInternalError as e:
+                    p.error = e
+                p.done = True
+                p.keep = None
+            else:
+                handles = self._submit_native(reqs)
+                p = _Pending(handles, reqs, keep, finish)
+            h = self._next
+            self._next += 1
+            self._pending[h] = p
+            return h
+
+    def _submit_native(self, reqs):
+        n = len(reqs)
+        arr = (_lib.Request * n)()
+        hold = []
+        for i, r in enumerate(reqs):
+            c = arr[i]
+            c.coll = r.coll
+            c.name = r.name.encode() if r.name else None
+            c.sendbuf = r.send or None
+            c.recvbuf = r.recv or None
+            c.dtype = r.dtype
+            c.ndim = len(r.shape)
+            shape = (ctypes.c_int64 * max(1, len(r.shape)))(*r.shape)
+            hold.append(shape)
+            c.shape = shape
+            c.op = r.op
+            c.prescale = r.prescale
+            c.postscale = r.postscale
+            c.root = r.root
+            if r.splits is not None:
+                sp = (ctypes.c_int32 * max(1, len(r.splits)))(*r.splits)
+                hold.append(sp)
+                c.splits = sp
+                c.nsplits = len(r.splits)
+            c.device = r.device
+        out = (ctypes.c_int64 * n)()
+        rc = self._lib.kolo_submit(self._ctx, arr, n, out)
+        if rc:
+            msg = self._error_text(rc)
+            if rc in (E_INVAL, E_EXIST, E_NOTSUP):
+                raise ValueError(msg)
+            raise HorovodInternalError(msg)
+        return list(out)
+
+    def _error_text(self, rc):
+        detail = self._lib.kolo_last_error(self._ctx) if self._ctx else None
+        detail = detail.decode(errors="replace") if detail else ""
+        return detail or "%s (%s)" % (self._lib.kolo_strerror(rc).decode(),
+                                      self._lib.kolo_errname(rc).decode())
+
+    def poll(self, handle):
+        with self._lock:
+            p = self._pending.get(handle)
+        if p is None:
+            raise ValueError("unknown handle %r" % (handle,))
+        if p.done or p.handles is None:
+            return True
+        done = ctypes.c_int(0)
+        for h in p.handles:
+            rc = self._lib.kolo_poll(self._ctx, h, ctypes.byref(done))
+            if rc == 0 and not done.value:
+                return False
+        return True
+
+    def synchronize(self, handle):
+        """Waits for the operation and returns its output (None for an
+        unknown handle, as Horovod); raises HorovodInternalError if it
+        failed."""
+        with self._lock:
+            p = self._pending.get(handle)
+        if p is None:
+            return None
+        try:
+            if not p.done:
+                self._wait_native(p)
+        finally:
+            with self._lock:
+                self._pending.pop(handle, None)
+        if p.error is not None:
+            raise p.error
+        return p.output
+
+    def _wait_native(self, p):
+        lib, ctx = self._lib, self._ctx
+        first_error = None
+        results = []
+        for h, r in zip(p.handles, p.reqs):
+            while True:
+                rc = lib.kolo_wait(ctx, h, WAIT_SLICE_MS)
+                if rc != E_TIMEDOUT:
+                    break
+            if rc:
+                if first_error is None:
+                    first_error = self._error_text(rc)
+                results.append(None)
+                continue
+            if r.coll in (ALLGATHER, ALLTOALL, JOIN):
+                results.append(self._take_result(h, r))
+            else:
+                results.append(Result())
+        try:
+            if first_error is None:
+                p.output = p.finish(results)
+        finally:
+            for h, r, res in zip(p.handles, p.reqs, results):
+                if res is not None and r.coll in (ALLGATHER, ALLTOALL, JOIN):
+                    lib.kolo_release(ctx, h)
+            p.done = True
+            p.keep = None
+        if first_error is not None:
+            p.error = HorovodInternalError(first_error)
+
+    def _take_result(self, h, r):
+        data = ctypes.c_void_p()
+        nbytes = ctypes.c_size_t()
+        rows = ctypes.c_int64()
+        splits = ctypes.POINTER(ctypes.c_int32)()
+        value = ctypes.c_int64()
+        rc = self._lib.kolo_result(self._ctx, h, ctypes.byref(data), ctypes.byref(nbytes),
+                                   ctypes.byref(rows), ctypes.byref(splits), ctypes.byref(value))
+        if rc:
+            raise HorovodInternalError(self._error_text(rc))
+        recv = None
+        if r.coll == ALLTOALL and splits:
+            recv = [splits[i] for i in range(self._topo[1])]
+        return Result(rows.value, recv, value.value, nbytes.value, data.value)
+
+
+# ---------------------------------------------------------------- one rank
+
+def _np_dtype(dtype):
+    import numpy as np
+    return [np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, None, np.float32,
+            np.float64][dtype]
+
+
+def _scale(address, count, dtype, factor):
+    """buf *= factor in place, as libkolo scales (integers truncate)."""
+    if factor == 1.0 or count == 0:
+        return
+    import numpy as np
+    raw = (ctypes.c_char * (count * DTYPE_SIZE[dtype])).from_address(address)
+    if dtype == BFLOAT16:
+        u = np.frombuffer(raw, dtype=np.uint16)
+        f = (u.astype(np.uint32) << 16).view(np.float32) * np.float32(factor)
+        bits = f.astype(np.float32).view(np.uint32)
+        bits = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16
+        u[:] = bits.astype(np.uint16)
+        return
+    a = np.frombuffer(raw, dtype=_np_dtype(dtype))
+    if dtype in FLOATING:
+        a[:] = (a.astype(np.float64) * factor).astype(a.dtype)
+    else:
+        a[:] = np.trunc(a.astype(np.float64) * factor).astype(a.dtype)
+
+
+def _solo_run(r):
+    """Runs one request of a one-rank job."""
+    n = r.count()
+    nbytes = n * DTYPE_SIZE[r.dtype]
+    if r.coll in (ALLREDUCE, REDUCESCATTER, BROADCAST):
+        if nbytes and r.recv and r.send and r.recv != r.send:
+            ctypes.memmove(r.recv, r.send, nbytes)
+        if r.coll != BROADCAST:
+            _scale(r.recv, n, r.dtype, r.prescale * r.postscale)
+        return Result(rows=r.shape[0] if r.shape else 1)
+    if r.coll == ALLGATHER:
+        return Result(rows=r.shape[0], nbytes=nbytes, ptr=r.send)
+    if r.coll == ALLTOALL:
+        rows = r.splits[0] if r.splits is not None else r.shape[0]
+        row_bytes = (nbytes // r.shape[0]) if r.shape[0] else 0
+        return Result(rows=rows, recv_splits=[rows], nbytes=rows * row_bytes, ptr=r.send)
+    return Result(value=0)  # barrier; join: this rank was the last to join

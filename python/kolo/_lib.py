@@ -1,0 +1,111 @@
+"""Loading libkolo and describing its C API to ctypes.
+
+The library is found, in this order: $KOLO_LIBRARY; libkolo.so next to this
+package (an installed copy); the build tree this package sits in
+(<repo>/build/lib, or $KOLO_BUILD_DIR/lib); the system's library path.
+"""
+import ctypes
+import ctypes.util
+import os
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _candidates():
+    env = os.environ.get("KOLO_LIBRARY")
+    if env:
+        return [env]
+    repo = os.path.dirname(os.path.dirname(_HERE))
+    paths = [os.path.join(_HERE, "libkolo.so")]
+    build = os.environ.get("KOLO_BUILD_DIR")
+    if build:
+        paths.append(os.path.join(build, "lib", "libkolo.so"))
+    paths.append(os.path.join(repo, "build", "lib", "libkolo.so"))
+    found = ctypes.util.find_library("kolo")
+    if found:
+        paths.append(found)
+    return paths
+
+
+class Request(ctypes.Structure):
+    """struct kolo_request (include/kolo.h)."""
+
+    _fields_ = [
+        ("coll", ctypes.c_int),
+        ("name", ctypes.c_char_p),
+        ("sendbuf", ctypes.c_void_p),
+        ("recvbuf", ctypes.c_void_p),
+        ("dtype", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("op", ctypes.c_int),
+        ("prescale", ctypes.c_double),
+        ("postscale", ctypes.c_double),
+        ("root", ctypes.c_int),
+        ("splits", ctypes.POINTER(ctypes.c_int32)),
+        ("nsplits", ctypes.c_int),
+        ("device", ctypes.c_int),
+    ]
+
+
+def _declare(lib):
+    c_int, c_void_p, c_char_p = ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p
+    ctx = c_void_p
+    sig = {
+        "kolo_init": (c_int, [ctypes.POINTER(c_void_p), c_void_p]),
+        "kolo_fini": (c_int, [ctx]),
+        "kolo_abort": (c_int, [ctx, c_char_p]),
+        "kolo_rank": (c_int, [ctx]),
+        "kolo_size": (c_int, [ctx]),
+        "kolo_local_rank": (c_int, [ctx]),
+        "kolo_local_size": (c_int, [ctx]),
+        "kolo_cross_rank": (c_int, [ctx]),
+        "kolo_cross_size": (c_int, [ctx]),
+        "kolo_last_error": (c_char_p, [ctx]),
+        "kolo_errname": (c_char_p, [c_int]),
+        "kolo_strerror": (c_char_p, [c_int]),
+        "kolo_submit": (c_int, [ctx, ctypes.POINTER(Request), c_int, ctypes.POINTER(ctypes.c_int64)]),
+        "kolo_poll": (c_int, [ctx, ctypes.c_int64, ctypes.POINTER(c_int)]),
+        "kolo_wait": (c_int, [ctx, ctypes.c_int64, c_int]),
+        "kolo_result": (c_int, [ctx, ctypes.c_int64, ctypes.POINTER(c_void_p),
+                                ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_int64),
+                                ctypes.POINTER(ctypes.POINTER(ctypes.c_int32)),
+                                ctypes.POINTER(ctypes.c_int64)]),
+        "kolo_release": (c_int, [ctx, ctypes.c_int64]),
+    }
+    for name, (res, args) in sig.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+    return lib
+
+
+_lib = None
+_lib_path = None
+
+
+def load():
+    """Returns the loaded libkolo (ctypes.CDLL; calls release the GIL)."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    tried = []
+    for path in _candidates():
+        if os.sep in path and not os.path.exists(path):
+            tried.append(path + " (missing)")
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            tried.append("%s (%s)" % (path, e))
+            continue
+        _lib = _declare(lib)
+        _lib_path = path
+        return _lib
+    raise ImportError("kolo: cannot load libkolo.so; build it (scripts/build.sh) or set "
+                      "KOLO_LIBRARY=/path/to/libkolo.so. Tried: " + "; ".join(tried))
+
+
+def path():
+    """The file libkolo was loaded from (None before the first load)."""
+    return _lib_path

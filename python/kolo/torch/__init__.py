@@ -1,0 +1,87 @@
+"""kolo.torch: Horovod's `horovod.torch` API on kolo.
+
+    import kolo.torch as hvd      # instead of: import horovod.torch as hvd
+    hvd.init()
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+Run with `kolo run -np 4 -- python3 train.py` (horovodrun's flags work).
+docs/python.md lists every function and its status.
+"""
+import kolo as _kolo
+from kolo import (init, shutdown, is_initialized, size, rank, local_size, local_rank,  # noqa
+                  cross_size, cross_rank, is_homogeneous)
+from kolo.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
+
+from .compression import Compression  # noqa: F401
+from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,  # noqa
+                        broadcast_parameters)
+from .mpi_ops import (Average, Sum, Adasum, Min, Max, Product,  # noqa: F401
+                      ProcessSet, global_process_set, add_process_set, remove_process_set,
+                      allreduce, allreduce_, allreduce_async, allreduce_async_,
+                      grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+                      grouped_allreduce_async_,
+                      allgather, allgather_async, grouped_allgather, grouped_allgather_async,
+                      broadcast, broadcast_, broadcast_async, broadcast_async_,
+                      alltoall, alltoall_async,
+                      reducescatter, reducescatter_async, grouped_reducescatter,
+                      grouped_reducescatter_async,
+                      poll, synchronize, join, barrier)
+from .optimizer import DistributedOptimizer  # noqa: F401
+
+__version__ = _kolo.__version__
+
+
+# ---------------------------------------------------------------- build information
+# kolo's CPU collectives are its own (TCP and shared-memory rings), never MPI
+# or Gloo; the GPU (NCCL) backend is not part of this build yet.
+
+def mpi_built(verbose=False):
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def mpi_threads_supported():
+    return False
+
+
+def gloo_built(verbose=False):
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def nccl_built(verbose=False):
+    """The NCCL version kolo was built against (0: none)."""
+    return 0
+
+
+def cuda_built(verbose=False):
+    return False
+
+
+def rocm_built(verbose=False):
+    return False
+
+
+def ddl_built(verbose=False):
+    return False
+
+
+def ccl_built(verbose=False):
+    return False
+
+
+def start_timeline(file_path, mark_cycles=False):
+    raise NotImplementedError("kolo writes the timeline from the coordinator; pass "
+                              "--timeline-filename to kolo run")
+
+
+def stop_timeline():
+    raise NotImplementedError("kolo writes the timeline from the coordinator; pass "
+                              "--timeline-filename to kolo run")

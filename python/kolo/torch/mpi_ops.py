@@ -1,0 +1,443 @@
+"""Collectives on torch tensors with Horovod's signatures and semantics
+(horovod/torch/mpi_ops.py): asynchronous forms return an integer handle
+for poll()/synchronize(); the synchronous forms support autograd; names
+ending in `_` work in place."""
+import torch
+
+import kolo as _kolo
+from .. import _engine as E
+from .._engine import Average, Sum, Adasum, Min, Max, Product  # noqa: F401
+from .compression import Compression
+
+_DTYPES = {
+    torch.uint8: E.UINT8,
+    torch.int8: E.INT8,
+    torch.int16: E.INT16,
+    torch.int32: E.INT32,
+    torch.int64: E.INT64,
+    torch.float16: E.FLOAT16,
+    torch.bfloat16: E.BFLOAT16,
+    torch.float32: E.FLOAT32,
+    torch.float64: E.FLOAT64,
+}
+
+
+class ProcessSet:
+    """A set of ranks that runs collectives together. kolo runs every
+    collective over all ranks of the job: only the global set exists."""
+
+    def __init__(self, ranks=None):
+        self._ranks = None if ranks is None else sorted(int(r) for r in ranks)
+        self.process_set_id = 0
+
+    @property
+    def ranks(self):
+        return list(range(_kolo.size())) if self._ranks is None else list(self._ranks)
+
+    def size(self):
+        return len(self.ranks)
+
+    def rank(self):
+        return _kolo.rank()
+
+    def included(self):
+        return _kolo.rank() in self.ranks
+
+    def __repr__(self):
+        return "ProcessSet(process_set_id=0, ranks=%s)" % (self.ranks,)
+
+
+global_process_set = ProcessSet()
+
+
+def add_process_set(process_set):
+    raise NotImplementedError("kolo runs collectives over the whole job; process sets other "
+                              "than the global one are not supported")
+
+
+def remove_process_set(process_set):
+    raise NotImplementedError("kolo supports only the global process set")
+
+
+def _check_set(process_set):
+    if process_set is not None and process_set is not global_process_set and \
+            process_set.ranks != list(range(_kolo.size())):
+        raise NotImplementedError("kolo supports only the global process set")
+
+
+def _check(tensor):
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError("expected a torch.Tensor, got %s" % type(tensor).__name__)
+    code = _DTYPES.get(tensor.dtype)
+    if code is None or tensor.layout != torch.strided:
+        raise ValueError("Tensor type %s is not supported." % tensor.type())
+    if not tensor.is_contiguous():
+        raise ValueError("Tensor is required to be contiguous.")
+    if tensor.device.type != "cpu":
+        raise ValueError("kolo: %s tensors are not supported yet: this build has no GPU (NCCL) "
+                         "backend; move the tensor to the CPU" % tensor.device.type)
+    return code
+
+
+def _p(t):
+    return t.data_ptr() if t.numel() else 0
+
+
+def _submit(reqs, keep, finish):
+    return _kolo._eng().submit(reqs, keep, finish)
+
+
+def poll(handle):
+    """True if the operation behind `handle` finished (then synchronize()
+    returns at once)."""
+    return _kolo._eng().poll(handle)
+
+
+def synchronize(handle):
+    """Waits for the operation and returns its output; raises
+    HorovodInternalError if it failed."""
+    return _kolo._eng().synchronize(handle)
+
+
+# ---------------------------------------------------------------- allreduce
+
+def _allreduce_req(tensor, output, name, op, prescale_factor, postscale_factor):
+    code = _check(tensor)
+    return E.Req(E.ALLREDUCE, name, _p(tensor), _p(output), code, tensor.shape, E.kolo_op(op),
+                 prescale_factor, postscale_factor)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set):
+    _check_set(process_set)
+    op = E.resolve_op(op, average)
+    tensor = tensor.detach()
+    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    r = _allreduce_req(tensor, output, name, op, prescale_factor, postscale_factor)
+    return _submit([r], (tensor, output), lambda res: output)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set):
+    _check_set(process_set)
+    op = E.resolve_op(op, average)
+    t = tensor.detach()
+    r = _allreduce_req(t, t, name, op, prescale_factor, postscale_factor)
+    return _submit([r], t, lambda res: tensor)
+
+
+class _Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
+        ctx.op, ctx.pre, ctx.post = op, prescale_factor, postscale_factor
+        return synchronize(allreduce_async(tensor, name=name, op=op,
+                                           prescale_factor=prescale_factor,
+                                           postscale_factor=postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return allreduce(grad.contiguous(), op=ctx.op, prescale_factor=ctx.pre,
+                         postscale_factor=ctx.post), None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """The reduction of `tensor` over all ranks (default: the average), as a
+    new tensor. Differentiable: the gradient is the same reduction of the
+    output's gradient."""
+    _check_set(process_set)
+    op = E.resolve_op(op, average)
+    compressed, cctx = compression.compress(tensor)
+    out = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor)
+    return compression.decompress(out, cctx)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    """allreduce in place: `tensor` receives the result."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+def _group_name(name, i, n):
+    return "%s_%dof%d" % (name, i + 1, n) if name else None
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set):
+    _check_set(process_set)
+    op = E.resolve_op(op, average)
+    ins = [t.detach() for t in tensors]
+    outs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in ins]
+    reqs = [_allreduce_req(t, o, _group_name(name, i, len(ins)), op, prescale_factor,
+                           postscale_factor) for i, (t, o) in enumerate(zip(ins, outs))]
+    return _submit(reqs, (ins, outs), lambda res: outs)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    _check_set(process_set)
+    op = E.resolve_op(op, average)
+    ins = [t.detach() for t in tensors]
+    reqs = [_allreduce_req(t, t, _group_name(name, i, len(ins)), op, prescale_factor,
+                           postscale_factor) for i, t in enumerate(ins)]
+    return _submit(reqs, ins, lambda res: list(tensors))
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, *tensors):
+        ctx.op, ctx.pre, ctx.post = op, prescale_factor, postscale_factor
+        return tuple(synchronize(grouped_allreduce_async(
+            list(tensors), name=name, op=op, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        red = grouped_allreduce([g.contiguous() for g in grads], op=ctx.op,
+                                prescale_factor=ctx.pre, postscale_factor=ctx.post)
+        return (None, None, None, None) + tuple(red)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=global_process_set):
+    """Reduces a list of tensors as one negotiated, fused operation."""
+    _check_set(process_set)
+    op = E.resolve_op(op, average)
+    pairs = [compression.compress(t) for t in tensors]
+    outs = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor,
+                                   *[p[0] for p in pairs])
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+# ---------------------------------------------------------------- allgather
+
+def _rows_out(t, res):
+    out = t.new_empty((res.rows,) + tuple(t.shape[1:]))
+    if out.numel():
+        res.copy_to(out.data_ptr())
+    return out
+
+
+def _allgather_req(t, name):
+    code = _check(t)
+    if t.dim() == 0:
+        raise ValueError("Process-set rank zero tried to allgather a rank-zero tensor.")
+    return E.Req(E.ALLGATHER, name, _p(t), 0, code, t.shape)
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    _check_set(process_set)
+    t = tensor.detach()
+    return _submit([_allgather_req(t, name)], t, lambda res: _rows_out(t, res[0]))
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name):
+        ctx.dim = tensor.shape[0]
+        return synchronize(allgather_async(tensor, name=name))
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = allreduce(grad.contiguous(), op=Average)
+        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64))
+        offset = int(dims[:_kolo.rank()].sum().item())
+        return reduced.narrow(0, offset, ctx.dim), None
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Every rank's tensor concatenated on the first dimension, which may
+    differ between ranks; the other dimensions must match."""
+    _check_set(process_set)
+    return _Allgather.apply(tensor, name)
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    _check_set(process_set)
+    ins = [t.detach() for t in tensors]
+    reqs = [_allgather_req(t, _group_name(name, i, len(ins))) for i, t in enumerate(ins)]
+    return _submit(reqs, ins, lambda res: [_rows_out(t, r) for t, r in zip(ins, res)])
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
+
+
+# ---------------------------------------------------------------- broadcast
+
+def _broadcast_req(t, root_rank, name):
+    code = _check(t)
+    return E.Req(E.BROADCAST, name, _p(t), _p(t), code, t.shape, root=root_rank)
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    _check_set(process_set)
+    out = tensor.detach().clone(memory_format=torch.contiguous_format)
+    return _submit([_broadcast_req(out, root_rank, name)], out, lambda res: out)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    _check_set(process_set)
+    t = tensor.detach()
+    return _submit([_broadcast_req(t, root_rank, name)], t, lambda res: tensor)
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root = root_rank
+        return synchronize(broadcast_async(tensor, root_rank, name))
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = allreduce(grad.contiguous(), op=Average)
+        if _kolo.rank() != ctx.root:
+            reduced = reduced * 0
+        return reduced, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """root_rank's tensor, on every rank (a new tensor; differentiable)."""
+    _check_set(process_set)
+    return _Broadcast.apply(tensor, root_rank, name)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """broadcast in place: `tensor` receives root_rank's values."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+# ---------------------------------------------------------------- alltoall
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    _check_set(process_set)
+    t = tensor.detach()
+    code = _check(t)
+    if t.dim() == 0:
+        raise ValueError("Process-set rank zero tried to alltoall a rank-zero tensor.")
+    sp = None
+    if splits is not None:
+        sp = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+    r = E.Req(E.ALLTOALL, name, _p(t), 0, code, t.shape, splits=sp)
+
+    def finish(res):
+        return _rows_out(t, res[0]), torch.tensor(res[0].recv_splits, dtype=torch.int32)
+
+    return _submit([r], t, finish)
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name):
+        out, recv = synchronize(alltoall_async(tensor, splits, name))
+        ctx.recv = recv
+        ctx.mark_non_differentiable(recv)
+        return out, recv
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        g, _ = synchronize(alltoall_async(grad.contiguous(), ctx.recv))
+        return g, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Sends splits[i] first-dimension rows to rank i (default: an even
+    share) and returns the rows received, concatenated in rank order; with
+    splits given, also how many rows came from each rank."""
+    _check_set(process_set)
+    out, recv = _Alltoall.apply(tensor, splits, name)
+    return out if splits is None else (out, recv)
+
+
+# ---------------------------------------------------------------- reducescatter
+
+def _scatter_rows(rows, n, r):
+    return rows // n + (1 if r < rows % n else 0)
+
+
+def _reducescatter_req(t, name, op, prescale_factor, postscale_factor):
+    if op not in (Average, Sum):
+        raise ValueError("Reducescatter currently only supports AVERAGE and SUM.")
+    code = _check(t)
+    if t.dim() == 0:
+        raise ValueError("Process-set rank zero tried to reducescatter a rank-zero tensor.")
+    out = t.new_empty((_scatter_rows(t.shape[0], _kolo.size(), _kolo.rank()),) +
+                      tuple(t.shape[1:]))
+    return out, E.Req(E.REDUCESCATTER, name, _p(t), _p(out), code, t.shape, E.kolo_op(op),
+                      prescale_factor, postscale_factor)
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
+    _check_set(process_set)
+    t = tensor.detach()
+    out, r = _reducescatter_req(t, name, op, prescale_factor, postscale_factor)
+    return _submit([r], (t, out), lambda res: out)
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
+        ctx.scale = prescale_factor * postscale_factor / (_kolo.size() if op == Average else 1)
+        return synchronize(reducescatter_async(tensor, name, op,
+                                               prescale_factor=prescale_factor,
+                                               postscale_factor=postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = allgather(grad.contiguous())
+        if ctx.scale != 1.0:
+            g = g * ctx.scale
+        return g, None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces over ranks (Sum or Average) and leaves each rank its share of
+    the first dimension: rows // size, one more for the first rows % size
+    ranks. Differentiable."""
+    _check_set(process_set)
+    compressed, cctx = compression.compress(tensor)
+    out = _Reducescatter.apply(compressed, name, op, prescale_factor, postscale_factor)
+    return compression.decompress(out, cctx)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    _check_set(process_set)
+    ins = [t.detach() for t in tensors]
+    pairs = [_reducescatter_req(t, _group_name(name, i, len(ins)), op, prescale_factor,
+                                postscale_factor) for i, t in enumerate(ins)]
+    outs = [p[0] for p in pairs]
+    return _submit([p[1] for p in pairs], (ins, outs), lambda res: outs)
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    pairs = [compression.compress(t) for t in tensors]
+    outs = synchronize(grouped_reducescatter_async([p[0] for p in pairs], name, op, process_set,
+                                                   prescale_factor, postscale_factor))
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+# ---------------------------------------------------------------- barrier and join
+
+def barrier(process_set=global_process_set):
+    """Returns once every rank called barrier()."""
+    _check_set(process_set)
+    synchronize(_submit([E.Req(E.BARRIER)], None, lambda res: None))
+
+
+def join(device=-1):
+    """This rank ran out of data: until every rank joined, it contributes
+    zeros to the others' allreduces. Returns the last rank that joined."""
+    return synchronize(_submit([E.Req(E.JOIN)], None, lambda res: int(res[0].value)))

@@ -1,0 +1,282 @@
+"""DistributedOptimizer: Horovod's hook-driven gradient averaging.
+
+Each parameter's gradient accumulator gets a hook: as soon as backward
+produced a parameter's gradient, its allreduce is submitted, so
+communication overlaps the rest of the backward pass. step() (or
+synchronize()) waits for them and writes the averaged gradients back.
+"""
+import contextlib
+import os
+import warnings
+
+import torch
+
+import kolo as _kolo
+from .compression import Compression
+from .mpi_ops import (Adasum, Average, allreduce_async_, global_process_set,
+                      grouped_allreduce_async_, synchronize, _check_set)
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    _kolo_distributed = True
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
+                 op=Average, gradient_predivide_factor=1.0, groups=None,
+                 sparse_as_dense=False, process_set=global_process_set):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        _check_set(process_set)
+
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [("allreduce.noname.%s.%s" % (i, j), v)
+                                for i, group in enumerate(self.param_groups)
+                                for j, v in enumerate(group["params"])]
+        if any(not isinstance(p, tuple) for p in named_parameters):
+            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                             "usually produced by model.named_parameters().")
+        names = [k for k, _ in named_parameters]
+        dups = sorted({k for k in names if names.count(k) > 1})
+        if dups:
+            raise ValueError("Parameter names in named_parameters must be unique. "
+                             "Found duplicates: %s" % ", ".join(dups))
+        all_ids = {id(v) for g in self.param_groups for v in g["params"]}
+        named_ids = {id(v) for _, v in named_parameters}
+        unnamed = all_ids - named_ids
+        if unnamed:
+            raise ValueError("named_parameters was specified, but one or more model parameters "
+                             "were not named. Python object ids: %s"
+                             % ", ".join(str(i) for i in sorted(unnamed)))
+
+        self._parameter_names = {v: k for k, v in sorted(named_parameters)}
+        self.backward_passes_per_step = backward_passes_per_step
+        self._allreduce_delay = {v: backward_passes_per_step
+                                 for _, v in sorted(named_parameters)}
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self._handles = {}
+        self._grad_accs = []
+        self._requires_update = set()
+        self._synchronized = False
+        self._should_synchronize = True
+
+        # groups: parameters reduced together, as one fused operation
+        self._groups = []
+        self._p_to_group = {}
+        self._group_counts = {}
+        if groups is not None:
+            if isinstance(groups, int):
+                params_all = [p for g in self.param_groups for p in g["params"]
+                              if p.requires_grad]
+                if groups > 0:
+                    n = len(params_all)
+                    step = (n + groups - 1) // groups
+                    grouped = [params_all[i:i + step] for i in range(0, n, step)]
+                else:
+                    grouped = []
+            else:
+                grouped = [list(g) for g in groups]
+                if any(not isinstance(p, torch.Tensor) for g in grouped for p in g):
+                    raise ValueError("groups must be a list of lists of torch.Tensor")
+            for gi, g in enumerate(grouped):
+                key = tuple(g)
+                self._groups.append(key)
+                for p in g:
+                    self._p_to_group[p] = key
+                self._group_counts[key] = 0
+
+        if _kolo.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1":
+            self._register_hooks()
+
+    def load_state_dict(self, *args, **kwargs):
+        self._handles = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        super(self.__class__, self).load_state_dict(*args, **kwargs)
+
+    def set_backward_passes_per_step(self, passes):
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+    def _register_hooks(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    p.grad = p.data.new(p.size()).zero_()
+                    self._requires_update.add(p)
+                    tmp = p.expand_as(p)
+                    acc = tmp.grad_fn.next_functions[0][0]
+                    acc.register_hook(self._make_hook(p))
+                    self._grad_accs.append(acc)
+
+    def _scales(self):
+        if self.op == Average:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    def _allreduce_grad_async(self, p):
+        name = self._parameter_names.get(p)
+        tensor = p.grad
+        if tensor.is_sparse:
+            if not self.sparse_as_dense:
+                raise ValueError("kolo reduces sparse gradients as dense tensors: pass "
+                                 "sparse_as_dense=True")
+            tensor = tensor.to_dense()
+            p.grad = tensor
+        compressed, ctx = self._compression.compress(tensor)
+        pre, post = self._scales()
+        handle = allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre,
+                                  postscale_factor=post)
+        return handle, ctx
+
+    def _grouped_allreduce_async(self, key):
+        tensors, ctxs = [], []
+        for p in key:
+            t = p.grad
+            if t.is_sparse:
+                t = t.to_dense()
+                p.grad = t
+            c, ctx = self._compression.compress(t)
+            tensors.append(c)
+            ctxs.append(ctx)
+        pre, post = self._scales()
+        name = self._parameter_names.get(key[0])
+        handle = grouped_allreduce_async_(tensors, name="group." + name, op=self.op,
+                                          prescale_factor=pre, postscale_factor=post)
+        return handle, (tensors, ctxs)
+
+    def _make_hook(self, p):
+        def hook(*ignore):
+            if p in self._handles and self._handles[p][0] is not None:
+                if self._allreduce_delay[p] <= 0:
+                    raise AssertionError(
+                        "Gradients were computed more than backward_passes_per_step times "
+                        "before call to step(). Increase backward_passes_per_step to "
+                        "accumulate gradients locally.")
+            assert not p.grad.requires_grad
+            assert self._allreduce_delay[p] > 0
+            handle, ctx = None, None
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0:
+                key = self._p_to_group.get(p)
+                if key is None:
+                    handle, ctx = self._allreduce_grad_async(p)
+                else:
+                    self._group_counts[key] += 1
+                    if self._group_counts[key] == len(key):
+                        handle, ctx = self._grouped_allreduce_async(key)
+                        for q in key[:-1]:
+                            self._handles[q] = (None, None)
+                        self._group_counts[key] = 0
+                        self._handles[p] = (handle, ("group", key, ctx))
+                        return
+            self._handles[p] = (handle, ctx)
+        return hook
+
+    def synchronize(self):
+        """Waits for every gradient's allreduce and writes the results back
+        into .grad; parameters whose hook did not fire are reduced now."""
+        if not self._requires_update:
+            self._synchronized = True
+            return
+        missing = self._requires_update - set(self._handles.keys())
+        for p in sorted(missing, key=lambda q: self._parameter_names.get(q, "")):
+            if p.grad is None:
+                p.grad = p.data.new(p.size()).zero_()
+            key = self._p_to_group.get(p)
+            if key is None:
+                self._handles[p] = self._allreduce_grad_async(p)
+        # groups whose hooks did not all fire: reduce them whole
+        for key in self._groups:
+            if any(self._handles.get(q, (None, None))[1] is not None and
+                   isinstance(self._handles[q][1], tuple) and self._handles[q][1][:1] == ("group",)
+                   for q in key):
+                continue
+            if any(q in missing or self._handles.get(q, (None, None))[0] is None for q in key):
+                for q in key:
+                    if q.grad is None:
+                        q.grad = q.data.new(q.size()).zero_()
+                handle, ctx = self._grouped_allreduce_async(key)
+                for q in key[:-1]:
+                    self._handles[q] = (None, None)
+                self._handles[key[-1]] = (handle, ("group", key, ctx))
+                self._group_counts[key] = 0
+
+        for p, (handle, ctx) in list(self._handles.items()):
+            if handle is None:
+                if p not in self._p_to_group:
+                    # delayed: this pass accumulates locally
+                    handle, ctx = self._allreduce_grad_async(p)
+                else:
+                    continue
+            if isinstance(ctx, tuple) and ctx[:1] == ("group",):
+                _, key, (tensors, ctxs) = ctx
+                outs = synchronize(handle)
+                for q, out, c in zip(key, outs, ctxs):
+                    self._allreduce_delay[q] = self.backward_passes_per_step
+                    q.grad.set_(self._compression.decompress(out, c))
+                continue
+            output = synchronize(handle)
+            self._allreduce_delay[p] = self.backward_passes_per_step
+            p.grad.set_(self._compression.decompress(output, ctx))
+        self._handles.clear()
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """step() inside this block does not synchronize again (use after an
+        explicit synchronize(), e.g. to clip gradients)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(). This can cause training "
+                              "slowdown. You may want to consider using "
+                              "optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.")
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                                 "before optimizer.step() or optimizer.synchronize(). This is "
+                                 "prohibited as it can cause a race condition.")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set):
+    """Wraps `optimizer` so that step() applies gradients averaged over all
+    ranks (Horovod's DistributedOptimizer, same arguments and errors)."""
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if op == Adasum:
+        raise NotImplementedError("kolo does not implement Adasum; use op=hvd.Average")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed",
+                      DeprecationWarning)
+        if groups is None:
+            groups = num_groups
+    if groups is not None and not (isinstance(groups, list) or
+                                   (isinstance(groups, int) and groups > 0)):
+        raise ValueError("groups should be a non-negative integer or a list of lists of "
+                         "torch.Tensor.")
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+               op, gradient_predivide_factor, groups, sparse_as_dense, process_set)

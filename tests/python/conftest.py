@@ -1,0 +1,82 @@
+"""Shared fixtures for the Python tests.
+
+Every multi-rank test runs a real job: `kolo run -np N` with an embedded
+coordinator and agent, real worker processes, real shared memory / TCP.
+The worker side of a test is a Python file (or source text) run with this
+interpreter; it reports failures through its exit code and output.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PYDIR = os.path.join(ROOT, "python")
+KOLO = os.environ.get("KOLO") or os.path.join(ROOT, "build", "bin", "kolo")
+
+if PYDIR not in sys.path:
+    sys.path.insert(0, PYDIR)
+
+
+class Job:
+    """The outcome of one `kolo run`: exit code and every output line."""
+
+    def __init__(self, rc, out, err):
+        self.rc = rc
+        self.out = out
+        self.err = err
+
+    def lines(self, rank=None):
+        """Output lines of one rank (without the "[r]<stdout>:" prefix), or all."""
+        res = []
+        for line in self.out.splitlines():
+            if not line.startswith("["):
+                continue
+            head, _, text = line.partition(":")
+            r = head[1:head.index("]")]
+            if rank is None or r == str(rank):
+                res.append(text)
+        return res
+
+    def __repr__(self):
+        return "Job(rc=%d)\n--- stdout\n%s\n--- stderr\n%s" % (self.rc, self.out, self.err)
+
+
+def kolo_run(np, script, args=(), timeout=120, env=None, kolo_args=(), state_dir=None):
+    """Run `script` (a path, or Python source text) on np workers.
+
+    Returns a Job. The workers see PYTHONPATH=<repo>/python and use this
+    interpreter; KOLO_LIBRARY is left to the package's own search unless
+    the caller's environment sets it.
+    """
+    tmp = tempfile.mkdtemp(prefix="kolo-pytest-")
+    if "\n" in script:
+        path = os.path.join(tmp, "worker.py")
+        with open(path, "w") as f:
+            f.write(textwrap.dedent(script))
+    else:
+        path = script
+    e = dict(os.environ)
+    e["PYTHONPATH"] = PYDIR + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+    e["PYTHONUNBUFFERED"] = "1"
+    e["XDG_STATE_HOME"] = state_dir or os.path.join(tmp, "state")
+    e.setdefault("OMP_NUM_THREADS", "1")
+    if env:
+        e.update(env)
+    cmd = [KOLO, "run", "-np", str(np)] + list(kolo_args) + ["--", sys.executable, path] + [str(a) for a in args]
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
+                           env=e, cwd=tmp, universal_newlines=True)
+    except subprocess.TimeoutExpired as ex:
+        out = ex.stdout.decode() if isinstance(ex.stdout, bytes) else (ex.stdout or "")
+        err = ex.stderr.decode() if isinstance(ex.stderr, bytes) else (ex.stderr or "")
+        raise AssertionError("kolo run timed out after %ss\n%s\n%s" % (timeout, out, err))
+    return Job(p.returncode, p.stdout, p.stderr)
+
+
+@pytest.fixture
+def run_job():
+    return kolo_run
