@@ -98,7 +98,9 @@ def _array(a):
     code = _DTYPES.get(a.dtype)
     if code is None:
         raise ValueError("Array type %s is not supported." % a.dtype)
-    return _np.ascontiguousarray(a), code
+    if not a.flags.c_contiguous:
+        a = a.copy(order="C")
+    return a, code
 
 
 def _addr(a):

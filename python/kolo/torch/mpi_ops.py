@@ -257,6 +257,7 @@ def allgather(tensor, name=None, process_set=global_process_set):
     """Every rank's tensor concatenated on the first dimension, which may
     differ between ranks; the other dimensions must match."""
     _check_set(process_set)
+    _allgather_req(tensor, name)  # refuses bad tensors before autograd sees them
     return _Allgather.apply(tensor, name)
 
 
@@ -353,6 +354,8 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     share) and returns the rows received, concatenated in rank order; with
     splits given, also how many rows came from each rank."""
     _check_set(process_set)
+    if _check(tensor) is not None and tensor.dim() == 0:
+        raise ValueError("Process-set rank zero tried to alltoall a rank-zero tensor.")
     out, recv = _Alltoall.apply(tensor, splits, name)
     return out if splits is None else (out, recv)
 

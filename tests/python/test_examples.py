@@ -1,0 +1,97 @@
+"""The PyTorch examples, run as a user would: under `kolo run`, end to end.
+
+digits.py must learn the same thing on 4 workers with a batch of B each as
+on 1 worker with a batch of 4B (DistributedSampler + DistributedOptimizer
+make the two runs the same computation up to float rounding), and
+synthetic_benchmark.py must print Horovod's benchmark lines. bench/
+ddp_synthetic.py, the DDP baseline of bench/torch_synthetic.sh, gets a
+smoke run so the benchmark does not rot. About 40 s on 2 cores.
+"""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DIGITS = os.path.join(ROOT, "examples", "pytorch", "digits.py")
+SYNTHETIC = os.path.join(ROOT, "examples", "pytorch", "synthetic_benchmark.py")
+DDP = os.path.join(ROOT, "bench", "ddp_synthetic.py")
+
+TINY_BENCH = ["--batch-size", "4", "--num-warmup-batches", "1", "--num-batches-per-iter", "1",
+              "--num-iters", "2", "--json"]
+
+
+def last_json(lines):
+    """The last line of a rank's output that is a JSON object."""
+    found = [json.loads(l) for l in lines if l.startswith("{")]
+    assert found, "no JSON line in %r" % (lines,)
+    return found[-1]
+
+
+def run_digits(run_job, np, batch_size, lr):
+    job = run_job(np, DIGITS, ["--batch-size", batch_size, "--lr", lr, "--seed", 7, "--json"], timeout=90)
+    assert job.rc == 0, job
+    lines = job.lines(0)
+    epochs = [l for l in lines if l.startswith("epoch ")]
+    assert len(epochs) == 20, job
+    assert epochs[0].startswith("epoch 1: ") and " s, loss " in epochs[0] and ", accuracy " in epochs[0], job
+    assert any(l.startswith("final accuracy ") for l in lines), job
+    assert not [l for l in job.lines(1) if l.startswith(("epoch", "final"))], "only rank 0 reports"
+    res = last_json(lines)
+    assert res["workers"] == np and len(res["epoch_times"]) == 20
+    return res["accuracy"]
+
+
+def test_digits_four_workers_match_one_worker_with_four_times_the_batch(run_job):
+    # --lr is per worker batch and scaled by the number of workers, so the
+    # one-worker twin of "-np 4, batch 32, lr 0.02" is "batch 128, lr 0.08".
+    acc4 = run_digits(run_job, 4, 32, 0.02)
+    acc1 = run_digits(run_job, 1, 128, 0.08)
+    assert acc1 > 0.9 and acc4 > 0.9, (acc1, acc4)
+    assert abs(acc1 - acc4) <= 0.01, (acc1, acc4)
+
+
+def test_digits_runs_without_kolo_run():
+    # No launcher, no PYTHONPATH: hvd.init() makes a one-worker job and the
+    # example finds the package in the checkout.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KOLO_", "HOROVOD_"))}
+    env.pop("PYTHONPATH", None)
+    env["OMP_NUM_THREADS"] = "1"
+    p = subprocess.run([sys.executable, DIGITS, "--epochs", "3"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, universal_newlines=True, timeout=60, env=env, cwd="/")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[-1].startswith("final accuracy "), p.stdout
+
+
+def check_benchmark_lines(lines, np):
+    assert "Number of workers: %d" % np in lines, lines
+    iters = [l for l in lines if l.startswith("Iter #")]
+    assert [l.split(":")[0] for l in iters] == ["Iter #0", "Iter #1"], lines
+    assert all(l.endswith(" img/sec per worker") for l in iters), lines
+    assert any(l.startswith("Img/sec per worker: ") for l in lines), lines
+    assert any(l.startswith("Total img/sec on %d worker(s): " % np) for l in lines), lines
+    res = last_json(lines)
+    assert res["np"] == np and len(res["iters"]) == 2 and res["img_sec_total"] > 0, res
+    return res
+
+
+def test_synthetic_benchmark_two_workers(run_job):
+    job = run_job(2, SYNTHETIC, TINY_BENCH, timeout=60)
+    assert job.rc == 0, job
+    res = check_benchmark_lines(job.lines(0), 2)
+    assert res["impl"] == "kolo" and not res["fp16_allreduce"]
+    assert not [l for l in job.lines(1) if l.startswith(("Iter", "Total", "{"))], "only rank 0 reports"
+
+
+def test_synthetic_benchmark_fp16_allreduce(run_job):
+    job = run_job(2, SYNTHETIC, TINY_BENCH + ["--fp16-allreduce"], timeout=60)
+    assert job.rc == 0, job
+    assert check_benchmark_lines(job.lines(0), 2)["fp16_allreduce"]
+
+
+def test_ddp_baseline_prints_the_same_lines():
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    p = subprocess.run([sys.executable, DDP, "--np", "2"] + TINY_BENCH, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, universal_newlines=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    assert check_benchmark_lines(p.stdout.splitlines(), 2)["impl"] == "ddp_gloo"
