@@ -25,9 +25,17 @@ def _eng():
 
 # ---------------------------------------------------------------- lifecycle and topology
 
-def init():
-    """Joins the job this process was started in (no-op if already done)."""
+def init(comm=None, process_sets=None):
+    """Joins the job this process was started in (no-op if already done).
+
+    comm and process_sets are Horovod's: kolo runs every collective over the
+    whole job, so only None (or every rank) is accepted."""
     _eng().init()
+    if comm is not None and sorted(comm) != list(range(size())):
+        raise NotImplementedError("kolo runs collectives over every rank of the job; "
+                                  "init(comm=...) with a subset is not supported")
+    if process_sets not in (None, [], "dynamic"):
+        raise NotImplementedError("kolo supports only the global process set")
 
 
 def shutdown():
