@@ -9,6 +9,10 @@
  * worker's output as "[rank]<stdout>:line", and exits with the job's exit
  * code. SIGINT or SIGTERM stops the job on every host and waits (bounded)
  * until the workers are gone; a second one stops waiting.
+ *
+ * horovodrun's flags are accepted as well (run_flags.c); the variables they
+ * set reach the workers through the job's environment, which is the
+ * submitter's (less what env_passes drops) with those variables on top.
  */
 #include "cli.h"
 
@@ -28,15 +32,26 @@
 #include "knobs.h"
 #include "kolo.pb-c.h"
 #include "log.h"
+#include "run.h"
 #include "util.h"
 
 #define RUNS_KEPT      20
 #define STREAM_WAIT_MS 500
 #define COORD_RETRY_MS 60000
 
-static const char usage[] =
-    "usage: kolo run -np N [-H host1:slots,host2:slots] [--coordinator tcp://HOST:PORT]\n"
-    "                [options] [--] command [args...]";
+#define RUN_USAGE                                                                                  \
+    "usage: kolo run -np N [-H host1:slots,host2:slots | --hostfile FILE]\n"                       \
+    "                [--coordinator tcp://HOST:PORT] [options] [--] command [args...]\n"           \
+    "       kolo run --version | --check-build"
+
+static const char usage[] = RUN_USAGE;
+
+/* --help adds to the usage that horovodrun's flags work too. */
+static const char help_head[] =
+    RUN_USAGE "\n\n"
+              "horovodrun's flags work too: `horovodrun -np 4 -H a:2,b:2 python train.py` runs as\n"
+              "`kolo run -np 4 -H a:2,b:2 python train.py`. Flags that set Horovod variables put\n"
+              "them in the job's environment, over the inherited ones (docs/cli.md).";
 
 extern char **environ;
 
@@ -113,15 +128,20 @@ static void prune_runs(const char *dir)
     free(names);
 }
 
-struct run_opts {
-    int64_t np;
-    char *hosts, *coordinator, *token_file, *name, *http, *state_dir, *log_level;
-    int64_t start_timeout, slots, grace;
-    bool verbose;
-};
+/* env_overridden says whether entry (NAME=value) sets a variable that one
+ * of set (NAME=value strings, NULL-terminated) sets too. */
+static bool env_overridden(const char *entry, char *const *set)
+{
+    size_t len = strcspn(entry, "=");
+    for (size_t i = 0; set && set[i]; i++)
+        if (strncmp(entry, set[i], len) == 0 && set[i][len] == '=')
+            return true;
+    return false;
+}
 
 /* Streams the job's output until it is done; returns the exit code. */
-static int stream_job(struct rpc_client *cli, uint64_t job_id, int64_t grace)
+static int stream_job(struct rpc_client *cli, uint64_t job_id, int64_t grace,
+                      struct run_output *files)
 {
     uint64_t after = 0;
     char last_reason[512] = "";
@@ -197,6 +217,7 @@ static int stream_job(struct rpc_client *cli, uint64_t job_id, int64_t grace)
             fprintf(f, "[%d]<%s>:", l->rank, err_stream ? "stderr" : "stdout");
             fwrite(l->text.data, 1, l->text.len, f);
             fputc('\n', f);
+            run_output_write(files, l->rank, err_stream, l->text.data, l->text.len);
         }
         fflush(stdout);
         if (rep->next_seq > after)
@@ -225,39 +246,25 @@ static int stream_job(struct rpc_client *cli, uint64_t job_id, int64_t grace)
 int cmd_run(int argc, char **argv)
 {
     struct run_opts o = {0};
-    struct knob tab[] = {
-        {"np", "-np", "", KNOB_INT, "0", 0, 65536, "number of worker processes (required)", &o.np},
-        {"hosts", "-H", "", KNOB_STR, NULL, 0, -1,
-         "hosts and slots to use, host1:2,host2:2 (default: any agent's free slots)", &o.hosts},
-        {"coordinator", NULL, "KOLO_RUN_COORDINATOR", KNOB_STR, NULL, 0, -1,
-         "submit to this coordinator (tcp://HOST:PORT) instead of an embedded one", &o.coordinator},
-        {"token-file", NULL, NULL, KNOB_STR, NULL, 0, -1, "file holding the cluster token",
-         &o.token_file},
-        {"start-timeout", NULL, "", KNOB_DURATION, "30s", 0, 86400000,
-         "fail if the job cannot be placed within this time (0 waits forever)", &o.start_timeout},
-        {"name", NULL, "", KNOB_STR, NULL, 0, -1, "job name (default: the command)", &o.name},
-        {"http", NULL, "", KNOB_STR, "127.0.0.1:0", 0, -1,
-         "embedded coordinator: HTTP address of REST and the dashboard", &o.http},
-        {"slots", NULL, "", KNOB_INT, "0", 0, 65536,
-         "embedded agent: slots (default: the larger of -np and the CPU count)", &o.slots},
-        {"state-dir", NULL, NULL, KNOB_STR, NULL, 0, -1,
-         "embedded coordinator: directory of run databases (default $XDG_STATE_HOME/kolo)",
-         &o.state_dir},
-        {"stop-grace", NULL, "", KNOB_DURATION, "5s", 0, 3600000,
-         "embedded agent: SIGTERM -> SIGKILL grace when stopping workers", &o.grace},
-        {"verbose", NULL, "", KNOB_BOOL, "false", 0, -1,
-         "log what the embedded coordinator and agent do", &o.verbose},
-        {"log-level", NULL, "KOLO_LOG_LEVEL", KNOB_STR, "warn", 0, -1,
-         "trace, debug, info, warn, error or off", &o.log_level},
-    };
-    size_t n = sizeof(tab) / sizeof(tab[0]);
+    struct knob tab[RUN_MAX_KNOBS];
+    size_t n = run_flags_table(tab, &o);
     char err[1024];
     int rest = 0;
-    int rv = knobs_parse(tab, n, argc, argv, &rest, usage, stdout, err, sizeof(err));
+    int rv = knobs_parse(tab, n, argc, argv, &rest, help_head, stdout, err, sizeof(err));
     if (rv == KNOBS_HELP || rv == KNOBS_DUMPED) {
         knobs_free(tab, n);
         return 0;
     }
+    if (rv == KNOBS_OK && (o.version || o.check_build)) {
+        if (o.version)
+            printf("kolo %s\n", KOLO_VERSION);
+        else
+            run_print_check_build(stdout);
+        knobs_free(tab, n);
+        return 0;
+    }
+    if (rv == KNOBS_OK && run_flags_finish(tab, n, &o, err, sizeof(err)) != 0)
+        rv = KNOBS_ERROR;
     if (rv != KNOBS_OK) {
         fprintf(stderr, "kolo run: %s\n%s\n", err, usage);
         knobs_free(tab, n);
@@ -269,8 +276,7 @@ int cmd_run(int argc, char **argv)
         knobs_free(tab, n);
         return 2;
     }
-    int lvl = log_parse_level(o.log_level);
-    log_set_level(o.verbose ? LOG_INFO : (lvl < 0 ? LOG_WARN : lvl));
+    log_set_level(run_flags_log_level(&o));
 
     char *token = NULL;
     if (cli_token(o.token_file, &token, err, sizeof(err)) != 0) {
@@ -289,9 +295,22 @@ int cmd_run(int argc, char **argv)
     struct coord *coord = NULL;
     struct agent *agent = NULL;
     struct rpc_client *cli = NULL;
+    struct run_output *files = NULL;
+    char **flag_env = NULL;
     char *state_dir = NULL;
     const char *url = o.coordinator;
     int code = 1;
+
+    if (o.output_filename &&
+        run_output_open(&files, o.output_filename, (int)o.np, err, sizeof(err)) != 0) {
+        fprintf(stderr, "kolo run: --output-filename: %s\n", err);
+        goto out;
+    }
+    flag_env = run_job_env(tab, n, &o);
+    if (!flag_env) {
+        fprintf(stderr, "kolo run: out of memory\n");
+        goto out;
+    }
 
     if (!url || !url[0]) {
         state_dir = o.state_dir ? strdup(o.state_dir) : cli_state_dir();
@@ -350,14 +369,18 @@ int cmd_run(int argc, char **argv)
     Kolo__SubmitJobRequest req = KOLO__SUBMIT_JOB_REQUEST__INIT;
     req.argv = argv + rest;
     req.n_argv = (size_t)(argc - rest);
-    size_t nenv = 0;
+    size_t nenv = 0, nflag = 0;
     while (environ[nenv])
         nenv++;
-    char **env = calloc(nenv + 1, sizeof(char *));
+    while (flag_env[nflag])
+        nflag++;
+    char **env = calloc(nenv + nflag + 1, sizeof(char *));
     size_t k = 0;
     for (size_t i = 0; env && i < nenv; i++)
-        if (env_passes(environ[i]))
+        if (env_passes(environ[i]) && !env_overridden(environ[i], flag_env))
             env[k++] = environ[i];
+    for (size_t i = 0; env && i < nflag; i++)
+        env[k++] = flag_env[i];
     req.env = env;
     req.n_env = k;
     char cwd[4096];
@@ -380,10 +403,12 @@ int cmd_run(int argc, char **argv)
     if (o.verbose)
         fprintf(stderr, "[kolo] job %llu submitted (np %lld)\n", (unsigned long long)job_id,
                 (long long)o.np);
-    code = stream_job(cli, job_id, o.grace);
+    code = stream_job(cli, job_id, o.grace, files);
 
 out:
     rpc_client_close(cli);
+    run_output_close(files);
+    run_job_env_free(flag_env);
     if (agent)
         agent_stop(agent);
     if (coord)

@@ -16,6 +16,13 @@
  * An environment variable set to the empty string counts as unset, since
  * `KOLO_X= cmd` is how shells spell "not for this command".
  *
+ * A knob with a loader names a file in another format (horovodrun's
+ * YAML). Its path is known before anything is applied: the first walk
+ * keeps the loader knob's flag, else its variable or config file line
+ * gives it. The loader runs right after the config file and goes through
+ * knob_set() like everything else, so its settings rank with the config
+ * file and error messages name its lines too.
+ *
  * Config files hold `name = value` lines. A '#' starts a comment at the
  * start of a line or after whitespace in an unquoted value. A value may be
  * double-quoted (with \", \\, \n, \r and \t escapes) to keep spaces, '#'
@@ -168,6 +175,22 @@ int knobs_parse_size(const char *s, int64_t *bytes)
     return 0;
 }
 
+/* parse_seconds reads a KNOB_SECONDS value: a plain number of seconds,
+ * as Horovod's timeouts are written, or a duration with a unit. */
+static int parse_seconds(const char *s, int64_t *ms)
+{
+    int64_t v;
+    const char *end;
+    int digits = s ? parse_digits(s, &v, &end) : 0;
+    if (digits > 0 && *end == '\0') {
+        if (v > INT64_MAX / 1000)
+            return KOLO_EINVAL;
+        *ms = v * 1000;
+        return 0;
+    }
+    return knobs_parse_duration(s, ms);
+}
+
 /* format_duration writes ms in the largest unit that holds it exactly, in
  * a form knobs_parse_duration reads back. */
 static void format_duration(char *out, size_t size, int64_t ms)
@@ -203,7 +226,7 @@ static void format_size(char *out, size_t size, int64_t bytes)
 /* format_number writes v the way a knob of this type is written. */
 static void format_number(char *out, size_t size, enum knob_type type, int64_t v)
 {
-    if (type == KNOB_DURATION)
+    if (type == KNOB_DURATION || type == KNOB_SECONDS)
         format_duration(out, size, v);
     else if (type == KNOB_SIZE)
         format_size(out, size, v);
@@ -215,7 +238,8 @@ static void format_number(char *out, size_t size, enum knob_type type, int64_t v
 
 static bool knob_has_range(const struct knob *k)
 {
-    return (k->type == KNOB_INT || k->type == KNOB_DURATION || k->type == KNOB_SIZE) &&
+    return (k->type == KNOB_INT || k->type == KNOB_DURATION || k->type == KNOB_SECONDS ||
+            k->type == KNOB_SIZE) &&
            k->min <= k->max;
 }
 
@@ -268,6 +292,15 @@ static int knob_set(struct knob *k, const char *text, const char *source, const 
             return KOLO_EINVAL;
         }
         break;
+    case KNOB_SECONDS:
+        if (parse_seconds(text, &v)) {
+            knobs_err(err, errlen,
+                      "%s: '%s' is not a duration (want seconds, or e.g. 250ms, 5s, 2m, 1h) "
+                      "(from %s)",
+                      k->name, text, where);
+            return KOLO_EINVAL;
+        }
+        break;
     case KNOB_SIZE:
         if (knobs_parse_size(text, &v)) {
             knobs_err(err, errlen,
@@ -298,6 +331,8 @@ static int knob_set(struct knob *k, const char *text, const char *source, const 
  * false when the knob has none. */
 static bool knob_env_name(const struct knob *k, char *out, size_t size)
 {
+    if (k->flags & (KNOB_ACTION | KNOB_IGNORED))
+        return false;
     if (k->env) {
         if (!*k->env)
             return false;
@@ -356,7 +391,7 @@ static char *config_unquote(char *s, char **value)
     return in + 1;
 }
 
-static char *trim(char *s)
+char *knobs_trim(char *s)
 {
     while (*s == ' ' || *s == '\t')
         s++;
@@ -374,28 +409,77 @@ static struct knob *knob_find(struct knob *tab, size_t n, const char *name, size
     return NULL;
 }
 
-static int knobs_load_config(struct knob *tab, size_t n, const char *path, char *err, size_t errlen)
+/* alias_matches says whether k's alias list holds the spelling s[0..len). */
+static bool alias_matches(const struct knob *k, const char *s, size_t len)
 {
-    char *text;
+    for (const char *a = k->alias; a && *a;) {
+        size_t alen = strcspn(a, " ");
+        if (alen == len && strncmp(a, s, len) == 0)
+            return true;
+        a += alen;
+        while (*a == ' ')
+            a++;
+    }
+    return false;
+}
+
+struct knob *knobs_find(struct knob *tab, size_t n, const char *name)
+{
+    size_t len = strlen(name);
+    char flag[128];
+    snprintf(flag, sizeof flag, "--%s", name);
+    for (size_t i = 0; i < n; i++) {
+        if (tab[i].flags & KNOB_ACTION)
+            continue;
+        if (strcmp(tab[i].name, name) == 0 ||
+            (len + 2 < sizeof flag && alias_matches(&tab[i], flag, len + 2)))
+            return &tab[i];
+    }
+    return NULL;
+}
+
+int knobs_set(struct knob *k, const char *text, const char *where, char *err, size_t errlen)
+{
+    return knob_set(k, text, "config", where, err, errlen);
+}
+
+bool knobs_given(const struct knob *k)
+{
+    return k->source && strcmp(k->source, "default") != 0;
+}
+
+int knobs_read_text(const char *path, size_t max, const char *label, char **text, char *err,
+                    size_t errlen)
+{
     size_t len;
-    int rc = read_file_all(path, &text, &len, KNOBS_CONFIG_MAX);
+    int rc = read_file_all(path, text, &len, max);
     if (rc) {
-        knobs_err(err, errlen, "config %s: %s", path,
+        knobs_err(err, errlen, "%s %s: %s", label, path,
                   rc == KOLO_ENOTFOUND ? "no such file" : kolo_strerror(rc));
         return rc;
     }
-    if (memchr(text, '\0', len)) {
-        knobs_err(err, errlen, "config %s: not a text file", path);
-        free(text);
+    if (memchr(*text, '\0', len)) {
+        knobs_err(err, errlen, "%s %s: not a text file", label, path);
+        free(*text);
+        *text = NULL;
         return KOLO_EINVAL;
     }
+    return 0;
+}
+
+static int knobs_load_config(struct knob *tab, size_t n, const char *path, char *err, size_t errlen)
+{
+    char *text;
+    int rc = knobs_read_text(path, KNOBS_CONFIG_MAX, "config", &text, err, errlen);
+    if (rc)
+        return rc;
     char *line = text;
     for (int lineno = 1; line && *line; lineno++) {
         char *nl = strchr(line, '\n');
         if (nl)
             *nl = '\0';
         char *next = nl ? nl + 1 : NULL;
-        char *s = trim(line);
+        char *s = knobs_trim(line);
         line = next;
         if (*s == '\0' || *s == '#')
             continue;
@@ -409,8 +493,8 @@ static int knobs_load_config(struct knob *tab, size_t n, const char *path, char 
             break;
         }
         *eq = '\0';
-        char *name = trim(s);
-        char *value = trim(eq + 1);
+        char *name = knobs_trim(s);
+        char *value = knobs_trim(eq + 1);
         if (*value == '"') {
             char *after = config_unquote(value, &value);
             if (!after) {
@@ -418,7 +502,7 @@ static int knobs_load_config(struct knob *tab, size_t n, const char *path, char 
                 rc = KOLO_EINVAL;
                 break;
             }
-            after = trim(after);
+            after = knobs_trim(after);
             if (*after && *after != '#') {
                 knobs_err(err, errlen, "%s: unexpected text after quoted value", where);
                 rc = KOLO_EINVAL;
@@ -432,10 +516,10 @@ static int knobs_load_config(struct knob *tab, size_t n, const char *path, char 
                     *c = '\0';
                     break;
                 }
-            value = trim(value);
+            value = knobs_trim(value);
         }
         struct knob *k = knob_find(tab, n, name, strlen(name));
-        if (!k) {
+        if (!k || (k->flags & KNOB_ACTION)) {
             knobs_err(err, errlen, "%s: unknown knob '%s'", where, name);
             rc = KOLO_EINVAL;
             break;
@@ -454,7 +538,9 @@ struct argv_scan {
     bool help;
     bool dump;
     const char *config; /* --config PATH, last one wins */
-    int rest;           /* index of the first argument not parsed */
+    struct knob *load;  /* the loader knob given as a flag, and its path */
+    const char *load_path;
+    int rest; /* index of the first argument not parsed */
 };
 
 /* knobs_scan_argv walks the flags. With apply false it only recognises
@@ -507,8 +593,7 @@ static int knobs_scan_argv(struct knob *tab, size_t n, int argc, char **argv, bo
         if (arg[1] == '-')
             k = knob_find(tab, n, arg + 2, flag_len - 2);
         for (size_t j = 0; !k && j < n; j++)
-            if (tab[j].alias && strlen(tab[j].alias) == flag_len &&
-                strncmp(tab[j].alias, arg, flag_len) == 0)
+            if (alias_matches(&tab[j], arg, flag_len))
                 k = &tab[j];
         if (!k && flag_len > 5 && strncmp(arg, "--no-", 5) == 0) {
             k = knob_find(tab, n, arg + 5, flag_len - 5);
@@ -546,6 +631,10 @@ static int knobs_scan_argv(struct knob *tab, size_t n, int argc, char **argv, bo
             knobs_err(err, errlen, "flag %.*s needs a value", (int)flag_len, arg);
             return KOLO_EINVAL;
         }
+        if (k->loader) {
+            scan->load = k;
+            scan->load_path = value;
+        }
         if (apply) {
             int rc = knob_set(k, value, "flag", where, err, errlen);
             if (rc)
@@ -557,6 +646,30 @@ static int knobs_scan_argv(struct knob *tab, size_t n, int argc, char **argv, bo
 }
 
 /* ------------------------------------------------------------ entry points */
+
+/* knobs_run_loader finds the path of the table's loader knob (flag, then
+ * its environment variable, then the config file) and runs the loader. */
+static int knobs_run_loader(struct knob *tab, size_t n, const struct argv_scan *scan, char *err,
+                            size_t errlen)
+{
+    for (size_t i = 0; i < n; i++) {
+        struct knob *k = &tab[i];
+        if (!k->loader || k->type != KNOB_STR)
+            continue;
+        const char *path = scan->load == k ? scan->load_path : NULL;
+        char name[128];
+        if (!path && knob_env_name(k, name, sizeof name)) {
+            path = getenv(name);
+            if (path && !*path)
+                path = NULL;
+        }
+        if (!path && k->dst)
+            path = *(char **)k->dst;
+        if (path && *path)
+            return k->loader(tab, n, path, err, errlen);
+    }
+    return 0;
+}
 
 int knobs_parse(struct knob *tab, size_t n, int argc, char **argv, int *rest, const char *usage,
                 FILE *out, char *err, size_t errlen)
@@ -602,6 +715,8 @@ int knobs_parse(struct knob *tab, size_t n, int argc, char **argv, int *rest, co
     }
     if (config && knobs_load_config(tab, n, config, err, errlen))
         return KNOBS_ERROR;
+    if (knobs_run_loader(tab, n, &scan, err, errlen))
+        return KNOBS_ERROR;
 
     for (size_t i = 0; i < n; i++) {
         char name[128], where[160];
@@ -646,6 +761,8 @@ static const char *knob_metavar(enum knob_type type)
         return " <int>";
     case KNOB_DURATION:
         return " <duration>";
+    case KNOB_SECONDS:
+        return " <seconds>";
     case KNOB_SIZE:
         return " <size>";
     default:
@@ -653,61 +770,123 @@ static const char *knob_metavar(enum knob_type type)
     }
 }
 
-/* help_line prints one entry: the flag column padded to a fixed width,
- * then the description (on the next line if the flags are too wide). */
+/* help_line prints one entry: the flag column padded to a fixed width
+ * (the description starts on the next line if the flags are too wide),
+ * then the description wrapped to fit 80 columns. */
 static void help_line(FILE *out, const char *flags, const char *text)
 {
-    const int width = 30;
+    const int width = 30, columns = 80;
     int len = (int)strlen(flags);
     if (len < width - 1)
-        fprintf(out, "  %-*s%s\n", width - 2, flags, text);
+        fprintf(out, "  %-*s", width - 2, flags);
     else
-        fprintf(out, "  %s\n  %-*s%s\n", flags, width - 2, "", text);
+        fprintf(out, "  %s\n%*s", flags, width, "");
+    int col = width;
+    bool first = true;
+    for (const char *p = text; *p;) {
+        while (*p == ' ')
+            p++;
+        int word = (int)strcspn(p, " ");
+        if (word == 0)
+            break;
+        if (!first && col + 1 + word > columns) {
+            fprintf(out, "\n%*s", width, "");
+            col = width;
+            first = true;
+        }
+        fprintf(out, "%s%.*s", first ? "" : " ", word, p);
+        col += word + (first ? 0 : 1);
+        first = false;
+        p += word;
+    }
+    fputc('\n', out);
+}
+
+/* knob_flags writes a knob's spellings for --help: its aliases, then
+ * --name, then the value it takes. */
+static void knob_flags(char *out, size_t size, const struct knob *k, const char *metavar)
+{
+    size_t len = 0;
+    out[0] = '\0';
+    for (const char *a = k->alias; a && *a && len < size;) {
+        size_t alen = strcspn(a, " ");
+        len += (size_t)snprintf(out + len, size - len, "%.*s, ", (int)alen, a);
+        a += alen;
+        while (*a == ' ')
+            a++;
+    }
+    if (len < size)
+        snprintf(out + len, size - len, "--%s%s", k->name, metavar);
 }
 
 void knobs_print_help(FILE *out, const char *usage, const struct knob *tab, size_t n)
 {
     if (usage && *usage)
         fprintf(out, "%s\n\n", usage);
-    fprintf(out, "Options (a flag beats its KOLO_* environment variable, which beats the config "
+    fprintf(out, "Options (a flag beats its environment variable, which beats the config "
                  "file,\nwhich beats the default):\n");
+    bool ignored = false;
     for (size_t i = 0; i < n; i++) {
         const struct knob *k = &tab[i];
-        char flags[160];
-        snprintf(flags, sizeof flags, "%s%s--%s%s", k->alias ? k->alias : "", k->alias ? ", " : "",
-                 k->name, knob_metavar(k->type));
+        char flags[256];
+        if (k->flags & KNOB_IGNORED) {
+            ignored = true;
+            continue;
+        }
+        knob_flags(flags, sizeof flags, k, k->type == KNOB_BOOL ? "" : knob_metavar(k->type));
+        if (k->flags & KNOB_ACTION) {
+            help_line(out, flags, k->help ? k->help : "");
+            continue;
+        }
 
-        /* Description, then what the user needs to set it elsewhere. */
+        /* Description, then what the user needs to set it elsewhere, in
+         * parentheses: default, range, variable, whichever there are. */
         char text[1024];
-        int len = snprintf(text, sizeof text, "%s (", k->help ? k->help : "");
+        int len = snprintf(text, sizeof text, "%s", k->help ? k->help : "");
+        const char *sep = " (";
         if (k->type == KNOB_BOOL) {
             bool on = false;
             if (k->def)
                 parse_bool(k->def, &on);
-            len += snprintf(text + len, sizeof text - (size_t)len, "default %s, --no-%s sets false",
-                            on ? "true" : "false", k->name);
+            len +=
+                snprintf(text + len, sizeof text - (size_t)len, "%sdefault %s, --no-%s sets false",
+                         sep, on ? "true" : "false", k->name);
+            sep = ", ";
         } else if (k->def) {
-            len += snprintf(text + len, sizeof text - (size_t)len, "default %s",
+            len += snprintf(text + len, sizeof text - (size_t)len, "%sdefault %s", sep,
                             *k->def ? k->def : "\"\"");
-        } else {
-            len += snprintf(text + len, sizeof text - (size_t)len, "no default");
+            sep = ", ";
         }
         if (knob_has_range(k)) {
             char lo[32], hi[32];
             format_number(lo, sizeof lo, k->type, k->min);
             format_number(hi, sizeof hi, k->type, k->max);
-            len += snprintf(text + len, sizeof text - (size_t)len, ", range %s..%s", lo, hi);
+            len += snprintf(text + len, sizeof text - (size_t)len, "%srange %s..%s", sep, lo, hi);
+            sep = ", ";
         }
         char env[128];
-        if (knob_env_name(k, env, sizeof env))
-            len += snprintf(text + len, sizeof text - (size_t)len, ", env %s", env);
-        if ((size_t)len < sizeof text)
+        if (knob_env_name(k, env, sizeof env) && (size_t)len < sizeof text) {
+            len += snprintf(text + len, sizeof text - (size_t)len, "%senv %s", sep, env);
+            sep = ", ";
+        }
+        if (sep[0] == ',' && (size_t)len < sizeof text)
             snprintf(text + len, sizeof text - (size_t)len, ")");
         help_line(out, flags, text);
     }
     help_line(out, "--config <path>", "read settings from a config file (env KOLO_CONFIG)");
     help_line(out, "--dump-config", "print the effective settings as a config file and exit");
     help_line(out, "-h, --help", "print this help and exit");
+    if (!ignored)
+        return;
+    fprintf(out, "\nAccepted for compatibility and ignored:\n");
+    for (size_t i = 0; i < n; i++) {
+        const struct knob *k = &tab[i];
+        if (!(k->flags & KNOB_IGNORED))
+            continue;
+        char flags[256];
+        knob_flags(flags, sizeof flags, k, k->type == KNOB_BOOL ? "" : " <value>");
+        help_line(out, flags, k->help ? k->help : "");
+    }
 }
 
 /* dump_string writes s as a config value, quoted only when reading it back
@@ -753,11 +932,29 @@ void knobs_dump(FILE *out, const struct knob *tab, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         const struct knob *k = &tab[i];
+        if (k->flags & (KNOB_ACTION | KNOB_IGNORED))
+            continue;
+        if (k->loader && k->dst) {
+            /* Its settings are among the values below already; naming it
+             * again would apply them over the flags that beat them. */
+            const char *path = *(char *const *)k->dst;
+            fprintf(out, "# %s = ", k->name);
+            if (path)
+                dump_string(out, path);
+            fputs(path ? " (applied: its settings are in this dump)\n" : "(unset)\n", out);
+            continue;
+        }
         if (k->help && *k->help)
             fprintf(out, "# %s%s%s%s\n", k->help, k->source ? " [" : "", k->source ? k->source : "",
                     k->source ? "]" : "");
         if (!k->dst) {
             fprintf(out, "# %s = (no storage)\n", k->name);
+            continue;
+        }
+        if (k->type != KNOB_STR && !k->def && !knobs_given(k)) {
+            /* A number or switch without a default that nothing set: as
+             * for strings, reading the dump back must leave it unset. */
+            fprintf(out, "# %s = (unset)\n", k->name);
             continue;
         }
         char num[32];

@@ -99,6 +99,8 @@ int log_parse_level(const char *s)
     /* Spellings people type out of habit from other tools. */
     if (strcasecmp(s, "warning") == 0)
         return LOG_WARN;
+    if (strcasecmp(s, "fatal") == 0) /* Horovod's level above error */
+        return LOG_ERROR;
     if (strcasecmp(s, "none") == 0)
         return LOG_OFF;
     return -1;

@@ -313,6 +313,203 @@ static void test_env_and_config(void)
     CHECK_EQ_STR(err, "unknown flag --bogus");
 }
 
+/* ------------------------------------------------------------ extras */
+
+/* A second imaginary program, shaped like kolo run: several spellings,
+ * Horovod-style seconds, an action, an ignored flag and a loader. */
+struct extras {
+    int64_t np, timeout_ms;
+    char *hosts, *settings;
+    bool version, verbose;
+};
+static struct extras ex;
+static int loader_calls;
+static char loader_path[256];
+
+#define NEXTRAS 7
+
+/* extras_loader reads "name value" lines and sets knobs through the
+ * public calls, as a foreign-format loader does. */
+static int extras_loader(struct knob *t, size_t n, const char *path, char *err, size_t errlen)
+{
+    loader_calls++;
+    snprintf(loader_path, sizeof loader_path, "%s", path);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "settings %s: cannot open", path);
+        return 1;
+    }
+    char name[64], value[64];
+    int rc = 0;
+    while (rc == 0 && fscanf(f, "%63s %63s", name, value) == 2) {
+        struct knob *k = knobs_find(t, n, name);
+        if (!k) {
+            snprintf(err, errlen, "settings %s: unknown '%s'", path, name);
+            rc = 1;
+        } else {
+            rc = knobs_set(k, value, "settings file", err, errlen);
+        }
+    }
+    fclose(f);
+    return rc;
+}
+
+static struct knob xtab[NEXTRAS];
+
+static int parse_extras(FILE *out, const char *first, ...)
+{
+    const struct knob t[NEXTRAS] = {
+        {"np", "-np --num-proc", "", KNOB_INT, "1", 1, 64, "processes", &ex.np},
+        {"hosts", "-H", "", KNOB_STR, NULL, 0, -1, "hosts", &ex.hosts},
+        {"timeout", NULL, "X_TIMEOUT", KNOB_SECONDS, "30s", 0, 3600000, "give up after",
+         &ex.timeout_ms},
+        {"verbose", NULL, "", KNOB_BOOL, "false", 0, -1, "log more", &ex.verbose},
+        {"settings", NULL, "", KNOB_STR, NULL, 0, -1, "settings file", &ex.settings,
+         .loader = extras_loader},
+        {"version", "-v", "", KNOB_BOOL, NULL, 0, -1, "print the version", &ex.version,
+         .flags = KNOB_ACTION},
+        {"ssh-port", "-p", "", KNOB_STR, NULL, 1, 0, "no SSH here", NULL, .flags = KNOB_IGNORED},
+    };
+    char *argv[32];
+    int argc = 0;
+    argv[argc++] = "prog";
+    va_list ap;
+    va_start(ap, first);
+    for (const char *a = first; a; a = va_arg(ap, const char *))
+        argv[argc++] = (char *)a;
+    va_end(ap);
+    argv[argc] = NULL;
+    knobs_free(xtab, NEXTRAS);
+    memcpy(xtab, t, sizeof t);
+    err[0] = '\0';
+    loader_calls = 0;
+    return knobs_parse(xtab, NEXTRAS, argc, argv, &rest, "usage: prog", out, err, sizeof err);
+}
+
+#define parse_x(...) parse_extras(stdout, __VA_ARGS__, (const char *)NULL)
+
+static struct knob *xfind(const char *name)
+{
+    for (int i = 0; i < NEXTRAS; i++)
+        if (strcmp(xtab[i].name, name) == 0)
+            return &xtab[i];
+    return NULL;
+}
+
+static void test_extras(void)
+{
+    /* Every spelling in an alias list, and --name. */
+    CHECK_EQ_INT(parse_x("-np", "2"), KNOBS_OK);
+    CHECK_EQ_INT(ex.np, 2);
+    CHECK_EQ_INT(parse_x("--num-proc=3"), KNOBS_OK);
+    CHECK_EQ_INT(ex.np, 3);
+    CHECK_EQ_INT(parse_x("--np", "4", "-H", "a:1"), KNOBS_OK);
+    CHECK_EQ_INT(ex.np, 4);
+    CHECK_EQ_STR(ex.hosts, "a:1");
+    CHECK(knobs_given(xfind("hosts")));
+    CHECK(!knobs_given(xfind("verbose")));
+    CHECK_EQ_INT(parse_x("-num-proc", "4"), KNOBS_ERROR);
+    CHECK_EQ_INT(parse_x("--num"), KNOBS_ERROR);
+
+    /* KNOB_SECONDS: a plain number is seconds; units still work. */
+    CHECK_EQ_INT(parse_x(NULL), KNOBS_OK);
+    CHECK_EQ_INT(ex.timeout_ms, 30000);
+    CHECK_EQ_INT(parse_x("--timeout", "45"), KNOBS_OK);
+    CHECK_EQ_INT(ex.timeout_ms, 45000);
+    CHECK_EQ_INT(parse_x("--timeout", "1500ms"), KNOBS_OK);
+    CHECK_EQ_INT(ex.timeout_ms, 1500);
+    CHECK_EQ_INT(parse_x("--timeout", "2m"), KNOBS_OK);
+    CHECK_EQ_INT(ex.timeout_ms, 120000);
+    setenv("X_TIMEOUT", "7", 1);
+    CHECK_EQ_INT(parse_x(NULL), KNOBS_OK);
+    CHECK_EQ_INT(ex.timeout_ms, 7000);
+    unsetenv("X_TIMEOUT");
+    CHECK_EQ_INT(parse_x("--timeout", "soon"), KNOBS_ERROR);
+    CHECK(strstr(err, "timeout: 'soon' is not a duration (want seconds") != NULL);
+    CHECK_EQ_INT(parse_x("--timeout", "3601"), KNOBS_ERROR);
+    CHECK_EQ_STR(err, "timeout: 3601 is out of range [0, 1h] (from flag --timeout)");
+    CHECK_EQ_INT(parse_x("--timeout", "99999999999999999"), KNOBS_ERROR);
+
+    /* An action is a flag only; an ignored knob parses and keeps nothing. */
+    CHECK_EQ_INT(parse_x("-v"), KNOBS_OK);
+    CHECK(ex.version);
+    CHECK_EQ_INT(parse_x("-p", "22", "--ssh-port=23", "cmd"), KNOBS_OK);
+    CHECK(knobs_given(xfind("ssh-port")));
+    CHECK_EQ_INT(rest, 4);
+    CHECK(knobs_find(xtab, NEXTRAS, "version") == NULL);
+    CHECK(knobs_find(xtab, NEXTRAS, "num-proc") == xfind("np"));
+    CHECK(knobs_find(xtab, NEXTRAS, "np") == xfind("np"));
+    CHECK(knobs_find(xtab, NEXTRAS, "H") == NULL);
+    char path[256];
+    write_config("action.conf", "version = true\n", path, sizeof path);
+    CHECK_EQ_INT(parse_x("--config", path), KNOBS_ERROR);
+    CHECK(strstr(err, "unknown knob 'version'") != NULL);
+
+    /* The loader runs once, between the config file and the flags. */
+    char settings[256], conf[300];
+    write_config("x.settings", "np 8\nverbose true\nnum-proc 9\n", settings, sizeof settings);
+    CHECK_EQ_INT(parse_x("--settings", settings), KNOBS_OK);
+    CHECK_EQ_INT(loader_calls, 1);
+    CHECK_EQ_STR(loader_path, settings);
+    CHECK_EQ_INT(ex.np, 9);
+    CHECK(ex.verbose);
+    CHECK_EQ_STR(xfind("np")->source, "config");
+    CHECK_EQ_INT(parse_x("-np", "5", "--settings", settings), KNOBS_OK);
+    CHECK_EQ_INT(ex.np, 5);
+    CHECK_EQ_STR(xfind("np")->source, "flag");
+    snprintf(conf, sizeof conf, "np = 2\nsettings = %s\n", settings);
+    write_config("x.conf", conf, path, sizeof path);
+    CHECK_EQ_INT(parse_x("--config", path), KNOBS_OK);
+    CHECK_EQ_INT(loader_calls, 1);
+    CHECK_EQ_INT(ex.np, 9); /* the loader's file beats the config file */
+    write_config("bad.settings", "bogus 1\n", settings, sizeof settings);
+    CHECK_EQ_INT(parse_x("--settings", settings), KNOBS_ERROR);
+    CHECK(strstr(err, "unknown 'bogus'") != NULL);
+    write_config("bad2.settings", "np 999\n", settings, sizeof settings);
+    CHECK_EQ_INT(parse_x("--settings", settings), KNOBS_ERROR);
+    CHECK_EQ_STR(err, "np: 999 is out of range [1, 64] (from settings file)");
+    CHECK_EQ_INT(parse_x("--settings="), KNOBS_OK);
+    CHECK_EQ_INT(loader_calls, 0);
+
+    /* Help: spellings, the action without a default, ignored knobs apart.
+     * Dump: neither actions nor ignored knobs, the loader commented out. */
+    FILE *f = tmpfile();
+    REQUIRE(f);
+    CHECK_EQ_INT(parse_extras(f, "--help", (const char *)NULL), KNOBS_HELP);
+    long size = ftell(f);
+    rewind(f);
+    char *text = calloc(1, (size_t)size + 1);
+    REQUIRE(text && fread(text, 1, (size_t)size, f) == (size_t)size);
+    fclose(f);
+    CHECK(strstr(text, "-np, --num-proc, --np <int>") != NULL);
+    CHECK(strstr(text, "--timeout <seconds>") != NULL);
+    CHECK(strstr(text, "-v, --version               print the version\n") != NULL);
+    char *apart = strstr(text, "\nAccepted for compatibility and ignored:\n");
+    CHECK(apart != NULL);
+    CHECK(apart && strstr(apart, "-p, --ssh-port <value>      no SSH here\n") != NULL);
+    CHECK(strstr(text, "\n  -H, --hosts <str>           hosts\n") != NULL);
+    free(text);
+
+    f = tmpfile();
+    REQUIRE(f);
+    write_config("y.settings", "verbose true\n", settings, sizeof settings);
+    CHECK_EQ_INT(
+        parse_extras(f, "--settings", settings, "-p", "22", "--dump-config", (const char *)NULL),
+        KNOBS_DUMPED);
+    size = ftell(f);
+    rewind(f);
+    text = calloc(1, (size_t)size + 1);
+    REQUIRE(text && fread(text, 1, (size_t)size, f) == (size_t)size);
+    fclose(f);
+    CHECK(strstr(text, "version") == NULL);
+    CHECK(strstr(text, "ssh-port") == NULL);
+    CHECK(strstr(text, "\nverbose = true\n") != NULL);
+    CHECK(strstr(text, "\n# settings = ") != NULL);
+    CHECK(strstr(text, "\nsettings =") == NULL);
+    free(text);
+    knobs_free(xtab, NEXTRAS);
+}
+
 /* capture runs a parse whose output goes to a temp file and returns that
  * output (caller frees). */
 static char *capture(int *rc, const char *a1, const char *a2, const char *a3, const char *a4)
@@ -352,7 +549,11 @@ static void test_help_and_dump(void)
     CHECK_EQ_INT(rc, KNOBS_HELP);
     CHECK(strncmp(help, "usage: prog [options] cmd\n", 26) == 0);
     CHECK(strstr(help, "-np, --num-proc <int>") != NULL);
-    CHECK(strstr(help, "number of processes (default 1, range 1..1024, env KOLO_NUM_PROC)"));
+    /* Descriptions wrap at 80 columns under their own column. */
+    CHECK(strstr(help, "number of processes (default 1, range 1..1024, env\n"
+                       "                              KOLO_NUM_PROC)"));
+    for (const char *l = help; *l; l += strcspn(l, "\n") + (l[strcspn(l, "\n")] != '\0'))
+        CHECK(strcspn(l, "\n") <= 80);
     CHECK(strstr(help, "env FUSION_BYTES") != NULL);
     CHECK(strstr(help, "range 100ms..1h") != NULL);
     CHECK(strstr(help, "--no-verbose") != NULL);
@@ -408,6 +609,7 @@ int main(void)
     test_errors();
     test_env_and_config();
     test_help_and_dump();
+    test_extras();
     knobs_free(tab, NKNOBS);
     CHECK(cfg.listen == NULL && cfg.state == NULL);
     char cmd[300];

@@ -109,6 +109,7 @@ int main(void)
     CHECK_EQ_INT(log_parse_level("INFO"), LOG_INFO);
     CHECK_EQ_INT(log_parse_level("Warn"), LOG_WARN);
     CHECK_EQ_INT(log_parse_level("warning"), LOG_WARN);
+    CHECK_EQ_INT(log_parse_level("FATAL"), LOG_ERROR); /* Horovod's top level */
     CHECK_EQ_INT(log_parse_level("error"), LOG_ERROR);
     CHECK_EQ_INT(log_parse_level("off"), LOG_OFF);
     CHECK_EQ_INT(log_parse_level("2"), LOG_INFO);

@@ -1,0 +1,76 @@
+/*
+ * run.h - the pieces of `kolo run` around its main loop: the flag table
+ * (kolo's own and horovodrun's), the job environment the flags produce,
+ * --check-build, and the per-rank files of --output-filename.
+ */
+#ifndef KOLO_CLI_RUN_H
+#define KOLO_CLI_RUN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "knobs.h"
+
+/* Room for every knob of kolo run's table. */
+#define RUN_MAX_KNOBS 64
+
+struct run_opts {
+    int64_t np;
+    char *hosts, *hostfile, *coordinator, *token_file, *name, *http, *state_dir, *log_level;
+    char *output_filename, *config_file, *timeline_filename, *cycle_time_ms;
+    int64_t start_timeout, slots, grace;
+    int64_t fusion_threshold_mb, cache_capacity, stall_warning_s, stall_shutdown_s;
+    bool verbose, stall_check, version, check_build;
+};
+
+/* run_flags_table fills tab (RUN_MAX_KNOBS entries) with kolo run's knobs,
+ * which write into o, and returns how many there are. */
+size_t run_flags_table(struct knob *tab, struct run_opts *o);
+
+/*
+ * run_flags_finish checks what the knob types cannot (the log level, the
+ * cycle time, -H together with --hostfile), turns --hostfile into
+ * o->hosts, and prints one line to stderr for every ignored horovodrun
+ * flag that was given. 0, or KOLO_EINVAL (a usage error) with err set.
+ */
+int run_flags_finish(struct knob *tab, size_t n, struct run_opts *o, char *err, size_t errlen);
+
+/* run_flags_log_level is the level kolo run itself logs at. */
+int run_flags_log_level(const struct run_opts *o);
+
+/*
+ * run_job_env returns the "NAME=value" variables the flags set in the
+ * job's environment (HOROVOD_FUSION_THRESHOLD, ...), NULL-terminated, or
+ * NULL when out of memory. They override what the job inherits. Free with
+ * run_job_env_free.
+ */
+char **run_job_env(struct knob *tab, size_t n, const struct run_opts *o);
+void run_job_env_free(char **env);
+
+/* run_print_check_build prints what this kolo was built with, in the
+ * shape of `horovodrun --check-build`. */
+void run_print_check_build(FILE *out);
+
+/*
+ * Per-rank output files, as horovodrun writes them with Gloo:
+ * DIR/rank.<N>/stdout and DIR/rank.<N>/stderr, N zero-padded to the width
+ * of np - 1 so the directories sort in rank order.
+ */
+struct run_output;
+
+/* run_output_open creates every rank's directory and empty files. 0, or
+ * an error with a message in err. */
+int run_output_open(struct run_output **out, const char *dir, int np, char *err, size_t errlen);
+
+/* run_output_write appends one line (without its newline) to the rank's
+ * file; ranks outside [0, np) are dropped. The first failure is reported
+ * once on stderr and writing goes on for the other files. */
+void run_output_write(struct run_output *o, int rank, bool err_stream, const void *data,
+                      size_t len);
+
+/* run_output_close flushes and closes every file; NULL is fine. */
+void run_output_close(struct run_output *o);
+
+#endif
