@@ -1,7 +1,8 @@
 """Loading libkolo and describing its C API to ctypes.
 
 The library is found, in this order: $KOLO_LIBRARY; libkolo.so next to this
-package (an installed copy); the build tree this package sits in
+package or in the lib/ directory it was installed under (`make install`);
+the build tree this package sits in
 (<repo>/build/lib, or $KOLO_BUILD_DIR/lib); the system's library path.
 """
 import ctypes
@@ -16,7 +17,9 @@ def _candidates():
     if env:
         return [env]
     repo = os.path.dirname(os.path.dirname(_HERE))
-    paths = [os.path.join(_HERE, "libkolo.so")]
+    paths = [os.path.join(_HERE, "libkolo.so"),
+             # installed: <prefix>/lib/python3.X/dist-packages/kolo -> <prefix>/lib
+             os.path.normpath(os.path.join(_HERE, "..", "..", "..", "libkolo.so"))]
     build = os.environ.get("KOLO_BUILD_DIR")
     if build:
         paths.append(os.path.join(build, "lib", "libkolo.so"))

@@ -74,6 +74,9 @@ def kolo_run(np, script, args=(), timeout=120, env=None, kolo_args=(), state_dir
         out = ex.stdout.decode() if isinstance(ex.stdout, bytes) else (ex.stdout or "")
         err = ex.stderr.decode() if isinstance(ex.stderr, bytes) else (ex.stderr or "")
         raise AssertionError("kolo run timed out after %ss\n%s\n%s" % (timeout, out, err))
+    # printed in full: pytest shows it (untruncated) when the test fails
+    print("$ %s\n--- exit %d\n--- stdout\n%s\n--- stderr\n%s" % (" ".join(cmd), p.returncode,
+                                                               p.stdout, p.stderr))
     return Job(p.returncode, p.stdout, p.stderr)
 
 

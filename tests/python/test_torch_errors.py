@@ -55,11 +55,20 @@ assert issubclass(hvd.HorovodInternalError, RuntimeError)
 # after the errors, collectives work again
 assert torch.allclose(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.ones(2) * n)
 
-# the same name twice in flight: ValueError on the caller, nothing enqueued
-h = hvd.allreduce_async(torch.ones(2), name="twice")
-expect(lambda: hvd.allreduce_async(torch.ones(2), name="twice"), ValueError,
-       "same name as another tensor that is currently being processed", "duplicate name")
-hvd.synchronize(h)
+# the same name twice in flight: ValueError on the caller, nothing enqueued.
+# The other ranks submit the name only after a barrier that the tester
+# reaches after its check, so the first operation is surely still in flight.
+for tester in range(n):
+    name = "twice.%d" % tester
+    if r == tester:
+        h = hvd.allreduce_async(torch.ones(2), name=name)
+        expect(lambda: hvd.allreduce_async(torch.ones(2), name=name), ValueError,
+               "same name as another tensor that is currently being processed", "duplicate name")
+        hvd.barrier()
+    else:
+        hvd.barrier()
+        h = hvd.allreduce_async(torch.ones(2), name=name)
+    hvd.synchronize(h)
 
 # refused up front, on this rank alone
 expect(lambda: hvd.allreduce(torch.ones(2, dtype=torch.bool)), ValueError,
@@ -143,9 +152,12 @@ def test_dead_peer_fails_survivor(run_job):
     """A rank that dies mid-training makes the survivor's collective raise
     HorovodInternalError quickly (the job then fails with the dead rank's code)."""
     job = run_job(2, r'''
-import os, sys, time
+import os, signal, sys, time
 import torch
 import kolo.torch as hvd
+# the job stops the survivor once rank 1 failed; ignoring SIGTERM leaves it
+# the stop grace (5 s, then SIGKILL) to report what it saw
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
 hvd.init()
 hvd.allreduce(torch.ones(2), name="warm")
 if hvd.rank() == 1:
