@@ -138,7 +138,7 @@ def grouped_allreduce_async(arrays, op=None, name=None, prescale_factor=1.0,
     for i, x in enumerate(arrays):
         a, code = _array(x)
         out = _np.empty_like(a)
-        nm = "%s_%dof%d" % (name, i + 1, n) if name else None
+        nm = _engine.group_name(name, i, n)
         reqs.append(_engine.Req(_engine.ALLREDUCE, nm, _addr(a), _addr(out), code, a.shape,
                                 _engine.kolo_op(op), prescale_factor, postscale_factor))
         ins.append(a)
@@ -206,17 +206,13 @@ def alltoall(array, splits=None, name=None):
     return synchronize(alltoall_async(array, splits, name))
 
 
-def _scatter_rows(rows, n, r):
-    return rows // n + (1 if r < rows % n else 0)
-
-
 def reducescatter_async(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     if op not in (Average, Sum):
         raise ValueError("Reducescatter currently only supports AVERAGE and SUM.")
     a, code = _array(array)
     if a.ndim == 0:
         raise ValueError("reducescatter needs an array of rank >= 1")
-    rows = _scatter_rows(a.shape[0], size(), rank())
+    rows = _engine.scatter_rows(a.shape[0], size(), rank())
     out = _np.empty((rows,) + a.shape[1:], dtype=a.dtype)
     r = _engine.Req(_engine.REDUCESCATTER, name, _addr(a), _addr(out), code, a.shape,
                     _engine.kolo_op(op), prescale_factor, postscale_factor)

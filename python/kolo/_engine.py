@@ -62,6 +62,16 @@ def kolo_op(op):
     return _KOLO_OP[op]
 
 
+def group_name(name, i, n):
+    """Horovod's name of member i of a group of n: "<name>_<i+1>of<n>"."""
+    return "%s_%dof%d" % (name, i + 1, n) if name else None
+
+
+def scatter_rows(rows, n, r):
+    """Rank r's share of `rows` split over n ranks (the first rows % n get one more)."""
+    return rows // n + (1 if r < rows % n else 0)
+
+
 class Req:
     """One collective operation, described by addresses (see kolo_request)."""
 

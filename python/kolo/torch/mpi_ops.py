@@ -159,17 +159,13 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                                         postscale_factor, process_set))
 
 
-def _group_name(name, i, n):
-    return "%s_%dof%d" % (name, i + 1, n) if name else None
-
-
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
     _check_set(process_set)
     op = E.resolve_op(op, average)
     ins = [t.detach() for t in tensors]
     outs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in ins]
-    reqs = [_allreduce_req(t, o, _group_name(name, i, len(ins)), op, prescale_factor,
+    reqs = [_allreduce_req(t, o, E.group_name(name, i, len(ins)), op, prescale_factor,
                            postscale_factor) for i, (t, o) in enumerate(zip(ins, outs))]
     return _submit(reqs, (ins, outs), lambda res: outs)
 
@@ -179,7 +175,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     _check_set(process_set)
     op = E.resolve_op(op, average)
     ins = [t.detach() for t in tensors]
-    reqs = [_allreduce_req(t, t, _group_name(name, i, len(ins)), op, prescale_factor,
+    reqs = [_allreduce_req(t, t, E.group_name(name, i, len(ins)), op, prescale_factor,
                            postscale_factor) for i, t in enumerate(ins)]
     return _submit(reqs, ins, lambda res: list(tensors))
 
@@ -264,7 +260,7 @@ def allgather(tensor, name=None, process_set=global_process_set):
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     _check_set(process_set)
     ins = [t.detach() for t in tensors]
-    reqs = [_allgather_req(t, _group_name(name, i, len(ins))) for i, t in enumerate(ins)]
+    reqs = [_allgather_req(t, E.group_name(name, i, len(ins))) for i, t in enumerate(ins)]
     return _submit(reqs, ins, lambda res: [_rows_out(t, r) for t, r in zip(ins, res)])
 
 
@@ -362,17 +358,13 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 # ---------------------------------------------------------------- reducescatter
 
-def _scatter_rows(rows, n, r):
-    return rows // n + (1 if r < rows % n else 0)
-
-
 def _reducescatter_req(t, name, op, prescale_factor, postscale_factor):
     if op not in (Average, Sum):
         raise ValueError("Reducescatter currently only supports AVERAGE and SUM.")
     code = _check(t)
     if t.dim() == 0:
         raise ValueError("Process-set rank zero tried to reducescatter a rank-zero tensor.")
-    out = t.new_empty((_scatter_rows(t.shape[0], _kolo.size(), _kolo.rank()),) +
+    out = t.new_empty((E.scatter_rows(t.shape[0], _kolo.size(), _kolo.rank()),) +
                       tuple(t.shape[1:]))
     return out, E.Req(E.REDUCESCATTER, name, _p(t), _p(out), code, t.shape, E.kolo_op(op),
                       prescale_factor, postscale_factor)
@@ -417,7 +409,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
                                 prescale_factor=1.0, postscale_factor=1.0):
     _check_set(process_set)
     ins = [t.detach() for t in tensors]
-    pairs = [_reducescatter_req(t, _group_name(name, i, len(ins)), op, prescale_factor,
+    pairs = [_reducescatter_req(t, E.group_name(name, i, len(ins)), op, prescale_factor,
                                 postscale_factor) for i, t in enumerate(ins)]
     outs = [p[0] for p in pairs]
     return _submit([p[1] for p in pairs], (ins, outs), lambda res: outs)
