@@ -156,8 +156,14 @@ static int load_host_id(struct agent *a, char *err, size_t errlen)
 
 /* ---------------------------------------------------------------- shared state */
 
-void agent_running_add(struct agent *a, uint64_t job_id, uint64_t generation, int32_t rank,
-                       int32_t pid)
+bool worker_key_eq(const struct worker_key *a, const struct worker_key *b)
+{
+    if (a->job_id != b->job_id || a->worker_id != b->worker_id)
+        return false;
+    return a->worker_id != 0 || (a->generation == b->generation && a->rank == b->rank);
+}
+
+void agent_running_add(struct agent *a, const struct worker_key *k, int32_t pid)
 {
     pthread_mutex_lock(&a->mu);
     if (a->n_running == a->cap_running) {
@@ -172,21 +178,23 @@ void agent_running_add(struct agent *a, uint64_t job_id, uint64_t generation, in
         a->cap_running = cap;
     }
     Kolo__RunningWorker init = KOLO__RUNNING_WORKER__INIT;
-    init.job_id = job_id;
-    init.generation = generation;
-    init.rank = rank;
+    init.job_id = k->job_id;
+    init.generation = k->generation;
+    init.rank = k->rank;
+    init.worker_id = k->worker_id;
     init.pid = pid;
     a->running[a->n_running++] = init;
     a->stats.workers_alive = (int)a->n_running;
     pthread_mutex_unlock(&a->mu);
 }
 
-void agent_running_remove(struct agent *a, uint64_t job_id, uint64_t generation, int32_t rank)
+void agent_running_remove(struct agent *a, const struct worker_key *k)
 {
     pthread_mutex_lock(&a->mu);
     for (size_t i = 0; i < a->n_running; i++) {
         Kolo__RunningWorker *r = &a->running[i];
-        if (r->job_id == job_id && r->generation == generation && r->rank == rank) {
+        struct worker_key rk = {r->job_id, r->generation, r->worker_id, r->rank};
+        if (worker_key_eq(&rk, k)) {
             a->running[i] = a->running[--a->n_running];
             break;
         }
@@ -219,12 +227,12 @@ void agent_queue_event(struct agent *a, const Kolo__WorkerEvent *ev)
     pthread_mutex_unlock(&a->mu);
 }
 
-void agent_queue_line(struct agent *a, uint64_t job_id, int32_t rank, int stream, const char *text,
+void agent_queue_line(struct agent *a, const struct worker_key *k, int stream, const char *text,
                       size_t len)
 {
     uint64_t ts = now_wall_ms();
     pthread_mutex_lock(&a->mu);
-    if (outbox_push_line(&a->outbox, job_id, rank, stream, text, len, ts))
+    if (outbox_push_line(&a->outbox, k->job_id, k->rank, k->worker_id, stream, text, len, ts))
         pthread_cond_broadcast(&a->cond);
     a->stats.dropped_lines = a->outbox.dropped;
     pthread_mutex_unlock(&a->mu);

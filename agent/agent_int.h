@@ -108,7 +108,7 @@ bool outbox_full_batch(const struct outbox *o);
 /* The push functions return true when the reporter should be woken (the
  * queue was empty or now holds a full batch); false also on ENOMEM. */
 bool outbox_push_event(struct outbox *o, const Kolo__WorkerEvent *ev);
-bool outbox_push_line(struct outbox *o, uint64_t job_id, int32_t rank, int stream, const char *text,
+bool outbox_push_line(struct outbox *o, uint64_t job_id, int32_t rank, uint64_t worker_id, int stream, const char *text,
                       size_t len, uint64_t ts_ms);
 /* outbox_take moves the next batch off the queue into b (which is empty). */
 void outbox_take(struct outbox *o, struct outbox_batch *b);
@@ -185,17 +185,28 @@ struct agent {
     bool link_running, report_running;
 };
 
+/* A worker as the coordinator named it: (job_id, worker_id) is the key;
+ * generation and rank are the ones it was started with (an elastic job
+ * re-ranks running workers without telling the agent). worker_id 0 comes
+ * from a coordinator that predates elastic jobs: then (job_id,
+ * generation, rank) is the key. */
+struct worker_key {
+    uint64_t job_id, generation, worker_id;
+    int32_t rank;
+};
+
+bool worker_key_eq(const struct worker_key *a, const struct worker_key *b);
+
 /* agent.c */
-void agent_running_add(struct agent *a, uint64_t job_id, uint64_t generation, int32_t rank,
-                       int32_t pid);
-void agent_running_remove(struct agent *a, uint64_t job_id, uint64_t generation, int32_t rank);
+void agent_running_add(struct agent *a, const struct worker_key *k, int32_t pid);
+void agent_running_remove(struct agent *a, const struct worker_key *k);
 /* agent_post_desired hands a HeartbeatReply to the loop (takes ownership). */
 void agent_post_desired(struct agent *a, Kolo__HeartbeatReply *rep);
 /* Loop thread: a worker's last handle closed; the shutdown may be done. */
 void agent_loop_check_done(struct agent *a);
 /* Queue an event / a line for the reporter (any thread). */
 void agent_queue_event(struct agent *a, const Kolo__WorkerEvent *ev);
-void agent_queue_line(struct agent *a, uint64_t job_id, int32_t rank, int stream, const char *text,
+void agent_queue_line(struct agent *a, const struct worker_key *k, int stream, const char *text,
                       size_t len);
 
 /* supervise.c (loop thread) */

@@ -119,7 +119,7 @@ static bool drop_oldest_line(struct outbox *o)
     return true;
 }
 
-bool outbox_push_line(struct outbox *o, uint64_t job_id, int32_t rank, int stream, const char *text,
+bool outbox_push_line(struct outbox *o, uint64_t job_id, int32_t rank, uint64_t worker_id, int stream, const char *text,
                       size_t len, uint64_t ts_ms)
 {
     size_t cost = len + ITEM_OVERHEAD;
@@ -145,6 +145,7 @@ bool outbox_push_line(struct outbox *o, uint64_t job_id, int32_t rank, int strea
     it->u.line = init;
     it->u.line.job_id = job_id;
     it->u.line.rank = rank;
+    it->u.line.worker_id = worker_id;
     it->u.line.stream = (Kolo__OutputStream)stream;
     it->u.line.ts_ms = ts_ms;
     if (len)

@@ -51,8 +51,7 @@ enum { OUT = 0, ERR = 1 };
 struct worker {
     struct worker *next;
     struct agent *a;
-    uint64_t job_id, generation;
-    int32_t rank;
+    struct worker_key key;
 
     uv_process_t proc;
     uv_pipe_t pipes[2];
@@ -77,9 +76,10 @@ static void queue_event(struct worker *w, Kolo__WorkerEventKind kind, int32_t pi
                         int term_signal, const char *message)
 {
     Kolo__WorkerEvent ev = KOLO__WORKER_EVENT__INIT;
-    ev.job_id = w->job_id;
-    ev.generation = w->generation;
-    ev.rank = w->rank;
+    ev.job_id = w->key.job_id;
+    ev.generation = w->key.generation;
+    ev.rank = w->key.rank;
+    ev.worker_id = w->key.worker_id;
     ev.kind = kind;
     ev.pid = pid;
     ev.exit_code = exit_code;
@@ -92,13 +92,13 @@ static void queue_event(struct worker *w, Kolo__WorkerEventKind kind, int32_t pi
 static void emit_stdout(void *arg, const char *line, size_t len)
 {
     struct worker *w = arg;
-    agent_queue_line(w->a, w->job_id, w->rank, KOLO__OUTPUT_STREAM__OUTPUT_STDOUT, line, len);
+    agent_queue_line(w->a, &w->key, KOLO__OUTPUT_STREAM__OUTPUT_STDOUT, line, len);
 }
 
 static void emit_stderr(void *arg, const char *line, size_t len)
 {
     struct worker *w = arg;
-    agent_queue_line(w->a, w->job_id, w->rank, KOLO__OUTPUT_STREAM__OUTPUT_STDERR, line, len);
+    agent_queue_line(w->a, &w->key, KOLO__OUTPUT_STREAM__OUTPUT_STDERR, line, len);
 }
 
 /* ---------------------------------------------------------------- lifetime */
@@ -158,10 +158,10 @@ static void worker_finish(struct worker *w)
         queue_event(w, KOLO__WORKER_EVENT_KIND__WORKER_EXITED, pid, (int)w->exit_status,
                     w->term_signal, NULL);
         if (w->term_signal)
-            LOGI("agent", "job %" PRIu64 " rank %d: pid %d killed by signal %d", w->job_id, w->rank,
+            LOGI("agent", "job %" PRIu64 " rank %d: pid %d killed by signal %d", w->key.job_id, w->key.rank,
                  pid, w->term_signal);
         else
-            LOGI("agent", "job %" PRIu64 " rank %d: pid %d exited with code %d", w->job_id, w->rank,
+            LOGI("agent", "job %" PRIu64 " rank %d: pid %d exited with code %d", w->key.job_id, w->key.rank,
                  pid, (int)w->exit_status);
     }
     close_handle((uv_handle_t *)&w->timer);
@@ -194,7 +194,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     if (nread == 0)
         return; /* EAGAIN: nothing read this time */
     if (nread != UV_EOF)
-        LOGD("agent", "job %" PRIu64 " rank %d: reading %s: %s", w->job_id, w->rank,
+        LOGD("agent", "job %" PRIu64 " rank %d: reading %s: %s", w->key.job_id, w->key.rank,
              i == OUT ? "stdout" : "stderr", uv_strerror((int)nread));
     line_splitter_finish(&w->lines[i]);
     w->eof[i] = true;
@@ -216,7 +216,7 @@ static void on_worker_exit(uv_process_t *p, int64_t exit_status, int term_signal
     w->exited = true;
     w->exit_status = exit_status;
     w->term_signal = term_signal;
-    agent_running_remove(w->a, w->job_id, w->generation, w->rank);
+    agent_running_remove(w->a, &w->key);
     uv_timer_stop(&w->timer);
     if (w->eof[OUT] && w->eof[ERR])
         worker_finish(w);
@@ -243,7 +243,7 @@ static void on_kill_timeout(uv_timer_t *t)
     if (w->exited)
         return;
     LOGW("agent", "job %" PRIu64 " rank %d: still running %lld ms after SIGTERM, sending SIGKILL",
-         w->job_id, w->rank, (long long)w->a->grace_ms);
+         w->key.job_id, w->key.rank, (long long)w->a->grace_ms);
     signal_group(w, SIGKILL);
 }
 
@@ -252,8 +252,8 @@ static void worker_stop(struct worker *w)
     if (!w->spawned || w->exited || w->stopping)
         return;
     w->stopping = true;
-    LOGI("agent", "job %" PRIu64 " rank %d: stopping (SIGTERM, SIGKILL after %lld ms)", w->job_id,
-         w->rank, (long long)w->a->grace_ms);
+    LOGI("agent", "job %" PRIu64 " rank %d: stopping (SIGTERM, SIGKILL after %lld ms)", w->key.job_id,
+         w->key.rank, (long long)w->a->grace_ms);
     signal_group(w, SIGTERM);
     uv_timer_start(&w->timer, on_kill_timeout, (uint64_t)(w->a->grace_ms > 0 ? w->a->grace_ms : 0),
                    0);
@@ -356,6 +356,7 @@ static void build_env(struct agent *a, const Kolo__WorkerSpec *s, struct envv *e
     envv_setf(e, "HOROVOD_HOSTNAME", "%s", a->name);
     envv_setf(e, "KOLO_JOB", "%" PRIu64, s->job_id);
     envv_setf(e, "KOLO_GENERATION", "%" PRIu64, s->generation);
+    envv_setf(e, "KOLO_WORKER_ID", "%" PRIu64, s->worker_id);
     envv_setf(e, "KOLO_COORDINATOR", "%s", a->url);
     envv_setf(e, "KOLO_HOST_ID", "%s", a->host_id);
     envv_setf(e, "KOLO_AGENT_PID", "%d", a->pid);
@@ -371,9 +372,7 @@ static struct worker *worker_new(struct agent *a, const Kolo__WorkerSpec *s)
     if (!w)
         return NULL;
     w->a = a;
-    w->job_id = s->job_id;
-    w->generation = s->generation;
-    w->rank = s->rank;
+    w->key = (struct worker_key){s->job_id, s->generation, s->worker_id, s->rank};
     w->desired = true;
     if (line_splitter_init(&w->lines[OUT], AGENT_LINE_MAX, emit_stdout, w) != 0 ||
         line_splitter_init(&w->lines[ERR], AGENT_LINE_MAX, emit_stderr, w) != 0) {
@@ -396,7 +395,7 @@ static struct worker *worker_new(struct agent *a, const Kolo__WorkerSpec *s)
  * failed spawn and an exit with code 127, like a shell's "not found". */
 static void spawn_failed(struct worker *w, const char *msg)
 {
-    LOGE("agent", "job %" PRIu64 " rank %d: cannot start worker: %s", w->job_id, w->rank, msg);
+    LOGE("agent", "job %" PRIu64 " rank %d: cannot start worker: %s", w->key.job_id, w->key.rank, msg);
     queue_event(w, KOLO__WORKER_EVENT_KIND__WORKER_SPAWN_FAILED, 0, 0, 0, msg);
     queue_event(w, KOLO__WORKER_EVENT_KIND__WORKER_EXITED, 0, 127, 0, msg);
     w->exited = true;
@@ -468,14 +467,14 @@ static void worker_spawn(struct agent *a, const Kolo__WorkerSpec *s)
     }
     w->spawned = true;
     int32_t pid = (int32_t)uv_process_get_pid(&w->proc);
-    agent_running_add(a, w->job_id, w->generation, w->rank, pid);
+    agent_running_add(a, &w->key, pid);
     queue_event(w, KOLO__WORKER_EVENT_KIND__WORKER_STARTED, pid, 0, 0, NULL);
-    LOGI("agent", "job %" PRIu64 " gen %" PRIu64 " rank %d: started pid %d: %s", w->job_id,
-         w->generation, w->rank, pid, s->argv[0]);
+    LOGI("agent", "job %" PRIu64 " gen %" PRIu64 " rank %d: started pid %d: %s", w->key.job_id,
+         w->key.generation, w->key.rank, pid, s->argv[0]);
     for (int i = 0; i < 2; i++) {
         int r = uv_read_start((uv_stream_t *)&w->pipes[i], on_alloc, on_read);
         if (r != 0) {
-            LOGW("agent", "job %" PRIu64 " rank %d: cannot read %s: %s", w->job_id, w->rank,
+            LOGW("agent", "job %" PRIu64 " rank %d: cannot read %s: %s", w->key.job_id, w->key.rank,
                  i == OUT ? "stdout" : "stderr", uv_strerror(r));
             w->eof[i] = true;
             close_handle((uv_handle_t *)&w->pipes[i]);
@@ -485,10 +484,10 @@ static void worker_spawn(struct agent *a, const Kolo__WorkerSpec *s)
 
 /* ---------------------------------------------------------------- reconcile */
 
-static struct worker *find(struct agent *a, uint64_t job_id, uint64_t generation, int32_t rank)
+static struct worker *find(struct agent *a, const struct worker_key *k)
 {
     for (struct worker *w = a->workers; w; w = w->next)
-        if (w->job_id == job_id && w->generation == generation && w->rank == rank)
+        if (worker_key_eq(&w->key, k))
             return w;
     return NULL;
 }
@@ -501,7 +500,8 @@ void supervise_reconcile(struct agent *a, const Kolo__HeartbeatReply *rep)
         w->desired = false;
     for (size_t i = 0; i < rep->n_desired; i++) {
         const Kolo__WorkerSpec *s = rep->desired[i];
-        struct worker *w = find(a, s->job_id, s->generation, s->rank);
+        struct worker_key k = {s->job_id, s->generation, s->worker_id, s->rank};
+        struct worker *w = find(a, &k);
         if (w)
             w->desired = true;
         else
@@ -545,10 +545,10 @@ void supervise_force_close(struct agent *a)
             LOGE("agent",
                  "job %" PRIu64 " rank %d: pid %d did not exit after SIGKILL; "
                  "abandoning it",
-                 w->job_id, w->rank, uv_process_get_pid(&w->proc));
+                 w->key.job_id, w->key.rank, uv_process_get_pid(&w->proc));
             w->exited = true;
             w->term_signal = SIGKILL;
-            agent_running_remove(a, w->job_id, w->generation, w->rank);
+            agent_running_remove(a, &w->key);
         }
         worker_finish(w);
     }

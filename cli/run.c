@@ -250,6 +250,30 @@ int cmd_run(int argc, char **argv)
     size_t n = run_flags_table(tab, &o);
     char err[1024];
     int rest = 0;
+    /* horovodrun takes --blacklist-cooldown-range as two words: join them. */
+    char **args = calloc((size_t)argc + 1, sizeof(char *));
+    char joined[64] = "";
+    int nargs = 0;
+    for (int i = 0; args && i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0) {
+            while (i < argc)
+                args[nargs++] = argv[i++];
+            break;
+        }
+        args[nargs++] = argv[i];
+        if (strcmp(argv[i], "--blacklist-cooldown-range") == 0 && i + 2 < argc &&
+            strchr("0123456789", argv[i + 2][0]) && argv[i + 2][0]) {
+            snprintf(joined, sizeof(joined), "%s %s", argv[i + 1], argv[i + 2]);
+            args[nargs++] = joined;
+            i += 2;
+        }
+    }
+    if (!args) {
+        fprintf(stderr, "kolo run: out of memory\n");
+        return 1;
+    }
+    argc = nargs;
+    argv = args;
     int rv = knobs_parse(tab, n, argc, argv, &rest, help_head, stdout, err, sizeof(err));
     if (rv == KNOBS_HELP || rv == KNOBS_DUMPED) {
         knobs_free(tab, n);
@@ -341,6 +365,8 @@ int cmd_run(int argc, char **argv)
         int slots = (int)o.slots;
         if (slots <= 0)
             slots = (int)(o.np > ncpu ? o.np : ncpu);
+        if (o.slots == 0 && o.max_np > slots)
+            slots = (int)o.max_np;
         struct agent_config ac = {
             .coordinator_url = coord_rpc_url(coord),
             .token = token,
@@ -389,6 +415,15 @@ int cmd_run(int argc, char **argv)
     req.hosts = o.hosts ? o.hosts : "";
     req.name = o.name ? o.name : "";
     req.start_timeout_ms = (uint32_t)o.start_timeout;
+    req.elastic = o.elastic;
+    req.min_np = (int32_t)o.min_np;
+    req.max_np = (int32_t)o.max_np;
+    req.reset_limit = (int32_t)o.reset_limit;
+    req.cooldown_lo_s = o.cooldown_lo_s;
+    req.cooldown_hi_s = o.cooldown_hi_s;
+    req.elastic_timeout_ms = (uint32_t)o.elastic_timeout;
+    req.discovery_script = o.discovery ? o.discovery : "";
+    req.slots_per_host = (int32_t)o.slots;
     ProtobufCMessage *msg = NULL;
     rv = cli_call(cli, "AdminService.SubmitJob", &req.base, &kolo__submit_job_reply__descriptor,
                   &msg, 10000, err, sizeof(err));
@@ -406,6 +441,7 @@ int cmd_run(int argc, char **argv)
     code = stream_job(cli, job_id, o.grace, files);
 
 out:
+    free(args);
     rpc_client_close(cli);
     run_output_close(files);
     run_job_env_free(flag_env);

@@ -23,6 +23,12 @@ struct run_opts {
     int64_t start_timeout, slots, grace;
     int64_t fusion_threshold_mb, cache_capacity, stall_warning_s, stall_shutdown_s;
     bool verbose, stall_check, version, check_build;
+    /* elastic (horovodrun's names); any of min/max-np or a discovery script
+     * makes the job elastic */
+    int64_t min_np, max_np, reset_limit, elastic_timeout;
+    char *discovery, *cooldown_range;
+    uint32_t cooldown_lo_s, cooldown_hi_s; /* parsed from cooldown_range */
+    bool elastic;
 };
 
 /* run_flags_table fills tab (RUN_MAX_KNOBS entries) with kolo run's knobs,

@@ -18,9 +18,11 @@
  *     and each reported once on stderr, so the run goes on and the user
  *     learns the flag did nothing.
  *
- * Elastic flags (--min-np, --host-discovery-script, ...) are deliberately
- * absent: accepting them would promise fault tolerance that kolo run does
- * not give yet.
+ * Elastic flags are horovodrun's: --min-np, --max-np,
+ * --host-discovery-script, --reset-limit, --blacklist-cooldown-range LO HI
+ * (two words, as horovodrun takes them; run.c joins them before parsing)
+ * and --elastic-timeout. Any of min-np, max-np or a discovery script makes
+ * the job elastic; --slots then also sizes discovery lines without ":N".
  *
  * horovodrun's --config-file is YAML. kolo reads the part of YAML such
  * files use: `key: value` lines at the top level (horovodrun's option
@@ -323,6 +325,25 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
          "sets HOROVOD_TIMELINE for the job (kolo does not write a timeline yet)",
          &o->timeline_filename},
 
+        {"min-np", "--min-num-proc", "", KNOB_INT, "0", 0, 65536,
+         "elastic: keep running while at least this many workers are alive (default -np)",
+         &o->min_np},
+        {"max-np", "--max-num-proc", "", KNOB_INT, "0", 0, 65536,
+         "elastic: grow up to this many workers when capacity appears (default -np)",
+         &o->max_np},
+        {"host-discovery-script", NULL, "", KNOB_STR, NULL, 0, -1,
+         "elastic: a script printing 'host' or 'host:slots' lines, run every second by the "
+         "coordinator; only the hosts it lists are used",
+         &o->discovery},
+        {"reset-limit", NULL, "", KNOB_INT, "0", 0, 1000000,
+         "elastic: fail the job after this many resets (0: no limit)", &o->reset_limit},
+        {"blacklist-cooldown-range", NULL, "", KNOB_STR, NULL, 0, -1,
+         "elastic: LO HI seconds; a host whose worker failed returns after LO, 2 LO, 4 LO ... "
+         "(jittered, at most HI); without it the host stays out",
+         &o->cooldown_range},
+        {"elastic-timeout", NULL, "HOROVOD_ELASTIC_TIMEOUT", KNOB_SECONDS, "600s", 0,
+         86400000, "elastic: how long to wait for min-np slots before failing", &o->elastic_timeout},
+
         {"coordinator", NULL, "KOLO_RUN_COORDINATOR", KNOB_STR, NULL, 0, -1,
          "submit to this coordinator (tcp://HOST:PORT) instead of an embedded one",
          &o->coordinator},
@@ -331,8 +352,10 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
         {"name", NULL, "", KNOB_STR, NULL, 0, -1, "job name (default: the command)", &o->name},
         {"http", NULL, "", KNOB_STR, "127.0.0.1:0", 0, -1,
          "embedded coordinator: HTTP address of REST and the dashboard", &o->http},
-        {"slots", NULL, "", KNOB_INT, "0", 0, 65536,
-         "embedded agent: slots (default: the larger of -np and the CPU count)", &o->slots},
+        {"slots", "--slots-per-host", "", KNOB_INT, "0", 0, 65536,
+         "embedded agent: slots (default: the larger of -np, max-np and the CPU count); elastic: "
+         "slots of a discovery line without ':N'",
+         &o->slots},
         {"state-dir", NULL, NULL, KNOB_STR, NULL, 0, -1,
          "embedded coordinator: directory of run databases (default $XDG_STATE_HOME/kolo)",
          &o->state_dir},
@@ -494,6 +517,29 @@ static bool plain_decimal(const char *s)
 
 int run_flags_finish(struct knob *tab, size_t n, struct run_opts *o, char *err, size_t errlen)
 {
+    if (o->cooldown_range) {
+        unsigned lo = 0, hi = 0;
+        char extra;
+        if (sscanf(o->cooldown_range, "%u%*[ ,]%u %c", &lo, &hi, &extra) != 2 || lo < 1 ||
+            hi > 3600 || lo > hi) {
+            snprintf(err, errlen,
+                     "blacklist-cooldown-range: '%s' is not LO HI seconds with 1 <= LO <= HI "
+                     "<= 3600",
+                     o->cooldown_range);
+            return KOLO_EINVAL;
+        }
+        o->cooldown_lo_s = lo;
+        o->cooldown_hi_s = hi;
+    }
+    o->elastic = o->min_np > 0 || o->max_np > 0 || (o->discovery && o->discovery[0]);
+    if (o->elastic) {
+        int64_t lo = o->min_np ? o->min_np : o->np, hi = o->max_np ? o->max_np : o->np;
+        if (o->np && (lo > o->np || o->np > hi)) {
+            snprintf(err, errlen, "elastic sizes must satisfy min-np <= np <= max-np (got %lld, "
+                     "%lld, %lld)", (long long)lo, (long long)o->np, (long long)hi);
+            return KOLO_EINVAL;
+        }
+    }
     const struct knob *lk = knob_named(tab, n, "log-level");
     if (o->log_level && log_parse_level(o->log_level) < 0) {
         /* A stray variable in the shell is reported, as libkolo does,

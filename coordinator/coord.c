@@ -143,6 +143,10 @@ static void dispatch_rpc(struct coord *c, struct rpc_call *call)
     case M_WORKER_NEGOTIATE:
         coord_rpc_worker(c, call, m);
         break;
+    case M_WORKER_PUT_SNAPSHOT:
+    case M_WORKER_GET_SNAPSHOT:
+        coord_rpc_snapshot(c, call, m);
+        break;
     case M_UNKNOWN:
         c->m.rpc_errors[M_UNKNOWN]++;
         LOGW("coord", "unknown method '%s' from '%s'", f->method, f->identity);
@@ -162,6 +166,7 @@ static void coord_cron(struct coord *c)
     c->last_cron = now;
     coord_hosts_cron(c, now);
     coord_jobs_cron(c, now);
+    coord_snap_cron(c, now);
 }
 
 /* The tick: every COORD_CRON_MS, under the state lock. */
@@ -211,7 +216,9 @@ static int load_host_cb(const struct store_host *sh, void *arg)
     h->registered_ms = sh->registered_ms;
     h->last_seen_ms = sh->last_seen_ms;
     /* A host that was alive gets a fresh lease to re-register in. */
-    h->state = strcmp(sh->state, "alive") == 0 ? HOST_ALIVE : HOST_LOST;
+    /* "drained" is a live host that takes no new work (kept over restarts) */
+    h->drained = strcmp(sh->state, "drained") == 0;
+    h->state = strcmp(sh->state, "alive") == 0 || h->drained ? HOST_ALIVE : HOST_LOST;
     h->lease_deadline = now_mono_ms() + (uint64_t)c->cfg.lease_ms;
     h->last_seen_mono = now_mono_ms();
     struct host **tail = &c->hosts;
@@ -223,6 +230,7 @@ static int load_host_cb(const struct store_host *sh, void *arg)
 
 static void coord_free(struct coord *c)
 {
+    coord_snap_free(c);
     coord_jobs_free(c);
     coord_hosts_free(c);
     if (c->store)
@@ -320,7 +328,15 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
         return rv;
     }
     c->last_cron = now_mono_ms();
+    if (coord_discovery_start(c) != 0) {
+        snprintf(err, errlen, "cannot start the host discovery thread");
+        coord_http_stop(c);
+        rpc_server_close(c->rpc);
+        coord_free(c);
+        return KOLO_ESYS;
+    }
     if (pthread_create(&c->thread, NULL, coord_main, c) != 0) {
+        coord_discovery_stop(c);
         snprintf(err, errlen, "cannot start the coordinator thread");
         coord_http_stop(c);
         rpc_server_close(c->rpc);
@@ -349,9 +365,10 @@ void coord_stop(struct coord *c)
         return;
     pthread_mutex_lock(&c->mtx);
     c->stopping = true;
-    pthread_cond_signal(&c->cond);
+    pthread_cond_broadcast(&c->cond);
     pthread_mutex_unlock(&c->mtx);
     pthread_join(c->thread, NULL);
+    coord_discovery_stop(c);
     /* Parked calls were answered by the tick thread; the listeners can go. */
     coord_http_stop(c);
     rpc_server_close(c->rpc);

@@ -74,7 +74,7 @@ void coord_host_persist(struct coord *c, struct host *h)
         .gpus = h->gpus,
         .gpu_names = h->gpu_names_json,
         .mem_bytes = h->mem_bytes,
-        .state = h->state == HOST_ALIVE ? "alive" : "lost",
+        .state = h->drained ? "drained" : h->state == HOST_ALIVE ? "alive" : "lost",
         .registered_ms = h->registered_ms,
         .last_seen_ms = h->last_seen_ms,
         .order = h->order,
@@ -271,7 +271,7 @@ void coord_rpc_agent_register(struct coord *c, struct rpc_call *call)
     /* Re-attach: workers the agent still runs are running ranks again. */
     for (size_t i = 0; i < req->n_running; i++) {
         Kolo__RunningWorker *rw = req->running[i];
-        coord_job_worker_event(c, h, rw->job_id, rw->generation, rw->rank,
+        coord_job_worker_event(c, h, rw->job_id, rw->generation, rw->rank, rw->worker_id,
                                KOLO__WORKER_EVENT_KIND__WORKER_STARTED, rw->pid, 0, 0, NULL);
     }
 
@@ -379,6 +379,8 @@ void coord_rpc_agent_report(struct coord *c, struct rpc_call *call)
     for (size_t i = 0; i < req->n_lines; i++) {
         Kolo__OutputLine *l = req->lines[i];
         struct job *j = coord_job_find(c, l->job_id);
+        if (j && l->worker_id)
+            l->rank = coord_job_member(j, l->worker_id); /* its rank now */
         if (!j || l->rank < 0 || l->rank >= j->nranks || j->ranks[l->rank].host != h)
             continue; /* only a rank's own host may speak for it */
         size_t len = l->text.len > 65536 ? 65536 : l->text.len;
@@ -402,7 +404,7 @@ void coord_rpc_agent_report(struct coord *c, struct rpc_call *call)
     c->m.output_lines += nout;
     for (size_t i = 0; i < req->n_events; i++) {
         Kolo__WorkerEvent *e = req->events[i];
-        coord_job_worker_event(c, h, e->job_id, e->generation, e->rank, e->kind, e->pid,
+        coord_job_worker_event(c, h, e->job_id, e->generation, e->rank, e->worker_id, e->kind, e->pid,
                                e->exit_code, e->term_signal, e->message);
     }
     if (store_commit(c->store) != 0)

@@ -136,7 +136,7 @@ static void render_host(struct coord *c, struct jw *w, struct host *h)
     jw_kstr(w, "name", h->name);
     jw_kstr(w, "hostname", h->hostname);
     jw_kstr(w, "addr", h->addr);
-    jw_kstr(w, "state", h->state == HOST_ALIVE ? "alive" : "lost");
+    jw_kstr(w, "state", h->state != HOST_ALIVE ? "lost" : h->drained ? "drained" : "alive");
     jw_kint(w, "slots", h->slots);
     jw_kint(w, "slots_used", coord_host_slots_used(c, h));
     jw_kint(w, "cpus", h->cpus);
@@ -165,6 +165,19 @@ static void render_host(struct coord *c, struct jw *w, struct host *h)
     jw_obj_end(w);
 }
 
+static int render_generation_cb(uint64_t generation, const char *cause, int size, uint64_t ts_ms,
+                                void *arg)
+{
+    struct jw *w = arg;
+    jw_obj_begin(w);
+    jw_kuint(w, "generation", generation);
+    jw_kint(w, "size", size);
+    jw_kstr(w, "cause", cause ? cause : "");
+    jw_kuint(w, "ts_ms", ts_ms);
+    jw_obj_end(w);
+    return 0;
+}
+
 static void render_job_summary(struct jw *w, struct job *j)
 {
     jw_kuint(w, "id", j->id);
@@ -191,6 +204,35 @@ static void render_job_summary(struct jw *w, struct job *j)
     jw_kuint(w, "ended_ms", j->ended_ms);
     jw_kint(w, "ranks_alive", coord_job_ranks_alive(j));
     jw_kuint(w, "output_lines", j->out_seq);
+    jw_kbool(w, "elastic", j->el != NULL);
+    if (j->el) {
+        jw_key(w, "elastic_state");
+        jw_obj_begin(w);
+        jw_kint(w, "size", j->nranks);
+        jw_kint(w, "min_np", j->el->min_np);
+        jw_kint(w, "max_np", j->el->max_np);
+        jw_kint(w, "resets", j->el->resets);
+        jw_kint(w, "reset_limit", j->el->reset_limit);
+        jw_kbool(w, "waiting", j->el->waiting);
+        jw_kuint(w, "hosts_updated_ms", j->el->update_ms);
+        jw_key(w, "excluded");
+        jw_arr_begin(w);
+        uint64_t now = now_mono_ms();
+        for (const struct exclusion *x = j->el->excl; x; x = x->next) {
+            if (!x->active)
+                continue;
+            jw_obj_begin(w);
+            jw_kstr(w, "host", x->host_id);
+            jw_kint(w, "count", x->count);
+            if (x->until)
+                jw_kuint(w, "remaining_ms", x->until > now ? x->until - now : 0);
+            else
+                jw_kstr(w, "remaining_ms", "forever");
+            jw_obj_end(w);
+        }
+        jw_arr_end(w);
+        jw_obj_end(w);
+    }
 }
 
 struct event_ctx {
@@ -223,6 +265,7 @@ static void render_job(struct coord *c, struct jw *w, struct job *j)
         struct rank *rk = &j->ranks[r];
         jw_obj_begin(w);
         jw_kint(w, "rank", rk->rank);
+        jw_kuint(w, "worker_id", rk->wid);
         jw_kstr(w, "host", rk->host_id);
         jw_kstr(w, "host_name", rk->host ? rk->host->name : "");
         jw_kint(w, "local_rank", rk->local_rank);
@@ -390,6 +433,7 @@ static void render_metrics(struct coord *c, struct buf *b)
         "kolo_http_requests_total{class=\"5xx\"} %llu\n",
         (unsigned long long)(c->m.http_requests - c->m.http_errors_4xx - c->m.http_errors_5xx),
         (unsigned long long)c->m.http_errors_4xx, (unsigned long long)c->m.http_errors_5xx);
+    coord_snap_render_metrics(c, b);
 }
 
 /* ---------------------------------------------------------------- mutating routes */
@@ -432,6 +476,49 @@ static const char *json_str_member(const struct json *obj, const char *key, bool
         return NULL;
     }
     return v->str;
+}
+
+/* The elastic fields of a submission: "elastic" (bool), "min_np",
+ * "max_np", "reset_limit", "elastic_timeout_ms", "slots_per_host",
+ * "blacklist_cooldown_range" ([lo, hi] seconds), "host_discovery_script".
+ * Returns a problem text, or NULL. */
+static const char *parse_elastic(const struct json *root, struct elastic_opts *eo)
+{
+    static const struct {
+        const char *key;
+        int64_t max;
+    } ints[] = {{"min_np", 65536},       {"max_np", 65536},
+                {"reset_limit", 1000000}, {"elastic_timeout_ms", 86400000LL * 30},
+                {"slots_per_host", 65536}};
+    int64_t v[5] = {0};
+    for (int i = 0; i < 5; i++) {
+        const struct json *x = json_get(root, ints[i].key);
+        if (x && (!json_as_int(x, &v[i]) || v[i] < 0 || v[i] > ints[i].max))
+            return "\"min_np\", \"max_np\", \"reset_limit\", \"elastic_timeout_ms\" and "
+                   "\"slots_per_host\" must be non-negative integers in range";
+    }
+    const struct json *e = json_get(root, "elastic");
+    if (e && e->type != JSON_BOOL)
+        return "\"elastic\" must be true or false";
+    const struct json *cr = json_get(root, "blacklist_cooldown_range");
+    int64_t lo = 0, hi = 0;
+    if (cr && (cr->type != JSON_ARRAY || cr->count != 2 || !json_as_int(json_at(cr, 0), &lo) ||
+               !json_as_int(json_at(cr, 1), &hi) || lo < 0 || hi < 0 || lo > 3600 || hi > 3600))
+        return "\"blacklist_cooldown_range\" must be [lo, hi] in seconds";
+    const struct json *ds = json_get(root, "host_discovery_script");
+    if (ds && ds->type != JSON_STRING)
+        return "\"host_discovery_script\" must be a string";
+    eo->min_np = (int)v[0];
+    eo->max_np = (int)v[1];
+    eo->reset_limit = (int)v[2];
+    eo->timeout_ms = (uint32_t)v[3];
+    eo->slots_per_host = (int)v[4];
+    eo->cooldown_lo_s = (uint32_t)lo;
+    eo->cooldown_hi_s = (uint32_t)hi;
+    eo->discovery = ds ? ds->str : NULL;
+    /* Any elastic field makes the job elastic, as --min-np does for horovodrun. */
+    eo->elastic = (e && e->b) || v[0] || v[1] || (ds && ds->str[0]);
+    return NULL;
 }
 
 static void route_submit(struct coord *c, struct http_req *r, struct http_out *o)
@@ -501,9 +588,12 @@ static void route_submit(struct coord *c, struct http_req *r, struct http_out *o
         problem = "\"start_timeout_ms\" must be a non-negative integer";
         goto out;
     }
+    struct elastic_opts eo = {0};
+    if ((problem = parse_elastic(root, &eo)) != NULL)
+        goto out;
     uint64_t id = 0;
     int rv = coord_job_submit(c, argv, argc, env, nenv, cwd, (int)np, hosts, name,
-                              (uint32_t)timeout_ms, &id, err, sizeof(err));
+                              (uint32_t)timeout_ms, &eo, &id, err, sizeof(err));
     if (rv) {
         out_json_error(o, rv == KOLO_EINVAL ? 400 : 500, err);
         goto out;
@@ -614,6 +704,49 @@ static void route(struct coord *c, struct http_req *r, struct http_out *o)
             render_host(c, &w, h);
         jw_arr_end(&w);
         jw_obj_end(&w);
+    } else if (strncmp(p, "/api/v1/hosts/", 14) == 0) {
+        /* POST /api/v1/hosts/{id}/drain and /undrain */
+        const char *rest = p + 14, *slash = strrchr(rest, '/');
+        bool drain = slash && strcmp(slash, "/drain") == 0;
+        bool undrain = slash && strcmp(slash, "/undrain") == 0;
+        if (!drain && !undrain) {
+            out_json_error(o, 404, "no such route");
+            return;
+        }
+        if (!method_is(r, "POST", o, "POST"))
+            return;
+        buf_reset(&o->body);
+        if (!http_authorized(c, r, o))
+            return;
+        char id[64];
+        size_t n = (size_t)(slash - rest);
+        struct host *h = NULL;
+        if (n > 0 && n < sizeof(id)) {
+            memcpy(id, rest, n);
+            id[n] = '\0';
+            h = coord_host_find(c, id);
+            for (struct host *x = c->hosts; !h && x; x = x->next)
+                if (strcmp(x->name, id) == 0)
+                    h = x;
+        }
+        if (!h) {
+            out_json_error(o, 404, "no such host");
+            return;
+        }
+        if (h->drained != drain) {
+            h->drained = drain;
+            coord_host_persist(c, h);
+            coord_event(c, 0, h->id, drain ? "host.drained" : "host.undrained",
+                        "host %s %s through the REST API", h->name,
+                        drain ? "drained: no new work, elastic jobs leave it"
+                              : "undrained: usable again");
+            if (drain)
+                coord_elastic_host_drained(c, h);
+            else
+                coord_jobs_place_pending(c);
+        }
+        jw_init(&w, &o->body);
+        render_host(c, &w, h);
     } else if (strcmp(p, "/api/v1/events") == 0) {
         if (!method_is(r, "GET", o, "GET"))
             return;
@@ -663,7 +796,8 @@ static void route(struct coord *c, struct http_req *r, struct http_out *o)
         struct job *j = parse_id(idtext, &id) ? coord_job_find(c, id) : NULL;
         const char *sub = slash ? slash : "";
         if (strcmp(sub, "") && strcmp(sub, "/stop") && strcmp(sub, "/output") &&
-            strcmp(sub, "/events") && strcmp(sub, "/stalls")) {
+            strcmp(sub, "/events") && strcmp(sub, "/stalls") && strcmp(sub, "/snapshots") &&
+            strcmp(sub, "/generations")) {
             out_json_error(o, 404, "no such route");
             return;
         }
@@ -714,6 +848,20 @@ static void route(struct coord *c, struct http_req *r, struct http_out *o)
                 jw_key(&w, "stalls");
                 coord_negot_render_stalls(j, &w, min_age);
                 jw_obj_end(&w);
+            } else if (strcmp(sub, "/generations") == 0) {
+                jw_obj_begin(&w);
+                jw_kuint(&w, "current", j->generation);
+                jw_key(&w, "generations");
+                jw_arr_begin(&w);
+                if (store_generations_each(c->store, j->id, render_generation_cb, &w) < 0) {
+                    buf_reset(&o->body);
+                    out_json_error(o, 500, "cannot read the generations");
+                    return;
+                }
+                jw_arr_end(&w);
+                jw_obj_end(&w);
+            } else if (strcmp(sub, "/snapshots") == 0) {
+                coord_snap_render_list(c, j, &w);
             } else if (strcmp(sub, "/events") == 0) {
                 jw_obj_begin(&w);
                 jw_key(&w, "events");

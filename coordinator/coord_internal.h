@@ -47,6 +47,7 @@ struct host {
     char *gpu_names_json;
     uint64_t mem_bytes;
     enum host_state state;
+    bool drained; /* POST /api/v1/hosts/{id}/drain: no new work, elastic jobs leave */
     int64_t order;
     uint64_t registered_ms;  /* wall clock, first registration */
     uint64_t last_seen_ms;   /* wall clock */
@@ -64,6 +65,7 @@ struct host {
 
 struct rank {
     int rank;
+    uint64_t wid; /* worker id: the process, stable across generations */
     struct host *host; /* NULL if the host is unknown (after reload) */
     char host_id[64];
     int local_rank, local_size, cross_rank, cross_size;
@@ -79,6 +81,53 @@ struct waiter {
     uint64_t after_seq;
     uint32_t max_lines;
     uint64_t deadline; /* monotonic */
+};
+
+/* A host an elastic job does not use for now (its workers failed, or it
+ * lost its lease). until == 0: for good (no cooldown range). */
+struct exclusion {
+    struct exclusion *next;
+    char host_id[64];
+    int count;          /* times excluded */
+    uint64_t until;     /* monotonic ms; 0 = for good */
+    bool active;
+};
+
+/* What a submission asks for; elastic false: a fixed-size job. */
+struct elastic_opts {
+    bool elastic;
+    int min_np, max_np, reset_limit;
+    uint32_t cooldown_lo_s, cooldown_hi_s, timeout_ms;
+    const char *discovery;
+    int slots_per_host;
+};
+
+/* The elastic part of a job (coord_elastic.c); NULL for a fixed-size job. */
+struct elastic {
+    int min_np, max_np;
+    int reset_limit; /* 0: unlimited */
+    int resets;
+    uint32_t cooldown_lo_s, cooldown_hi_s; /* 0 0: excluded for good */
+    uint32_t timeout_ms;                   /* waiting for min_np slots */
+    char *discovery;                       /* host discovery script, or NULL */
+    int slots_per_host;
+    /* the current generation is closed and the next one cannot form yet */
+    bool waiting;
+    uint64_t wait_deadline; /* monotonic */
+    char *wait_cause;       /* what closed the generation */
+    /* a membership update the workers have not acted on (Horovod's
+     * HostsUpdatedInterrupt): wall-clock stamp and kind (1 removed, 2
+     * added, 3 mixed) */
+    uint64_t update_ms;
+    int update_kind;
+    bool finishing; /* a member exited 0: the job is ending, no new generations */
+    struct exclusion *excl;
+    struct parked_assign *assign; /* workers waiting for their place */
+    /* discovery results (coord_elastic.c's discovery thread) */
+    struct disc_host *disc;
+    int ndisc;
+    bool disc_ok;     /* at least one run succeeded */
+    char *disc_error; /* last failure, or NULL */
 };
 
 struct job {
@@ -104,6 +153,8 @@ struct job {
     uint64_t out_seq;       /* last output sequence number assigned */
     struct waiter *waiters; /* parked StreamOutput calls */
     struct negot *negot;    /* rendezvous and negotiation of the generation */
+    uint64_t next_wid;      /* worker ids handed out so far */
+    struct elastic *el;     /* NULL: fixed size */
 };
 
 enum work_kind { WORK_RPC, WORK_HTTP };
@@ -128,6 +179,8 @@ struct work {
     X(ADMIN_STREAM, "AdminService.StreamOutput")                                                   \
     X(WORKER_RENDEZVOUS, "WorkerService.Rendezvous")                                               \
     X(WORKER_NEGOTIATE, "WorkerService.Negotiate")                                                 \
+    X(WORKER_PUT_SNAPSHOT, "WorkerService.PutSnapshot")                                            \
+    X(WORKER_GET_SNAPSHOT, "WorkerService.GetSnapshot")                                            \
     X(UNKNOWN, "unknown")
 
 enum coord_method {
@@ -135,6 +188,21 @@ enum coord_method {
     COORD_METHODS(COORD_METHOD_ENUM)
 #undef COORD_METHOD_ENUM
         M_COUNT
+};
+
+/* coord_snap.c's counters; commit and write times as histograms. */
+#define COORD_SNAP_BUCKETS 12
+struct coord_snap_metrics {
+    uint64_t commits;         /* snapshots acknowledged */
+    uint64_t commit_bytes;    /* their bytes */
+    uint64_t commit_failures; /* uploads refused or failed after their first chunk */
+    uint64_t gets, get_bytes; /* GetSnapshot chunks served */
+    uint64_t uploads_dropped; /* abandoned, superseded or of an ended job */
+    uint64_t pruned;          /* deleted by retention */
+    uint64_t commit_hist[COORD_SNAP_BUCKETS + 1]; /* first chunk to ack */
+    double commit_sum;
+    uint64_t write_hist[COORD_SNAP_BUCKETS + 1]; /* the store transaction */
+    double write_sum;
 };
 
 struct coord_metrics {
@@ -151,6 +219,10 @@ struct coord_metrics {
     uint64_t store_errors;
     uint64_t output_lines;
     uint64_t stale_generation; /* fenced requests from older generations */
+    struct coord_snap_metrics snap;
+    uint64_t generations;      /* new generations formed after the first */
+    uint64_t resets_by_cause[4]; /* failure, host lost, reset requested, capacity */
+    uint64_t exclusions;
 };
 
 struct coord {
@@ -176,6 +248,11 @@ struct coord {
     struct job *jobs;   /* by id, ascending */
     struct coord_metrics m;
     uint64_t last_cron;
+    struct snap_upload *snap_uploads; /* coord_snap.c: partial uploads */
+
+    /* host discovery scripts of elastic jobs (coord_elastic.c) */
+    pthread_t disc_thread;
+    bool disc_running;
 };
 
 /* coord.c */
@@ -204,15 +281,15 @@ const char *coord_job_state_name(enum job_state s);
 const char *coord_rank_state_name(enum rank_state s);
 int coord_job_submit(struct coord *c, char **argv, int argc, char **env, int nenv, const char *cwd,
                      int np, const char *hosts, const char *name, uint32_t start_timeout_ms,
-                     uint64_t *job_id, char *err, size_t errlen);
+                     const struct elastic_opts *eo, uint64_t *job_id, char *err, size_t errlen);
 int coord_job_stop(struct coord *c, struct job *j, const char *reason);
 int coord_job_ranks_alive(const struct job *j);
 void coord_jobs_place_pending(struct coord *c);
 void coord_jobs_cron(struct coord *c, uint64_t now);
 void coord_jobs_host_lost(struct coord *c, struct host *h, const char *why);
 void coord_job_worker_event(struct coord *c, struct host *h, uint64_t job_id, uint64_t gen,
-                            int rank, int kind, int pid, int exit_code, int term_signal,
-                            const char *message);
+                            int rank, uint64_t wid, int kind, int pid, int exit_code,
+                            int term_signal, const char *message);
 void coord_job_output_added(struct coord *c, struct job *j);
 int coord_job_desired_for_host(struct coord *c, struct host *h, void ***specs, size_t *n);
 void coord_job_desired_free(void **specs, size_t n);
@@ -224,12 +301,51 @@ int coord_jobs_load(struct coord *c);
 /* coord_negot.c */
 struct negot;
 void coord_rpc_worker(struct coord *c, struct rpc_call *call, enum coord_method m);
+struct job *coord_worker_fence(struct coord *c, struct rpc_call *call, enum coord_method m);
 void coord_negot_job_ended(struct coord *c, struct job *j, int code, const char *why);
 void coord_negot_cron(struct coord *c, struct job *j, uint64_t now);
 void coord_negot_drop_parked(struct coord *c, struct job *j);
 void coord_negot_free(struct negot *n);
 struct jw;
 void coord_negot_render_stalls(struct job *j, struct jw *w, uint64_t min_age_ms);
+
+/* coord_elastic.c */
+enum elastic_cause { CAUSE_FAILURE, CAUSE_HOST_LOST, CAUSE_RESET, CAUSE_CAPACITY };
+int coord_elastic_init(struct job *j, const struct elastic_opts *o, char *err, size_t errlen);
+void coord_elastic_free(struct elastic *el);
+bool coord_elastic_host_usable(struct coord *c, struct job *j, const struct host *h);
+void coord_elastic_member_gone(struct coord *c, struct job *j, struct host *h, bool exclude,
+                               enum elastic_cause cause, const char *why);
+void coord_elastic_cron(struct coord *c, struct job *j, uint64_t now);
+void coord_elastic_assign(struct coord *c, struct job *j, struct rpc_call *call, uint64_t wid,
+                          uint32_t wait_ms);
+void coord_elastic_job_ended(struct coord *c, struct job *j);
+void coord_elastic_host_drained(struct coord *c, struct host *h);
+int coord_elastic_free_slots(struct coord *c, struct job *j, struct host *h);
+/* The discovery thread: runs every elastic job's host discovery script once
+ * a second, outside the state lock. */
+int coord_discovery_start(struct coord *c);
+void coord_discovery_stop(struct coord *c);
+char *coord_elastic_to_json(const struct job *j);
+void coord_elastic_from_json(struct job *j, const char *text);
+
+/* coord_jobs.c, for coord_elastic.c */
+void coord_job_finish(struct coord *c, struct job *j, enum job_state state, int exit_code,
+                      const char *reason);
+void coord_job_persist(struct coord *c, struct job *j);
+void coord_job_hosts_wake(struct coord *c, struct job *j);
+int coord_job_member(const struct job *j, uint64_t wid);
+
+/* coord_negot.c, for coord_elastic.c */
+void coord_negot_hosts_updated(struct coord *c, struct job *j, uint64_t stamp_ms, int kind);
+bool coord_negot_rank_joined(const struct job *j, int rank);
+
+/* coord_snap.c */
+void coord_rpc_snapshot(struct coord *c, struct rpc_call *call, enum coord_method m);
+void coord_snap_cron(struct coord *c, uint64_t now);
+void coord_snap_free(struct coord *c);
+void coord_snap_render_list(struct coord *c, struct job *j, struct jw *w);
+void coord_snap_render_metrics(struct coord *c, struct buf *b);
 
 /* coord_http.c */
 int coord_http_start(struct coord *c, char *err, size_t errlen);

@@ -8,10 +8,15 @@
  * then bumps the desired set of every host involved, which wakes their
  * parked heartbeats: that is the launch order.
  *
- * This slice is not elastic: the first worker to fail fails the job with
- * that worker's exit code (128+N for a signal, as a shell reports it), and
- * the job's ranks leave every host's desired set, so agents stop the rest.
- * A lost host fails the jobs that had ranks on it.
+ * A fixed-size job fails with the first worker that fails, with that
+ * worker's exit code (128+N for a signal, as a shell reports it), and the
+ * job's ranks leave every host's desired set, so agents stop the rest; a
+ * lost host fails the jobs that had ranks on it. An elastic job
+ * (coord_elastic.c) instead moves to a new generation.
+ *
+ * Every worker has a worker id (wid), unique in its job and kept for the
+ * process's life: agents key their workers by it, and its events and
+ * output are mapped to the rank it has in the current generation.
  */
 #include "coord_internal.h"
 
@@ -116,11 +121,13 @@ static int strv_from_json(const char *text, char ***out, int *n)
     return 0;
 }
 
-static void job_persist(struct coord *c, struct job *j)
+void coord_job_persist(struct coord *c, struct job *j)
 {
     char *argv_json = strv_to_json(j->argv, j->argc);
     char *env_json = strv_to_json(j->env, j->nenv);
+    char *el_json = coord_elastic_to_json(j);
     struct store_job sj = {
+        .elastic_json = el_json,
         .id = j->id,
         .name = j->name,
         .state = job_state_names[j->state],
@@ -144,6 +151,7 @@ static void job_persist(struct coord *c, struct job *j)
         j->id = sj.id;
     free(argv_json);
     free(env_json);
+    free(el_json);
 }
 
 static void rank_persist(struct coord *c, struct job *j, struct rank *r)
@@ -152,6 +160,7 @@ static void rank_persist(struct coord *c, struct job *j, struct rank *r)
         .job_id = j->id,
         .generation = j->generation,
         .rank = r->rank,
+        .worker_id = r->wid,
         .host_id = r->host_id,
         .local_rank = r->local_rank,
         .local_size = r->local_size,
@@ -186,7 +195,16 @@ static void job_free(struct job *j)
     free(j->reason);
     free(j->ranks);
     coord_negot_free(j->negot);
+    coord_elastic_free(j->el);
     free(j);
+}
+
+int coord_job_member(const struct job *j, uint64_t wid)
+{
+    for (int r = 0; r < j->nranks; r++)
+        if (j->ranks[r].wid == wid)
+            return r;
+    return -1;
 }
 
 static void job_append(struct coord *c, struct job *j)
@@ -202,10 +220,22 @@ static void job_append(struct coord *c, struct job *j)
 static int load_rank_cb(const struct store_rank *sr, void *arg)
 {
     struct job *j = arg;
-    if (sr->rank < 0 || sr->rank >= j->nranks)
+    if (sr->rank < 0 || sr->rank >= COORD_MAX_NP)
         return 0;
+    if (sr->rank >= j->nranks) {
+        struct rank *nr = realloc(j->ranks, (size_t)(sr->rank + 1) * sizeof(*nr));
+        if (!nr)
+            return KOLO_ENOMEM;
+        for (int k = j->nranks; k <= sr->rank; k++)
+            nr[k] = (struct rank){.rank = k, .state = RANK_LOST};
+        j->ranks = nr;
+        j->nranks = sr->rank + 1;
+    }
     struct rank *r = &j->ranks[sr->rank];
     r->rank = sr->rank;
+    r->wid = sr->worker_id ? sr->worker_id : (uint64_t)sr->rank + 1;
+    if (r->wid > j->next_wid)
+        j->next_wid = r->wid;
     str_copy(r->host_id, sr->host_id, sizeof(r->host_id));
     r->local_rank = sr->local_rank;
     r->local_size = sr->local_size;
@@ -243,16 +273,13 @@ static int load_job_cb(const struct store_job *sj, void *arg)
     j->ended_ms = sj->ended_ms;
     if (j->state == JOB_PENDING && j->start_timeout_ms)
         j->pending_deadline = now_mono_ms() + j->start_timeout_ms;
-    if (j->generation > 0 && j->np > 0 && j->np <= COORD_MAX_NP) {
-        j->ranks = calloc((size_t)j->np, sizeof(*j->ranks));
-        if (!j->ranks) {
+    if (sj->elastic_json && sj->elastic_json[0])
+        coord_elastic_from_json(j, sj->elastic_json);
+    if (j->generation > 0) {
+        if (store_ranks_each(c->store, j->id, j->generation, load_rank_cb, j) < 0) {
             job_free(j);
             return KOLO_ENOMEM;
         }
-        j->nranks = j->np;
-        for (int r = 0; r < j->nranks; r++)
-            j->ranks[r].state = RANK_LOST;
-        store_ranks_each(c->store, j->id, j->generation, load_rank_cb, j);
         for (int r = 0; r < j->nranks; r++)
             j->ranks[r].host =
                 j->ranks[r].host_id[0] ? coord_host_find(c, j->ranks[r].host_id) : NULL;
@@ -271,7 +298,7 @@ int coord_jobs_load(struct coord *c)
 
 static void job_wake_waiters(struct coord *c, struct job *j);
 
-static void job_hosts_wake(struct coord *c, struct job *j)
+void coord_job_hosts_wake(struct coord *c, struct job *j)
 {
     for (struct host *h = c->hosts; h; h = h->next) {
         for (int r = 0; r < j->nranks; r++) {
@@ -283,7 +310,7 @@ static void job_hosts_wake(struct coord *c, struct job *j)
     }
 }
 
-static void job_finish(struct coord *c, struct job *j, enum job_state state, int exit_code,
+void coord_job_finish(struct coord *c, struct job *j, enum job_state state, int exit_code,
                        const char *reason)
 {
     if (job_terminal(j))
@@ -293,7 +320,7 @@ static void job_finish(struct coord *c, struct job *j, enum job_state state, int
     j->ended_ms = now_wall_ms();
     j->pending_deadline = 0;
     job_set_reason(j, reason);
-    job_persist(c, j);
+    coord_job_persist(c, j);
     coord_event(c, j->id, NULL,
                 state == JOB_SUCCEEDED ? "job.succeeded"
                 : state == JOB_STOPPED ? "job.stopped"
@@ -304,7 +331,8 @@ static void job_finish(struct coord *c, struct job *j, enum job_state state, int
     coord_negot_job_ended(c, j, state == JOB_SUCCEEDED ? KOLO_ESHUTDOWN : KOLO_EPEER,
                           reason && reason[0] ? reason : "the job ended");
     /* The job's ranks leave the desired sets: agents stop what still runs. */
-    job_hosts_wake(c, j);
+    coord_elastic_job_ended(c, j);
+    coord_job_hosts_wake(c, j);
     job_wake_waiters(c, j);
     /* Freed slots may start a pending job. */
     coord_jobs_place_pending(c);
@@ -312,7 +340,7 @@ static void job_finish(struct coord *c, struct job *j, enum job_state state, int
 
 int coord_job_submit(struct coord *c, char **argv, int argc, char **env, int nenv, const char *cwd,
                      int np, const char *hosts, const char *name, uint32_t start_timeout_ms,
-                     uint64_t *job_id, char *err, size_t errlen)
+                     const struct elastic_opts *eo, uint64_t *job_id, char *err, size_t errlen)
 {
     if (argc < 1 || !argv[0][0]) {
         snprintf(err, errlen, "the job has no command");
@@ -346,7 +374,7 @@ int coord_job_submit(struct coord *c, char **argv, int argc, char **env, int nen
     if (!j)
         return KOLO_ENOMEM;
     j->argv = calloc((size_t)argc + 1, sizeof(char *));
-    j->env = calloc((size_t)nenv + 1, sizeof(char *));
+    j->env = calloc((size_t)nenv + 3, sizeof(char *)); /* + the elastic entries */
     if (!j->argv || !j->env) {
         job_free(j);
         return KOLO_ENOMEM;
@@ -355,6 +383,20 @@ int coord_job_submit(struct coord *c, char **argv, int argc, char **env, int nen
         j->argv[j->argc++] = strdup(argv[i]);
     for (int i = 0; i < nenv; i++)
         j->env[j->nenv++] = strdup(env[i]);
+    if (eo && eo->elastic) {
+        j->np = np;
+        int rv = coord_elastic_init(j, eo, err, errlen);
+        if (rv) {
+            job_free(j);
+            return rv;
+        }
+        /* Workers ask for their place by worker id, and wait for it as
+         * long as the job waits for capacity. */
+        char t[64];
+        snprintf(t, sizeof(t), "KOLO_ELASTIC_TIMEOUT_MS=%u", j->el->timeout_ms);
+        j->env[j->nenv++] = strdup("KOLO_ELASTIC=1");
+        j->env[j->nenv++] = strdup(t);
+    }
     j->name = strdup(name && name[0] ? name : argv[0]);
     j->cwd = strdup(cwd ? cwd : "");
     j->hosts = strdup(hosts ? hosts : "");
@@ -365,15 +407,22 @@ int coord_job_submit(struct coord *c, char **argv, int argc, char **env, int nen
     j->reason = strdup("waiting to be placed");
     if (start_timeout_ms)
         j->pending_deadline = now_mono_ms() + start_timeout_ms;
-    job_persist(c, j);
+    coord_job_persist(c, j);
     if (!j->id) {
         snprintf(err, errlen, "cannot record the job: %s", store_last_error(c->store));
         job_free(j);
         return KOLO_ESTORE;
     }
     job_append(c, j);
-    coord_event(c, j->id, NULL, "job.submitted", "job %llu submitted: np %d, %s%s%s",
-                (unsigned long long)j->id, np, j->name, j->hosts[0] ? ", hosts " : "", j->hosts);
+    if (j->el)
+        coord_event(c, j->id, NULL, "job.submitted",
+                    "job %llu submitted: elastic, np %d (min %d, max %d), %s%s%s",
+                    (unsigned long long)j->id, np, j->el->min_np, j->el->max_np, j->name,
+                    j->hosts[0] ? ", hosts " : "", j->hosts);
+    else
+        coord_event(c, j->id, NULL, "job.submitted", "job %llu submitted: np %d, %s%s%s",
+                    (unsigned long long)j->id, np, j->name, j->hosts[0] ? ", hosts " : "",
+                    j->hosts);
     *job_id = j->id;
     coord_jobs_place_pending(c);
     return 0;
@@ -400,8 +449,9 @@ static bool job_try_place(struct coord *c, struct job *j)
         ph[i] = (struct place_host){.name = h->name,
                                     .hostname = h->hostname,
                                     .id = h->id,
-                                    .free_slots = h->slots - coord_host_slots_used(c, h),
-                                    .alive = h->state == HOST_ALIVE};
+                                    .free_slots = j->el ? coord_elastic_free_slots(c, j, h)
+                                                        : h->slots - coord_host_slots_used(c, h),
+                                    .alive = coord_elastic_host_usable(c, j, h)};
     }
     if (j->hosts[0]) {
         spec = calloc(256, sizeof(*spec));
@@ -409,21 +459,21 @@ static bool job_try_place(struct coord *c, struct job *j)
             goto out;
         nspec = place_parse_hosts(j->hosts, spec, 256, reason, sizeof(reason));
         if (nspec < 0) {
-            job_finish(c, j, JOB_FAILED, 1, reason);
+            coord_job_finish(c, j, JOB_FAILED, 1, reason);
             changed = true;
             goto out;
         }
     }
     int rv = place_ranks(ph, nhosts, spec, nspec, j->np, pr, reason, sizeof(reason));
     if (rv == PLACE_IMPOSSIBLE) {
-        job_finish(c, j, JOB_FAILED, 1, reason);
+        coord_job_finish(c, j, JOB_FAILED, 1, reason);
         changed = true;
         goto out;
     }
     if (rv == PLACE_WAIT) {
         if (!j->reason || strcmp(j->reason, reason) != 0) {
             job_set_reason(j, reason);
-            job_persist(c, j);
+            coord_job_persist(c, j);
             job_wake_waiters(c, j);
         }
         goto out;
@@ -439,6 +489,7 @@ static bool job_try_place(struct coord *c, struct job *j)
     for (int r = 0; r < j->np; r++) {
         struct host *h = hv[pr[r].host];
         ranks[r] = (struct rank){.rank = r,
+                                 .wid = ++j->next_wid,
                                  .host = h,
                                  .local_rank = pr[r].local_rank,
                                  .local_size = pr[r].local_size,
@@ -449,6 +500,7 @@ static bool job_try_place(struct coord *c, struct job *j)
         sr[r] = (struct store_rank){.job_id = j->id,
                                     .generation = j->generation,
                                     .rank = r,
+                                    .worker_id = ranks[r].wid,
                                     .host_id = h->id,
                                     .local_rank = pr[r].local_rank,
                                     .local_size = pr[r].local_size,
@@ -467,7 +519,7 @@ static bool job_try_place(struct coord *c, struct job *j)
     if (store_generation_add(c->store, j->id, j->generation, "start", j->np, j->started_ms) != 0 ||
         store_ranks_put(c->store, sr, (size_t)j->np) != 0)
         coord_store_failed(c, "placement");
-    job_persist(c, j);
+    coord_job_persist(c, j);
     if (store_commit(c->store) != 0)
         coord_store_failed(c, "placement commit");
     free(sr);
@@ -484,7 +536,7 @@ static bool job_try_place(struct coord *c, struct job *j)
     coord_event(c, j->id, NULL, "job.started", "job %llu started: %d rank(s) on %s",
                 (unsigned long long)j->id, j->np, buf_cstr(&where));
     buf_free(&where);
-    job_hosts_wake(c, j);
+    coord_job_hosts_wake(c, j);
     job_wake_waiters(c, j);
     changed = true;
 out:
@@ -516,7 +568,7 @@ int coord_job_stop(struct coord *c, struct job *j, const char *reason)
 {
     if (job_terminal(j))
         return KOLO_ESTATE;
-    job_finish(c, j, JOB_STOPPED, 143, reason && reason[0] ? reason : "stopped on request");
+    coord_job_finish(c, j, JOB_STOPPED, 143, reason && reason[0] ? reason : "stopped on request");
     return 0;
 }
 
@@ -534,21 +586,30 @@ void coord_jobs_host_lost(struct coord *c, struct host *h, const char *why)
         }
         if (!hit)
             continue;
-        if (j->state == JOB_RUNNING)
-            job_finish(c, j, JOB_FAILED, 1, why);
+        if (j->state == JOB_RUNNING && j->el && !j->el->finishing)
+            coord_elastic_member_gone(c, j, h, true, CAUSE_HOST_LOST, why);
+        else if (j->state == JOB_RUNNING)
+            coord_job_finish(c, j, JOB_FAILED, 1, why);
         else
             job_wake_waiters(c, j);
     }
 }
 
 void coord_job_worker_event(struct coord *c, struct host *h, uint64_t job_id, uint64_t gen,
-                            int rank, int kind, int pid, int exit_code, int term_signal,
-                            const char *message)
+                            int rank, uint64_t wid, int kind, int pid, int exit_code,
+                            int term_signal, const char *message)
 {
     struct job *j = coord_job_find(c, job_id);
+    if (j && wid) {
+        /* The rank it has now; a worker that is no longer a member (an
+         * older generation's, being stopped) has nothing to say. */
+        rank = coord_job_member(j, wid);
+        gen = j->generation;
+    }
     if (!j || gen != j->generation || rank < 0 || rank >= j->nranks) {
-        LOGD("coord", "ignoring event for job %llu gen %llu rank %d from %s",
-             (unsigned long long)job_id, (unsigned long long)gen, rank, h->name);
+        LOGD("coord", "ignoring event for job %llu gen %llu rank %d worker %llu from %s",
+             (unsigned long long)job_id, (unsigned long long)gen, rank, (unsigned long long)wid,
+             h->name);
         return;
     }
     struct rank *r = &j->ranks[rank];
@@ -581,6 +642,20 @@ void coord_job_worker_event(struct coord *c, struct host *h, uint64_t job_id, ui
     r->term_signal = term_signal;
     rank_persist(c, j, r);
     int code = term_signal ? 128 + term_signal : exit_code;
+    if (j->state == JOB_RUNNING && code != 0 && j->el && !j->el->finishing) {
+        char why[256];
+        if (term_signal)
+            snprintf(why, sizeof(why), "rank %d on host %s was killed by signal %d", rank, h->name,
+                     term_signal);
+        else
+            snprintf(why, sizeof(why), "rank %d on host %s exited with code %d", rank, h->name,
+                     exit_code);
+        coord_event(c, j->id, h->id, "worker.failed", "%s", why);
+        coord_elastic_member_gone(c, j, h, true, CAUSE_FAILURE, why);
+        return;
+    }
+    if (j->state == JOB_RUNNING && code == 0 && j->el)
+        j->el->finishing = true; /* Horovod: a success ends the job, no more resets */
     if (j->state == JOB_RUNNING && code != 0) {
         char why[256];
         if (term_signal)
@@ -589,7 +664,7 @@ void coord_job_worker_event(struct coord *c, struct host *h, uint64_t job_id, ui
         else
             snprintf(why, sizeof(why), "rank %d on host %s exited with code %d", rank, h->name,
                      exit_code);
-        job_finish(c, j, JOB_FAILED, code, why);
+        coord_job_finish(c, j, JOB_FAILED, code, why);
         return;
     }
     if (j->state == JOB_RUNNING) {
@@ -598,7 +673,7 @@ void coord_job_worker_event(struct coord *c, struct host *h, uint64_t job_id, ui
             all_ok = j->ranks[k].state == RANK_EXITED && j->ranks[k].exit_code == 0 &&
                      j->ranks[k].term_signal == 0;
         if (all_ok) {
-            job_finish(c, j, JOB_SUCCEEDED, 0, "");
+            coord_job_finish(c, j, JOB_SUCCEEDED, 0, "");
             return;
         }
     }
@@ -631,6 +706,7 @@ int coord_job_desired_for_host(struct coord *c, struct host *h, void ***specs_ou
             kolo__worker_spec__init(s);
             s->job_id = j->id;
             s->generation = j->generation;
+            s->worker_id = rk->wid;
             s->rank = rk->rank;
             s->size = j->nranks;
             s->local_rank = rk->local_rank;
@@ -758,11 +834,13 @@ void coord_jobs_cron(struct coord *c, uint64_t now)
     for (struct job *j = c->jobs; j; j = j->next) {
         if (j->negot)
             coord_negot_cron(c, j, now);
+        if (j->el)
+            coord_elastic_cron(c, j, now);
         if (j->state == JOB_PENDING && j->pending_deadline && now >= j->pending_deadline) {
             char why[600];
             snprintf(why, sizeof(why), "not placed within the start timeout of %u ms: %s",
                      j->start_timeout_ms, j->reason ? j->reason : "");
-            job_finish(c, j, JOB_FAILED, 1, why);
+            coord_job_finish(c, j, JOB_FAILED, 1, why);
         }
         struct waiter **pw = &j->waiters;
         while (*pw) {
@@ -816,6 +894,13 @@ static void job_info_fill(struct job *j, Kolo__JobInfo *ji, bool with_ranks)
     ji->started_ms = j->started_ms;
     ji->ended_ms = j->ended_ms;
     ji->ranks_alive = coord_job_ranks_alive(j);
+    if (j->el) {
+        ji->elastic = true;
+        ji->min_np = j->el->min_np;
+        ji->max_np = j->el->max_np;
+        ji->resets = j->el->resets;
+        ji->reset_limit = j->el->reset_limit;
+    }
     if (with_ranks && j->nranks) {
         Kolo__RankInfo *storage = calloc((size_t)j->nranks, sizeof(*storage));
         ji->ranks = calloc((size_t)j->nranks, sizeof(*ji->ranks));
@@ -885,9 +970,18 @@ void coord_rpc_admin(struct coord *c, struct rpc_call *call, enum coord_method m
     case M_ADMIN_SUBMIT: {
         Kolo__SubmitJobRequest *req = (Kolo__SubmitJobRequest *)msg;
         uint64_t id = 0;
+        struct elastic_opts eo = {.elastic = req->elastic,
+                                  .min_np = req->min_np,
+                                  .max_np = req->max_np,
+                                  .reset_limit = req->reset_limit,
+                                  .cooldown_lo_s = req->cooldown_lo_s,
+                                  .cooldown_hi_s = req->cooldown_hi_s,
+                                  .timeout_ms = req->elastic_timeout_ms,
+                                  .discovery = req->discovery_script,
+                                  .slots_per_host = req->slots_per_host};
         int rv = coord_job_submit(c, req->argv, (int)req->n_argv, req->env, (int)req->n_env,
                                   req->cwd, req->np, req->hosts, req->name, req->start_timeout_ms,
-                                  &id, err, sizeof(err));
+                                  &eo, &id, err, sizeof(err));
         if (rv) {
             admin_error(c, call, m, rv, "%s", err);
             break;
@@ -982,7 +1076,7 @@ void coord_rpc_admin(struct coord *c, struct rpc_call *call, enum coord_method m
             infos[n].addr = h->addr;
             infos[n].slots = h->slots;
             infos[n].slots_used = coord_host_slots_used(c, h);
-            infos[n].state = h->state == HOST_ALIVE ? "alive" : "lost";
+            infos[n].state = h->state != HOST_ALIVE ? "lost" : h->drained ? "drained" : "alive";
             infos[n].inventory = &inv[n];
             infos[n].lease_age_ms = now - h->last_seen_mono;
             infos[n].registered_ms = h->registered_ms;

@@ -21,6 +21,7 @@ int cmd_coordinator(int argc, char **argv)
     char *listen = NULL, *http = NULL, *db = NULL, *token_file = NULL, *dashboard = NULL,
          *log_level = NULL;
     int64_t lease = 0, heartbeat = 0, grace = 0, max_msg = 0, contexts = 0;
+    int64_t snap_keep = 0, snap_max = 0, snap_upload = 0;
     struct knob tab[] = {
         {"listen", NULL, NULL, KNOB_STR, "tcp://127.0.0.1:7070", 0, -1,
          "RPC address for agents, workers and clients (port 0 picks one)", &listen},
@@ -41,6 +42,14 @@ int cmd_coordinator(int argc, char **argv)
          "concurrent RPC calls, parked ones included", &contexts},
         {"dashboard-dir", NULL, NULL, KNOB_STR, NULL, 0, -1,
          "directory of the dashboard's static files served at /", &dashboard},
+        {"snapshot-keep", NULL, NULL, KNOB_INT, "3", 1, 100000,
+         "elastic-state snapshots kept per job, newest first (a job may ask for another "
+         "number with KOLO_SNAPSHOT_KEEP)",
+         &snap_keep},
+        {"snapshot-max-bytes", NULL, NULL, KNOB_SIZE, "2G", 1, 1LL << 40,
+         "largest snapshot accepted; also the in-memory upload bytes per job", &snap_max},
+        {"snapshot-upload-timeout", NULL, NULL, KNOB_DURATION, "60s", 1000, 86400000,
+         "a partial snapshot upload that makes no progress this long is dropped", &snap_upload},
         {"log-level", NULL, "KOLO_LOG_LEVEL", KNOB_STR, "info", 0, -1,
          "trace, debug, info, warn, error or off", &log_level},
     };
@@ -88,6 +97,9 @@ int cmd_coordinator(int argc, char **argv)
         .max_msg = max_msg,
         .rpc_contexts = contexts,
         .dashboard_dir = dashboard,
+        .snapshot_keep = snap_keep,
+        .snapshot_max_bytes = snap_max,
+        .snapshot_upload_ms = snap_upload,
     };
     /* Block the stop signals before threads start so only sigwait sees them. */
     sigset_t set;

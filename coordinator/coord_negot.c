@@ -4,7 +4,8 @@
  * Rendezvous: each worker reports its data-plane addresses, pid and (for
  * the first rank of a host) its shared-memory segment; the call parks
  * until every rank of the generation reported, then all get the full
- * peer table.
+ * peer table. Later, the same call relays rank 0's ncclUniqueId to the
+ * other ranks when the job first uses a GPU (nccl_relay).
  *
  * Negotiation follows Horovod's semantics with the coordinator as the one
  * place that decides the order. Workers send the requests they queued
@@ -99,6 +100,9 @@ struct negot {
     struct peer *peers;
     int joined;
     bool complete;
+    /* the GPU communicator's ncclUniqueId, posted by rank 0 (nccl_relay) */
+    uint8_t nccl_id[128];
+    size_t nccl_id_len;
     /* negotiation */
     struct entry *buckets[NEGOT_BUCKETS];
     struct entry *head, *tail;
@@ -112,6 +116,9 @@ struct negot {
     int njoined, last_joined;
     bool shut;
     uint32_t calls_since_trim;
+    /* elastic: the pending membership update every reply carries */
+    uint64_t update_ms;
+    uint32_t update_kind;
     /* cache */
     char **cache_name;           /* [id] */
     struct treq **cache_tmpl;    /* [id] */
@@ -398,6 +405,7 @@ static void negot_answer(struct negot *n, struct rpc_call *call, uint64_t cursor
         total += n->log[last].len + 12;
         last++;
     }
+    total += 24; /* fields 3 and 4 */
     uint8_t *buf = malloc(total), *p = buf;
     if (!buf) {
         rpc_call_error(call, KOLO_ENOMEM, "out of memory");
@@ -411,6 +419,12 @@ static void negot_answer(struct negot *n, struct rpc_call *call, uint64_t cursor
     }
     *p++ = (2 << 3) | 0;
     put_varint(&p, n->log_base + last);
+    if (n->update_ms) {
+        *p++ = (3 << 3) | 0;
+        put_varint(&p, n->update_ms);
+        *p++ = (4 << 3) | 0;
+        put_varint(&p, n->update_kind);
+    }
     rpc_call_reply(call, buf, (size_t)(p - buf));
     free(buf);
 }
@@ -829,7 +843,10 @@ static void negot_shutdown(struct coord *c, struct negot *n, int code, const cha
 
 /* ---------------------------------------------------------------- RPC handlers */
 
-static struct job *worker_job(struct coord *c, struct rpc_call *call, enum coord_method m)
+/* coord_worker_fence is the check every worker request passes: the job
+ * runs, the caller's generation is the current one, its rank exists. On
+ * failure the call is answered (and counted against m) and NULL returned. */
+struct job *coord_worker_fence(struct coord *c, struct rpc_call *call, enum coord_method m)
 {
     const struct rpc_frame *f = rpc_call_frame(call);
     struct job *j = coord_job_find(c, f->job_id);
@@ -856,6 +873,14 @@ static struct job *worker_job(struct coord *c, struct rpc_call *call, enum coord
                        f->rank);
         return NULL;
     }
+    return j;
+}
+
+static struct job *worker_job(struct coord *c, struct rpc_call *call, enum coord_method m)
+{
+    struct job *j = coord_worker_fence(c, call, m);
+    if (!j)
+        return NULL;
     if (!j->negot || j->negot->generation != j->generation) {
         coord_negot_free(j->negot);
         j->negot = negot_new(j->id, j->generation, j->nranks);
@@ -895,9 +920,61 @@ static void rendezvous_answer(struct negot *n, struct rpc_call *call)
         rep.peers = ptrs;
         rep.n_peers = (size_t)n->size;
     }
+    rep.nccl_id.data = n->nccl_id;
+    rep.nccl_id.len = n->nccl_id_len;
     coord_send_pb(call, &rep.base);
     free(infos);
     free(ptrs);
+}
+
+/*
+ * The GPU communicator's id (worker/nccl_exec.c). NCCL's ranks need one
+ * ncclUniqueId, made by rank 0, before they can build a communicator.
+ * Workers do that the first time a job touches a GPU tensor, after the
+ * rendezvous: rank 0 posts its id here (the 128 bytes in nccl_id) and
+ * the other ranks ask with a one-byte nccl_id, parked like a rendezvous
+ * call until the id is there or wait_ms passed (then they ask again).
+ * The id belongs to the generation: a new generation starts without one.
+ */
+static void nccl_relay(struct coord *c, struct negot *n, int rank,
+                       const Kolo__RendezvousRequest *req, struct rpc_call *call)
+{
+    if (!n->complete) {
+        c->m.rpc_errors[M_WORKER_RENDEZVOUS]++;
+        rpc_call_error(call, KOLO_ESTATE, "the rendezvous of generation %llu is not complete",
+                       (unsigned long long)n->generation);
+        return;
+    }
+    struct peer *p = &n->peers[rank];
+    if (p->parked) {
+        rendezvous_answer(n, p->parked);
+        p->parked = NULL;
+    }
+    if (rank == 0 && req->nccl_id.len > 1) {
+        if (req->nccl_id.len > sizeof(n->nccl_id)) {
+            c->m.rpc_errors[M_WORKER_RENDEZVOUS]++;
+            rpc_call_error(call, KOLO_EINVAL, "nccl_id of %zu bytes; at most %zu",
+                           req->nccl_id.len, sizeof(n->nccl_id));
+            return;
+        }
+        memcpy(n->nccl_id, req->nccl_id.data, req->nccl_id.len);
+        n->nccl_id_len = req->nccl_id.len;
+        for (int r = 0; r < n->size; r++) {
+            if (n->peers[r].parked) {
+                rendezvous_answer(n, n->peers[r].parked);
+                n->peers[r].parked = NULL;
+            }
+        }
+        rendezvous_answer(n, call);
+        return;
+    }
+    uint32_t wait = req->wait_ms > NEGOT_MAX_WAIT_MS ? NEGOT_MAX_WAIT_MS : req->wait_ms;
+    if (n->nccl_id_len || wait == 0) {
+        rendezvous_answer(n, call);
+    } else {
+        p->parked = call;
+        p->deadline = now_mono_ms() + wait;
+    }
 }
 
 static void rpc_rendezvous(struct coord *c, struct rpc_call *call)
@@ -917,6 +994,11 @@ static void rpc_rendezvous(struct coord *c, struct rpc_call *call)
         c->m.rpc_errors[M_WORKER_RENDEZVOUS]++;
         rpc_call_error(call, KOLO_EINVAL, "rank %d believes the job has %d ranks; it has %d",
                        f->rank, req->size, n->size);
+        kolo__rendezvous_request__free_unpacked(req, NULL);
+        return;
+    }
+    if (req->nccl_id.len > 0) { /* the GPU communicator's id, not a join */
+        nccl_relay(c, n, f->rank, req, call);
         kolo__rendezvous_request__free_unpacked(req, NULL);
         return;
     }
@@ -1084,12 +1166,69 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
     }
 }
 
+/* An elastic worker asking for its place (rank, size, generation) by its
+ * worker id. The frame's generation is whatever the worker last knew, so
+ * it is not fenced here; the job, its state and the worker id are checked
+ * instead (coord_elastic.c). */
+static bool rpc_assign(struct coord *c, struct rpc_call *call)
+{
+    const struct rpc_frame *f = rpc_call_frame(call);
+    Kolo__RendezvousRequest *req = kolo__rendezvous_request__unpack(NULL, f->body_len, f->body);
+    if (!req || !req->worker_id) {
+        if (req)
+            kolo__rendezvous_request__free_unpacked(req, NULL);
+        return false; /* the ordinary rendezvous path answers */
+    }
+    uint64_t wid = req->worker_id;
+    uint32_t wait = req->wait_ms;
+    kolo__rendezvous_request__free_unpacked(req, NULL);
+    struct job *j = coord_job_find(c, f->job_id);
+    if (!j || !j->el) {
+        c->m.rpc_errors[M_WORKER_RENDEZVOUS]++;
+        rpc_call_error(call, KOLO_EINVAL, "job %llu is not a running elastic job",
+                       (unsigned long long)f->job_id);
+    } else if (j->state != JOB_RUNNING) {
+        c->m.rpc_errors[M_WORKER_RENDEZVOUS]++;
+        rpc_call_error(call, KOLO_ESHUTDOWN, "the job is not running: %s",
+                       j->reason ? j->reason : "");
+    } else {
+        coord_elastic_assign(c, j, call, wid, wait);
+    }
+    return true;
+}
+
 void coord_rpc_worker(struct coord *c, struct rpc_call *call, enum coord_method m)
 {
-    if (m == M_WORKER_RENDEZVOUS)
-        rpc_rendezvous(c, call);
-    else
+    if (m == M_WORKER_RENDEZVOUS) {
+        if (!rpc_assign(c, call))
+            rpc_rendezvous(c, call);
+    } else {
         rpc_negotiate(c, call);
+    }
+}
+
+void coord_negot_hosts_updated(struct coord *c, struct job *j, uint64_t stamp_ms, int kind)
+{
+    (void)c;
+    struct negot *n = j->negot;
+    if (!n || n->generation != j->generation)
+        return;
+    n->update_ms = stamp_ms;
+    n->update_kind = (uint32_t)kind;
+    for (int r = 0; r < n->size; r++) {
+        if (n->parked[r]) {
+            struct rpc_call *call = n->parked[r];
+            n->parked[r] = NULL;
+            negot_answer(n, call, n->cursor[r]);
+        }
+    }
+}
+
+bool coord_negot_rank_joined(const struct job *j, int rank)
+{
+    const struct negot *n = j->negot;
+    return n && n->generation == j->generation && rank >= 0 && rank < n->size &&
+           n->peers[rank].joined;
 }
 
 /* ---------------------------------------------------------------- lifecycle */

@@ -133,6 +133,13 @@ typedef struct kolo_config {
     int timeout_ms;        /* rendezvous and peer-failure deadline; 0 = 30000 */
     int64_t fusion_threshold; /* bytes; 0 = 64 MiB; -1 disables fusion */
     int disable_shm;       /* 1: TCP between every pair (tests, benchmarks) */
+    /* Elastic jobs: non-zero makes kolo_init ask the coordinator for this
+     * worker's place in the job's current generation first (rank, size,
+     * topology and generation above are then only who is asking), and
+     * join that generation; a generation replaced while joining sends it
+     * back to ask again, for up to elastic_timeout_ms (0 = 600 s). */
+    uint64_t worker_id;
+    int elastic_timeout_ms;
 } kolo_config;
 
 /*
@@ -167,6 +174,18 @@ KOLO_API int kolo_local_rank(const kolo_ctx *ctx);
 KOLO_API int kolo_local_size(const kolo_ctx *ctx);
 KOLO_API int kolo_cross_rank(const kolo_ctx *ctx);
 KOLO_API int kolo_cross_size(const kolo_ctx *ctx);
+/* kolo_generation returns the job generation ctx joined (elastic jobs get
+ * a new one at every membership change), 0 for NULL. */
+KOLO_API uint64_t kolo_generation(const kolo_ctx *ctx);
+
+/*
+ * kolo_hosts_updated reports the latest membership update the coordinator
+ * announced and the workers have not acted on yet: *stamp_ms is its
+ * wall-clock time (0: none) and *kind Horovod's HostUpdateResult bits (1
+ * hosts removed, 2 hosts added). Elastic training raises
+ * HostsUpdatedInterrupt on it at the next commit or check_host_updates.
+ */
+KOLO_API int kolo_hosts_updated(const kolo_ctx *ctx, uint64_t *stamp_ms, int *kind);
 
 /* kolo_last_error returns the detail of the last failure on ctx (the
  * text of a mismatch, the peer that died), "" if none. Valid until the
@@ -295,6 +314,98 @@ KOLO_API int kolo_result(kolo_ctx *ctx, kolo_handle handle, const void **data, s
 
 /* kolo_release frees a finished operation's handle and result. */
 KOLO_API int kolo_release(kolo_ctx *ctx, kolo_handle handle);
+
+/* ================================================================ GPU
+ *
+ * GPU tensors (the NCCL backend; docs/gpu.md). A request whose device is
+ * a CUDA device ordinal (>= 0) takes device pointers. kolo, like Horovod,
+ * runs one GPU per process: every GPU request of a context names the same
+ * device. CUDA and NCCL are loaded at run time, when the first GPU
+ * request is submitted; a build without the CUDA/NCCL headers, or a host
+ * without a GPU, refuses such a request at submit with KOLO_ENOTSUP and
+ * the reason in kolo_last_error, never a crash. Host pointers in a GPU
+ * request (and device pointers of another GPU) fail with KOLO_EINVAL.
+ *
+ * Ordering: the operation starts on the GPU after the work queued so far
+ * on the stream passed to kolo_submit_stream (kolo_submit uses the
+ * device's default stream), without blocking the host. It is complete -
+ * outputs written - when kolo_wait returns 0. Outputs held by the library
+ * (allgather, alltoall) are device memory: kolo_result's data is a device
+ * pointer; copy it with kolo_result_copy.
+ */
+
+/* kolo_submit_stream is kolo_submit for GPU requests produced on stream
+ * (a cudaStream_t; NULL: the legacy default stream). Host requests
+ * ignore the stream. */
+KOLO_API int kolo_submit_stream(kolo_ctx *ctx, const kolo_request *reqs, int n, void *stream,
+                                kolo_handle *handles);
+
+/* kolo_result_copy copies a finished operation's output held by the
+ * library (kolo_result's bytes) to dst: for a GPU operation, device (or
+ * host) memory, queued on stream (a cudaStream_t) - and the library frees
+ * the output on that stream at kolo_release, after the copy; for a host
+ * operation a plain memcpy (stream ignored). */
+KOLO_API int kolo_result_copy(kolo_ctx *ctx, kolo_handle handle, void *dst, void *stream);
+
+/* kolo_nccl_built returns the NCCL version the GPU backend was built
+ * against (NCCL_VERSION_CODE, e.g. 22809), 0 if it was not built;
+ * kolo_cuda_built the CUDA runtime version (CUDART_VERSION), 0 if not. */
+KOLO_API int kolo_nccl_built(void);
+KOLO_API int kolo_cuda_built(void);
+
+/* kolo_gpu_count loads the CUDA runtime and NCCL (once per process) and
+ * returns the number of GPUs this process can use; 0 with the reason in
+ * why (why may be NULL) if the backend, the libraries or a GPU are
+ * missing. */
+KOLO_API int kolo_gpu_count(char *why, size_t len);
+
+/* ---------------------------------------------------------------- snapshots
+ *
+ * Durable elastic-state snapshots (what state.commit() makes durable in
+ * kolo.torch.elastic): an opaque blob plus a JSON object of metadata,
+ * kept by the coordinator in its store, the newest few per job (the
+ * coordinator's --snapshot-keep, 3 by default; KOLO_SNAPSHOT_KEEP in a
+ * worker's environment sets it for its job). These calls use their own
+ * connection to the coordinator, not the background thread's, and may run
+ * in any thread while collectives go on; several may run at once. They
+ * retry across coordinator restarts until their timeout (timeout_ms <= 0:
+ * 5 minutes). A call in flight when kolo_fini starts fails with
+ * KOLO_ESHUTDOWN. Errors have their detail in kolo_last_error(ctx).
+ */
+
+/*
+ * kolo_snapshot_put uploads len bytes of data and meta_json (a JSON
+ * object as text, at most 64 KiB; NULL or "" for none) as a snapshot of
+ * this job and returns once the coordinator acknowledged it: it is then
+ * durable, and survives a crash of the coordinator. *snapshot_id (may be
+ * NULL) gets its id, increasing with every commit. Only the job's current
+ * generation may commit (KOLO_ESTALE otherwise); KOLO_ETOOBIG when the
+ * snapshot exceeds the coordinator's --snapshot-max-bytes (2 GiB by
+ * default); KOLO_ETIMEDOUT when no acknowledgement came in time (the
+ * snapshot may or may not have been stored). data is read, never kept.
+ */
+KOLO_API int kolo_snapshot_put(kolo_ctx *ctx, const void *data, size_t len, const char *meta_json,
+                               int timeout_ms, uint64_t *snapshot_id);
+
+/*
+ * kolo_snapshot_get reads the job's snapshot snapshot_id (0: the latest
+ * acknowledged one) into *data and *len, its metadata into *meta_json
+ * (may be NULL) and its id into *id_out (may be NULL); free both with
+ * kolo_snapshot_free. Any rank of the job may read, whatever its
+ * generation. The bytes are checked against the checksum the snapshot was
+ * committed with. KOLO_ENOTFOUND when the job has no snapshot (or none
+ * with that id: never committed, or pruned).
+ */
+KOLO_API int kolo_snapshot_get(kolo_ctx *ctx, uint64_t snapshot_id, void **data, size_t *len,
+                               char **meta_json, uint64_t *id_out, int timeout_ms);
+
+/* kolo_snapshot_get_latest is kolo_snapshot_get of the latest snapshot. */
+KOLO_API int kolo_snapshot_get_latest(kolo_ctx *ctx, void **data, size_t *len, char **meta_json,
+                                      uint64_t *snapshot_id, int timeout_ms);
+
+/* kolo_snapshot_free frees what kolo_snapshot_get returned. NULL is
+ * accepted. */
+KOLO_API void kolo_snapshot_free(void *p);
 
 #ifdef __cplusplus
 }

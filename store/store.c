@@ -158,8 +158,54 @@ static const char schema_v1[] =
     "  PRIMARY KEY (job_id, seq)"
     ");";
 
+/*
+ * Version 2: elastic-state snapshots.
+ * - snapshots.id is AUTOINCREMENT for the reason jobs.id is: clients log
+ *   the ids they were acknowledged, and an id must never come back.
+ * - (job_id, upload_id) is unique so that a client retrying the last
+ *   chunk of an upload that was already committed finds it instead of
+ *   storing it twice.
+ * - One row per chunk, not one BLOB per snapshot: SQLite caps a value at
+ *   1 GB by default, and a chunk is what GetSnapshot returns. Chunks go
+ *   with their snapshot (ON DELETE CASCADE), so pruning is one DELETE.
+ */
+static const char schema_v2[] =
+    "CREATE TABLE snapshots ("
+    "  id          INTEGER PRIMARY KEY AUTOINCREMENT,"
+    "  job_id      INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+    "  generation  INTEGER NOT NULL,"
+    "  rank        INTEGER NOT NULL,"
+    "  upload_id   INTEGER NOT NULL,"
+    "  created_ms  INTEGER NOT NULL,"
+    "  meta_json   TEXT NOT NULL,"
+    "  total_bytes INTEGER NOT NULL,"
+    "  checksum    TEXT NOT NULL,"
+    "  chunks      INTEGER NOT NULL,"
+    "  UNIQUE (job_id, upload_id)"
+    ");"
+    /* latest, list and prune walk a job's snapshots in id order. */
+    "CREATE INDEX snapshots_by_job ON snapshots(job_id, id);"
+    "CREATE TABLE snapshot_chunks ("
+    "  snapshot_id INTEGER NOT NULL REFERENCES snapshots(id) ON DELETE CASCADE,"
+    "  idx         INTEGER NOT NULL,"
+    "  data        BLOB NOT NULL,"
+    "  PRIMARY KEY (snapshot_id, idx)"
+    ");";
+
+/*
+ * Version 3: elastic jobs.
+ * - ranks.worker_id names the process behind a rank; it stays the same
+ *   across generations while the process lives (0 in rows written before).
+ * - jobs.elastic is the coordinator's JSON of an elastic job's settings and
+ *   the state a restart must keep (resets, exclusions); NULL: fixed size.
+ */
+static const char schema_v3[] = "ALTER TABLE ranks ADD COLUMN worker_id INTEGER NOT NULL DEFAULT 0;"
+                                "ALTER TABLE jobs ADD COLUMN elastic TEXT;";
+
 static const struct migration migrations[] = {
     {1, schema_v1},
+    {2, schema_v2},
+    {3, schema_v3},
 };
 
 /* Versions are consecutive from 1, so the array's length is the newest. */
@@ -173,11 +219,14 @@ _Static_assert(sizeof migrations / sizeof migrations[0] == STORE_SCHEMA_VERSION,
     "registered_ms, last_seen_ms, agent_instance, reg_order"
 #define JOB_COLUMNS                                                                                \
     "id, name, state, np, argv_json, env_json, cwd, hosts, exit_code, reason, generation, "        \
-    "start_timeout_ms, submitted_ms, started_ms, ended_ms"
+    "start_timeout_ms, submitted_ms, started_ms, ended_ms, elastic"
 #define RANK_COLUMNS                                                                               \
     "job_id, generation, rank, host_id, local_rank, local_size, cross_rank, cross_size, "          \
-    "state, exit_code, term_signal, pid"
+    "state, exit_code, term_signal, pid, worker_id"
 #define EVENT_COLUMNS  "id, ts_ms, job_id, host_id, kind, message"
+#define SNAPSHOT_COLUMNS                                                                           \
+    "id, job_id, generation, rank, upload_id, created_ms, meta_json, total_bytes, checksum, "      \
+    "chunks"
 #define OUTPUT_COLUMNS "job_id, seq, rank, stream, text, ts_ms"
 
 /* Placeholders are positional and bound in the order they appear. */
@@ -205,22 +254,24 @@ _Static_assert(sizeof migrations / sizeof migrations[0] == STORE_SCHEMA_VERSION,
     X(HOSTS_EACH, "SELECT " HOST_COLUMNS " FROM hosts ORDER BY reg_order")                         \
     X(JOB_INSERT, "INSERT INTO jobs(name, state, np, argv_json, env_json, cwd, hosts, "            \
                   "exit_code, reason, generation, start_timeout_ms, submitted_ms, "                \
-                  "started_ms, ended_ms) "                                                         \
-                  "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")                             \
+                  "started_ms, ended_ms, elastic) "                                                \
+                  "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")                          \
     X(JOB_UPDATE, "UPDATE jobs SET state = ?, np = ?, hosts = ?, exit_code = ?, "                  \
                   "reason = ?, generation = ?, start_timeout_ms = ?, started_ms = ?, "             \
-                  "ended_ms = ? WHERE id = ?")                                                     \
+                  "ended_ms = ?, elastic = ? WHERE id = ?")                                        \
     X(JOBS_EACH, "SELECT " JOB_COLUMNS " FROM jobs ORDER BY id")                                   \
     X(GENERATION_ADD, "INSERT INTO generations(job_id, generation, cause, size, ts_ms) "           \
                       "VALUES (?, ?, ?, ?, ?)")                                                    \
+    X(GENERATIONS_EACH, "SELECT generation, cause, size, ts_ms FROM generations "                  \
+                        "WHERE job_id = ? ORDER BY generation")                                    \
     X(RANK_PUT, "INSERT INTO ranks(" RANK_COLUMNS ") "                                             \
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "                                     \
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "                                  \
                 "ON CONFLICT(job_id, generation, rank) DO UPDATE SET "                             \
                 "host_id = excluded.host_id, local_rank = excluded.local_rank, "                   \
                 "local_size = excluded.local_size, cross_rank = excluded.cross_rank, "             \
                 "cross_size = excluded.cross_size, state = excluded.state, "                       \
                 "exit_code = excluded.exit_code, term_signal = excluded.term_signal, "             \
-                "pid = excluded.pid")                                                              \
+                "pid = excluded.pid, worker_id = excluded.worker_id")                              \
     X(RANK_UPDATE, "UPDATE ranks SET state = ?, exit_code = ?, term_signal = ?, pid = ? "          \
                    "WHERE job_id = ? AND generation = ? AND rank = ?")                             \
     X(RANKS_EACH, "SELECT " RANK_COLUMNS " FROM ranks "                                            \
@@ -238,7 +289,22 @@ _Static_assert(sizeof migrations / sizeof migrations[0] == STORE_SCHEMA_VERSION,
     X(OUTPUT_APPEND, "INSERT INTO output(" OUTPUT_COLUMNS ") VALUES (?, ?, ?, ?, ?, ?)")           \
     X(OUTPUT_EACH, "SELECT " OUTPUT_COLUMNS " FROM output "                                        \
                    "WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?")                            \
-    X(OUTPUT_MAX_SEQ, "SELECT IFNULL(MAX(seq), 0) FROM output WHERE job_id = ?")
+    X(OUTPUT_MAX_SEQ, "SELECT IFNULL(MAX(seq), 0) FROM output WHERE job_id = ?")                 \
+    X(SNAP_INSERT, "INSERT INTO snapshots(job_id, generation, rank, upload_id, created_ms, "       \
+                   "meta_json, total_bytes, checksum, chunks) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)") \
+    X(SNAP_CHUNK_INSERT, "INSERT INTO snapshot_chunks(snapshot_id, idx, data) VALUES (?, ?, ?)")   \
+    X(SNAP_LATEST, "SELECT " SNAPSHOT_COLUMNS " FROM snapshots "                                   \
+                   "WHERE job_id = ? ORDER BY id DESC LIMIT 1")                                    \
+    X(SNAP_GET, "SELECT " SNAPSHOT_COLUMNS " FROM snapshots WHERE job_id = ? AND id = ?")          \
+    X(SNAP_BY_UPLOAD, "SELECT " SNAPSHOT_COLUMNS " FROM snapshots "                                \
+                      "WHERE job_id = ? AND upload_id = ?")                                        \
+    X(SNAPS_EACH, "SELECT " SNAPSHOT_COLUMNS " FROM snapshots "                                    \
+                  "WHERE job_id = ? ORDER BY id DESC LIMIT ?")                                     \
+    X(SNAP_CHUNK_GET, "SELECT c.data FROM snapshot_chunks c JOIN snapshots s "                     \
+                      "ON s.id = c.snapshot_id "                                                   \
+                      "WHERE s.job_id = ? AND c.snapshot_id = ? AND c.idx = ?")                    \
+    X(SNAP_PRUNE, "DELETE FROM snapshots WHERE job_id = ? AND id NOT IN "                          \
+                  "(SELECT id FROM snapshots WHERE job_id = ? ORDER BY id DESC LIMIT ?)")
 
 enum stmt_id {
 #define STMT_ENUM(name, sql) STMT_##name,
@@ -912,6 +978,7 @@ int store_job_insert(struct store *st, struct store_job *job)
     bind_u64(&b, job->submitted_ms);
     bind_u64(&b, job->started_ms);
     bind_u64(&b, job->ended_ms);
+    bind_text(&b, job->elastic_json);
     if (b.rc != SQLITE_OK)
         return bind_failed(st, STMT_JOB_INSERT, s, b.rc, "job insert");
     err = step_write(st, STMT_JOB_INSERT, s, "job insert");
@@ -939,6 +1006,7 @@ int store_job_update(struct store *st, const struct store_job *job)
     bind_i64(&b, job->start_timeout_ms);
     bind_u64(&b, job->started_ms);
     bind_u64(&b, job->ended_ms);
+    bind_text(&b, job->elastic_json);
     bind_u64(&b, job->id);
     if (b.rc != SQLITE_OK)
         return bind_failed(st, STMT_JOB_UPDATE, s, b.rc, "job update");
@@ -981,6 +1049,7 @@ int store_jobs_each(struct store *st, store_job_fn fn, void *arg)
             .submitted_ms = col_u64(s, 12),
             .started_ms = col_u64(s, 13),
             .ended_ms = col_u64(s, 14),
+            .elastic_json = col_text(s, 15),
         };
         result = fn(&j, arg);
         if (result)
@@ -1013,6 +1082,35 @@ int store_generation_add(struct store *st, uint64_t job_id, uint64_t generation,
     return step_write(st, STMT_GENERATION_ADD, s, "generation add");
 }
 
+int store_generations_each(struct store *st, uint64_t job_id, store_generation_fn fn, void *arg)
+{
+    if (!st || !fn)
+        return KOLO_EINVAL;
+    sqlite3_stmt *s;
+    int err = stmt_data_get(st, STMT_GENERATIONS_EACH, &s);
+    if (err)
+        return err;
+    struct binder b = {s, 0, SQLITE_OK};
+    bind_u64(&b, job_id);
+    if (b.rc != SQLITE_OK)
+        return bind_failed(st, STMT_GENERATIONS_EACH, s, b.rc, "generations");
+    int result = 0;
+    for (;;) {
+        int rc = sqlite3_step(s);
+        if (rc == SQLITE_DONE)
+            break;
+        if (rc != SQLITE_ROW) {
+            result = store_fail(st, rc, "generations");
+            break;
+        }
+        result = fn(col_u64(s, 0), col_text(s, 1), sqlite3_column_int(s, 2), col_u64(s, 3), arg);
+        if (result)
+            break;
+    }
+    stmt_done(st, STMT_GENERATIONS_EACH, s);
+    return result;
+}
+
 static int rank_put_one(struct store *st, const struct store_rank *r)
 {
     if (r->job_id == 0 || !r->state)
@@ -1034,6 +1132,7 @@ static int rank_put_one(struct store *st, const struct store_rank *r)
     bind_i64(&b, r->exit_code);
     bind_i64(&b, r->term_signal);
     bind_i64(&b, r->pid);
+    bind_u64(&b, r->worker_id);
     if (b.rc != SQLITE_OK)
         return bind_failed(st, STMT_RANK_PUT, s, b.rc, "rank put");
     return step_write(st, STMT_RANK_PUT, s, "rank put");
@@ -1121,6 +1220,7 @@ int store_ranks_each(struct store *st, uint64_t job_id, uint64_t generation, sto
             .exit_code = sqlite3_column_int(s, 9),
             .term_signal = sqlite3_column_int(s, 10),
             .pid = sqlite3_column_int(s, 11),
+            .worker_id = col_u64(s, 12),
         };
         result = fn(&r, arg);
         if (result)
@@ -1324,5 +1424,235 @@ int store_output_max_seq(struct store *st, uint64_t job_id, uint64_t *seq)
     else
         err = store_fail(st, rc, "output max seq");
     stmt_done(st, STMT_OUTPUT_MAX_SEQ, s);
+    return err;
+}
+
+/* -------------------------------------------------------------- snapshots */
+
+static int snapshot_chunk_put(struct store *st, uint64_t id, size_t idx,
+                              const struct store_blob *c)
+{
+    sqlite3_stmt *s;
+    int err = stmt_data_get(st, STMT_SNAP_CHUNK_INSERT, &s);
+    if (err)
+        return err;
+    struct binder b = {s, 0, SQLITE_OK};
+    bind_u64(&b, id);
+    bind_u64(&b, idx);
+    bind_blob(&b, c->data, c->len);
+    if (b.rc != SQLITE_OK)
+        return bind_failed(st, STMT_SNAP_CHUNK_INSERT, s, b.rc, "snapshot chunk");
+    return step_write(st, STMT_SNAP_CHUNK_INSERT, s, "snapshot chunk");
+}
+
+static int snapshot_insert(struct store *st, struct store_snapshot *snap)
+{
+    sqlite3_stmt *s;
+    int err = stmt_data_get(st, STMT_SNAP_INSERT, &s);
+    if (err)
+        return err;
+    struct binder b = {s, 0, SQLITE_OK};
+    bind_u64(&b, snap->job_id);
+    bind_u64(&b, snap->generation);
+    bind_i64(&b, snap->rank);
+    /* upload ids are random 64-bit values: stored as their signed image */
+    bind_u64(&b, snap->upload_id);
+    bind_u64(&b, snap->created_ms);
+    bind_text(&b, snap->meta_json);
+    bind_u64(&b, snap->total_bytes);
+    bind_text(&b, snap->checksum);
+    bind_i64(&b, snap->nchunks);
+    if (b.rc != SQLITE_OK)
+        return bind_failed(st, STMT_SNAP_INSERT, s, b.rc, "snapshot insert");
+    err = step_write(st, STMT_SNAP_INSERT, s, "snapshot insert");
+    if (!err)
+        snap->id = (uint64_t)sqlite3_last_insert_rowid(st->db);
+    return err;
+}
+
+int store_snapshot_put(struct store *st, struct store_snapshot *snap,
+                       const struct store_blob *chunks, size_t n)
+{
+    if (!st)
+        return KOLO_EINVAL;
+    if (!snap || snap->job_id == 0 || !snap->meta_json || !snap->checksum || n == 0 ||
+        n != snap->nchunks || !chunks)
+        return store_reject(st, KOLO_EINVAL, "store_snapshot_put: invalid argument");
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!chunks[i].data && chunks[i].len > 0)
+            return store_reject(st, KOLO_EINVAL, "store_snapshot_put: chunk without data");
+        total += chunks[i].len;
+    }
+    if (total != snap->total_bytes)
+        return store_reject(st, KOLO_EINVAL,
+                            "store_snapshot_put: chunk lengths do not add up to total_bytes");
+    /* The record and every chunk in one transaction: a reader (or a
+     * coordinator restarted after a crash) sees the snapshot whole or not
+     * at all, and a return of 0 means all of it is on disk. */
+    int err = store_begin(st);
+    if (err)
+        return err;
+    err = snapshot_insert(st, snap);
+    for (size_t i = 0; i < n && !err; i++)
+        err = snapshot_chunk_put(st, snap->id, i, &chunks[i]);
+    if (err) {
+        store_rollback(st);
+        snap->id = 0;
+        return err;
+    }
+    err = store_commit(st);
+    if (err)
+        snap->id = 0;
+    return err;
+}
+
+/* snapshot_rows steps a bound snapshot query and hands every row to fn;
+ * *rows counts them. */
+static int snapshot_rows(struct store *st, enum stmt_id id, sqlite3_stmt *s, store_snapshot_fn fn,
+                         void *arg, int *rows)
+{
+    int result = 0;
+    *rows = 0;
+    for (;;) {
+        int rc = sqlite3_step(s);
+        if (rc == SQLITE_DONE)
+            break;
+        if (rc != SQLITE_ROW) {
+            result = store_fail(st, rc, "snapshots");
+            break;
+        }
+        (*rows)++;
+        struct store_snapshot snap = {
+            .id = col_u64(s, 0),
+            .job_id = col_u64(s, 1),
+            .generation = col_u64(s, 2),
+            .rank = sqlite3_column_int(s, 3),
+            .upload_id = col_u64(s, 4),
+            .created_ms = col_u64(s, 5),
+            .meta_json = col_text(s, 6),
+            .total_bytes = col_u64(s, 7),
+            .checksum = col_text(s, 8),
+            .nchunks = (uint32_t)sqlite3_column_int64(s, 9),
+        };
+        result = fn(&snap, arg);
+        if (result)
+            break;
+    }
+    stmt_done(st, id, s);
+    return result;
+}
+
+/* snapshot_one runs a query that names at most one snapshot: by the job,
+ * and by a second key (an id, an upload id) when has_key. */
+static int snapshot_one(struct store *st, enum stmt_id id, uint64_t job_id, bool has_key,
+                        uint64_t key, store_snapshot_fn fn, void *arg)
+{
+    if (!st || !fn)
+        return KOLO_EINVAL;
+    sqlite3_stmt *s;
+    int err = stmt_data_get(st, id, &s);
+    if (err)
+        return err;
+    struct binder b = {s, 0, SQLITE_OK};
+    bind_u64(&b, job_id);
+    if (has_key)
+        bind_u64(&b, key);
+    if (b.rc != SQLITE_OK)
+        return bind_failed(st, id, s, b.rc, "snapshot");
+    int rows = 0;
+    int result = snapshot_rows(st, id, s, fn, arg, &rows);
+    if (result == 0 && rows == 0)
+        result = store_reject(st, KOLO_ENOTFOUND, "no such snapshot");
+    return result;
+}
+
+int store_snapshot_latest(struct store *st, uint64_t job_id, store_snapshot_fn fn, void *arg)
+{
+    return snapshot_one(st, STMT_SNAP_LATEST, job_id, false, 0, fn, arg);
+}
+
+int store_snapshot_get(struct store *st, uint64_t job_id, uint64_t id, store_snapshot_fn fn,
+                       void *arg)
+{
+    return snapshot_one(st, STMT_SNAP_GET, job_id, true, id, fn, arg);
+}
+
+int store_snapshot_by_upload(struct store *st, uint64_t job_id, uint64_t upload_id,
+                             store_snapshot_fn fn, void *arg)
+{
+    return snapshot_one(st, STMT_SNAP_BY_UPLOAD, job_id, true, upload_id, fn, arg);
+}
+
+int store_snapshots_each(struct store *st, uint64_t job_id, int limit, store_snapshot_fn fn,
+                         void *arg)
+{
+    if (!st || !fn)
+        return KOLO_EINVAL;
+    sqlite3_stmt *s;
+    int err = stmt_data_get(st, STMT_SNAPS_EACH, &s);
+    if (err)
+        return err;
+    struct binder b = {s, 0, SQLITE_OK};
+    bind_u64(&b, job_id);
+    bind_i64(&b, limit > 0 ? limit : -1);
+    if (b.rc != SQLITE_OK)
+        return bind_failed(st, STMT_SNAPS_EACH, s, b.rc, "snapshots");
+    int rows = 0;
+    return snapshot_rows(st, STMT_SNAPS_EACH, s, fn, arg, &rows);
+}
+
+int store_snapshot_chunk(struct store *st, uint64_t job_id, uint64_t id, uint32_t index,
+                         store_blob_fn fn, void *arg)
+{
+    if (!st || !fn)
+        return KOLO_EINVAL;
+    sqlite3_stmt *s;
+    int err = stmt_data_get(st, STMT_SNAP_CHUNK_GET, &s);
+    if (err)
+        return err;
+    struct binder b = {s, 0, SQLITE_OK};
+    bind_u64(&b, job_id);
+    bind_u64(&b, id);
+    bind_i64(&b, index);
+    if (b.rc != SQLITE_OK)
+        return bind_failed(st, STMT_SNAP_CHUNK_GET, s, b.rc, "snapshot chunk");
+    int rc = sqlite3_step(s);
+    int result;
+    if (rc == SQLITE_ROW) {
+        /* column_blob gives NULL for a zero-length blob */
+        const void *data = sqlite3_column_blob(s, 0);
+        size_t len = (size_t)sqlite3_column_bytes(s, 0);
+        result = fn(data ? data : "", len, arg);
+    } else if (rc == SQLITE_DONE) {
+        result = store_reject(st, KOLO_ENOTFOUND, "no such snapshot chunk");
+    } else {
+        result = store_fail(st, rc, "snapshot chunk");
+    }
+    stmt_done(st, STMT_SNAP_CHUNK_GET, s);
+    return result;
+}
+
+int store_snapshot_prune(struct store *st, uint64_t job_id, int keep, int *deleted)
+{
+    if (deleted)
+        *deleted = 0;
+    if (!st || keep < 1)
+        return st ? store_reject(st, KOLO_EINVAL, "store_snapshot_prune: keep must be >= 1")
+                  : KOLO_EINVAL;
+    sqlite3_stmt *s;
+    int err = stmt_data_get(st, STMT_SNAP_PRUNE, &s);
+    if (err)
+        return err;
+    struct binder b = {s, 0, SQLITE_OK};
+    bind_u64(&b, job_id);
+    bind_u64(&b, job_id);
+    bind_i64(&b, keep);
+    if (b.rc != SQLITE_OK)
+        return bind_failed(st, STMT_SNAP_PRUNE, s, b.rc, "snapshot prune");
+    err = step_write(st, STMT_SNAP_PRUNE, s, "snapshot prune");
+    /* sqlite3_changes counts the snapshots, not the cascaded chunks */
+    if (!err && deleted)
+        *deleted = sqlite3_changes(st->db);
     return err;
 }

@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define STORE_SCHEMA_VERSION 1
+#define STORE_SCHEMA_VERSION 3
 
 struct store;
 
@@ -62,12 +62,14 @@ struct store_job {
     uint64_t submitted_ms;
     uint64_t started_ms;
     uint64_t ended_ms;
+    const char *elastic_json; /* elastic settings and state (coordinator's JSON), NULL: fixed */
 };
 
 struct store_rank {
     uint64_t job_id;
     uint64_t generation;
     int rank;
+    uint64_t worker_id; /* the process behind the rank (stable across generations) */
     const char *host_id;
     int local_rank, local_size, cross_rank, cross_size;
     const char *state; /* assigned, running, exited, lost */
@@ -130,7 +132,8 @@ int store_hosts_each(struct store *st, store_host_fn fn, void *arg); /* by order
 /* jobs */
 int store_job_insert(struct store *st, struct store_job *job); /* sets job->id */
 /* store_job_update writes the mutable fields of job->id: state, np, hosts,
- * exit_code, reason, generation, start_timeout_ms, started_ms, ended_ms.
+ * exit_code, reason, generation, start_timeout_ms, started_ms, ended_ms,
+ * elastic_json.
  * name, argv_json, env_json, cwd and submitted_ms are fixed at insert. */
 int store_job_update(struct store *st, const struct store_job *job); /* all mutable fields */
 typedef int (*store_job_fn)(const struct store_job *j, void *arg);
@@ -139,6 +142,11 @@ int store_jobs_each(struct store *st, store_job_fn fn, void *arg); /* by id */
 /* generations and ranks */
 int store_generation_add(struct store *st, uint64_t job_id, uint64_t generation, const char *cause,
                          int size, uint64_t ts_ms);
+/* store_generations_each gives a job's generations in order: number,
+ * cause (what ended the one before), size and when it formed. */
+typedef int (*store_generation_fn)(uint64_t generation, const char *cause, int size,
+                                   uint64_t ts_ms, void *arg);
+int store_generations_each(struct store *st, uint64_t job_id, store_generation_fn fn, void *arg);
 int store_ranks_put(struct store *st, const struct store_rank *ranks, size_t n);
 int store_rank_update(struct store *st, const struct store_rank *r); /* state, exit, signal, pid */
 typedef int (*store_rank_fn)(const struct store_rank *r, void *arg);
@@ -165,5 +173,59 @@ int store_output_each(struct store *st, uint64_t job_id, uint64_t after_seq, int
                       store_output_fn fn, void *arg);
 /* store_output_max_seq sets *seq to the job's highest seq, 0 if none. */
 int store_output_max_seq(struct store *st, uint64_t job_id, uint64_t *seq);
+
+/* ---------------------------------------------------------- snapshots
+ *
+ * Elastic-state snapshots: an opaque blob stored as numbered chunks, with
+ * its metadata. Ids come from one sequence for every job and are never
+ * handed out twice. store_snapshot_put writes the record and every chunk
+ * in one transaction (nested in the caller's, if one is open): a snapshot
+ * is there whole or not at all.
+ */
+struct store_snapshot {
+    uint64_t id; /* assigned by store_snapshot_put */
+    uint64_t job_id;
+    uint64_t generation;
+    int rank;
+    uint64_t upload_id; /* the client's id for the upload; unique per job */
+    uint64_t created_ms;
+    const char *meta_json; /* required: a JSON object as text */
+    uint64_t total_bytes;
+    const char *checksum; /* required: hex SHA-256 of the whole blob */
+    uint32_t nchunks;
+};
+
+struct store_blob {
+    const void *data;
+    size_t len;
+};
+
+/* store_snapshot_put stores s and its n chunks (n == s->nchunks, in
+ * order, lengths adding up to s->total_bytes) and sets s->id. KOLO_EEXIST
+ * if the job already has a snapshot from that upload_id, KOLO_ENOTFOUND
+ * if the job is not stored. */
+int store_snapshot_put(struct store *st, struct store_snapshot *s, const struct store_blob *chunks,
+                       size_t n);
+typedef int (*store_snapshot_fn)(const struct store_snapshot *s, void *arg);
+/* These call fn once with the record, or return KOLO_ENOTFOUND: the job's
+ * newest snapshot; snapshot id of the job; the job's snapshot stored from
+ * upload_id. */
+int store_snapshot_latest(struct store *st, uint64_t job_id, store_snapshot_fn fn, void *arg);
+int store_snapshot_get(struct store *st, uint64_t job_id, uint64_t id, store_snapshot_fn fn,
+                       void *arg);
+int store_snapshot_by_upload(struct store *st, uint64_t job_id, uint64_t upload_id,
+                             store_snapshot_fn fn, void *arg);
+/* store_snapshots_each gives a job's snapshots newest first, at most limit
+ * (<= 0: all). */
+int store_snapshots_each(struct store *st, uint64_t job_id, int limit, store_snapshot_fn fn,
+                         void *arg);
+typedef int (*store_blob_fn)(const void *data, size_t len, void *arg);
+/* store_snapshot_chunk calls fn with chunk `index` of the job's snapshot
+ * id (data valid during the call), or returns KOLO_ENOTFOUND. */
+int store_snapshot_chunk(struct store *st, uint64_t job_id, uint64_t id, uint32_t index,
+                         store_blob_fn fn, void *arg);
+/* store_snapshot_prune deletes all but the newest `keep` (>= 1) snapshots
+ * of the job, chunks included; *deleted (may be NULL) gets how many. */
+int store_snapshot_prune(struct store *st, uint64_t job_id, int keep, int *deleted);
 
 #endif

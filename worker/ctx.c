@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "errors.h"
+#include "gpu.h"
 #include "log.h"
 #include "transport.h"
 #include "util.h"
@@ -123,6 +124,10 @@ static int config_from_env(kolo_config *cfg, char *err, size_t errlen)
             cfg->fusion_threshold = -1; /* Horovod: 0 disables fusion */
     }
     cfg->disable_shm = env_int("KOLO_DISABLE_SHM", 0);
+    if (env_int("KOLO_ELASTIC", 0)) {
+        cfg->worker_id = env_u64("KOLO_WORKER_ID");
+        cfg->elastic_timeout_ms = env_int("KOLO_ELASTIC_TIMEOUT_MS", 0);
+    }
     if (!cfg->coordinator || !cfg->coordinator[0] || cfg->rank < 0 || cfg->size < 1 ||
         !cfg->job_id) {
         snprintf(err, errlen,
@@ -143,6 +148,38 @@ struct rdv {
     struct coll *shm; /* created by the local leader before rendezvous */
     Kolo__RendezvousReply *reply;
 };
+
+/* One Rendezvous call. 0 with *rep set, 0 with *rep NULL when the
+ * coordinator could not be reached (the caller retries until its own
+ * deadline), or an error. */
+static int rendezvous_call(struct kolo_ctx *c, const Kolo__RendezvousRequest *req,
+                           Kolo__RendezvousReply **rep, char *err, size_t errlen)
+{
+    *rep = NULL;
+    size_t len = kolo__rendezvous_request__get_packed_size(req);
+    uint8_t *buf = malloc(len + 1);
+    void *out = NULL;
+    size_t olen = 0;
+    if (!buf)
+        return KOLO_ENOMEM;
+    kolo__rendezvous_request__pack(req, buf);
+    int code = rpc_client_call(c->rpc, "WorkerService.Rendezvous", buf, len, &out, &olen,
+                               (int)req->wait_ms + 5000, err, errlen);
+    free(buf);
+    if (code == KOLO_ETIMEDOUT || code == KOLO_ECONNREFUSED || code == KOLO_EIO) {
+        usleep(100000);
+        return 0;
+    }
+    if (code)
+        return code;
+    *rep = kolo__rendezvous_reply__unpack(NULL, olen, out);
+    free(out);
+    if (!*rep) {
+        snprintf(err, errlen, "malformed rendezvous reply");
+        return KOLO_EPROTO;
+    }
+    return 0;
+}
 
 static int rendezvous(struct kolo_ctx *c, const kolo_config *cfg, struct rdv *rv, char *err,
                       size_t errlen)
@@ -171,33 +208,58 @@ static int rendezvous(struct kolo_ctx *c, const kolo_config *cfg, struct rdv *rv
         req.fusion_threshold = c->fusion_threshold;
         req.stall_warning_ms = c->stall_warning_ms;
         req.stall_shutdown_ms = c->stall_shutdown_ms;
-        size_t len = kolo__rendezvous_request__get_packed_size(&req);
-        uint8_t *buf = malloc(len + 1);
-        void *out = NULL;
-        size_t olen = 0;
-        if (!buf)
-            return KOLO_ENOMEM;
-        kolo__rendezvous_request__pack(&req, buf);
-        int code = rpc_client_call(c->rpc, "WorkerService.Rendezvous", buf, len, &out, &olen,
-                                   (int)wait + 5000, err, errlen);
-        free(buf);
-        if (code == KOLO_ETIMEDOUT || code == KOLO_ECONNREFUSED || code == KOLO_EIO) {
-            usleep(100000); /* the coordinator may be starting or restarting */
-            continue;
-        }
+        Kolo__RendezvousReply *rep = NULL;
+        int code = rendezvous_call(c, &req, &rep, err, errlen);
         if (code)
             return code;
-        Kolo__RendezvousReply *rep = kolo__rendezvous_reply__unpack(NULL, olen, out);
-        free(out);
-        if (!rep) {
-            snprintf(err, errlen, "malformed rendezvous reply");
-            return KOLO_EPROTO;
-        }
+        if (!rep)
+            continue; /* the coordinator may be starting or restarting */
         if (rep->complete && rep->n_peers == (size_t)c->size) {
             rv->reply = rep;
             return 0;
         }
         kolo__rendezvous_reply__free_unpacked(rep, NULL);
+    }
+}
+
+/* Elastic: asks for this worker's place in the current generation, until
+ * it is formed or the deadline passes; fills the topology fields of cfg. */
+static int ask_place(struct kolo_ctx *c, kolo_config *cfg, uint64_t deadline, char *err,
+                     size_t errlen)
+{
+    for (;;) {
+        uint64_t now = now_mono_ms();
+        if (now >= deadline) {
+            snprintf(err, errlen, "no place in the elastic job within its timeout");
+            return KOLO_ETIMEDOUT;
+        }
+        uint32_t wait = (uint32_t)(deadline - now < RENDEZVOUS_SLICE_MS ? deadline - now
+                                                                         : RENDEZVOUS_SLICE_MS);
+        Kolo__RendezvousRequest req = KOLO__RENDEZVOUS_REQUEST__INIT;
+        req.worker_id = cfg->worker_id;
+        req.wait_ms = wait;
+        req.host_id = (char *)(cfg->host_id ? cfg->host_id : "");
+        req.shm_name = "";
+        Kolo__RendezvousReply *rep = NULL;
+        int code = rendezvous_call(c, &req, &rep, err, errlen);
+        if (code)
+            return code;
+        if (!rep)
+            continue; /* the coordinator may be starting or restarting */
+        bool placed = rep->generation != 0 && rep->size > 0 && rep->rank >= 0 &&
+                      rep->rank < rep->size;
+        if (placed) {
+            cfg->generation = rep->generation;
+            cfg->rank = rep->rank;
+            cfg->size = rep->size;
+            cfg->local_rank = rep->local_rank;
+            cfg->local_size = rep->local_size;
+            cfg->cross_rank = rep->cross_rank;
+            cfg->cross_size = rep->cross_size;
+        }
+        kolo__rendezvous_reply__free_unpacked(rep, NULL);
+        if (placed)
+            return 0;
     }
 }
 
@@ -376,6 +438,8 @@ static void negotiate_done(void *arg, int code, const void *rep, size_t len, con
             r->n_responses = 0;
             if (r->next_cursor > c->cursor)
                 c->cursor = r->next_cursor;
+            c->update_ms = r->hosts_updated_ms;
+            c->update_kind = (int)r->hosts_update_kind;
             kolo__negotiate_reply__free_unpacked(r, NULL);
         }
     } else if (!c->stopping && code != KOLO_ETIMEDOUT && code != KOLO_ECONNREFUSED &&
@@ -529,9 +593,11 @@ static void *bg_main(void *arg)
 
 static void ctx_free(struct kolo_ctx *c)
 {
+    gpu_ctx_fini(c); /* first: it may still use the CPU data plane */
     if (c->coll)
         c->coll->ops->destroy(c->coll);
     rpc_client_close(c->rpc);
+    snapshot_ctx_free(c);
     ops_free_all(c);
     for (size_t i = 0; i < c->resp_cap; i++)
         if (c->resp[i])
@@ -543,6 +609,48 @@ static void ctx_free(struct kolo_ctx *c)
     pthread_cond_destroy(&c->wake);
     pthread_cond_destroy(&c->done);
     free(c);
+}
+
+/* Elastic: ask for a place, join that generation; when it is replaced
+ * while we join (a member failed meanwhile), ask again. */
+static int join_elastic(struct kolo_ctx *c, const kolo_config *given, char *err, size_t errlen)
+{
+    kolo_config cfg = *given;
+    uint64_t budget = given->elastic_timeout_ms > 0 ? (uint64_t)given->elastic_timeout_ms : 600000;
+    uint64_t deadline = now_mono_ms() + budget + 30000;
+    for (int attempt = 0;; attempt++) {
+        int code = ask_place(c, &cfg, deadline, err, errlen);
+        if (code) {
+            LOGE("kolo", "worker %llu: %s", (unsigned long long)cfg.worker_id, err);
+            return code;
+        }
+        c->generation = cfg.generation;
+        c->rank = cfg.rank;
+        c->size = cfg.size;
+        c->local_rank = cfg.local_rank;
+        c->local_size = cfg.local_size > 0 ? cfg.local_size : 1;
+        c->cross_rank = cfg.cross_rank;
+        c->cross_size = cfg.cross_size > 0 ? cfg.cross_size : 1;
+        char ident[64];
+        snprintf(ident, sizeof(ident), "job%llu-rank%d", (unsigned long long)c->job, c->rank);
+        rpc_client_set_identity(c->rpc, ident, c->job, c->generation, c->rank);
+        code = setup_data_plane(c, &cfg, err, errlen);
+        if (code == 0)
+            return 0;
+        bool again = code == KOLO_ESTALE || code == KOLO_EPEER || code == KOLO_ETIMEDOUT ||
+                     code == KOLO_ECLOSED || code == KOLO_EIO || code == KOLO_ECONNREFUSED;
+        if (!again || now_mono_ms() >= deadline) {
+            LOGE("kolo", "rank %d: %s", c->rank, err);
+            return code;
+        }
+        LOGI("kolo", "worker %llu: generation %llu did not form (%s); asking again",
+             (unsigned long long)cfg.worker_id, (unsigned long long)cfg.generation, err);
+        if (c->coll) {
+            c->coll->ops->destroy(c->coll);
+            c->coll = NULL;
+        }
+        (void)attempt;
+    }
 }
 
 int kolo_init(kolo_ctx **out, const kolo_config *given)
@@ -573,6 +681,7 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&c->done, &ca);
     pthread_condattr_destroy(&ca);
+    c->gpu_join_device = -1;
     c->job = cfg->job_id;
     c->generation = cfg->generation;
     c->rank = cfg->rank;
@@ -598,14 +707,24 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
                                    .job_id = c->job,
                                    .generation = c->generation,
                                    .rank = c->rank};
+    c->coord_url = strdup(cfg->coordinator);
+    c->coord_token = cfg->token && cfg->token[0] ? strdup(cfg->token) : NULL;
+    if (!c->coord_url || (cfg->token && cfg->token[0] && !c->coord_token)) {
+        ctx_free(c);
+        return KOLO_ENOMEM;
+    }
     if ((code = rpc_client_open(&c->rpc, &rc)) != 0) {
         LOGE("kolo", "rank %d: cannot open the coordinator connection %s", c->rank,
              cfg->coordinator);
         ctx_free(c);
         return code;
     }
-    if ((code = setup_data_plane(c, cfg, err, sizeof(err))) != 0) {
+    if (cfg->worker_id) {
+        code = join_elastic(c, cfg, err, sizeof(err));
+    } else if ((code = setup_data_plane(c, cfg, err, sizeof(err))) != 0) {
         LOGE("kolo", "rank %d: %s", c->rank, err);
+    }
+    if (code) {
         ctx_free(c);
         return code;
     }
@@ -678,6 +797,7 @@ int kolo_fini(kolo_ctx *c)
     c->stopping = true;
     pthread_cond_signal(&c->wake);
     pthread_mutex_unlock(&c->mu);
+    snapshot_ctx_stop(c);
     if (c->bg_running)
         pthread_join(c->bg, NULL);
     if (tell)
@@ -715,6 +835,23 @@ int kolo_cross_rank(const kolo_ctx *c)
 int kolo_cross_size(const kolo_ctx *c)
 {
     return c ? c->cross_size : -1;
+}
+
+uint64_t kolo_generation(const kolo_ctx *c)
+{
+    return c ? c->generation : 0;
+}
+
+int kolo_hosts_updated(const kolo_ctx *c, uint64_t *stamp_ms, int *kind)
+{
+    if (!c || !stamp_ms || !kind)
+        return KOLO_EINVAL;
+    struct kolo_ctx *m = (struct kolo_ctx *)c;
+    pthread_mutex_lock(&m->mu);
+    *stamp_ms = m->update_ms;
+    *kind = m->update_kind;
+    pthread_mutex_unlock(&m->mu);
+    return 0;
 }
 
 const char *kolo_last_error(const kolo_ctx *c)

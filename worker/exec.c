@@ -7,7 +7,9 @@
  * single tensor skips the buffer. A rank that joined has no tensor of its
  * own and contributes zeros (Horovod's join). A data-plane failure fails
  * the operations of this response and, because the connection state is
- * now unknown, every other pending operation too (sticky).
+ * now unknown, every other pending operation too (sticky). Responses
+ * whose tensors live on a GPU go to the NCCL backend (gpu.h,
+ * nccl_exec.c), which follows the same rules on the device.
  */
 #include "worker_int.h"
 
@@ -16,6 +18,7 @@
 #include <string.h>
 
 #include "errors.h"
+#include "gpu.h"
 #include "log.h"
 #include "reduce.h"
 #include "util.h"
@@ -37,8 +40,8 @@ static int ensure(void **buf, size_t *cap, size_t need)
 
 /* Completes the ops of a response; a failure becomes sticky. Cache ids
  * are recorded first: once complete, an op may be freed by its waiter. */
-static void finish_cached(struct kolo_ctx *c, struct op **ops, size_t n, int rc, const char *why,
-                          const uint32_t *cache_ids, size_t ncache)
+void exec_finish(struct kolo_ctx *c, struct op **ops, size_t n, int rc, const char *why,
+                 const uint32_t *cache_ids, size_t ncache)
 {
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < n && i < ncache && rc == 0; i++)
@@ -58,7 +61,7 @@ static void finish_cached(struct kolo_ctx *c, struct op **ops, size_t n, int rc,
 
 static void finish(struct kolo_ctx *c, struct op **ops, size_t n, int rc, const char *why)
 {
-    finish_cached(c, ops, n, rc, why, NULL, 0);
+    exec_finish(c, ops, n, rc, why, NULL, 0);
 }
 
 /* AVERAGE and postscale, after the reduction. */
@@ -106,7 +109,7 @@ static void exec_allreduce(struct kolo_ctx *c, const Kolo__Response *r, struct o
         rc = c->coll->ops->allreduce(c->coll, dt, op, in, out, count, deadline);
         if (rc == 0)
             post_scale(c, dt, op, post, out, count);
-        finish_cached(c, ops, 1, rc, rc ? why_of(c, rc) : NULL, r->cache_ids, r->n_cache_ids);
+        exec_finish(c, ops, 1, rc, rc ? why_of(c, rc) : NULL, r->cache_ids, r->n_cache_ids);
         return;
     }
     size_t total = 0;
@@ -139,7 +142,7 @@ static void exec_allreduce(struct kolo_ctx *c, const Kolo__Response *r, struct o
             off += bytes;
         }
     }
-    finish_cached(c, ops, k, rc, rc ? why_of(c, rc) : NULL, r->cache_ids, r->n_cache_ids);
+    exec_finish(c, ops, k, rc, rc ? why_of(c, rc) : NULL, r->cache_ids, r->n_cache_ids);
 }
 
 static void exec_allgather(struct kolo_ctx *c, const Kolo__Response *r, struct op *op,
@@ -290,6 +293,7 @@ void exec_response(struct kolo_ctx *c, const Kolo__Response *r)
             }
         }
         c->joined = false;
+        c->gpu_join_device = -1;
         pthread_mutex_unlock(&c->mu);
         free(ops);
         return;
@@ -302,7 +306,16 @@ void exec_response(struct kolo_ctx *c, const Kolo__Response *r)
         free(ops);
         return;
     }
+    bool on_gpu = gpu_response_is_gpu(c, r, ops, k);
     pthread_mutex_unlock(&c->mu);
+
+    /* GPU tensors: the NCCL backend queues the work and returns; the
+     * finaliser completes the ops (gpu.h). */
+    if (on_gpu) {
+        gpu_exec_response(c, r, ops, deadline);
+        free(ops);
+        return;
+    }
 
     switch (r->coll) {
     case KOLO_COLL_ALLREDUCE:

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "errors.h"
+#include "gpu.h"
 #include "util.h"
 
 /* ---------------------------------------------------------------- handles */
@@ -62,6 +63,7 @@ struct op *ops_lookup(struct kolo_ctx *c, kolo_handle h)
 
 static void op_free(struct op *op)
 {
+    gpu_op_free(op);
     free(op->error);
     free(op->name);
     free(op->shape);
@@ -233,9 +235,11 @@ static int validate(struct kolo_ctx *c, const kolo_request *r)
     for (int i = 0; i < r->ndim; i++)
         if (r->shape[i] < 0)
             return fail(c, KOLO_EINVAL, "negative dimension %lld", (long long)r->shape[i]);
-    if (r->device >= 0)
-        return fail(c, KOLO_ENOTSUP,
-                    "GPU tensors need the NCCL backend, which this build or host does not have");
+    if (r->device >= 0) {
+        int rc = gpu_validate(c, r); /* the reason is in last_error */
+        if (rc)
+            return rc;
+    }
     int64_t count = 1;
     for (int i = 0; i < r->ndim; i++)
         count *= r->shape[i];
@@ -343,6 +347,11 @@ static struct op *op_new(struct kolo_ctx *c, const kolo_request *r)
 
 int kolo_submit(kolo_ctx *c, const kolo_request *reqs, int n, kolo_handle *handles)
 {
+    return ops_submit(c, reqs, n, NULL, handles);
+}
+
+int ops_submit(kolo_ctx *c, const kolo_request *reqs, int n, void *stream, kolo_handle *handles)
+{
     if (!c || !reqs || n < 1 || !handles)
         return KOLO_EINVAL;
     pthread_mutex_lock(&c->mu);
@@ -377,6 +386,10 @@ int kolo_submit(kolo_ctx *c, const kolo_request *reqs, int n, kolo_handle *handl
     uint64_t group = n > 1 ? ++c->groups : 0;
     for (int i = 0; i < n; i++) {
         struct op *op = op_new(c, &reqs[i]);
+        if (op && op->req.device >= 0 && (rv = gpu_op_attach(c, op, stream)) != 0) {
+            op_free(op); /* the reason is in last_error */
+            goto out;
+        }
         if (!op || slot_alloc(c, op) != 0) {
             if (op)
                 op_free(op);
@@ -473,8 +486,8 @@ int kolo_result(kolo_ctx *c, kolo_handle h, const void **data, size_t *bytes, in
     else if (op->status)
         rv = op->status;
     else {
-        if (data)
-            *data = op->result;
+        if (data) /* device memory for a GPU operation */
+            *data = op->result ? op->result : op->gpu_result;
         if (bytes)
             *bytes = op->result_bytes;
         if (rows)

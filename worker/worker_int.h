@@ -49,6 +49,12 @@ struct op {
     int32_t *recv_splits;
     int64_t value;
     bool has_result;
+    /* GPU operations (gpu.h): the producer's event, recorded at submit;
+     * a device-resident result (allgather, alltoall) and the stream its
+     * last copy went to, where it is freed. */
+    void *gpu_event;
+    void *gpu_result;
+    void *gpu_result_stream;
     struct op *next;      /* submit queue */
     struct op *name_next; /* in-flight name table chain */
 };
@@ -69,6 +75,8 @@ struct cache_sig {
 struct kolo_ctx {
     /* identity and topology (read-only after init) */
     uint64_t job, generation;
+    uint64_t update_ms; /* pending membership update (under mu) */
+    int update_kind;
     int rank, size, local_rank, local_size, cross_rank, cross_size;
     int timeout_ms;
     int64_t fusion_threshold;
@@ -112,12 +120,20 @@ struct kolo_ctx {
     struct cache_sig *cache[NAME_BUCKETS];
     bool joined;
     bool executing; /* someone runs a response: the executor token */
+    int gpu_join_device; /* the device a join named, -1 none (gpu.h) */
+
+    /* ---- snapshot.c (under mu) ---- */
+    char *coord_url, *coord_token; /* kolo_init's, for the snapshot connection */
+    struct rpc_client *snap_rpc;   /* its own connection, opened on first use */
+    int snap_calls;                /* snapshot calls running (kolo_fini waits) */
+    uint64_t snap_seq;             /* puts so far */
 
     /* ---- background thread only ---- */
     void *fusion;
     size_t fusion_cap;
     void *zeros;
     size_t zeros_cap;
+    struct gpu *gpu; /* the GPU backend, NULL until a GPU op (nccl_exec.c) */
 };
 
 /* ctx.c */
@@ -135,7 +151,20 @@ void ops_free_all(struct kolo_ctx *c);
 uint32_t ops_cache_lookup(struct kolo_ctx *c, const struct op *op);
 void ops_cache_put(struct kolo_ctx *c, const struct op *op, uint32_t id);
 
+/* ops.c: kolo_submit with the stream GPU requests wait on (gpu.h) */
+int ops_submit(struct kolo_ctx *c, const kolo_request *reqs, int n, void *stream,
+               kolo_handle *handles);
+
+/* snapshot.c: kolo_fini stops the snapshot calls (mu not held), then
+ * ctx_free frees what they used. */
+void snapshot_ctx_stop(struct kolo_ctx *c);
+void snapshot_ctx_free(struct kolo_ctx *c);
+
 /* exec.c (background thread, mu not held) */
 void exec_response(struct kolo_ctx *c, const Kolo__Response *r);
+/* Completes ops[0..n) with rc (recording cache ids on success); a
+ * failure becomes the context's sticky error. Takes mu. */
+void exec_finish(struct kolo_ctx *c, struct op **ops, size_t n, int rc, const char *why,
+                 const uint32_t *cache_ids, size_t ncache);
 
 #endif

@@ -76,10 +76,11 @@ class Req:
     """One collective operation, described by addresses (see kolo_request)."""
 
     __slots__ = ("coll", "name", "send", "recv", "dtype", "shape", "op", "prescale",
-                 "postscale", "root", "splits", "device")
+                 "postscale", "root", "splits", "device", "stream", "local")
 
     def __init__(self, coll, name=None, send=0, recv=0, dtype=UINT8, shape=(), op=K_SUM,
-                 prescale=1.0, postscale=1.0, root=0, splits=None, device=-1):
+                 prescale=1.0, postscale=1.0, root=0, splits=None, device=-1, stream=0,
+                 local=None):
         self.coll = coll
         self.name = name
         self.send = send
@@ -92,6 +93,12 @@ class Req:
         self.root = int(root)
         self.splits = None if splits is None else [int(s) for s in splits]
         self.device = device
+        # GPU requests: the cudaStream_t (an int) the tensor was produced on,
+        # and how a job of one rank computes the result without libkolo
+        # (a callable returning a Result): addresses of GPU memory cannot be
+        # touched from here.
+        self.stream = stream
+        self.local = local
 
     def count(self):
         n = 1
@@ -105,17 +112,24 @@ class Result:
     received splits (alltoall), value (join) and the bytes, copied out with
     copy_to(address) while the engine still holds them."""
 
-    __slots__ = ("rows", "recv_splits", "value", "nbytes", "_ptr")
+    __slots__ = ("rows", "recv_splits", "value", "nbytes", "_ptr", "_copy", "source")
 
-    def __init__(self, rows=0, recv_splits=None, value=0, nbytes=0, ptr=None):
+    def __init__(self, rows=0, recv_splits=None, value=0, nbytes=0, ptr=None, copy=None,
+                 source=None):
         self.rows = rows
         self.recv_splits = recv_splits
         self.value = value
         self.nbytes = nbytes
         self._ptr = ptr
+        self._copy = copy  # GPU results: copies device memory (kolo_result_copy)
+        self.source = source  # one-rank GPU jobs: the tensor holding the rows
 
     def copy_to(self, address):
-        if self.nbytes:
+        if not self.nbytes:
+            return
+        if self._copy is not None:
+            self._copy(address)
+        else:
             ctypes.memmove(address, self._ptr, self.nbytes)
 
 
@@ -203,6 +217,21 @@ class Engine:
     def solo(self):
         return self._solo
 
+    def generation(self):
+        """The job generation this process joined (0 when solo)."""
+        ctx = self._ctx
+        return 0 if ctx is None else int(self._lib.kolo_generation(ctx))
+
+    def hosts_updated(self):
+        """(stamp_ms, kind) of the membership update the coordinator
+        announced and this generation has not acted on; (0, 0) if none."""
+        ctx = self._ctx
+        if ctx is None:
+            return 0, 0
+        stamp, kind = ctypes.c_uint64(), ctypes.c_int()
+        self._lib.kolo_hosts_updated(ctx, ctypes.byref(stamp), ctypes.byref(kind))
+        return int(stamp.value), int(kind.value)
+
     # ------------------------------------------------------------ operations
 
     def submit(self, reqs, keep, finish):
@@ -254,7 +283,14 @@ class Engine:
                 c.nsplits = len(r.splits)
             c.device = r.device
         out = (ctypes.c_int64 * n)()
-        rc = self._lib.kolo_submit(self._ctx, arr, n, out)
+        gpu = [r for r in reqs if r.device >= 0]
+        if gpu:
+            # GPU tensors: the operation waits (on the GPU) for the stream
+            # that produced them.
+            rc = _gpu_api(self._lib).kolo_submit_stream(self._ctx, arr, n, gpu[0].stream or None,
+                                                       out)
+        else:
+            rc = self._lib.kolo_submit(self._ctx, arr, n, out)
         if rc:
             msg = self._error_text(rc)
             if rc in (E_INVAL, E_EXIST, E_NOTSUP):
@@ -343,7 +379,15 @@ class Engine:
         recv = None
         if r.coll == ALLTOALL and splits:
             recv = [splits[i] for i in range(self._topo[1])]
-        return Result(rows.value, recv, value.value, nbytes.value, data.value)
+        copy = None
+        if r.device >= 0:
+            lib, ctx, stream = _gpu_api(self._lib), self._ctx, r.stream or None
+
+            def copy(address):
+                rc = lib.kolo_result_copy(ctx, h, address, stream)
+                if rc:
+                    raise HorovodInternalError(self._error_text(rc))
+        return Result(rows.value, recv, value.value, nbytes.value, data.value, copy)
 
 
 # ---------------------------------------------------------------- one rank
@@ -374,8 +418,43 @@ def _scale(address, count, dtype, factor):
         a[:] = np.trunc(a.astype(np.float64) * factor).astype(a.dtype)
 
 
+def _gpu_api(lib):
+    """libkolo with the GPU section of its API described to ctypes."""
+    if getattr(lib, "_kolo_gpu_declared", False):
+        return lib
+    c_int, c_void_p = ctypes.c_int, ctypes.c_void_p
+    sig = {
+        "kolo_submit_stream": (c_int, [c_void_p, ctypes.POINTER(_lib.Request), c_int, c_void_p,
+                                       ctypes.POINTER(ctypes.c_int64)]),
+        "kolo_result_copy": (c_int, [c_void_p, ctypes.c_int64, c_void_p, c_void_p]),
+        "kolo_nccl_built": (c_int, []),
+        "kolo_cuda_built": (c_int, []),
+        "kolo_gpu_count": (c_int, [ctypes.c_char_p, ctypes.c_size_t]),
+    }
+    for name, (res, args) in sig.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+    lib._kolo_gpu_declared = True
+    return lib
+
+
+def gpu_build_info():
+    """(NCCL version, CUDA runtime version) libkolo's GPU backend was built
+    against, (0, 0) if it was not or libkolo cannot be loaded."""
+    try:
+        lib = _gpu_api(_lib.load())
+    except (ImportError, AttributeError, OSError):
+        return 0, 0
+    return lib.kolo_nccl_built(), lib.kolo_cuda_built()
+
+
 def _solo_run(r):
     """Runs one request of a one-rank job."""
+    if r.local is not None:
+        return r.local()
+    if r.device >= 0:
+        raise HorovodInternalError("kolo: this GPU operation has no one-rank implementation")
     n = r.count()
     nbytes = n * DTYPE_SIZE[r.dtype]
     if r.coll in (ALLREDUCE, REDUCESCATTER, BROADCAST):

@@ -126,7 +126,7 @@ static void push_event(struct outbox *o, int kind, int rank)
 
 static void push_line(struct outbox *o, int rank, const char *text)
 {
-    outbox_push_line(o, 1, rank, KOLO__OUTPUT_STREAM__OUTPUT_STDOUT, text, strlen(text), 0);
+    outbox_push_line(o, 1, rank, 0, KOLO__OUTPUT_STREAM__OUTPUT_STDOUT, text, strlen(text), 0);
 }
 
 static void test_outbox_batches(void)
@@ -210,7 +210,7 @@ static void test_outbox_limits(void)
     char *big = malloc(100000);
     memset(big, 'b', 100000);
     for (int i = 0; i < 5; i++)
-        outbox_push_line(&o, 1, 0, 1, big, 100000, 0);
+        outbox_push_line(&o, 1, 0, 0, 1, big, 100000, 0);
     outbox_take(&o, &b);
     CHECK_EQ_INT(b.n_lines, 2);
     outbox_batch_free(&b);
@@ -221,7 +221,7 @@ static void test_outbox_limits(void)
     push_event(&o, KOLO__WORKER_EVENT_KIND__WORKER_STARTED, 0);
     for (int i = 0; i < 10; i++) {
         big[0] = (char)('0' + i);
-        outbox_push_line(&o, 1, 0, 1, big, 100000, 0);
+        outbox_push_line(&o, 1, 0, 0, 1, big, 100000, 0);
     }
     push_event(&o, KOLO__WORKER_EVENT_KIND__WORKER_EXITED, 0);
     CHECK_EQ_INT(o.dropped, 7);

@@ -109,7 +109,8 @@ for f in ssh-identity-file network-interfaces gloo mpi jsrun mpi-args tcp bindin
   [ "$(grep -c "^\[kolo\] --$f is not needed by kolo (.*); ignored$" ignored.err)" -eq 1 ] \
     || fail "--$f: want one note: $(cat ignored.err)"
 done
-usage elastic "unknown flag --min-np" -np 1 --min-np 1 -- true
+usage cooldown "blacklist-cooldown-range: '5 2' is not LO HI" -np 1 --blacklist-cooldown-range 5 2 -- true
+usage elastic-sizes "min-np <= np <= max-np" -np 2 --min-np 3 -- true
 
 note "--config-file applies, flags and the environment win over it"
 cat >hvd.yaml <<'EOF'

@@ -34,7 +34,9 @@ __version__ = _kolo.__version__
 
 # ---------------------------------------------------------------- build information
 # kolo's CPU collectives are its own (TCP and shared-memory rings), never MPI
-# or Gloo; the GPU (NCCL) backend is not part of this build yet.
+# or Gloo; GPU tensors go through NCCL when libkolo was built with the CUDA
+# and NCCL headers (docs/gpu.md). CUDA and NCCL themselves are loaded only
+# when a job first uses a GPU tensor.
 
 def mpi_built(verbose=False):
     return False
@@ -57,12 +59,16 @@ def gloo_enabled():
 
 
 def nccl_built(verbose=False):
-    """The NCCL version kolo was built against (0: none)."""
-    return 0
+    """The NCCL version libkolo's GPU backend was built against, as Horovod
+    reports it (e.g. 22809), or 0 when it has none."""
+    from .. import _engine
+    return int(_engine.gpu_build_info()[0])
 
 
 def cuda_built(verbose=False):
-    return False
+    """True when libkolo's GPU backend (CUDA tensors over NCCL) was built."""
+    from .. import _engine
+    return _engine.gpu_build_info()[1] > 0
 
 
 def rocm_built(verbose=False):
@@ -85,3 +91,6 @@ def start_timeline(file_path, mark_cycles=False):
 def stop_timeline():
     raise NotImplementedError("kolo writes the timeline from the coordinator; pass "
                               "--timeline-filename to kolo run")
+
+
+from . import elastic  # noqa: E402,F401

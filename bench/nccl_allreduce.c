@@ -1,0 +1,158 @@
+/*
+ * nccl_allreduce.c - kolo's NCCL allreduce against a bare ncclAllReduce
+ * loop on the same GPU buffers.
+ *
+ * Run under `kolo run -np N` on a host with N GPUs (rank r uses GPU
+ * local_rank % count); with N = 1 both sides are one-rank communicators.
+ * float32 SUM, in place, sizes 4 B .. 256 MiB. One iteration is one
+ * operation from issue to completion seen by the host:
+ *   bare: ncclAllReduce on a stream, cudaStreamSynchronize;
+ *   kolo: kolo_submit_stream on the same stream, kolo_wait - negotiation
+ *         with the coordinator, the producer-event wait, the finaliser.
+ * The bare communicator is built here: rank 0's ncclUniqueId travels by
+ * kolo's CPU broadcast. Reported per size (rank 0, one JSON line): the
+ * medians over iterations after a warm-up, and kolo's overhead.
+ *
+ *   kolo-bench-nccl [MAX_BYTES]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kolo.h"
+
+#if KOLO_HAVE_NCCL
+#include "cuda_api.h"
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *t, int n)
+{
+    qsort(t, (size_t)n, sizeof(double), cmp_double);
+    return t[n / 2];
+}
+
+static void die(const char *what, const char *why)
+{
+    fprintf(stderr, "kolo-bench-nccl: %s: %s\n", what, why);
+    exit(1);
+}
+
+static void kcheck(kolo_ctx *ctx, int rv, const char *what)
+{
+    if (rv)
+        die(what, kolo_last_error(ctx)[0] ? kolo_last_error(ctx) : kolo_strerror(rv));
+}
+
+int main(int argc, char **argv)
+{
+    size_t max_bytes = argc > 1 ? strtoull(argv[1], NULL, 10) : (size_t)256 << 20;
+    char why[512];
+    const struct gpu_libs *g = gpu_libs_load(why, sizeof(why));
+    if (!g)
+        die("GPU", why);
+    kolo_ctx *ctx;
+    kcheck(NULL, kolo_init(&ctx, NULL), "kolo_init");
+    int rank = kolo_rank(ctx), size = kolo_size(ctx);
+    int dev = kolo_local_rank(ctx) % g->device_count;
+    if (g->rt.SetDevice(dev) != cudaSuccess)
+        die("cudaSetDevice", "failed");
+    cudaStream_t s;
+    if (g->rt.StreamCreateWithPriority(&s, cudaStreamNonBlocking, 0) != cudaSuccess)
+        die("stream", "failed");
+
+    /* the bare communicator: the id by kolo's CPU broadcast */
+    ncclUniqueId id;
+    memset(&id, 0, sizeof(id));
+    if (rank == 0 && g->nccl.GetUniqueId(&id) != ncclSuccess)
+        die("ncclGetUniqueId", "failed");
+    kolo_handle h;
+    kcheck(ctx, kolo_broadcast_async(ctx, "bench.id", &id, sizeof(id), KOLO_UINT8, 0, &h),
+           "broadcast");
+    kcheck(ctx, kolo_wait(ctx, h, 60000), "broadcast");
+    ncclComm_t comm;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 1;
+    if (g->nccl.CommInitRankConfig(&comm, size, id, rank, &cfg) != ncclSuccess)
+        die("ncclCommInitRank", "failed");
+
+    void *buf;
+    if (g->rt.Malloc(&buf, max_bytes + 16) != cudaSuccess)
+        die("cudaMalloc", "failed");
+    if (g->rt.MemsetAsync(buf, 0, max_bytes, s) != cudaSuccess)
+        die("cudaMemset", "failed");
+    g->rt.StreamSynchronize(s);
+    if (rank == 0)
+        printf("# kolo-bench-nccl: %d rank(s), GPU %d, NCCL %d, float32 SUM in place\n", size,
+               dev, g->nccl_version);
+
+    double *tb = malloc(1000 * sizeof(double)), *tk = malloc(1000 * sizeof(double));
+    for (size_t bytes = 4; bytes <= max_bytes; bytes *= 4) {
+        size_t count = bytes / 4;
+        int iters = bytes <= (1 << 20) ? 300 : bytes <= (16 << 20) ? 100 : 30;
+        int warm = iters / 10 + 2;
+        int64_t shape[1] = {(int64_t)count};
+        char name[64];
+        snprintf(name, sizeof(name), "bench.%zu", bytes);
+        kolo_request req = {.coll = KOLO_COLL_ALLREDUCE,
+                            .name = name,
+                            .sendbuf = buf,
+                            .recvbuf = buf,
+                            .dtype = KOLO_FLOAT32,
+                            .ndim = 1,
+                            .shape = shape,
+                            .op = KOLO_SUM,
+                            .device = dev};
+        /* interleaved, so that both see the same machine state */
+        for (int i = 0; i < warm + iters; i++) {
+            double t0 = now_us();
+            if (g->nccl.AllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, s) !=
+                    ncclSuccess ||
+                g->rt.StreamSynchronize(s) != cudaSuccess)
+                die("ncclAllReduce", "failed");
+            double t1 = now_us();
+            kcheck(ctx, kolo_submit_stream(ctx, &req, 1, s, &h), "submit");
+            kcheck(ctx, kolo_wait(ctx, h, 60000), "wait");
+            double t2 = now_us();
+            if (i >= warm) {
+                tb[i - warm] = t1 - t0;
+                tk[i - warm] = t2 - t1;
+            }
+        }
+        double b = median(tb, iters), k = median(tk, iters);
+        if (rank == 0) {
+            printf("{\"bytes\": %zu, \"bare_us\": %.1f, \"kolo_us\": %.1f, \"overhead_us\": %.1f, "
+                   "\"overhead_pct\": %.1f}\n",
+                   bytes, b, k, k - b, b > 0 ? 100.0 * (k - b) / b : 0.0);
+            fflush(stdout);
+        }
+    }
+    free(tb);
+    free(tk);
+    g->nccl.CommAbort(comm);
+    g->rt.Free(buf);
+    kolo_fini(ctx);
+    return 0;
+}
+
+#else
+
+int main(void)
+{
+    fprintf(stderr, "kolo-bench-nccl: this build has no GPU backend\n");
+    return 77;
+}
+
+#endif

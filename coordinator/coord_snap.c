@@ -1,0 +1,853 @@
+/*
+ * coord_snap.c - elastic-state snapshots: PutSnapshot, GetSnapshot, their
+ * REST listing and metrics.
+ *
+ * DESIGN
+ *
+ * A snapshot is what `state.commit()` makes durable: an opaque blob and a
+ * small JSON object of metadata, uploaded by one rank of the job's current
+ * generation in chunks (the fencing of every worker request applies: a
+ * stale generation cannot commit). Chunks arrive in order, one RPC each,
+ * and are kept in memory, as the unpacked messages themselves, until the
+ * last one; then the SHA-256 of the whole blob is checked against the one
+ * the client sent and the snapshot, every chunk, and the pruning of the
+ * job's older snapshots go to SQLite in one transaction. Only after that
+ * transaction committed (synchronous=FULL: it is on disk) does the last
+ * chunk get its reply, which is the acknowledgement. So an acknowledged
+ * snapshot survives a kill -9 of the coordinator, and a snapshot is in the
+ * store whole or not at all.
+ *
+ * Partial uploads are memory only: a restarted coordinator has lost them,
+ * answers a later chunk with KOLO_ENOTFOUND, and the client sends the
+ * upload again from chunk 0 under the same upload id. A client whose
+ * final reply was lost (the coordinator died between its commit and the
+ * reply) asks again and is told the upload was committed - the snapshot
+ * row records (job, upload id) uniquely - instead of storing it twice.
+ *
+ * Bounds: a snapshot may be at most --snapshot-max-bytes, which is also
+ * what one job's partial uploads may hold in memory together (a new
+ * upload first drops the job's older ones to fit); a chunk carries at
+ * most SNAP_MAX_CHUNK bytes and an upload at most SNAP_MAX_CHUNKS chunks;
+ * at most SNAP_MAX_UPLOADS uploads are in flight in all; an upload that
+ * makes no progress for --snapshot-upload-timeout, or whose job stopped
+ * running, is dropped by the tick.
+ *
+ * Cost. Handlers run under the state lock like every other (see
+ * coord_internal.h): hashing a chunk costs about 6 ms per MiB, and the
+ * final transaction writes the whole snapshot, about 5-10 ms per MiB on a
+ * local disk, during which nothing else is served. Agents are not to blame
+ * for that pause, so a commit that held the lock long extends every live
+ * host's lease by as much. Reads (GetSnapshot) go chunk by chunk, one
+ * SQLite read each.
+ */
+#include "coord_internal.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "hmac.h"
+#include "json.h"
+#include "kolo.pb-c.h"
+#include "log.h"
+#include "util.h"
+
+#define SNAP_DEFAULT_KEEP      3
+#define SNAP_DEFAULT_MAX_BYTES (2ll << 30)
+#define SNAP_DEFAULT_UPLOAD_MS 60000
+#define SNAP_MAX_KEEP          100000
+#define SNAP_MAX_CHUNK         (8u << 20)
+#define SNAP_MAX_CHUNKS        (1u << 20)
+#define SNAP_MAX_UPLOADS       64
+#define SNAP_MAX_META          (64u << 10)
+/* A commit that held the state lock longer than this extends leases. */
+#define SNAP_LEASE_GRACE_MS    250
+
+/* One partial upload. chunks[i] is the unpacked message of chunk i; its
+ * data stays in it until the snapshot is stored. */
+struct snap_upload {
+    struct snap_upload *next;
+    uint64_t job_id;
+    uint64_t upload_id;
+    uint64_t seq;
+    uint64_t generation;
+    int rank;
+    uint32_t total_chunks;
+    uint32_t next_chunk;
+    uint64_t total_bytes;
+    uint64_t received;
+    uint8_t checksum[SHA256_LEN];
+    char *meta_json;
+    uint32_t keep; /* 0: the coordinator's */
+    Kolo__SnapshotChunk **chunks;
+    uint32_t chunks_cap;
+    struct sha256 sha;
+    uint64_t started_mono, touched_mono;
+};
+
+/* ---------------------------------------------------------------- config */
+
+static int64_t snap_keep(const struct coord *c)
+{
+    return c->cfg.snapshot_keep > 0 ? c->cfg.snapshot_keep : SNAP_DEFAULT_KEEP;
+}
+
+static int64_t snap_max_bytes(const struct coord *c)
+{
+    return c->cfg.snapshot_max_bytes > 0 ? c->cfg.snapshot_max_bytes : SNAP_DEFAULT_MAX_BYTES;
+}
+
+static int64_t snap_upload_ms(const struct coord *c)
+{
+    return c->cfg.snapshot_upload_ms > 0 ? c->cfg.snapshot_upload_ms : SNAP_DEFAULT_UPLOAD_MS;
+}
+
+/* ---------------------------------------------------------------- uploads */
+
+static void upload_free(struct snap_upload *u)
+{
+    if (!u)
+        return;
+    for (uint32_t i = 0; i < u->next_chunk && i < u->chunks_cap; i++)
+        if (u->chunks[i])
+            kolo__snapshot_chunk__free_unpacked(u->chunks[i], NULL);
+    free(u->chunks);
+    free(u->meta_json);
+    free(u);
+}
+
+static struct snap_upload *upload_find(struct coord *c, uint64_t job_id, uint64_t upload_id)
+{
+    for (struct snap_upload *u = c->snap_uploads; u; u = u->next)
+        if (u->job_id == job_id && u->upload_id == upload_id)
+            return u;
+    return NULL;
+}
+
+static void upload_drop(struct coord *c, struct snap_upload *u, const char *why)
+{
+    for (struct snap_upload **p = &c->snap_uploads; *p; p = &(*p)->next) {
+        if (*p == u) {
+            *p = u->next;
+            break;
+        }
+    }
+    if (why) {
+        c->m.snap.uploads_dropped++;
+        LOGI("coord", "job %" PRIu64 ": snapshot upload %016" PRIx64 " dropped (%s) after %u of "
+                      "%u chunks",
+             u->job_id, u->upload_id, why, u->next_chunk, u->total_chunks);
+    }
+    upload_free(u);
+}
+
+static uint64_t job_upload_bytes(struct coord *c, uint64_t job_id)
+{
+    uint64_t sum = 0;
+    for (struct snap_upload *u = c->snap_uploads; u; u = u->next)
+        if (u->job_id == job_id)
+            sum += u->total_bytes;
+    return sum;
+}
+
+static int uploads_count(struct coord *c)
+{
+    int n = 0;
+    for (struct snap_upload *u = c->snap_uploads; u; u = u->next)
+        n++;
+    return n;
+}
+
+/* oldest_upload_of returns the job's upload touched longest ago. */
+static struct snap_upload *oldest_upload_of(struct coord *c, uint64_t job_id)
+{
+    struct snap_upload *best = NULL;
+    for (struct snap_upload *u = c->snap_uploads; u; u = u->next)
+        if (u->job_id == job_id && (!best || u->touched_mono < best->touched_mono))
+            best = u;
+    return best;
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static void hex(const uint8_t *d, size_t n, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[d[i] >> 4];
+        out[2 * i + 1] = digits[d[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
+static int unhex(const char *s, uint8_t *out, size_t n)
+{
+    if (!s || strlen(s) != 2 * n)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        if (sscanf(s + 2 * i, "%2x", &v) != 1)
+            return -1;
+        out[i] = (uint8_t)v;
+    }
+    return 0;
+}
+
+/* The histogram's upper bounds in seconds (Prometheus "le"). */
+static const double snap_buckets[COORD_SNAP_BUCKETS] = {0.01, 0.025, 0.05, 0.1,  0.25, 0.5,
+                                                        1,    2.5,   5,    10,   30,   60};
+
+static void observe(uint64_t *hist, double *sum, double seconds)
+{
+    int i = 0;
+    while (i < COORD_SNAP_BUCKETS && seconds > snap_buckets[i])
+        i++;
+    hist[i]++;
+    *sum += seconds;
+}
+
+/* fail answers a put with an error and counts it. */
+static void put_fail(struct coord *c, struct rpc_call *call, bool counts_as_commit_failure,
+                     int code, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static void put_fail(struct coord *c, struct rpc_call *call, bool counts_as_commit_failure,
+                     int code, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    c->m.rpc_errors[M_WORKER_PUT_SNAPSHOT]++;
+    if (counts_as_commit_failure)
+        c->m.snap.commit_failures++;
+    LOGD("coord", "PutSnapshot refused: %s", msg);
+    rpc_call_error(call, code, "%s", msg);
+}
+
+static void ack(struct rpc_call *call, uint32_t next_chunk, bool committed, uint64_t id,
+                uint64_t generation)
+{
+    Kolo__SnapshotAck rep = KOLO__SNAPSHOT_ACK__INIT;
+    rep.next_chunk = next_chunk;
+    rep.committed = committed;
+    rep.snapshot_id = id;
+    rep.generation = generation;
+    coord_send_pb(call, &rep.base);
+}
+
+struct found {
+    bool found;
+    uint64_t id, generation, total_bytes;
+    int rank;
+    uint64_t created_ms;
+    uint32_t nchunks;
+    char checksum[2 * SHA256_LEN + 1];
+    char *meta_json;
+};
+
+static int copy_found(const struct store_snapshot *s, void *arg)
+{
+    struct found *f = arg;
+    f->found = true;
+    f->id = s->id;
+    f->generation = s->generation;
+    f->total_bytes = s->total_bytes;
+    f->rank = s->rank;
+    f->created_ms = s->created_ms;
+    f->nchunks = s->nchunks;
+    str_copy(f->checksum, s->checksum ? s->checksum : "", sizeof f->checksum);
+    f->meta_json = strdup(s->meta_json ? s->meta_json : "{}");
+    return f->meta_json ? 0 : KOLO_ENOMEM;
+}
+
+/* valid_meta accepts "" (as {}) or a JSON object of bounded size. */
+static bool valid_meta(const char *text, char *why, size_t whylen)
+{
+    size_t len = strlen(text);
+    if (len == 0)
+        return true;
+    if (len > SNAP_MAX_META) {
+        snprintf(why, whylen, "meta_json of %zu bytes exceeds %u", len, SNAP_MAX_META);
+        return false;
+    }
+    struct json *root = NULL;
+    char err[200];
+    if (json_parse(text, len, &root, err, sizeof err) != 0) {
+        snprintf(why, whylen, "meta_json is not JSON: %s", err);
+        return false;
+    }
+    bool ok = root->type == JSON_OBJECT;
+    json_free(root);
+    if (!ok)
+        snprintf(why, whylen, "meta_json must be a JSON object");
+    return ok;
+}
+
+/* extend_leases: the state lock was held for stall_ms by a commit; the
+ * agents whose heartbeats waited behind it were not silent. */
+static void extend_leases(struct coord *c, uint64_t stall_ms)
+{
+    if (stall_ms < SNAP_LEASE_GRACE_MS)
+        return;
+    for (struct host *h = c->hosts; h; h = h->next)
+        if (h->state == HOST_ALIVE)
+            h->lease_deadline += stall_ms;
+}
+
+/* ---------------------------------------------------------------- commit */
+
+/* commit stores the complete upload u and answers the call. */
+static void commit(struct coord *c, struct rpc_call *call, struct snap_upload *u)
+{
+    uint8_t sum[SHA256_LEN];
+    char sumhex[2 * SHA256_LEN + 1], want[2 * SHA256_LEN + 1];
+    sha256_final(&u->sha, sum);
+    hex(sum, SHA256_LEN, sumhex);
+    if (!ct_equal(sum, u->checksum, SHA256_LEN)) {
+        hex(u->checksum, SHA256_LEN, want);
+        put_fail(c, call, true, KOLO_EPROTO,
+                 "snapshot checksum mismatch: the %" PRIu64 " bytes received hash to SHA-256 %s, "
+                 "the client sent %s; the upload is dropped",
+                 u->received, sumhex, want);
+        upload_drop(c, u, NULL);
+        return;
+    }
+    struct store_blob *blobs = calloc(u->total_chunks, sizeof *blobs);
+    if (!blobs) {
+        put_fail(c, call, true, KOLO_ENOMEM, "out of memory");
+        return;
+    }
+    for (uint32_t i = 0; i < u->total_chunks; i++) {
+        blobs[i].data = u->chunks[i]->data.data;
+        blobs[i].len = u->chunks[i]->data.len;
+    }
+    struct store_snapshot s = {.job_id = u->job_id,
+                               .generation = u->generation,
+                               .rank = u->rank,
+                               .upload_id = u->upload_id,
+                               .created_ms = now_wall_ms(),
+                               .meta_json = u->meta_json ? u->meta_json : "{}",
+                               .total_bytes = u->total_bytes,
+                               .checksum = sumhex,
+                               .nchunks = u->total_chunks};
+    int64_t keep = u->keep ? (int64_t)u->keep : snap_keep(c);
+    int pruned = 0;
+    uint64_t t0 = now_mono_ms();
+    /* One transaction: the new snapshot and the retention of the job's
+     * older ones land together, with one fsync. */
+    int err = store_begin(c->store);
+    if (!err) {
+        err = store_snapshot_put(c->store, &s, blobs, u->total_chunks);
+        if (!err)
+            err = store_snapshot_prune(c->store, u->job_id, (int)keep, &pruned);
+        if (err)
+            store_rollback(c->store);
+        else
+            err = store_commit(c->store);
+    }
+    uint64_t t1 = now_mono_ms();
+    free(blobs);
+    extend_leases(c, t1 - t0);
+    observe(c->m.snap.write_hist, &c->m.snap.write_sum, (double)(t1 - t0) / 1000.0);
+    if (err) {
+        coord_store_failed(c, "snapshot commit");
+        put_fail(c, call, true, err == KOLO_ENOMEM ? KOLO_ENOMEM : KOLO_ESTORE,
+                 "the snapshot could not be stored: %s", store_last_error(c->store));
+        upload_drop(c, u, NULL);
+        return;
+    }
+    c->m.snap.commits++;
+    c->m.snap.commit_bytes += u->total_bytes;
+    c->m.snap.pruned += (uint64_t)pruned;
+    observe(c->m.snap.commit_hist, &c->m.snap.commit_sum,
+            (double)(t1 - u->started_mono) / 1000.0);
+    ack(call, u->total_chunks, true, s.id, u->generation);
+    char meta[160];
+    str_copy(meta, s.meta_json, sizeof meta);
+    coord_event(c, u->job_id, NULL, "snapshot.committed",
+                "snapshot %" PRIu64 " from rank %d of generation %" PRIu64 ": %" PRIu64
+                " bytes in %u chunks, written in %" PRIu64 " ms, meta %s%s",
+                s.id, u->rank, u->generation, u->total_bytes, u->total_chunks, t1 - t0, meta,
+                pruned ? " (older snapshots pruned)" : "");
+    upload_drop(c, u, NULL);
+}
+
+/* ---------------------------------------------------------------- put */
+
+/* check_chunk validates a chunk on its own: sizes and fields. */
+static bool check_chunk(struct coord *c, const Kolo__SnapshotChunk *m, char *why, size_t whylen,
+                        int *code)
+{
+    *code = KOLO_EPROTO;
+    if (m->upload_id == 0)
+        snprintf(why, whylen, "upload_id must be non-zero");
+    else if (m->total_chunks == 0 || m->total_chunks > SNAP_MAX_CHUNKS)
+        snprintf(why, whylen, "total_chunks %u is not between 1 and %u", m->total_chunks,
+                 SNAP_MAX_CHUNKS);
+    else if (m->chunk_index >= m->total_chunks)
+        snprintf(why, whylen, "chunk %u of an upload of %u chunks", m->chunk_index,
+                 m->total_chunks);
+    else if (m->checksum.len != SHA256_LEN)
+        snprintf(why, whylen, "checksum must be a SHA-256 (32 bytes), not %zu bytes",
+                 m->checksum.len);
+    else if (m->data.len > SNAP_MAX_CHUNK)
+        snprintf(why, whylen, "chunk of %zu bytes exceeds %u", m->data.len, SNAP_MAX_CHUNK);
+    else if (m->data.len > m->total_bytes)
+        snprintf(why, whylen, "chunk of %zu bytes in a snapshot of %" PRIu64 " bytes",
+                 m->data.len, m->total_bytes);
+    else if (m->total_bytes > (uint64_t)snap_max_bytes(c)) {
+        *code = KOLO_ETOOBIG;
+        snprintf(why, whylen,
+                 "snapshot of %" PRIu64 " bytes exceeds the coordinator's limit of %" PRId64
+                 " bytes (kolo coordinator --snapshot-max-bytes)",
+                 m->total_bytes, snap_max_bytes(c));
+    } else if (m->keep > SNAP_MAX_KEEP)
+        snprintf(why, whylen, "keep %u exceeds %d", m->keep, SNAP_MAX_KEEP);
+    else
+        return true;
+    return false;
+}
+
+/* upload_start makes room for and creates the upload of chunk 0. */
+static struct snap_upload *upload_start(struct coord *c, struct rpc_call *call,
+                                        const Kolo__SnapshotChunk *m, const struct job *j)
+{
+    const struct rpc_frame *f = rpc_call_frame(call);
+    char why[300];
+    if (!valid_meta(m->meta_json, why, sizeof why)) {
+        put_fail(c, call, true, KOLO_EPROTO, "%s", why);
+        return NULL;
+    }
+    /* Make room: the job's older uploads give way (a client that started
+     * a new upload has most likely given up on them). */
+    uint64_t cap = (uint64_t)snap_max_bytes(c);
+    struct snap_upload *old;
+    while (job_upload_bytes(c, j->id) + m->total_bytes > cap && (old = oldest_upload_of(c, j->id)))
+        upload_drop(c, old, "superseded by a newer upload");
+    if (uploads_count(c) >= SNAP_MAX_UPLOADS) {
+        put_fail(c, call, false, KOLO_EBUSY,
+                 "%d snapshot uploads are in flight on this coordinator; retry later",
+                 SNAP_MAX_UPLOADS);
+        return NULL;
+    }
+    struct snap_upload *u = calloc(1, sizeof *u);
+    if (!u || !(u->meta_json = strdup(m->meta_json[0] ? m->meta_json : "{}"))) {
+        free(u);
+        put_fail(c, call, false, KOLO_ENOMEM, "out of memory");
+        return NULL;
+    }
+    u->job_id = j->id;
+    u->upload_id = m->upload_id;
+    u->seq = m->seq;
+    u->generation = j->generation;
+    u->rank = f->rank;
+    u->total_chunks = m->total_chunks;
+    u->total_bytes = m->total_bytes;
+    u->keep = m->keep;
+    memcpy(u->checksum, m->checksum.data, SHA256_LEN);
+    sha256_init(&u->sha);
+    u->started_mono = u->touched_mono = now_mono_ms();
+    u->next = c->snap_uploads;
+    c->snap_uploads = u;
+    return u;
+}
+
+static void rpc_put(struct coord *c, struct rpc_call *call)
+{
+    struct job *j = coord_worker_fence(c, call, M_WORKER_PUT_SNAPSHOT);
+    if (!j)
+        return;
+    const struct rpc_frame *f = rpc_call_frame(call);
+    Kolo__SnapshotChunk *m = kolo__snapshot_chunk__unpack(NULL, f->body_len, f->body);
+    if (!m) {
+        put_fail(c, call, false, KOLO_EPROTO, "malformed SnapshotChunk");
+        return;
+    }
+    char why[400];
+    int code;
+    if (!check_chunk(c, m, why, sizeof why, &code)) {
+        put_fail(c, call, true, code, "%s", why);
+        kolo__snapshot_chunk__free_unpacked(m, NULL);
+        return;
+    }
+    struct snap_upload *u = upload_find(c, j->id, m->upload_id);
+    if (!u) {
+        /* Unknown upload: committed already (the client lost the reply),
+         * a new upload (chunk 0), or one this coordinator never saw the
+         * start of (it restarted, or dropped the upload). */
+        struct found fd = {0};
+        int rc = store_snapshot_by_upload(c->store, j->id, m->upload_id, copy_found, &fd);
+        free(fd.meta_json);
+        if (rc == 0 && fd.found) {
+            ack(call, m->total_chunks, true, fd.id, fd.generation);
+            kolo__snapshot_chunk__free_unpacked(m, NULL);
+            return;
+        }
+        if (rc != 0 && rc != KOLO_ENOTFOUND) {
+            coord_store_failed(c, "snapshot lookup");
+            put_fail(c, call, false, KOLO_ESTORE, "snapshot lookup failed: %s",
+                     store_last_error(c->store));
+            kolo__snapshot_chunk__free_unpacked(m, NULL);
+            return;
+        }
+        if (m->chunk_index != 0) {
+            put_fail(c, call, false, KOLO_ENOTFOUND,
+                     "snapshot upload %016" PRIx64 " is not known to this coordinator (it "
+                     "restarted, or dropped the upload): send it again from chunk 0",
+                     m->upload_id);
+            kolo__snapshot_chunk__free_unpacked(m, NULL);
+            return;
+        }
+        if (!(u = upload_start(c, call, m, j))) {
+            kolo__snapshot_chunk__free_unpacked(m, NULL);
+            return;
+        }
+    } else if (m->total_chunks != u->total_chunks || m->total_bytes != u->total_bytes ||
+               memcmp(m->checksum.data, u->checksum, SHA256_LEN) != 0) {
+        put_fail(c, call, true, KOLO_EPROTO,
+                 "chunk %u disagrees with its upload %016" PRIx64
+                 " (total_chunks, total_bytes or checksum changed)",
+                 m->chunk_index, m->upload_id);
+        kolo__snapshot_chunk__free_unpacked(m, NULL);
+        return;
+    }
+    if (m->chunk_index < u->next_chunk) {
+        /* A retry of a chunk already taken (its reply was lost). */
+        ack(call, u->next_chunk, false, 0, u->generation);
+        kolo__snapshot_chunk__free_unpacked(m, NULL);
+        return;
+    }
+    if (m->chunk_index > u->next_chunk) {
+        put_fail(c, call, true, KOLO_ESTATE,
+                 "snapshot chunk %u out of order: upload %016" PRIx64 " expects chunk %u",
+                 m->chunk_index, m->upload_id, u->next_chunk);
+        kolo__snapshot_chunk__free_unpacked(m, NULL);
+        return;
+    }
+    bool last = m->chunk_index + 1 == u->total_chunks;
+    uint64_t received = u->received + m->data.len;
+    if (received > u->total_bytes || (last && received != u->total_bytes)) {
+        put_fail(c, call, true, KOLO_EPROTO,
+                 "snapshot chunks add up to %" PRIu64 " bytes by chunk %u; the upload declared %" PRIu64,
+                 received, m->chunk_index, u->total_bytes);
+        upload_drop(c, u, NULL);
+        kolo__snapshot_chunk__free_unpacked(m, NULL);
+        return;
+    }
+    if (u->next_chunk >= u->chunks_cap) {
+        uint32_t cap = u->chunks_cap ? u->chunks_cap * 2 : 16;
+        if (cap > u->total_chunks)
+            cap = u->total_chunks;
+        Kolo__SnapshotChunk **nc = realloc(u->chunks, cap * sizeof *nc);
+        if (!nc) {
+            put_fail(c, call, false, KOLO_ENOMEM, "out of memory");
+            kolo__snapshot_chunk__free_unpacked(m, NULL);
+            return;
+        }
+        u->chunks = nc;
+        u->chunks_cap = cap;
+    }
+    sha256_update(&u->sha, m->data.data, m->data.len);
+    u->chunks[u->next_chunk++] = m; /* the upload owns the message now */
+    u->received = received;
+    u->touched_mono = now_mono_ms();
+    if (last)
+        commit(c, call, u);
+    else
+        ack(call, u->next_chunk, false, 0, u->generation);
+}
+
+/* ---------------------------------------------------------------- get */
+
+/* The chunk is sent from SQLite's own buffer, which is valid only inside
+ * store_snapshot_chunk's callback: the reply is packed there. */
+struct chunk_out {
+    struct coord *c;
+    struct rpc_call *call;
+    Kolo__GetSnapshotReply *rep;
+};
+
+static int send_chunk(const void *data, size_t len, void *arg)
+{
+    struct chunk_out *o = arg;
+    o->rep->data.data = (uint8_t *)data;
+    o->rep->data.len = len;
+    o->c->m.snap.gets++;
+    o->c->m.snap.get_bytes += len;
+    coord_send_pb(o->call, &o->rep->base);
+    return 0;
+}
+
+static void rpc_get(struct coord *c, struct rpc_call *call)
+{
+    const struct rpc_frame *f = rpc_call_frame(call);
+    struct job *j = coord_job_find(c, f->job_id);
+    /* Any rank of the job may read, in any state and generation: a new
+     * worker, or a job restarted after all its workers died, restores
+     * from here. */
+    if (!j || f->rank < 0 || f->rank >= COORD_MAX_NP) {
+        c->m.rpc_errors[M_WORKER_GET_SNAPSHOT]++;
+        rpc_call_error(call, KOLO_EINVAL, "%s (job %llu, rank %d)",
+                       j ? "rank out of range" : "no such job", (unsigned long long)f->job_id,
+                       f->rank);
+        return;
+    }
+    Kolo__GetSnapshotRequest *req = kolo__get_snapshot_request__unpack(NULL, f->body_len, f->body);
+    if (!req) {
+        c->m.rpc_errors[M_WORKER_GET_SNAPSHOT]++;
+        rpc_call_error(call, KOLO_EPROTO, "malformed GetSnapshotRequest");
+        return;
+    }
+    struct found fd = {0};
+    int rc = req->snapshot_id
+                 ? store_snapshot_get(c->store, j->id, req->snapshot_id, copy_found, &fd)
+                 : store_snapshot_latest(c->store, j->id, copy_found, &fd);
+    uint32_t index = req->chunk_index;
+    uint64_t asked = req->snapshot_id;
+    kolo__get_snapshot_request__free_unpacked(req, NULL);
+    if (rc == KOLO_ENOTFOUND) {
+        c->m.rpc_errors[M_WORKER_GET_SNAPSHOT]++;
+        if (asked)
+            rpc_call_error(call, KOLO_ENOTFOUND, "job %" PRIu64 " has no snapshot %" PRIu64
+                           " (never committed, or pruned)", j->id, asked);
+        else
+            rpc_call_error(call, KOLO_ENOTFOUND, "job %" PRIu64 " has no snapshot", j->id);
+        return;
+    }
+    if (rc != 0) {
+        free(fd.meta_json);
+        coord_store_failed(c, "snapshot read");
+        c->m.rpc_errors[M_WORKER_GET_SNAPSHOT]++;
+        rpc_call_error(call, KOLO_ESTORE, "snapshot read failed: %s", store_last_error(c->store));
+        return;
+    }
+    if (index >= fd.nchunks) {
+        free(fd.meta_json);
+        c->m.rpc_errors[M_WORKER_GET_SNAPSHOT]++;
+        rpc_call_error(call, KOLO_EINVAL, "snapshot %" PRIu64 " has %u chunks, not chunk %u",
+                       fd.id, fd.nchunks, index);
+        return;
+    }
+    uint8_t sum[SHA256_LEN];
+    if (unhex(fd.checksum, sum, SHA256_LEN) != 0) {
+        free(fd.meta_json);
+        c->m.rpc_errors[M_WORKER_GET_SNAPSHOT]++;
+        rpc_call_error(call, KOLO_ESTORE, "snapshot %" PRIu64 " has a malformed checksum", fd.id);
+        return;
+    }
+    Kolo__GetSnapshotReply rep = KOLO__GET_SNAPSHOT_REPLY__INIT;
+    rep.snapshot_id = fd.id;
+    rep.generation = fd.generation;
+    rep.rank = fd.rank;
+    rep.created_ms = fd.created_ms;
+    rep.meta_json = fd.meta_json;
+    rep.total_bytes = fd.total_bytes;
+    rep.checksum.data = sum;
+    rep.checksum.len = SHA256_LEN;
+    rep.chunk_index = index;
+    rep.total_chunks = fd.nchunks;
+    struct chunk_out o = {c, call, &rep};
+    rc = store_snapshot_chunk(c->store, j->id, fd.id, index, send_chunk, &o);
+    if (rc != 0) {
+        c->m.rpc_errors[M_WORKER_GET_SNAPSHOT]++;
+        rpc_call_error(call, rc == KOLO_ENOTFOUND ? KOLO_ENOTFOUND : KOLO_ESTORE,
+                       "chunk %u of snapshot %" PRIu64 " cannot be read: %s", index, fd.id,
+                       store_last_error(c->store));
+    }
+    free(fd.meta_json);
+}
+
+void coord_rpc_snapshot(struct coord *c, struct rpc_call *call, enum coord_method m)
+{
+    if (m == M_WORKER_PUT_SNAPSHOT)
+        rpc_put(c, call);
+    else
+        rpc_get(c, call);
+}
+
+/* ---------------------------------------------------------------- tick, shutdown */
+
+void coord_snap_cron(struct coord *c, uint64_t now)
+{
+    uint64_t idle = (uint64_t)snap_upload_ms(c);
+    struct snap_upload *u = c->snap_uploads;
+    while (u) {
+        struct snap_upload *next = u->next;
+        struct job *j = coord_job_find(c, u->job_id);
+        if (!j || j->state != JOB_RUNNING)
+            upload_drop(c, u, "the job is not running");
+        else if (j->generation != u->generation)
+            upload_drop(c, u, "the job moved to a new generation");
+        else if (now > u->touched_mono + idle)
+            upload_drop(c, u, "abandoned");
+        u = next;
+    }
+}
+
+void coord_snap_free(struct coord *c)
+{
+    while (c->snap_uploads)
+        upload_drop(c, c->snap_uploads, NULL);
+}
+
+/* ---------------------------------------------------------------- REST, metrics */
+
+/* render_value writes a parsed JSON value again (metadata is stored as
+ * text; REST returns it as JSON, not as a string). */
+static void render_value(struct jw *w, const struct json *v)
+{
+    int64_t i;
+    switch (v->type) {
+    case JSON_NULL:
+        jw_null(w);
+        break;
+    case JSON_BOOL:
+        jw_bool(w, v->b);
+        break;
+    case JSON_NUMBER:
+        if (json_as_int(v, &i))
+            jw_int(w, i);
+        else
+            jw_double(w, v->num);
+        break;
+    case JSON_STRING:
+        jw_strn(w, v->str, v->str_len);
+        break;
+    case JSON_ARRAY:
+        jw_arr_begin(w);
+        for (const struct json *e = v->child; e; e = e->next)
+            render_value(w, e);
+        jw_arr_end(w);
+        break;
+    case JSON_OBJECT:
+        jw_obj_begin(w);
+        for (const struct json *e = v->child; e; e = e->next) {
+            jw_key(w, e->key);
+            render_value(w, e);
+        }
+        jw_obj_end(w);
+        break;
+    }
+}
+
+static int render_snapshot(const struct store_snapshot *s, void *arg)
+{
+    struct jw *w = arg;
+    jw_obj_begin(w);
+    jw_kuint(w, "id", s->id);
+    jw_kuint(w, "generation", s->generation);
+    jw_kint(w, "rank", s->rank);
+    jw_kuint(w, "bytes", s->total_bytes);
+    jw_kuint(w, "chunks", s->nchunks);
+    jw_kstr(w, "sha256", s->checksum);
+    jw_kuint(w, "created_ms", s->created_ms);
+    jw_key(w, "meta");
+    struct json *meta = NULL;
+    char err[64];
+    const char *text = s->meta_json ? s->meta_json : "{}";
+    if (json_parse(text, strlen(text), &meta, err, sizeof err) == 0) {
+        render_value(w, meta);
+        json_free(meta);
+    } else {
+        jw_str(w, text);
+    }
+    jw_obj_end(w);
+    return 0;
+}
+
+void coord_snap_render_list(struct coord *c, struct job *j, struct jw *w)
+{
+    jw_obj_begin(w);
+    jw_kuint(w, "job", j->id);
+    jw_kint(w, "keep", snap_keep(c));
+    jw_key(w, "snapshots");
+    jw_arr_begin(w);
+    if (store_snapshots_each(c->store, j->id, 0, render_snapshot, w) != 0)
+        coord_store_failed(c, "snapshots read");
+    jw_arr_end(w);
+    jw_key(w, "uploads");
+    jw_arr_begin(w);
+    uint64_t now = now_mono_ms();
+    for (struct snap_upload *u = c->snap_uploads; u; u = u->next) {
+        if (u->job_id != j->id)
+            continue;
+        jw_obj_begin(w);
+        char id[17];
+        snprintf(id, sizeof id, "%016" PRIx64, u->upload_id);
+        jw_kstr(w, "upload_id", id);
+        jw_kint(w, "rank", u->rank);
+        jw_kuint(w, "chunks_received", u->next_chunk);
+        jw_kuint(w, "chunks", u->total_chunks);
+        jw_kuint(w, "bytes_received", u->received);
+        jw_kuint(w, "bytes", u->total_bytes);
+        jw_kuint(w, "age_ms", now - u->started_mono);
+        jw_obj_end(w);
+    }
+    jw_arr_end(w);
+    jw_obj_end(w);
+}
+
+static void render_hist(struct buf *b, const char *name, const char *help, const uint64_t *hist,
+                        double sum)
+{
+    buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int i = 0; i < COORD_SNAP_BUCKETS; i++) {
+        cum += hist[i];
+        buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, snap_buckets[i],
+                   (unsigned long long)cum);
+    }
+    cum += hist[COORD_SNAP_BUCKETS];
+    buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
+               (unsigned long long)cum, name, sum, name, (unsigned long long)cum);
+}
+
+void coord_snap_render_metrics(struct coord *c, struct buf *b)
+{
+    const struct coord_snap_metrics *s = &c->m.snap;
+    uint64_t held = 0;
+    int uploads = 0;
+    for (struct snap_upload *u = c->snap_uploads; u; u = u->next) {
+        held += u->received;
+        uploads++;
+    }
+    buf_printf(b,
+               "# HELP kolo_snapshots_committed_total Elastic-state snapshots acknowledged "
+               "(durable in the store).\n# TYPE kolo_snapshots_committed_total counter\n"
+               "kolo_snapshots_committed_total %llu\n"
+               "# HELP kolo_snapshot_bytes_total Bytes of acknowledged snapshots.\n"
+               "# TYPE kolo_snapshot_bytes_total counter\nkolo_snapshot_bytes_total %llu\n"
+               "# HELP kolo_snapshot_commit_failures_total Snapshot uploads refused or failed "
+               "(bad chunk, checksum, size, store error).\n"
+               "# TYPE kolo_snapshot_commit_failures_total counter\n"
+               "kolo_snapshot_commit_failures_total %llu\n"
+               "# HELP kolo_snapshot_uploads_dropped_total Partial uploads dropped (abandoned, "
+               "superseded, job ended).\n# TYPE kolo_snapshot_uploads_dropped_total counter\n"
+               "kolo_snapshot_uploads_dropped_total %llu\n"
+               "# HELP kolo_snapshots_pruned_total Snapshots deleted by retention.\n"
+               "# TYPE kolo_snapshots_pruned_total counter\nkolo_snapshots_pruned_total %llu\n"
+               "# HELP kolo_snapshot_reads_total Snapshot chunks served by GetSnapshot.\n"
+               "# TYPE kolo_snapshot_reads_total counter\nkolo_snapshot_reads_total %llu\n"
+               "# HELP kolo_snapshot_read_bytes_total Bytes served by GetSnapshot.\n"
+               "# TYPE kolo_snapshot_read_bytes_total counter\n"
+               "kolo_snapshot_read_bytes_total %llu\n"
+               "# HELP kolo_snapshot_uploads Partial snapshot uploads in memory.\n"
+               "# TYPE kolo_snapshot_uploads gauge\nkolo_snapshot_uploads %d\n"
+               "# HELP kolo_snapshot_upload_bytes Bytes held by partial uploads.\n"
+               "# TYPE kolo_snapshot_upload_bytes gauge\nkolo_snapshot_upload_bytes %llu\n",
+               (unsigned long long)s->commits, (unsigned long long)s->commit_bytes,
+               (unsigned long long)s->commit_failures, (unsigned long long)s->uploads_dropped,
+               (unsigned long long)s->pruned, (unsigned long long)s->gets,
+               (unsigned long long)s->get_bytes, uploads, (unsigned long long)held);
+    render_hist(b, "kolo_snapshot_commit_seconds",
+                "Time from a snapshot's first chunk to its acknowledgement.", s->commit_hist,
+                s->commit_sum);
+    render_hist(b, "kolo_snapshot_write_seconds",
+                "Time of the store transaction that commits a snapshot (the state lock is "
+                "held meanwhile).",
+                s->write_hist, s->write_sum);
+}

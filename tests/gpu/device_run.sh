@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# device_run.sh [BUILD] [OUT]: the GPU checks on a GPU host, from a build
+# made elsewhere (libkolo, kolo, the gpu tests and kolo-bench-nccl in
+# BUILD, the shared libraries they need and the host may lack in
+# BUILD/deps). Writes each step's output under OUT. Not a ctest: on a GPU
+# host with the build dependencies, `ctest -L gpu` runs the same tests.
+set -u
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+B="$(cd "${1:-$root/build-gpu}" && pwd)"
+OUT="${2:-/tmp/kolo-gpu-out}"
+PY="${KOLO_GPU_PYTHON:-/opt/torch/.venv/bin/python}"
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$B/deps${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export KOLO="$B/bin/kolo" KOLO_LIBRARY="$B/lib/libkolo.so"
+step() { # step NAME TIMEOUT CMD...
+  local name="$1" t="$2"; shift 2
+  local t0=$(date +%s.%N)
+  timeout "$t" "$@" > "$OUT/$name.txt" 2>&1
+  local rc=$?
+  printf '%-16s rc=%-3s %6.1fs\n' "$name" "$rc" "$(echo "$(date +%s.%N) - $t0" | bc)" | tee -a "$OUT/summary.txt"
+}
+nvidia-smi -L > "$OUT/gpu.txt" 2>&1
+step errors 120 "$B/tests/gpu/test_gpu_errors"
+step collectives 400 "$B/tests/gpu/test_gpu_collectives"
+step torch_cuda 500 "$root/tests/gpu/run_python.sh" "$PY" "$root/tests/gpu/test_torch_cuda.py" cuda
+step bench 300 "$KOLO" run -np 1 -- "$B/bin/kolo-bench-nccl"
+grep -h "^\[\|MISMATCH\|refused\|FAIL\|passed\|failed" "$OUT"/*.txt | head -60

@@ -1,0 +1,232 @@
+"""Elastic training under faults, with real `kolo run` jobs.
+
+Workers kill themselves with SIGKILL at planned steps (the plan is seeded
+and logged; a marker file makes each kill happen once even when the step
+is replayed after a rollback). Every rank trains on the same batch at each
+step, so the averaged gradient does not depend on how many workers there
+are: a run with kills must end with the weights of a fault-free run, up to
+float rounding. That is the check that no step was lost or applied twice
+beyond the rollback to the last commit.
+"""
+import json
+import os
+import random
+import re
+import statistics
+import tempfile
+
+import pytest
+
+from conftest import kolo_run
+
+torch = pytest.importorskip("torch")
+
+WORKER = r'''
+import json, os, signal, sys, time
+import torch
+import kolo.torch as hvd
+
+hvd.init()
+steps, commit_every = int(sys.argv[1]), int(sys.argv[2])
+kills = json.loads(sys.argv[3])      # [[step, rank % size], ...]; rank -1: every rank
+marks = sys.argv[4]
+delay = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
+
+torch.manual_seed(0)
+model = torch.nn.Linear(16, 4)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                               named_parameters=model.named_parameters())
+state = hvd.elastic.TorchState(model=model, optimizer=opt, step=0)
+state.register_reset_callbacks([lambda: print("RESET size %d step %d t %.3f"
+                                              % (hvd.size(), state.step, time.time()), flush=True)])
+started = time.time()
+
+
+def batch(step):
+    g = torch.Generator()
+    g.manual_seed(1000 + step)
+    x = torch.randn(32, 16, generator=g)
+    return x, x @ torch.arange(64, dtype=torch.float32).reshape(16, 4) / 64
+
+
+def maybe_die():
+    for i, (s, victim) in enumerate(kills):
+        if state.step != s or (victim >= 0 and hvd.rank() != victim % hvd.size()):
+            continue
+        tag = "kill%d" % i if victim >= 0 else "kill%d.%d" % (i, int(os.environ["KOLO_WORKER_ID"]))
+        try:
+            os.close(os.open(os.path.join(marks, tag), os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            continue
+        print("KILL %d step %d rank %d t %.3f" % (i, s, hvd.rank(), time.time()), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@hvd.elastic.run
+def train(state):
+    if state.step:
+        print("RESUMED step %d size %d" % (state.step, hvd.size()), flush=True)
+    while state.step < steps:
+        maybe_die()
+        x, y = batch(state.step)
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        state.step += 1
+        print("STEP %d size %d t %.3f" % (state.step, hvd.size(), time.time()), flush=True)
+        if state.step % commit_every == 0:
+            state.commit()
+        if delay:
+            time.sleep(delay)
+
+
+train(state)
+w = torch.cat([p.detach().flatten() for p in model.parameters()])
+print("FINAL %d %s" % (state.step, json.dumps(w.tolist())), flush=True)
+'''
+
+
+def run(np, kills, steps=60, commit=5, kolo_args=(), timeout=240, delay=0.0):
+    marks = tempfile.mkdtemp(prefix="kolo-kills-")
+    return kolo_run(np, WORKER, args=(steps, commit, json.dumps(kills), marks, delay),
+                    kolo_args=kolo_args, timeout=timeout)
+
+
+def finals(job):
+    out = []
+    for line in job.lines():
+        if line.startswith("FINAL "):
+            _, step, w = line.split(" ", 2)
+            out.append((int(step), json.loads(w)))
+    return out
+
+
+def timeline(job):
+    """(time, kind, size) of every KILL, RESET and STEP line, in time order."""
+    events = []
+    for line in job.lines():
+        m = re.match(r"(KILL|RESET|STEP) .* t ([0-9.]+)$", line)
+        if m:
+            size = re.search(r" size (\d+) ", line)
+            events.append((float(m.group(2)), m.group(1), int(size.group(1)) if size else 0))
+    events.sort()
+    return events
+
+
+def recovery_times(job):
+    """Seconds from each kill to the first step of the generation after it."""
+    times, killed, reset = [], None, False
+    for t, kind, _ in timeline(job):
+        if kind == "KILL" and killed is None:
+            killed, reset = t, False
+        elif kind == "RESET" and killed is not None:
+            reset = True
+        elif kind == "STEP" and killed is not None and reset:
+            times.append(t - killed)
+            killed = None
+    return times
+
+
+@pytest.fixture(scope="module")
+def reference():
+    job = run(1, [], steps=60)
+    assert job.rc == 0, job
+    (step, w), = finals(job)
+    assert step == 60
+    return w
+
+
+def close(a, b, tol=1e-5):
+    return len(a) == len(b) and all(abs(x - y) <= tol * max(1.0, abs(y)) for x, y in zip(a, b))
+
+
+def test_killed_workers_are_replaced_and_the_model_matches(reference):
+    rng = random.Random(5)
+    kills = sorted([[s, rng.randrange(0, 3)] for s in rng.sample(range(8, 50), 3)])
+    print("kill plan (step, rank):", kills)
+    job = run(4, kills, kolo_args=("--min-np", "2", "--max-np", "4",
+                                   "--blacklist-cooldown-range", "1", "1"), delay=0.05)
+    assert job.rc == 0, job
+    got = finals(job)
+    assert len(got) >= 2, job
+    for step, w in got:
+        assert step == 60
+        assert close(w, reference), (w, reference)
+    killed = [ln for ln in job.lines() if ln.startswith("KILL")]
+    assert len(killed) == 3, killed
+    rec = recovery_times(job)
+    print("recovery s: %s (p50 %.3f)" % (rec, statistics.median(rec)))
+    assert len(rec) == 3
+    # it shrank after the first kill and grew back to four workers later
+    first_kill = min(t for t, kind, _ in timeline(job) if kind == "KILL")
+    after = [n for t, kind, n in timeline(job) if kind == "STEP" and t > first_kill]
+    assert 3 in after and 4 in after, after
+
+
+def test_rank_zero_dies_and_a_survivor_takes_over(reference):
+    job = run(3, [[12, 0]], kolo_args=("--min-np", "2", "--max-np", "3"))
+    assert job.rc == 0, job
+    assert [s for s, _ in finals(job)] == [60, 60], job
+    for _, w in finals(job):
+        assert close(w, reference)
+
+
+def test_below_min_np_fails_after_the_elastic_timeout():
+    # no cooldown range: the host stays excluded, so no replacement comes
+    job = run(2, [[6, 1]], steps=1000, kolo_args=("--min-np", "2", "--elastic-timeout", "3"),
+              delay=0.01, timeout=90)
+    assert job.rc != 0, job
+    assert "elastic timeout" in job.err, job
+
+
+def test_below_min_np_waits_and_goes_on_when_capacity_returns(reference):
+    job = run(2, [[10, 1]], kolo_args=("--min-np", "2", "--blacklist-cooldown-range", "2", "2"))
+    assert job.rc == 0, job
+    assert [s for s, _ in finals(job)] == [60, 60], job
+    for _, w in finals(job):
+        assert close(w, reference)
+
+
+def test_reset_limit_fails_the_job():
+    job = run(3, [[8, 1], [20, 1]], steps=200,
+              kolo_args=("--min-np", "1", "--max-np", "3", "--reset-limit", "1"))
+    assert job.rc != 0, job
+    assert "reset limit" in job.err, job
+
+
+def test_elastic_sampler_splits_what_is_left():
+    import kolo.torch as hvd
+    from kolo.torch.elastic import ElasticSampler
+
+    data = list(range(103))
+    s = ElasticSampler(data, shuffle=True, seed=3)
+    s.set_epoch(2)
+
+    def shards(n, sampler):
+        out = []
+        for r in range(n):
+            sampler.num_replicas, sampler.rank = n, r
+            sampler.num_samples = -(-len(sampler.remaining_indices) // n)
+            sampler.total_size = sampler.num_samples * n
+            out.append(list(iter(sampler)))
+        return out
+
+    first = shards(4, s)
+    # 3 batches of 5 on each of 4 ranks, then a reset to 3 ranks
+    done = set()
+    for r in range(4):
+        done.update(first[r][:15])
+    s.num_replicas = 4
+    for b in range(3):
+        s.record_batch(b, 5)
+    state = s.state_dict()
+    s2 = ElasticSampler(data, shuffle=True, seed=3)
+    s2.load_state_dict(state)
+    rest = shards(3, s2)
+    seen = set()
+    for sh in rest:
+        seen.update(sh)
+    assert not (seen & done), "a sample of the first part came again"
+    assert seen | done == set(data), "a sample was skipped"
+    assert hvd.is_initialized() is False
