@@ -8,6 +8,11 @@
  * unloading it under them is a known way to crash at exit. Names come
  * from the driver API (cuDeviceGetName), whose signature, unlike the
  * runtime's cudaDeviceProp, does not change between CUDA versions.
+ *
+ * The GPU count is the agent's default number of slots: one worker per
+ * GPU. CUDA_VISIBLE_DEVICES in the agent's environment limits what it
+ * counts and is inherited by the workers unchanged; each worker selects
+ * its GPU by its local rank (docs/gpu.md), as under Horovod.
  */
 #include <arpa/inet.h>
 #include <dlfcn.h>

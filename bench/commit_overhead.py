@@ -12,16 +12,18 @@ to bench/results/<UTC timestamp>-commit-overhead.{md,json}.
 Rank 0 commits a state of --mb MiB (random bytes, as a serialized state
 dict would be) --reps times with kolo._snapshot.put and measures the time
 from the call to the acknowledgement (the snapshot is then durable in the
-coordinator's SQLite file). Every rank also runs allreduce "training
-steps" (--step-kb per rank) alone, and again while rank 0 commits in a
-background thread, as kolo.torch.elastic's state.commit() does. Last,
-every rank reads the latest snapshot back (get_latest).
+coordinator's SQLite file): first with nothing else running, then from a
+background thread, as kolo.torch.elastic's state.commit() does, while
+every rank runs allreduce "training steps" (--step-kb per rank), whose
+times are compared with the same steps without a commit. Last, every rank
+reads the latest snapshot back (get_latest).
 """
 import argparse
 import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -68,6 +70,14 @@ def worker(a):
     kolo.barrier()
     base = steps("base")
     kolo.barrier()
+    # commits alone: nothing else runs meanwhile
+    idle_acks = []
+    for rep in range(a.reps):
+        if r == 0:
+            t0 = time.perf_counter()
+            _snapshot.put(state, {"epoch": rep, "batch": 0, "idle": True})
+            idle_acks.append(time.perf_counter() - t0)
+        kolo.barrier()
     acks = []
     during = []
     for rep in range(a.reps):
@@ -103,7 +113,8 @@ def worker(a):
     got = _snapshot.get_latest()
     get_s = time.perf_counter() - t0
     assert got is not None and got[1] == state
-    res = {"rank": r, "base_step_s": base, "during_step_s": during, "ack_s": acks, "get_s": get_s}
+    res = {"rank": r, "base_step_s": base, "during_step_s": during, "ack_s": acks,
+           "idle_ack_s": idle_acks, "get_s": get_s}
     if a.out:
         with open("%s.%d" % (a.out, r), "w") as f:
             json.dump(res, f)
@@ -131,9 +142,15 @@ def main():
                        universal_newlines=True, timeout=1800)
     if p.returncode != 0:
         sys.stderr.write(p.stdout)
+        shutil.rmtree(tmp, ignore_errors=True)
         sys.exit("commit_overhead: the job failed (%d)" % p.returncode)
-    ranks = [json.load(open("%s.%d" % (out, r))) for r in range(a.np)]
+    ranks = []
+    for r in range(a.np):
+        with open("%s.%d" % (out, r)) as f:
+            ranks.append(json.load(f))
+    shutil.rmtree(tmp, ignore_errors=True)  # the database holds a few snapshots
     acks = ranks[0]["ack_s"]
+    idle = ranks[0]["idle_ack_s"]
     base = [x for rk in ranks for x in rk["base_step_s"]]
     during = [x for rk in ranks for x in rk["during_step_s"]]
     gets = [rk["get_s"] for rk in ranks]
@@ -147,10 +164,12 @@ def main():
         "",
         "| measure | median | min | max |",
         "|---|---|---|---|",
-        "| commit of %d MiB: put() to acknowledgement (s), %d reps | %.3f | %.3f | %.3f |"
-        % (mb, len(acks), statistics.median(acks), min(acks), max(acks)),
-        "| commit throughput (MiB/s) | %.0f | %.0f | %.0f |"
-        % (mb / statistics.median(acks), mb / max(acks), mb / min(acks)),
+        "| commit of %d MiB alone: put() to acknowledgement (s), %d reps | %.3f | %.3f | %.3f |"
+        % (mb, len(idle), statistics.median(idle), min(idle), max(idle)),
+        "| commit throughput alone (MiB/s) | %.0f | %.0f | %.0f |"
+        % (mb / statistics.median(idle), mb / max(idle), mb / min(idle)),
+        "| commit of %d MiB while training: put() to acknowledgement (s) | %.3f | %.3f | %.3f |"
+        % (mb, statistics.median(acks), min(acks), max(acks)),
         "| get_latest of %d MiB, per rank (s) | %.3f | %.3f | %.3f |"
         % (mb, statistics.median(gets), min(gets), max(gets)),
         "| allreduce step of %d KiB, no commit (ms) | %.2f | %.2f | %.2f |"

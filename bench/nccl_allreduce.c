@@ -4,17 +4,22 @@
  *
  * Run under `kolo run -np N` on a host with N GPUs (rank r uses GPU
  * local_rank % count); with N = 1 both sides are one-rank communicators.
- * float32 SUM, in place, sizes 4 B .. 256 MiB. One iteration is one
- * operation from issue to completion seen by the host:
+ * float32 SUM, sizes 4 B .. 256 MiB, in place and out of place (a
+ * one-rank NCCL allreduce in place moves no data; out of place it copies,
+ * so that column shows what kolo adds to real GPU work). One iteration is
+ * one operation from issue to completion seen by the host:
  *   bare: ncclAllReduce on a stream, cudaStreamSynchronize;
  *   kolo: kolo_submit_stream on the same stream, kolo_wait - negotiation
- *         with the coordinator, the producer-event wait, the finaliser.
+ *         with the coordinator, the producer-event wait, the finaliser;
+ *   kolo_cpu (sizes up to 1 MiB): kolo's allreduce of a host buffer, the
+ *         negotiation cost without the GPU backend, for comparison.
  * The bare communicator is built here: rank 0's ncclUniqueId travels by
  * kolo's CPU broadcast. Reported per size (rank 0, one JSON line): the
  * medians over iterations after a warm-up, and kolo's overhead.
  *
  *   kolo-bench-nccl [MAX_BYTES]
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,17 +93,21 @@ int main(int argc, char **argv)
     if (g->nccl.CommInitRankConfig(&comm, size, id, rank, &cfg) != ncclSuccess)
         die("ncclCommInitRank", "failed");
 
-    void *buf;
-    if (g->rt.Malloc(&buf, max_bytes + 16) != cudaSuccess)
+    void *buf, *out;
+    if (g->rt.Malloc(&buf, max_bytes + 16) != cudaSuccess ||
+        g->rt.Malloc(&out, max_bytes + 16) != cudaSuccess)
         die("cudaMalloc", "failed");
     if (g->rt.MemsetAsync(buf, 0, max_bytes, s) != cudaSuccess)
         die("cudaMemset", "failed");
+    float *host = calloc(1 << 18, sizeof(float));
     g->rt.StreamSynchronize(s);
     if (rank == 0)
-        printf("# kolo-bench-nccl: %d rank(s), GPU %d, NCCL %d, float32 SUM in place\n", size,
-               dev, g->nccl_version);
+        printf("# kolo-bench-nccl: %d rank(s), GPU %d, NCCL %d, float32 SUM\n", size, dev,
+               g->nccl_version);
 
-    double *tb = malloc(1000 * sizeof(double)), *tk = malloc(1000 * sizeof(double));
+    double *t[5];
+    for (int i = 0; i < 5; i++)
+        t[i] = malloc(1000 * sizeof(double));
     for (size_t bytes = 4; bytes <= max_bytes; bytes *= 4) {
         size_t count = bytes / 4;
         int iters = bytes <= (1 << 20) ? 300 : bytes <= (16 << 20) ? 100 : 30;
@@ -115,32 +124,62 @@ int main(int argc, char **argv)
                             .shape = shape,
                             .op = KOLO_SUM,
                             .device = dev};
-        /* interleaved, so that both see the same machine state */
+        kolo_request oop = req, cpu = req;
+        char name2[64], name3[64];
+        snprintf(name2, sizeof(name2), "bench.oop.%zu", bytes);
+        snprintf(name3, sizeof(name3), "bench.cpu.%zu", bytes);
+        oop.name = name2;
+        oop.recvbuf = out;
+        cpu.name = name3;
+        cpu.sendbuf = cpu.recvbuf = host;
+        cpu.device = -1;
+        bool with_cpu = bytes <= (1 << 20);
+        /* interleaved, so that all see the same machine state */
         for (int i = 0; i < warm + iters; i++) {
             double t0 = now_us();
-            if (g->nccl.AllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, s) !=
-                    ncclSuccess ||
+            if (g->nccl.AllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, s) != ncclSuccess ||
                 g->rt.StreamSynchronize(s) != cudaSuccess)
                 die("ncclAllReduce", "failed");
             double t1 = now_us();
             kcheck(ctx, kolo_submit_stream(ctx, &req, 1, s, &h), "submit");
             kcheck(ctx, kolo_wait(ctx, h, 60000), "wait");
             double t2 = now_us();
+            if (g->nccl.AllReduce(buf, out, count, ncclFloat32, ncclSum, comm, s) != ncclSuccess ||
+                g->rt.StreamSynchronize(s) != cudaSuccess)
+                die("ncclAllReduce", "failed");
+            double t3 = now_us();
+            kcheck(ctx, kolo_submit_stream(ctx, &oop, 1, s, &h), "submit");
+            kcheck(ctx, kolo_wait(ctx, h, 60000), "wait");
+            double t4 = now_us();
+            if (with_cpu) {
+                kcheck(ctx, kolo_submit(ctx, &cpu, 1, &h), "submit");
+                kcheck(ctx, kolo_wait(ctx, h, 60000), "wait");
+            }
+            double t5 = now_us();
             if (i >= warm) {
-                tb[i - warm] = t1 - t0;
-                tk[i - warm] = t2 - t1;
+                t[0][i - warm] = t1 - t0;
+                t[1][i - warm] = t2 - t1;
+                t[2][i - warm] = t3 - t2;
+                t[3][i - warm] = t4 - t3;
+                t[4][i - warm] = t5 - t4;
             }
         }
-        double b = median(tb, iters), k = median(tk, iters);
+        double b = median(t[0], iters), k = median(t[1], iters);
+        double bo = median(t[2], iters), ko = median(t[3], iters), kc = median(t[4], iters);
         if (rank == 0) {
-            printf("{\"bytes\": %zu, \"bare_us\": %.1f, \"kolo_us\": %.1f, \"overhead_us\": %.1f, "
-                   "\"overhead_pct\": %.1f}\n",
-                   bytes, b, k, k - b, b > 0 ? 100.0 * (k - b) / b : 0.0);
+            printf("{\"bytes\": %zu, \"bare_us\": %.1f, \"kolo_us\": %.1f, "
+                   "\"bare_oop_us\": %.1f, \"kolo_oop_us\": %.1f, \"overhead_oop_pct\": %.1f",
+                   bytes, b, k, bo, ko, bo > 0 ? 100.0 * (ko - bo) / bo : 0.0);
+            if (with_cpu)
+                printf(", \"kolo_cpu_us\": %.1f", kc);
+            printf("}\n");
             fflush(stdout);
         }
     }
-    free(tb);
-    free(tk);
+    for (int i = 0; i < 5; i++)
+        free(t[i]);
+    free(host);
+    g->rt.Free(out);
     g->nccl.CommAbort(comm);
     g->rt.Free(buf);
     kolo_fini(ctx);

@@ -26,9 +26,9 @@ struct coord_config {
     int64_t rpc_contexts;      /* concurrent / parked RPC calls */
     const char *dashboard_dir; /* static files served at "/", NULL = none */
     /* elastic-state snapshots (coord_snap.c); 0 = the default */
-    int64_t snapshot_keep;       /* newest snapshots kept per job (3) */
-    int64_t snapshot_max_bytes;  /* largest snapshot, and in-memory upload bytes per job (2 GiB) */
-    int64_t snapshot_upload_ms;  /* a partial upload idle this long is dropped (60 s) */
+    int64_t snapshot_keep;      /* newest snapshots kept per job (3) */
+    int64_t snapshot_max_bytes; /* largest snapshot, and in-memory upload bytes per job (2 GiB) */
+    int64_t snapshot_upload_ms; /* a partial upload idle this long is dropped (60 s) */
 };
 
 int coord_start(struct coord **out, const struct coord_config *cfg, char *err, size_t errlen);

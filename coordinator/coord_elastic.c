@@ -752,6 +752,21 @@ void coord_elastic_cron(struct coord *c, struct job *j, uint64_t now)
         }
         return;
     }
+    /* A member that is gone but still in the generation (the coordinator
+     * restarted between its exit and the next generation): regroup now. */
+    if (!el->finishing) {
+        for (int r = 0; r < j->nranks; r++) {
+            const struct rank *rk = &j->ranks[r];
+            if (rk->state == RANK_LOST || (rk->state == RANK_EXITED &&
+                                           (rk->exit_code != 0 || rk->term_signal != 0))) {
+                char why[200];
+                snprintf(why, sizeof(why), "rank %d of generation %llu is gone", r,
+                         (unsigned long long)j->generation);
+                regroup(c, j, CAUSE_FAILURE, why);
+                return;
+            }
+        }
+    }
     /* Capacity to grow into: tell the workers once per update. */
     if (!(el->update_kind & 2) && j->negot && room_to_grow(c, j) > 0) {
         el->update_ms = now_wall_ms();
@@ -821,8 +836,13 @@ void coord_elastic_assign(struct coord *c, struct job *j, struct rpc_call *call,
     }
     if (!j->el->waiting && coord_negot_rank_joined(j, idx)) {
         char why[160];
-        snprintf(why, sizeof(why), "rank %d reset and asked for a new generation", idx);
-        regroup(c, j, CAUSE_RESET, why);
+        if (j->el->update_kind & 2)
+            snprintf(why, sizeof(why), "capacity to grow into (rank %d reset to take it)", idx);
+        else if (j->el->update_kind & 1)
+            snprintf(why, sizeof(why), "hosts removed (rank %d reset to leave them)", idx);
+        else
+            snprintf(why, sizeof(why), "rank %d reset and asked for a new generation", idx);
+        regroup(c, j, j->el->update_kind ? CAUSE_CAPACITY : CAUSE_RESET, why);
         if (j->state != JOB_RUNNING || coord_job_member(j, wid) < 0) {
             assign_answer(j, call, wid);
             return;

@@ -433,6 +433,34 @@ static void render_metrics(struct coord *c, struct buf *b)
         "kolo_http_requests_total{class=\"5xx\"} %llu\n",
         (unsigned long long)(c->m.http_requests - c->m.http_errors_4xx - c->m.http_errors_5xx),
         (unsigned long long)c->m.http_errors_4xx, (unsigned long long)c->m.http_errors_5xx);
+    int waiting = 0, members = 0;
+    for (struct job *j = c->jobs; j; j = j->next) {
+        if (j->state != JOB_RUNNING)
+            continue;
+        waiting += j->el && j->el->waiting;
+        members += coord_job_ranks_alive(j);
+    }
+    buf_printf(b,
+               "# HELP kolo_members Workers alive in the current generation of running jobs.\n"
+               "# TYPE kolo_members gauge\nkolo_members %d\n"
+               "# HELP kolo_membership_changes_total New generations of elastic jobs, by cause.\n"
+               "# TYPE kolo_membership_changes_total counter\n"
+               "kolo_membership_changes_total{cause=\"failure\"} %llu\n"
+               "kolo_membership_changes_total{cause=\"host_lost\"} %llu\n"
+               "kolo_membership_changes_total{cause=\"reset\"} %llu\n"
+               "kolo_membership_changes_total{cause=\"capacity\"} %llu\n"
+               "# HELP kolo_host_exclusions_total Hosts excluded from an elastic job after a "
+               "failure.\n# TYPE kolo_host_exclusions_total counter\nkolo_host_exclusions_total %llu\n"
+               "# HELP kolo_elastic_jobs_waiting Elastic jobs waiting for min-np slots.\n"
+               "# TYPE kolo_elastic_jobs_waiting gauge\nkolo_elastic_jobs_waiting %d\n"
+               "# HELP kolo_negotiation_resumes_total Generations whose negotiation was rebuilt "
+               "after a coordinator restart.\n# TYPE kolo_negotiation_resumes_total counter\n"
+               "kolo_negotiation_resumes_total %llu\n",
+               members, (unsigned long long)c->m.resets_by_cause[CAUSE_FAILURE],
+               (unsigned long long)c->m.resets_by_cause[CAUSE_HOST_LOST],
+               (unsigned long long)c->m.resets_by_cause[CAUSE_RESET],
+               (unsigned long long)c->m.resets_by_cause[CAUSE_CAPACITY],
+               (unsigned long long)c->m.exclusions, waiting, (unsigned long long)c->m.resumes);
     coord_snap_render_metrics(c, b);
 }
 

@@ -10,6 +10,8 @@
  * handler answers at once or parks the call (heartbeats, output streams,
  * rendezvous, negotiation) until something changes or its deadline
  * passes. Handlers never block: no network waits, only SQLite writes.
+ * (One exception, explained in coord_snap.c: a snapshot chunk is hashed
+ * with the lock released.)
  */
 #ifndef KOLO_COORDINATOR_COORD_INTERNAL_H
 #define KOLO_COORDINATOR_COORD_INTERNAL_H
@@ -219,10 +221,11 @@ struct coord_metrics {
     uint64_t store_errors;
     uint64_t output_lines;
     uint64_t stale_generation; /* fenced requests from older generations */
-    struct coord_snap_metrics snap;
     uint64_t generations;      /* new generations formed after the first */
     uint64_t resets_by_cause[4]; /* failure, host lost, reset requested, capacity */
     uint64_t exclusions;
+    uint64_t resumes; /* negotiations rebuilt after a restart */
+    struct coord_snap_metrics snap;
 };
 
 struct coord {

@@ -119,6 +119,14 @@ struct negot {
     /* elastic: the pending membership update every reply carries */
     uint64_t update_ms;
     uint32_t update_kind;
+    /* resuming after a coordinator restart (see "resuming" below) */
+    struct resume_in {
+        Kolo__NegotiateRequest *req;
+        struct rpc_call *call;
+    } *res;
+    int nresumed;
+    uint64_t resume_deadline; /* monotonic; 0 = no resume started */
+    char *resume_failed;
     /* cache */
     char **cache_name;           /* [id] */
     struct treq **cache_tmpl;    /* [id] */
@@ -296,10 +304,26 @@ static struct negot *negot_new(uint64_t job, uint64_t gen, int size)
     return n;
 }
 
+/* Ends the resume calls still parked (mu held). */
+static void resume_drop(struct negot *n, int code, const char *why)
+{
+    for (int r = 0; n->res && r < n->size; r++) {
+        if (n->res[r].call)
+            rpc_call_error(n->res[r].call, code, "%s", why);
+        n->res[r].call = NULL;
+        if (n->res[r].req)
+            kolo__negotiate_request__free_unpacked(n->res[r].req, NULL);
+        n->res[r].req = NULL;
+    }
+}
+
 void coord_negot_free(struct negot *n)
 {
     if (!n)
         return;
+    resume_drop(n, KOLO_ESTALE, "the generation ended");
+    free(n->res);
+    free(n->resume_failed);
     for (int r = 0; n->peers && r < n->size; r++) {
         struct peer *p = &n->peers[r];
         free(p->host_id);
@@ -1052,6 +1076,203 @@ static void rpc_rendezvous(struct coord *c, struct rpc_call *call)
     }
 }
 
+/* Takes one rank's full request into the table; NULL or what is wrong. */
+static const char *submit_one(struct negot *n, int rank, const Kolo__TensorRequest *tr)
+{
+    if (tr->coll == KOLO_COLL_JOIN) {
+        if (!n->rank_joined[rank]) {
+            n->rank_joined[rank] = true;
+            n->njoined++;
+        }
+        n->last_joined = rank;
+        return NULL;
+    }
+    if (!tr->name[0] || tr->n_shape > 64)
+        return "a request without a name, or with too many dimensions";
+    struct entry *e = negot_find(n, tr->name);
+    if (!e && !(e = negot_add(n, tr->name)))
+        return "out of memory";
+    if (e->reqs[rank])
+        return "a tensor was submitted twice";
+    e->reqs[rank] = treq_from(tr);
+    if (!e->reqs[rank])
+        return "out of memory";
+    e->count++;
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- resuming
+ *
+ * After a restart the coordinator has the job and its generation (SQLite)
+ * but not the generation's negotiation: the log, the cursors, the tensors
+ * in flight. Its first answer to each rank's Negotiate asks for a resume;
+ * each rank then sends its cursor, every operation it has in flight with
+ * no response yet, in full, and the packed responses it received lately.
+ * Once every rank is in, the log is rebuilt from the slowest cursor to the
+ * fastest out of those copies (the same entry is identical on every rank
+ * that has it; response-cache ids are dropped, and the ranks drop their
+ * caches too), a rank's in-flight operations that the rebuilt log answers
+ * past its cursor are left out, the others are submitted again, and every
+ * rank gets its answer: the job goes on without a reset and without losing
+ * a step. If a rank does not resume within NEGOT_RESUME_MS, or an entry
+ * some rank still needs is nowhere, the generation fails with the reason,
+ * which an elastic job turns into a reset from the last commit.
+ */
+
+#define NEGOT_RESUME_MS  30000
+#define NEGOT_RESUME_GAP 4096 /* most log entries a resume rebuilds */
+
+static void resume_fail(struct coord *c, struct job *j, struct negot *n, const char *why)
+{
+    n->resume_failed = strdup(why);
+    coord_event(c, j->id, NULL, "job.resume_failed", "generation %llu: %s",
+                (unsigned long long)n->generation, why);
+    resume_drop(n, KOLO_EPEER, why);
+}
+
+static void resume_rebuild(struct coord *c, struct job *j, struct negot *n)
+{
+    uint64_t base = UINT64_MAX, top = 0;
+    for (int r = 0; r < n->size; r++) {
+        uint64_t cur = n->res[r].req->cursor;
+        base = cur < base ? cur : base;
+        top = cur > top ? cur : top;
+    }
+    char why[300];
+    if (top - base > NEGOT_RESUME_GAP) {
+        snprintf(why, sizeof(why), "cannot resume after the coordinator restart: the ranks are %llu "
+                 "log entries apart", (unsigned long long)(top - base));
+        resume_fail(c, j, n, why);
+        return;
+    }
+    size_t span = (size_t)(top - base);
+    Kolo__Response **ents = calloc(span + 1, sizeof(*ents));
+    if (!ents) {
+        resume_fail(c, j, n, "out of memory resuming");
+        return;
+    }
+    for (int r = 0; r < n->size; r++) {
+        Kolo__NegotiateRequest *q = n->res[r].req;
+        for (size_t i = 0; i < q->n_held; i++) {
+            Kolo__Response *x = kolo__response__unpack(NULL, q->held[i].len, q->held[i].data);
+            if (!x)
+                continue;
+            if (x->index >= base && x->index < top && !ents[x->index - base]) {
+                ents[x->index - base] = x;
+                continue;
+            }
+            kolo__response__free_unpacked(x, NULL);
+        }
+    }
+    bool ok = true;
+    for (size_t i = 0; i < span && ok; i++) {
+        if (!ents[i]) {
+            snprintf(why, sizeof(why), "cannot resume after the coordinator restart: log entry %llu "
+                     "was lost with it", (unsigned long long)(base + i));
+            ok = false;
+        }
+    }
+    if (ok) {
+        n->log_base = base;
+        for (size_t i = 0; i < span; i++) {
+            for (size_t k = 0; k < ents[i]->n_cache_ids; k++)
+                ents[i]->cache_ids[k] = 0; /* the cache did not survive */
+            log_append(c, n, ents[i]);
+        }
+        int resubmitted = 0;
+        for (int r = 0; r < n->size; r++) {
+            Kolo__NegotiateRequest *q = n->res[r].req;
+            n->cursor[r] = q->cursor;
+            n->peers[r].joined = true;
+            for (size_t i = 0; i < q->n_requests; i++) {
+                const char *name = q->requests[i]->name;
+                bool answered = false;
+                for (uint64_t k = q->cursor; k < top && !answered; k++)
+                    for (size_t m = 0; m < ents[k - base]->n_names && !answered; m++)
+                        answered = strcmp(ents[k - base]->names[m], name) == 0;
+                if (!answered) {
+                    const char *bad = submit_one(n, r, q->requests[i]);
+                    if (bad)
+                        LOGW("coord", "job %llu: resuming rank %d's %s: %s",
+                             (unsigned long long)j->id, r, name, bad);
+                    resubmitted++;
+                }
+            }
+        }
+        n->joined = n->size;
+        n->complete = true;
+        c->m.resumes++;
+        negot_progress(c, n);
+        coord_event(c, j->id, NULL, "job.resumed",
+                    "generation %llu resumed after a coordinator restart: log %llu..%llu rebuilt, "
+                    "%d request(s) submitted again",
+                    (unsigned long long)n->generation, (unsigned long long)base,
+                    (unsigned long long)top, resubmitted);
+        for (int r = 0; r < n->size; r++) {
+            negot_answer(n, n->res[r].call, n->cursor[r]);
+            n->res[r].call = NULL;
+            kolo__negotiate_request__free_unpacked(n->res[r].req, NULL);
+            n->res[r].req = NULL;
+        }
+    }
+    for (size_t i = 0; i < span; i++)
+        if (ents[i])
+            kolo__response__free_unpacked(ents[i], NULL);
+    free(ents);
+    if (!ok)
+        resume_fail(c, j, n, why);
+}
+
+/* A Negotiate for a generation whose negotiation this coordinator does not
+ * have (it restarted): ask for a resume, or take one. */
+static void negotiate_resume(struct coord *c, struct job *j, struct rpc_call *call, int rank)
+{
+    struct negot *n = j->negot;
+    const struct rpc_frame *f = rpc_call_frame(call);
+    if (n->resume_failed) {
+        c->m.rpc_errors[M_WORKER_NEGOTIATE]++;
+        rpc_call_error(call, KOLO_EPEER, "%s", n->resume_failed);
+        return;
+    }
+    Kolo__NegotiateRequest *req = kolo__negotiate_request__unpack(NULL, f->body_len, f->body);
+    if (!req) {
+        c->m.rpc_errors[M_WORKER_NEGOTIATE]++;
+        rpc_call_error(call, KOLO_EPROTO, "malformed NegotiateRequest");
+        return;
+    }
+    if (!n->res && !(n->res = calloc((size_t)n->size, sizeof(*n->res)))) {
+        kolo__negotiate_request__free_unpacked(req, NULL);
+        rpc_call_error(call, KOLO_ENOMEM, "out of memory");
+        return;
+    }
+    if (!n->resume_deadline)
+        n->resume_deadline = now_mono_ms() + NEGOT_RESUME_MS;
+    if (!req->resume) {
+        kolo__negotiate_request__free_unpacked(req, NULL);
+        Kolo__NegotiateReply rep = KOLO__NEGOTIATE_REPLY__INIT;
+        rep.resume = true;
+        coord_send_pb(call, &rep.base);
+        return;
+    }
+    struct resume_in *in = &n->res[rank];
+    if (in->call) {
+        Kolo__NegotiateReply rep = KOLO__NEGOTIATE_REPLY__INIT;
+        rep.resume = true; /* superseded by this newer resume */
+        coord_send_pb(in->call, &rep.base);
+    }
+    if (in->req)
+        kolo__negotiate_request__free_unpacked(in->req, NULL);
+    else
+        n->nresumed++;
+    in->req = req;
+    in->call = call;
+    LOGI("coord", "job %llu generation %llu: rank %d resumes at log index %llu (%d of %d)",
+         (unsigned long long)j->id, (unsigned long long)n->generation, rank,
+         (unsigned long long)req->cursor, n->nresumed, n->size);
+    if (n->nresumed == n->size)
+        resume_rebuild(c, j, n);
+}
+
 static void rpc_negotiate(struct coord *c, struct rpc_call *call)
 {
     struct job *j = worker_job(c, call, M_WORKER_NEGOTIATE);
@@ -1061,6 +1282,10 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
     struct negot *n = j->negot;
     int rank = f->rank;
     if (!n->complete) {
+        if (n->joined == 0) {
+            negotiate_resume(c, j, call, rank);
+            return;
+        }
         c->m.rpc_errors[M_WORKER_NEGOTIATE]++;
         rpc_call_error(call, KOLO_ESTATE, "rendezvous of generation %llu is not complete",
                        (unsigned long long)n->generation);
@@ -1104,32 +1329,8 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
             e->borrowed[rank] = 1;
             e->count++;
         }
-        for (size_t i = 0; i < req->n_requests && !bad; i++) {
-            Kolo__TensorRequest *tr = req->requests[i];
-            if (tr->coll == KOLO_COLL_JOIN) {
-                if (!n->rank_joined[rank]) {
-                    n->rank_joined[rank] = true;
-                    n->njoined++;
-                }
-                n->last_joined = rank;
-                continue;
-            }
-            if (!tr->name[0] || tr->n_shape > 64) {
-                bad = "a request without a name, or with too many dimensions";
-                break;
-            }
-            struct entry *e = negot_find(n, tr->name);
-            if (!e && !(e = negot_add(n, tr->name)))
-                break;
-            if (e->reqs[rank]) {
-                bad = "a tensor was submitted twice";
-                break;
-            }
-            e->reqs[rank] = treq_from(tr);
-            if (!e->reqs[rank])
-                break;
-            e->count++;
-        }
+        for (size_t i = 0; i < req->n_requests && !bad; i++)
+            bad = submit_one(n, rank, req->requests[i]);
         if (req->shutdown) {
             char why[600];
             snprintf(why, sizeof(why),
@@ -1251,6 +1452,7 @@ void coord_negot_job_ended(struct coord *c, struct job *j, int code, const char 
     struct negot *n = j->negot;
     if (!n)
         return;
+    resume_drop(n, code, why);
     negot_shutdown(c, n, code, why);
     for (int r = 0; r < n->size; r++) {
         if (n->peers[r].parked) {
@@ -1269,6 +1471,18 @@ void coord_negot_cron(struct coord *c, struct job *j, uint64_t now)
     struct negot *n = j->negot;
     if (!n)
         return;
+    if (n->resume_deadline && !n->complete && !n->resume_failed && now >= n->resume_deadline) {
+        char missing[200] = "";
+        size_t o = 0;
+        for (int r = 0; r < n->size && o + 16 < sizeof(missing); r++)
+            if (!n->res || !n->res[r].req)
+                o += (size_t)snprintf(missing + o, sizeof(missing) - o, "%s%d", o ? ", " : "", r);
+        char why[300];
+        snprintf(why, sizeof(why),
+                 "the coordinator restarted and rank(s) %s did not resume within %d s", missing,
+                 NEGOT_RESUME_MS / 1000);
+        resume_fail(c, j, n, why);
+    }
     for (int r = 0; r < n->size; r++) {
         struct peer *p = &n->peers[r];
         if (p->parked && now >= p->deadline) {
@@ -1339,6 +1553,7 @@ void coord_negot_drop_parked(struct coord *c, struct job *j)
     struct negot *n = j->negot;
     if (!n)
         return;
+    resume_drop(n, KOLO_ESHUTDOWN, "the coordinator is shutting down");
     for (int r = 0; r < n->size; r++) {
         if (n->peers[r].parked) {
             rpc_call_error(n->peers[r].parked, KOLO_ESHUTDOWN, "the coordinator is shutting down");

@@ -33,12 +33,14 @@
  * running, is dropped by the tick.
  *
  * Cost. Handlers run under the state lock like every other (see
- * coord_internal.h): hashing a chunk costs about 6 ms per MiB, and the
- * final transaction writes the whole snapshot, about 5-10 ms per MiB on a
- * local disk, during which nothing else is served. Agents are not to blame
- * for that pause, so a commit that held the lock long extends every live
- * host's lease by as much. Reads (GetSnapshot) go chunk by chunk, one
- * SQLite read each.
+ * coord_internal.h), with one exception: hashing a chunk (about 6 ms per
+ * MiB) runs with the lock released, the upload marked busy meanwhile, so
+ * that negotiation is not held up chunk after chunk. The final
+ * transaction writes the whole snapshot under the lock, about 5-10 ms per
+ * MiB on a local disk, during which nothing else is served. Agents are
+ * not to blame for that pause, so a commit that held the lock long
+ * extends every live host's lease by as much. Reads (GetSnapshot) go
+ * chunk by chunk, one SQLite read each.
  */
 #include "coord_internal.h"
 
@@ -64,7 +66,7 @@
 #define SNAP_MAX_UPLOADS       64
 #define SNAP_MAX_META          (64u << 10)
 /* A commit that held the state lock longer than this extends leases. */
-#define SNAP_LEASE_GRACE_MS    250
+#define SNAP_LEASE_GRACE_MS 250
 
 /* One partial upload. chunks[i] is the unpacked message of chunk i; its
  * data stays in it until the snapshot is stored. */
@@ -80,11 +82,13 @@ struct snap_upload {
     uint64_t total_bytes;
     uint64_t received;
     uint8_t checksum[SHA256_LEN];
+    bool has_checksum; /* the client sent it (at the latest with the last chunk) */
     char *meta_json;
     uint32_t keep; /* 0: the coordinator's */
     Kolo__SnapshotChunk **chunks;
     uint32_t chunks_cap;
     struct sha256 sha;
+    bool busy; /* a handler hashes a chunk without the state lock */
     uint64_t started_mono, touched_mono;
 };
 
@@ -137,8 +141,9 @@ static void upload_drop(struct coord *c, struct snap_upload *u, const char *why)
     }
     if (why) {
         c->m.snap.uploads_dropped++;
-        LOGI("coord", "job %" PRIu64 ": snapshot upload %016" PRIx64 " dropped (%s) after %u of "
-                      "%u chunks",
+        LOGI("coord",
+             "job %" PRIu64 ": snapshot upload %016" PRIx64 " dropped (%s) after %u of "
+             "%u chunks",
              u->job_id, u->upload_id, why, u->next_chunk, u->total_chunks);
     }
     upload_free(u);
@@ -161,12 +166,12 @@ static int uploads_count(struct coord *c)
     return n;
 }
 
-/* oldest_upload_of returns the job's upload touched longest ago. */
+/* oldest_upload_of returns the job's idle upload touched longest ago. */
 static struct snap_upload *oldest_upload_of(struct coord *c, uint64_t job_id)
 {
     struct snap_upload *best = NULL;
     for (struct snap_upload *u = c->snap_uploads; u; u = u->next)
-        if (u->job_id == job_id && (!best || u->touched_mono < best->touched_mono))
+        if (u->job_id == job_id && !u->busy && (!best || u->touched_mono < best->touched_mono))
             best = u;
     return best;
 }
@@ -197,8 +202,8 @@ static int unhex(const char *s, uint8_t *out, size_t n)
 }
 
 /* The histogram's upper bounds in seconds (Prometheus "le"). */
-static const double snap_buckets[COORD_SNAP_BUCKETS] = {0.01, 0.025, 0.05, 0.1,  0.25, 0.5,
-                                                        1,    2.5,   5,    10,   30,   60};
+static const double snap_buckets[COORD_SNAP_BUCKETS] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                                        1,    2.5,   5,    10,  30,   60};
 
 static void observe(uint64_t *hist, double *sum, double seconds)
 {
@@ -319,6 +324,7 @@ static void commit(struct coord *c, struct rpc_call *call, struct snap_upload *u
     struct store_blob *blobs = calloc(u->total_chunks, sizeof *blobs);
     if (!blobs) {
         put_fail(c, call, true, KOLO_ENOMEM, "out of memory");
+        upload_drop(c, u, NULL);
         return;
     }
     for (uint32_t i = 0; i < u->total_chunks; i++) {
@@ -363,8 +369,7 @@ static void commit(struct coord *c, struct rpc_call *call, struct snap_upload *u
     c->m.snap.commits++;
     c->m.snap.commit_bytes += u->total_bytes;
     c->m.snap.pruned += (uint64_t)pruned;
-    observe(c->m.snap.commit_hist, &c->m.snap.commit_sum,
-            (double)(t1 - u->started_mono) / 1000.0);
+    observe(c->m.snap.commit_hist, &c->m.snap.commit_sum, (double)(t1 - u->started_mono) / 1000.0);
     ack(call, u->total_chunks, true, s.id, u->generation);
     char meta[160];
     str_copy(meta, s.meta_json, sizeof meta);
@@ -391,14 +396,15 @@ static bool check_chunk(struct coord *c, const Kolo__SnapshotChunk *m, char *why
     else if (m->chunk_index >= m->total_chunks)
         snprintf(why, whylen, "chunk %u of an upload of %u chunks", m->chunk_index,
                  m->total_chunks);
-    else if (m->checksum.len != SHA256_LEN)
-        snprintf(why, whylen, "checksum must be a SHA-256 (32 bytes), not %zu bytes",
-                 m->checksum.len);
+    else if (m->checksum.len != SHA256_LEN &&
+             (m->checksum.len != 0 || m->chunk_index + 1 == m->total_chunks))
+        snprintf(why, whylen, "checksum must be a SHA-256 (32 bytes), not %zu bytes%s",
+                 m->checksum.len, m->checksum.len ? "" : ", on the last chunk at least");
     else if (m->data.len > SNAP_MAX_CHUNK)
         snprintf(why, whylen, "chunk of %zu bytes exceeds %u", m->data.len, SNAP_MAX_CHUNK);
     else if (m->data.len > m->total_bytes)
-        snprintf(why, whylen, "chunk of %zu bytes in a snapshot of %" PRIu64 " bytes",
-                 m->data.len, m->total_bytes);
+        snprintf(why, whylen, "chunk of %zu bytes in a snapshot of %" PRIu64 " bytes", m->data.len,
+                 m->total_bytes);
     else if (m->total_bytes > (uint64_t)snap_max_bytes(c)) {
         *code = KOLO_ETOOBIG;
         snprintf(why, whylen,
@@ -448,7 +454,6 @@ static struct snap_upload *upload_start(struct coord *c, struct rpc_call *call,
     u->total_chunks = m->total_chunks;
     u->total_bytes = m->total_bytes;
     u->keep = m->keep;
-    memcpy(u->checksum, m->checksum.data, SHA256_LEN);
     sha256_init(&u->sha);
     u->started_mono = u->touched_mono = now_mono_ms();
     u->next = c->snap_uploads;
@@ -458,10 +463,19 @@ static struct snap_upload *upload_start(struct coord *c, struct rpc_call *call,
 
 static void rpc_put(struct coord *c, struct rpc_call *call)
 {
+    const struct rpc_frame *f = rpc_call_frame(call);
+    /* A job that ended is KOLO_ESTATE here, not the fence's
+     * KOLO_ESHUTDOWN: clients retry that one, which is also what a
+     * coordinator that is shutting down answers. */
+    struct job *ended = coord_job_find(c, f->job_id);
+    if (ended && ended->state != JOB_RUNNING) {
+        put_fail(c, call, false, KOLO_ESTATE, "job %" PRIu64 " is %s: it takes no snapshots",
+                 ended->id, coord_job_state_name(ended->state));
+        return;
+    }
     struct job *j = coord_worker_fence(c, call, M_WORKER_PUT_SNAPSHOT);
     if (!j)
         return;
-    const struct rpc_frame *f = rpc_call_frame(call);
     Kolo__SnapshotChunk *m = kolo__snapshot_chunk__unpack(NULL, f->body_len, f->body);
     if (!m) {
         put_fail(c, call, false, KOLO_EPROTO, "malformed SnapshotChunk");
@@ -507,11 +521,19 @@ static void rpc_put(struct coord *c, struct rpc_call *call)
             return;
         }
     } else if (m->total_chunks != u->total_chunks || m->total_bytes != u->total_bytes ||
-               memcmp(m->checksum.data, u->checksum, SHA256_LEN) != 0) {
+               (m->checksum.len && u->has_checksum &&
+                memcmp(m->checksum.data, u->checksum, SHA256_LEN) != 0)) {
         put_fail(c, call, true, KOLO_EPROTO,
                  "chunk %u disagrees with its upload %016" PRIx64
                  " (total_chunks, total_bytes or checksum changed)",
                  m->chunk_index, m->upload_id);
+        kolo__snapshot_chunk__free_unpacked(m, NULL);
+        return;
+    }
+    if (u->busy) {
+        put_fail(c, call, false, KOLO_EBUSY,
+                 "chunk %u of upload %016" PRIx64 " is being received; retry", u->next_chunk,
+                 m->upload_id);
         kolo__snapshot_chunk__free_unpacked(m, NULL);
         return;
     }
@@ -532,7 +554,8 @@ static void rpc_put(struct coord *c, struct rpc_call *call)
     uint64_t received = u->received + m->data.len;
     if (received > u->total_bytes || (last && received != u->total_bytes)) {
         put_fail(c, call, true, KOLO_EPROTO,
-                 "snapshot chunks add up to %" PRIu64 " bytes by chunk %u; the upload declared %" PRIu64,
+                 "snapshot chunks add up to %" PRIu64 " bytes by chunk %u; the upload declared "
+                 "%" PRIu64,
                  received, m->chunk_index, u->total_bytes);
         upload_drop(c, u, NULL);
         kolo__snapshot_chunk__free_unpacked(m, NULL);
@@ -551,7 +574,34 @@ static void rpc_put(struct coord *c, struct rpc_call *call)
         u->chunks = nc;
         u->chunks_cap = cap;
     }
+    /* A client may hash in parallel with its upload and send the checksum
+     * only with the last chunk; the first one sent is the upload's. */
+    if (m->checksum.len && !u->has_checksum) {
+        memcpy(u->checksum, m->checksum.data, SHA256_LEN);
+        u->has_checksum = true;
+    }
+    /* Hashing is the one slow step of a chunk (about 6 ms per MiB) and
+     * needs nothing but the upload: it runs without the state lock, so
+     * negotiation goes on meanwhile. The busy mark keeps everyone else
+     * off the upload: a chunk for it gets KOLO_EBUSY, the tick and newer
+     * uploads do not drop it. (coord_stop closes the RPC server, which
+     * waits for this handler, before it frees anything.) */
+    u->busy = true;
+    pthread_mutex_unlock(&c->mtx);
     sha256_update(&u->sha, m->data.data, m->data.len);
+    pthread_mutex_lock(&c->mtx);
+    u->busy = false;
+    /* Fencing again: the generation may have moved on meanwhile. */
+    struct job *now = coord_job_find(c, u->job_id);
+    if (!now || now->state != JOB_RUNNING || now->generation != u->generation) {
+        c->m.stale_generation++;
+        put_fail(c, call, true, KOLO_ESTALE,
+                 "job %" PRIu64 " left generation %" PRIu64 " during the upload", u->job_id,
+                 u->generation);
+        upload_drop(c, u, NULL);
+        kolo__snapshot_chunk__free_unpacked(m, NULL);
+        return;
+    }
     u->chunks[u->next_chunk++] = m; /* the upload owns the message now */
     u->received = received;
     u->touched_mono = now_mono_ms();
@@ -612,8 +662,10 @@ static void rpc_get(struct coord *c, struct rpc_call *call)
     if (rc == KOLO_ENOTFOUND) {
         c->m.rpc_errors[M_WORKER_GET_SNAPSHOT]++;
         if (asked)
-            rpc_call_error(call, KOLO_ENOTFOUND, "job %" PRIu64 " has no snapshot %" PRIu64
-                           " (never committed, or pruned)", j->id, asked);
+            rpc_call_error(call, KOLO_ENOTFOUND,
+                           "job %" PRIu64 " has no snapshot %" PRIu64
+                           " (never committed, or pruned)",
+                           j->id, asked);
         else
             rpc_call_error(call, KOLO_ENOTFOUND, "job %" PRIu64 " has no snapshot", j->id);
         return;
@@ -628,8 +680,8 @@ static void rpc_get(struct coord *c, struct rpc_call *call)
     if (index >= fd.nchunks) {
         free(fd.meta_json);
         c->m.rpc_errors[M_WORKER_GET_SNAPSHOT]++;
-        rpc_call_error(call, KOLO_EINVAL, "snapshot %" PRIu64 " has %u chunks, not chunk %u",
-                       fd.id, fd.nchunks, index);
+        rpc_call_error(call, KOLO_EINVAL, "snapshot %" PRIu64 " has %u chunks, not chunk %u", fd.id,
+                       fd.nchunks, index);
         return;
     }
     uint8_t sum[SHA256_LEN];
@@ -678,7 +730,9 @@ void coord_snap_cron(struct coord *c, uint64_t now)
     while (u) {
         struct snap_upload *next = u->next;
         struct job *j = coord_job_find(c, u->job_id);
-        if (!j || j->state != JOB_RUNNING)
+        if (u->busy)
+            ; /* its handler is hashing a chunk; looked at next tick */
+        else if (!j || j->state != JOB_RUNNING)
             upload_drop(c, u, "the job is not running");
         else if (j->generation != u->generation)
             upload_drop(c, u, "the job moved to a new generation");

@@ -224,10 +224,10 @@ _Static_assert(sizeof migrations / sizeof migrations[0] == STORE_SCHEMA_VERSION,
     "job_id, generation, rank, host_id, local_rank, local_size, cross_rank, cross_size, "          \
     "state, exit_code, term_signal, pid, worker_id"
 #define EVENT_COLUMNS  "id, ts_ms, job_id, host_id, kind, message"
+#define OUTPUT_COLUMNS "job_id, seq, rank, stream, text, ts_ms"
 #define SNAPSHOT_COLUMNS                                                                           \
     "id, job_id, generation, rank, upload_id, created_ms, meta_json, total_bytes, checksum, "      \
     "chunks"
-#define OUTPUT_COLUMNS "job_id, seq, rank, stream, text, ts_ms"
 
 /* Placeholders are positional and bound in the order they appear. */
 #define STORE_STATEMENTS(X)                                                                        \
@@ -289,7 +289,7 @@ _Static_assert(sizeof migrations / sizeof migrations[0] == STORE_SCHEMA_VERSION,
     X(OUTPUT_APPEND, "INSERT INTO output(" OUTPUT_COLUMNS ") VALUES (?, ?, ?, ?, ?, ?)")           \
     X(OUTPUT_EACH, "SELECT " OUTPUT_COLUMNS " FROM output "                                        \
                    "WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?")                            \
-    X(OUTPUT_MAX_SEQ, "SELECT IFNULL(MAX(seq), 0) FROM output WHERE job_id = ?")                 \
+    X(OUTPUT_MAX_SEQ, "SELECT IFNULL(MAX(seq), 0) FROM output WHERE job_id = ?")                   \
     X(SNAP_INSERT, "INSERT INTO snapshots(job_id, generation, rank, upload_id, created_ms, "       \
                    "meta_json, total_bytes, checksum, chunks) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)") \
     X(SNAP_CHUNK_INSERT, "INSERT INTO snapshot_chunks(snapshot_id, idx, data) VALUES (?, ?, ?)")   \
@@ -1429,8 +1429,7 @@ int store_output_max_seq(struct store *st, uint64_t job_id, uint64_t *seq)
 
 /* -------------------------------------------------------------- snapshots */
 
-static int snapshot_chunk_put(struct store *st, uint64_t id, size_t idx,
-                              const struct store_blob *c)
+static int snapshot_chunk_put(struct store *st, uint64_t id, size_t idx, const struct store_blob *c)
 {
     sqlite3_stmt *s;
     int err = stmt_data_get(st, STMT_SNAP_CHUNK_INSERT, &s);

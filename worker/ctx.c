@@ -37,6 +37,8 @@
 #define RENDEZVOUS_SLICE_MS 5000
 
 static void negotiate_send(struct kolo_ctx *c, bool shutdown, const char *reason);
+static void negotiate_done(void *arg, int code, const void *rep, size_t len, const char *err);
+static void request_fill(Kolo__TensorRequest *t, const struct op *o);
 #define DEFAULT_TIMEOUT_MS 30000
 #define DEFAULT_FUSION (64ll << 20)
 
@@ -400,6 +402,115 @@ out:
 
 /* ---------------------------------------------------------------- negotiation */
 
+/* Keeps a packed copy of a response that just arrived, and marks the
+ * operations it answers (mu held): what a resume needs. */
+static void hold_response(struct kolo_ctx *c, const Kolo__Response *x)
+{
+    for (size_t i = 0; i < x->n_names; i++) {
+        struct op *op = ops_by_name(c, x->names[i]);
+        if (op)
+            op->answered = true;
+    }
+    struct held_resp *h = &c->history[x->index % WORKER_HISTORY];
+    size_t len = kolo__response__get_packed_size(x);
+    uint8_t *b = h->bytes && h->len >= len ? h->bytes : malloc(len ? len : 1);
+    if (!b)
+        return;
+    if (b != h->bytes)
+        free(h->bytes);
+    kolo__response__pack(x, b);
+    h->bytes = b;
+    h->len = len;
+    h->index = x->index;
+}
+
+/* The coordinator restarted and lost this generation's negotiation: send
+ * it the cursor, every operation in flight without a response (in full:
+ * its cache is gone, so ours goes too) and the responses we hold (mu held;
+ * released around the send). */
+static void resume_send(struct kolo_ctx *c)
+{
+    c->resume = false;
+    /* Cache ids the old coordinator gave are void, also in the responses
+     * that arrived before it died and have not run yet. */
+    ops_cache_clear(c);
+    for (size_t i = 0; i < c->resp_cap; i++)
+        for (size_t k = 0; c->resp[i] && k < c->resp[i]->n_cache_ids; k++)
+            c->resp[i]->cache_ids[k] = 0;
+    c->exec_stale = c->executing;
+    size_t nops = 0, nheld = 0;
+    for (uint32_t s = 0; s < c->nslots; s++)
+        nops += c->slots[s] && c->slots[s]->state != OP_DONE;
+    Kolo__TensorRequest *reqs = calloc(nops + 1, sizeof(*reqs));
+    Kolo__TensorRequest **ptrs = calloc(nops + 1, sizeof(*ptrs));
+    ProtobufCBinaryData *held = calloc(WORKER_HISTORY, sizeof(*held));
+    if (!reqs || !ptrs || !held) {
+        free(reqs);
+        free(ptrs);
+        free(held);
+        ctx_fail(c, KOLO_ENOMEM, "out of memory resuming the negotiation");
+        return;
+    }
+    size_t nr = 0;
+    for (uint32_t s = 0; s < c->nslots; s++) {
+        struct op *o = c->slots[s];
+        if (!o || o->state == OP_DONE)
+            continue;
+        o->cache_id = 0;
+        if (o->state == OP_QUEUED) {
+            o->state = OP_SENT;
+            c->inflight++;
+        }
+        if (o->answered)
+            continue;
+        request_fill(&reqs[nr], o);
+        ptrs[nr] = &reqs[nr];
+        nr++;
+    }
+    c->q_head = c->q_tail = NULL;
+    for (int i = 0; i < WORKER_HISTORY; i++) {
+        struct held_resp *h = &c->history[i];
+        if (h->bytes && h->index < c->cursor) {
+            held[nheld].data = h->bytes;
+            held[nheld].len = h->len;
+            nheld++;
+        }
+    }
+    Kolo__NegotiateRequest req = KOLO__NEGOTIATE_REQUEST__INIT;
+    req.cursor = c->cursor;
+    req.requests = ptrs;
+    req.n_requests = nr;
+    req.resume = true;
+    req.held = held;
+    req.n_held = nheld;
+    req.wait_ms = WORKER_NEGOTIATE_WAIT_MS;
+    req.reason = "";
+    size_t len = kolo__negotiate_request__get_packed_size(&req);
+    uint8_t *buf = malloc(len + 1);
+    if (buf)
+        kolo__negotiate_request__pack(&req, buf);
+    free(reqs);
+    free(ptrs);
+    free(held);
+    if (!buf) {
+        ctx_fail(c, KOLO_ENOMEM, "out of memory resuming the negotiation");
+        return;
+    }
+    LOGI("kolo", "rank %d: the coordinator restarted; resuming at log index %llu with %zu "
+         "operation(s) in flight", c->rank, (unsigned long long)c->cursor, nr);
+    c->calls++;
+    pthread_mutex_unlock(&c->mu);
+    /* Waits for every rank to resume, so give it the resume window. */
+    int code = rpc_client_call_async(c->rpc, "WorkerService.Negotiate", buf, len,
+                                     35000 + c->timeout_ms, negotiate_done, c);
+    free(buf);
+    pthread_mutex_lock(&c->mu);
+    if (code) {
+        c->calls--;
+        c->resume = true; /* try again */
+    }
+}
+
 static void negotiate_done(void *arg, int code, const void *rep, size_t len, const char *err)
 {
     struct kolo_ctx *c = arg;
@@ -430,10 +541,16 @@ static void negotiate_done(void *arg, int code, const void *rep, size_t len, con
                     c->resp = nr;
                     c->resp_cap = cap;
                 }
-                if (c->resp[slot])
+                if (c->resp[slot]) {
                     kolo__response__free_unpacked(x, NULL);
-                else
-                    c->resp[slot] = x;
+                    continue;
+                }
+                c->resp[slot] = x;
+                hold_response(c, x);
+            }
+            if (r->resume) {
+                c->resume = true;
+                pthread_cond_signal(&c->watch_cv);
             }
             r->n_responses = 0;
             if (r->next_cursor > c->cursor)
@@ -463,6 +580,26 @@ void ctx_send_queued(struct kolo_ctx *c)
         negotiate_send(c, false, NULL);
 }
 
+/* The wire form of an operation's request (borrowing its strings). */
+static void request_fill(Kolo__TensorRequest *t, const struct op *o)
+{
+    kolo__tensor_request__init(t);
+    t->name = o->name;
+    t->coll = (uint32_t)o->req.coll;
+    t->dtype = (uint32_t)o->req.dtype;
+    t->n_shape = (size_t)o->req.ndim;
+    t->shape = o->shape;
+    t->op = (uint32_t)o->req.op;
+    t->prescale = o->req.prescale;
+    t->postscale = o->req.postscale;
+    t->root = o->req.root;
+    t->n_splits = o->splits ? (size_t)o->req.nsplits : 0;
+    t->splits = o->splits;
+    t->device = o->req.device;
+    t->group = o->group;
+    t->group_size = o->group_size;
+}
+
 static void negotiate_send(struct kolo_ctx *c, bool shutdown, const char *reason)
 {
     size_t nq = 0;
@@ -485,23 +622,9 @@ static void negotiate_send(struct kolo_ctx *c, bool shutdown, const char *reason
             cached[nc++] = o->cache_id;
             continue;
         }
-        Kolo__TensorRequest *t = &reqs[nr];
-        kolo__tensor_request__init(t);
-        t->name = o->name;
-        t->coll = (uint32_t)o->req.coll;
-        t->dtype = (uint32_t)o->req.dtype;
-        t->n_shape = (size_t)o->req.ndim;
-        t->shape = o->shape;
-        t->op = (uint32_t)o->req.op;
-        t->prescale = o->req.prescale;
-        t->postscale = o->req.postscale;
-        t->root = o->req.root;
-        t->n_splits = o->splits ? (size_t)o->req.nsplits : 0;
-        t->splits = o->splits;
-        t->device = o->req.device;
-        t->group = o->group;
-        t->group_size = o->group_size;
-        ptrs[nr++] = t;
+        request_fill(&reqs[nr], o);
+        ptrs[nr] = &reqs[nr];
+        nr++;
     }
     c->q_head = c->q_tail = NULL;
     Kolo__NegotiateRequest req = KOLO__NEGOTIATE_REQUEST__INIT;
@@ -551,11 +674,14 @@ bool ctx_try_execute(struct kolo_ctx *c)
     c->resp[c->resp_cap - 1] = NULL;
     c->resp_base++;
     c->executing = true;
+    c->exec_since = now_mono_ms();
+    c->exec_stale = false;
     pthread_mutex_unlock(&c->mu);
     exec_response(c, r);
     kolo__response__free_unpacked(r, NULL);
     pthread_mutex_lock(&c->mu);
     c->executing = false;
+    c->exec_since = 0;
     /* the next response may be waiting for the token */
     pthread_cond_signal(&c->wake);
     pthread_cond_broadcast(&c->done);
@@ -576,14 +702,46 @@ static void *bg_main(void *arg)
             break;
         if (ctx_try_execute(c))
             continue;
+        if (c->resume && c->calls == 0 && !c->sticky) {
+            resume_send(c);
+            continue;
+        }
         /* Ask again only for operations that are still waiting for their
          * response: not while one is in hand or being executed. */
         bool in_hand = c->executing || (c->resp_cap && c->resp[0]);
-        if (!c->sticky && (c->q_head || (c->inflight > 0 && c->calls == 0 && !in_hand))) {
+        if (!c->sticky && !c->resume &&
+            (c->q_head || (c->inflight > 0 && c->calls == 0 && !in_hand))) {
             negotiate_send(c, false, NULL);
             continue;
         }
         pthread_cond_wait(&c->wake, &c->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+#define WATCH_PERIOD_MS 200
+
+static void *watch_main(void *arg)
+{
+    struct kolo_ctx *c = arg;
+    pthread_mutex_lock(&c->mu);
+    while (!c->stopping) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += WATCH_PERIOD_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&c->watch_cv, &c->mu, &ts);
+        if (c->stopping || c->sticky || !c->executing || c->calls > 0 ||
+            now_mono_ms() - c->exec_since < WATCH_PERIOD_MS)
+            continue;
+        if (c->resume)
+            resume_send(c);
+        else
+            negotiate_send(c, false, NULL);
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;
@@ -603,11 +761,14 @@ static void ctx_free(struct kolo_ctx *c)
         if (c->resp[i])
             kolo__response__free_unpacked(c->resp[i], NULL);
     free(c->resp);
+    for (int i = 0; i < WORKER_HISTORY; i++)
+        free(c->history[i].bytes);
     free(c->fusion);
     free(c->zeros);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->wake);
     pthread_cond_destroy(&c->done);
+    pthread_cond_destroy(&c->watch_cv);
     free(c);
 }
 
@@ -680,6 +841,7 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&c->done, &ca);
+    pthread_cond_init(&c->watch_cv, &ca);
     pthread_condattr_destroy(&ca);
     c->gpu_join_device = -1;
     c->job = cfg->job_id;
@@ -733,6 +895,8 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
         return KOLO_ESYS;
     }
     c->bg_running = true;
+    if (pthread_create(&c->watch, NULL, watch_main, c) == 0)
+        c->watch_running = true;
     LOGI("kolo", "rank %d of %d joined job %llu generation %llu (%s)", c->rank, c->size,
          (unsigned long long)c->job, (unsigned long long)c->generation, c->coll->ops->name);
     *out = c;
@@ -796,10 +960,13 @@ int kolo_fini(kolo_ctx *c)
                  "kolo_fini was called.");
     c->stopping = true;
     pthread_cond_signal(&c->wake);
+    pthread_cond_signal(&c->watch_cv);
     pthread_mutex_unlock(&c->mu);
     snapshot_ctx_stop(c);
     if (c->bg_running)
         pthread_join(c->bg, NULL);
+    if (c->watch_running)
+        pthread_join(c->watch, NULL);
     if (tell)
         send_leave(c, reason);
     rpc_client_shutdown(c->rpc);

@@ -62,15 +62,14 @@ struct cuda_rt {
     cudaError_t (*PointerGetAttributes)(struct cudaPointerAttributes *, const void *);
     /* CUDA >= 13 signature; NULL before */
     cudaError_t (*MemcpyBatchAsync)(void *const *, const void *const *, const size_t *, size_t,
-                                    struct cudaMemcpyAttributes *, size_t *, size_t,
-                                    cudaStream_t);
+                                    struct cudaMemcpyAttributes *, size_t *, size_t, cudaStream_t);
 };
 
 struct cuda_drv {
     CUresult (*ModuleLoadData)(CUmodule *, const void *);
     CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
-    CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             unsigned, unsigned, CUstream, void **, void **);
+    CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, CUstream, void **, void **);
     CUresult (*GetErrorString)(CUresult, const char **);
 };
 
@@ -83,8 +82,8 @@ struct nccl_fns {
     ncclResult_t (*CommSplit)(ncclComm_t, int, int, ncclComm_t *, ncclConfig_t *); /* opt */
     const char *(*GetErrorString)(ncclResult_t);
     const char *(*GetLastError)(ncclComm_t); /* optional */
-    ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,
-                              ncclComm_t, cudaStream_t);
+    ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                              cudaStream_t);
     ncclResult_t (*ReduceScatter)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,
                                   ncclComm_t, cudaStream_t);
     ncclResult_t (*Reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int,
@@ -99,7 +98,7 @@ struct nccl_fns {
     ncclResult_t (*GroupEnd)(void);
     ncclResult_t (*RedOpCreatePreMulSum)(ncclRedOp_t *, void *, ncclDataType_t,
                                          ncclScalarResidence_t, ncclComm_t); /* optional */
-    ncclResult_t (*RedOpDestroy)(ncclRedOp_t, ncclComm_t);                  /* optional */
+    ncclResult_t (*RedOpDestroy)(ncclRedOp_t, ncclComm_t);                   /* optional */
 };
 
 struct gpu_libs {
@@ -139,8 +138,7 @@ const char *gpu_nccl_str(ncclResult_t r);
  * loaded per device the first time it is needed (dev must be current).
  */
 int gpu_scale_launch(const struct gpu_libs *g, int dev, kolo_dtype dt, void *buf, size_t count,
-                     double factor, double divisor, cudaStream_t stream, char *err,
-                     size_t errlen);
+                     double factor, double divisor, cudaStream_t stream, char *err, size_t errlen);
 
 /* The NCCL type for a kolo dtype for reductions; -1 when NCCL has none
  * (int16). Data movement needs no type: it moves ncclUint8 bytes. */

@@ -33,9 +33,9 @@
 /* Takes ownership of the communicators (aborted by destroy). local and
  * cross are NULL for a flat allreduce; both set make it hierarchical,
  * with this rank at local_rank of local_size in its host. */
-int nccl_coll_create(const struct gpu_libs *g, ncclComm_t comm, ncclComm_t local,
-                     ncclComm_t cross, int local_rank, int local_size, int rank, int size,
-                     cudaStream_t stream, struct coll **out);
+int nccl_coll_create(const struct gpu_libs *g, ncclComm_t comm, ncclComm_t local, ncclComm_t cross,
+                     int local_rank, int local_size, int rank, int size, cudaStream_t stream,
+                     struct coll **out);
 
 /*
  * The reductions with the scaling folded into NCCL: each input multiplied

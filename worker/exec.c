@@ -44,7 +44,7 @@ void exec_finish(struct kolo_ctx *c, struct op **ops, size_t n, int rc, const ch
                  const uint32_t *cache_ids, size_t ncache)
 {
     pthread_mutex_lock(&c->mu);
-    for (size_t i = 0; i < n && i < ncache && rc == 0; i++)
+    for (size_t i = 0; i < n && i < ncache && rc == 0 && !c->exec_stale; i++)
         if (ops[i] && cache_ids[i])
             ops_cache_put(c, ops[i], cache_ids[i]);
     for (size_t i = 0; i < n; i++)

@@ -48,8 +48,7 @@ int gpu_op_attach(struct kolo_ctx *c, struct op *op, void *stream);
 /* True if response r (whose local ops are ops[0..k)) runs on the GPU:
  * its ops name a device, or this rank joined with a device and has no
  * op of its own in it. */
-bool gpu_response_is_gpu(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops,
-                         size_t k);
+bool gpu_response_is_gpu(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops, size_t k);
 
 /* Executes a GPU response (executor thread, mu not held). */
 void gpu_exec_response(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops,

@@ -57,14 +57,14 @@
 #include "cuda_coll.h"
 
 #define FIN_TICK_MS 50
-#define REC_MSG 176
+#define REC_MSG     176
 
 /* ---------------------------------------------------------------- events */
 
 /* Events are cached per device for the whole process: creating one costs
  * a few microseconds, and every GPU operation needs two. */
 #define EV_DEVICES 64
-#define EV_KEEP 256
+#define EV_KEEP    256
 static pthread_mutex_t ev_mu = PTHREAD_MUTEX_INITIALIZER;
 static cudaEvent_t ev_pool[EV_DEVICES][EV_KEEP];
 static int ev_count[EV_DEVICES];
@@ -194,8 +194,8 @@ static int check_ptr(struct kolo_ctx *c, const struct gpu_libs *g, const void *p
         return 0;
     if (a.type != cudaMemoryTypeDevice)
         return vfail(c, KOLO_EINVAL,
-                     "the %s buffer %p is host memory, but the operation names GPU %d", what,
-                     p, dev);
+                     "the %s buffer %p is host memory, but the operation names GPU %d", what, p,
+                     dev);
     if (a.device != dev)
         return vfail(c, KOLO_EINVAL, "the %s buffer %p is on GPU %d, not on GPU %d", what, p,
                      a.device, dev);
@@ -282,8 +282,7 @@ int gpu_op_attach(struct kolo_ctx *c, struct op *op, void *stream)
     return 0;
 }
 
-bool gpu_response_is_gpu(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops,
-                         size_t k)
+bool gpu_response_is_gpu(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops, size_t k)
 {
     for (size_t i = 0; i < k; i++)
         if (ops[i])
@@ -318,8 +317,8 @@ struct gpu_rec {
     int32_t staging;      /* rank 0's KOLO_GPU_STAGING: -1 unset, 0, 1 */
     int32_t hierarchical; /* rank 0's: 0 off, 1 on, 2 force */
     int32_t device;
-    uint64_t host;        /* the host (boot id and name) */
-    char bus[32];         /* the GPU's PCI bus id */
+    uint64_t host; /* the host (boot id and name) */
+    char bus[32];  /* the GPU's PCI bus id */
     char msg[REC_MSG];
 };
 
@@ -521,8 +520,8 @@ static int build_comms(struct kolo_ctx *c, struct gpu *gp, const struct gpu_rec 
         homogeneous = homogeneous && cnt == L;
     }
     int hier = all[0].hierarchical;
-    bool split = !rc && g->nccl.CommSplit && homogeneous &&
-                 (hier == 2 || (hier == 1 && L > 1 && hosts > 1));
+    bool split =
+        !rc && g->nccl.CommSplit && homogeneous && (hier == 2 || (hier == 1 && L > 1 && hosts > 1));
     if (hier > 0 && !split && !rc && c->rank == 0)
         LOGI("kolo", "hierarchical allreduce not used: %s",
              !g->nccl.CommSplit ? "this NCCL has no ncclCommSplit"
@@ -532,15 +531,19 @@ static int build_comms(struct kolo_ctx *c, struct gpu *gp, const struct gpu_rec 
         ncclConfig_t lc = NCCL_CONFIG_INITIALIZER, xc = NCCL_CONFIG_INITIALIZER;
         lc.blocking = 0;
         xc.blocking = 0;
-        /* Non-blocking: the new communicator tells when it is ready. */
+        /* Non-blocking: both the new communicator and the parent must
+         * have settled before the parent is used again. */
         ncclResult_t r = g->nccl.CommSplit(comm, my_host, c->rank, &local, &lc);
-        rc = comm_settle(c, g, local ? local : comm, r, deadline, "ncclCommSplit (host)", why,
-                         n);
+        rc = comm_settle(c, g, local ? local : comm, r, deadline, "ncclCommSplit (host)", why, n);
+        if (!rc)
+            rc = comm_settle(c, g, comm, ncclInProgress, deadline, "ncclCommSplit (host)", why, n);
         if (!rc) {
             r = g->nccl.CommSplit(comm, my_local, c->rank, &cross, &xc);
-            rc = comm_settle(c, g, cross ? cross : comm, r, deadline, "ncclCommSplit (cross)",
-                             why, n);
+            rc = comm_settle(c, g, cross ? cross : comm, r, deadline, "ncclCommSplit (cross)", why,
+                             n);
         }
+        if (!rc)
+            rc = comm_settle(c, g, comm, ncclInProgress, deadline, "ncclCommSplit (cross)", why, n);
     }
     /* Step 4: all or none. */
     struct gpu_rec mine = {.ok = rc == 0}, *res = calloc((size_t)c->size, sizeof(*res));
@@ -549,8 +552,8 @@ static int build_comms(struct kolo_ctx *c, struct gpu *gp, const struct gpu_rec 
     snprintf(mine.msg, sizeof(mine.msg), "%s", rc ? why : "");
     /* A rank may reach this only at the deadline (stuck in init for a
      * rank that failed before it): give the exchange time beyond it. */
-    int xrc = res ? exchange(c, &mine, res, deadline + (uint64_t)c->timeout_ms, why, n)
-                  : KOLO_ENOMEM;
+    int xrc =
+        res ? exchange(c, &mine, res, deadline + (uint64_t)c->timeout_ms, why, n) : KOLO_ENOMEM;
     if (xrc) {
         rc = xrc;
     } else {
@@ -648,8 +651,8 @@ static int gpu_setup(struct kolo_ctx *c, struct gpu *gp, uint64_t deadline)
     gp->fin_running = true;
     gp->state = GPU_READY;
     if (c->rank == 0)
-        LOGI("kolo", "GPU backend ready: %s on %d rank(s)%s", gp->nccl ? "nccl" : "staged",
-             c->size, shared && !gp->nccl ? " (several ranks share a GPU)" : "");
+        LOGI("kolo", "GPU backend ready: %s on %d rank(s)%s", gp->nccl ? "nccl" : "staged", c->size,
+             shared && !gp->nccl ? " (several ranks share a GPU)" : "");
     return 0;
 }
 
@@ -707,8 +710,8 @@ static int copy_batch(struct gpu *gp, size_t n)
         memset(&attr, 0, sizeof(attr));
         attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
         size_t idx = 0;
-        if (g->rt.MemcpyBatchAsync(gp->bdst, gp->bsrc, gp->bsize, n, &attr, &idx, 1,
-                                   gp->stream) == cudaSuccess)
+        if (g->rt.MemcpyBatchAsync(gp->bdst, gp->bsrc, gp->bsize, n, &attr, &idx, 1, gp->stream) ==
+            cudaSuccess)
             return 0;
         g->rt.GetLastError();
         gp->batch_broken = true;
@@ -733,17 +736,15 @@ static int scale(struct gpu *gp, kolo_dtype dt, void *buf, size_t count, double 
 {
     if (factor == 1.0 && divisor == 1.0)
         return 0;
-    return gpu_scale_launch(gp->g, gp->device, dt, buf, count, factor, divisor, gp->stream, why,
-                            n);
+    return gpu_scale_launch(gp->g, gp->device, dt, buf, count, factor, divisor, gp->stream, why, n);
 }
 
 /* AVERAGE and postscale after a plain reduction, as exec.c's post_scale. */
-static int post_scale(struct kolo_ctx *c, struct gpu *gp, kolo_dtype dt, kolo_op op,
-                      double post, void *buf, size_t count, char *why, size_t n)
+static int post_scale(struct kolo_ctx *c, struct gpu *gp, kolo_dtype dt, kolo_op op, double post,
+                      void *buf, size_t count, char *why, size_t n)
 {
     if (is_float(dt))
-        return scale(gp, dt, buf, count, op == KOLO_AVERAGE ? post / c->size : post, 1.0, why,
-                     n);
+        return scale(gp, dt, buf, count, op == KOLO_AVERAGE ? post / c->size : post, 1.0, why, n);
     return scale(gp, dt, buf, count, post, op == KOLO_AVERAGE ? c->size : 1.0, why, n);
 }
 
@@ -811,8 +812,8 @@ static int run_allreduce(struct kolo_ctx *c, struct gpu *gp, const Kolo__Respons
     if (total) {
         rc = KOLO_ENOTSUP;
         if (use == gp->nccl && (op == KOLO_SUM || op == KOLO_AVERAGE))
-            rc = nccl_coll_allreduce_scaled(use, dt, op == KOLO_AVERAGE, pre * post, in, out,
-                                            total, deadline);
+            rc = nccl_coll_allreduce_scaled(use, dt, op == KOLO_AVERAGE, pre * post, in, out, total,
+                                            deadline);
         if (rc == KOLO_ENOTSUP) {
             rc = 0;
             if (pre != 1.0) {
@@ -924,9 +925,8 @@ static int result_alloc(struct gpu *gp, struct pending *p, size_t bytes)
     return 0;
 }
 
-static int run_allgather(struct kolo_ctx *c, struct gpu *gp, const Kolo__Response *r,
-                         struct op *o, struct pending *p, uint64_t deadline, char *why,
-                         size_t wn)
+static int run_allgather(struct kolo_ctx *c, struct gpu *gp, const Kolo__Response *r, struct op *o,
+                         struct pending *p, uint64_t deadline, char *why, size_t wn)
 {
     size_t es = kolo_dtype_size((kolo_dtype)r->dtype);
     size_t row = (size_t)(r->n_row_elems ? r->row_elems[0] : 1) * es;
@@ -956,9 +956,8 @@ static int run_allgather(struct kolo_ctx *c, struct gpu *gp, const Kolo__Respons
     return rc;
 }
 
-static int run_alltoall(struct kolo_ctx *c, struct gpu *gp, const Kolo__Response *r,
-                        struct op *o, struct pending *p, uint64_t deadline, char *why,
-                        size_t wn)
+static int run_alltoall(struct kolo_ctx *c, struct gpu *gp, const Kolo__Response *r, struct op *o,
+                        struct pending *p, uint64_t deadline, char *why, size_t wn)
 {
     int n = c->size, me = c->rank;
     size_t es = kolo_dtype_size((kolo_dtype)r->dtype);
@@ -998,8 +997,8 @@ static int run_alltoall(struct kolo_ctx *c, struct gpu *gp, const Kolo__Response
     return rc;
 }
 
-static int run_broadcast(struct kolo_ctx *c, struct gpu *gp, const Kolo__Response *r,
-                         struct op *o, uint64_t deadline, char *why, size_t wn)
+static int run_broadcast(struct kolo_ctx *c, struct gpu *gp, const Kolo__Response *r, struct op *o,
+                         uint64_t deadline, char *why, size_t wn)
 {
     size_t bytes = (size_t)(r->n_sizes ? r->sizes[0] : 0) * kolo_dtype_size(r->dtype);
     if (!bytes)
@@ -1151,8 +1150,7 @@ void gpu_exec_response(struct kolo_ctx *c, const Kolo__Response *r, struct op **
 /* ---------------------------------------------------------------- the finaliser */
 
 /* Completes p's operations with rc (mu taken here). */
-static void complete(struct kolo_ctx *c, struct gpu *gp, struct pending *p, int rc,
-                     const char *why)
+static void complete(struct kolo_ctx *c, struct gpu *gp, struct pending *p, int rc, const char *why)
 {
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < p->n; i++) {
@@ -1189,9 +1187,9 @@ static int await(struct kolo_ctx *c, struct gpu *gp, struct pending *p, char *wh
 {
     for (;;) {
         uint64_t slice = now_mono_ms() + FIN_TICK_MS;
-        int rc = gpu_event_wait(gp->g, p->done, p->deadline && p->deadline < slice ? p->deadline
-                                                                                  : slice,
-                                &gp->abort_flag, why, n);
+        int rc =
+            gpu_event_wait(gp->g, p->done, p->deadline && p->deadline < slice ? p->deadline : slice,
+                           &gp->abort_flag, why, n);
         if (rc != KOLO_ETIMEDOUT)
             return rc;
         if (p->deadline && now_mono_ms() >= p->deadline)
@@ -1316,8 +1314,8 @@ int kolo_result_copy(kolo_ctx *c, kolo_handle h, void *dst, void *stream)
         const struct gpu_libs *g = gpu_libs_load(NULL, 0);
         int prev;
         use_device(g, op->req.device, &prev);
-        cudaError_t e = g->rt.MemcpyAsync(dst, op->gpu_result, op->result_bytes,
-                                          cudaMemcpyDefault, (cudaStream_t)stream);
+        cudaError_t e = g->rt.MemcpyAsync(dst, op->gpu_result, op->result_bytes, cudaMemcpyDefault,
+                                          (cudaStream_t)stream);
         restore_device(g, op->req.device, prev);
         if (e != cudaSuccess) {
             g->rt.GetLastError();
@@ -1367,8 +1365,7 @@ int gpu_op_attach(struct kolo_ctx *c, struct op *op, void *stream)
     return gpu_validate(c, &op->req);
 }
 
-bool gpu_response_is_gpu(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops,
-                         size_t k)
+bool gpu_response_is_gpu(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops, size_t k)
 {
     (void)c;
     (void)r;

@@ -58,27 +58,26 @@ static void *open_first(const char *env, const char *const *names, char *tried, 
     return NULL;
 }
 
-#define SYM(h, table, field, name, required)                                                     \
-    do {                                                                                         \
-        *(void **)&(table).field = dlsym(h, name);                                               \
-        if (!(table).field && (required)) {                                                      \
-            snprintf(libs_err, sizeof(libs_err), "%s is missing from the loaded library", name); \
-            return;                                                                              \
-        }                                                                                        \
+#define SYM(h, table, field, name, required)                                                       \
+    do {                                                                                           \
+        *(void **)&(table).field = dlsym(h, name);                                                 \
+        if (!(table).field && (required)) {                                                        \
+            snprintf(libs_err, sizeof(libs_err), "%s is missing from the loaded library", name);   \
+            return;                                                                                \
+        }                                                                                          \
     } while (0)
 
 static void load_once(void)
 {
-    static const char *const cudart_names[] = {"libcudart.so.13", "libcudart.so.12",
-                                               "libcudart.so", NULL};
+    static const char *const cudart_names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so",
+                                               NULL};
     static const char *const nccl_names[] = {"libnccl.so.2", "libnccl.so", NULL};
     static const char *const cuda_names[] = {"libcuda.so.1", "libcuda.so", NULL};
     char tried[300];
     void *rt = open_first("KOLO_CUDART_LIBRARY", cudart_names, tried, sizeof(tried));
     if (!rt) {
         snprintf(libs_err, sizeof(libs_err),
-                 "the CUDA runtime is not installed or not on the library path (tried %s)",
-                 tried);
+                 "the CUDA runtime is not installed or not on the library path (tried %s)", tried);
         return;
     }
     struct cuda_rt *r = &libs.rt;
@@ -431,8 +430,7 @@ static void load_module(const struct gpu_libs *g, int dev)
 }
 
 int gpu_scale_launch(const struct gpu_libs *g, int dev, kolo_dtype dt, void *buf, size_t count,
-                     double factor, double divisor, cudaStream_t stream, char *err,
-                     size_t errlen)
+                     double factor, double divisor, cudaStream_t stream, char *err, size_t errlen)
 {
     if (count == 0)
         return 0;
@@ -455,8 +453,8 @@ int gpu_scale_launch(const struct gpu_libs *g, int dev, kolo_dtype dt, void *buf
     size_t blocks = (count + 255) / 256;
     if (blocks > 8192)
         blocks = 8192;
-    CUresult r = g->drv.LaunchKernel(fn, (unsigned)blocks, 1, 1, 256, 1, 1, 0, (CUstream)stream,
-                                     args, NULL);
+    CUresult r =
+        g->drv.LaunchKernel(fn, (unsigned)blocks, 1, 1, 256, 1, 1, 0, (CUstream)stream, args, NULL);
     if (r != CUDA_SUCCESS) {
         const char *s = NULL;
         g->drv.GetErrorString(r, &s);

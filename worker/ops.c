@@ -144,6 +144,11 @@ void ops_free_all(struct kolo_ctx *c)
     free(c->free_slots);
     c->slots = NULL;
     c->nslots = c->slot_cap = c->nfree = 0;
+    ops_cache_clear(c);
+}
+
+void ops_cache_clear(struct kolo_ctx *c)
+{
     for (int b = 0; b < NAME_BUCKETS; b++) {
         struct cache_sig *s = c->cache[b];
         while (s) {

@@ -197,6 +197,50 @@ static bool backoff(struct kolo_ctx *c, uint64_t *delay, uint64_t deadline)
 
 /* ---------------------------------------------------------------- put */
 
+/* The SHA-256 of a large snapshot is computed by a helper thread while
+ * the chunks go out (the coordinator needs it only with the last one):
+ * hashing costs about as much as the upload. */
+#define SNAP_HASH_THREAD_MIN (8u << 20)
+
+struct hasher {
+    const void *data;
+    size_t len;
+    uint8_t sum[SHA256_LEN];
+    pthread_t thread;
+    bool running, done;
+};
+
+static void *hasher_main(void *arg)
+{
+    struct hasher *h = arg;
+    sha256(h->data, h->len, h->sum);
+    return NULL;
+}
+
+static void hasher_start(struct hasher *h, const void *data, size_t len)
+{
+    h->data = data;
+    h->len = len;
+    h->running =
+        len >= SNAP_HASH_THREAD_MIN && pthread_create(&h->thread, NULL, hasher_main, h) == 0;
+    if (!h->running) {
+        sha256(data, len, h->sum);
+        h->done = true;
+    }
+}
+
+/* hasher_finish waits for the checksum (every path out of a put calls it:
+ * the thread reads the caller's data). */
+static const uint8_t *hasher_finish(struct hasher *h)
+{
+    if (h->running) {
+        pthread_join(h->thread, NULL);
+        h->running = false;
+        h->done = true;
+    }
+    return h->sum;
+}
+
 int kolo_snapshot_put(kolo_ctx *c, const void *data, size_t len, const char *meta_json,
                       int timeout_ms, uint64_t *snapshot_id)
 {
@@ -214,8 +258,8 @@ int kolo_snapshot_put(kolo_ctx *c, const void *data, size_t len, const char *met
         pthread_mutex_unlock(&c->mu);
         return KOLO_EINVAL;
     }
-    size_t chunk = env_size("KOLO_SNAPSHOT_CHUNK_BYTES", SNAP_CHUNK_DEFAULT, SNAP_CHUNK_MIN,
-                            SNAP_CHUNK_MAX);
+    size_t chunk =
+        env_size("KOLO_SNAPSHOT_CHUNK_BYTES", SNAP_CHUNK_DEFAULT, SNAP_CHUNK_MIN, SNAP_CHUNK_MAX);
     uint64_t nchunks = len ? ((uint64_t)len + chunk - 1) / chunk : 1;
     if (nchunks > SNAP_MAX_CHUNKS) {
         pthread_mutex_lock(&c->mu);
@@ -231,8 +275,8 @@ int kolo_snapshot_put(kolo_ctx *c, const void *data, size_t len, const char *met
     int code = snap_enter(c, &rpc, &seq);
     if (code)
         return code;
-    uint8_t sum[SHA256_LEN];
-    sha256(data, len, sum);
+    struct hasher hash = {0};
+    hasher_start(&hash, data, len);
     uint64_t upload_id = 0;
     while (upload_id == 0)
         random_bytes(&upload_id, sizeof upload_id);
@@ -241,6 +285,7 @@ int kolo_snapshot_put(kolo_ctx *c, const void *data, size_t len, const char *met
     char err[1024] = "";
     char detail[1200] = "";
     if (!buf) {
+        hasher_finish(&hash);
         snprintf(detail, sizeof detail, "kolo_snapshot_put: out of memory");
         return snap_leave(c, KOLO_ENOMEM, detail);
     }
@@ -262,8 +307,10 @@ int kolo_snapshot_put(kolo_ctx *c, const void *data, size_t len, const char *met
         m.chunk_index = k;
         m.total_chunks = (uint32_t)nchunks;
         m.total_bytes = len;
-        m.checksum.data = sum;
-        m.checksum.len = SHA256_LEN;
+        if (hash.done || k + 1 == nchunks) {
+            m.checksum.data = (uint8_t *)hasher_finish(&hash);
+            m.checksum.len = SHA256_LEN;
+        }
         m.meta_json = (char *)(k == 0 ? meta_json : "");
         m.keep = keep;
         size_t off = (size_t)k * chunk;
@@ -272,8 +319,8 @@ int kolo_snapshot_put(kolo_ctx *c, const void *data, size_t len, const char *met
         size_t plen = kolo__snapshot_chunk__pack(&m, buf);
         void *out = NULL;
         size_t olen = 0;
-        code = rpc_client_call(rpc, "WorkerService.PutSnapshot", buf, plen, &out, &olen, wait,
-                               err, sizeof err);
+        code = rpc_client_call(rpc, "WorkerService.PutSnapshot", buf, plen, &out, &olen, wait, err,
+                               sizeof err);
         if (code == 0) {
             Kolo__SnapshotAck *a = kolo__snapshot_ack__unpack(NULL, olen, out);
             free(out);
@@ -289,16 +336,16 @@ int kolo_snapshot_put(kolo_ctx *c, const void *data, size_t len, const char *met
             if (done) {
                 if (snapshot_id)
                     *snapshot_id = id;
-                LOGD("kolo", "rank %d: snapshot %" PRIu64 " (%zu bytes) acknowledged in %" PRIu64
-                             " ms",
+                LOGD("kolo",
+                     "rank %d: snapshot %" PRIu64 " (%zu bytes) acknowledged in %" PRIu64 " ms",
                      c->rank, id, len, now_mono_ms() - t0);
                 break;
             }
             if (next >= nchunks || next == 0) {
                 code = KOLO_EPROTO;
                 snprintf(detail, sizeof detail,
-                         "kolo_snapshot_put: the coordinator asked for chunk %u of %" PRIu64,
-                         next, nchunks);
+                         "kolo_snapshot_put: the coordinator asked for chunk %u of %" PRIu64, next,
+                         nchunks);
                 break;
             }
             k = next;
@@ -308,8 +355,9 @@ int kolo_snapshot_put(kolo_ctx *c, const void *data, size_t len, const char *met
         if (code == KOLO_ENOTFOUND && k > 0) {
             /* The coordinator restarted (or dropped the upload). */
             restarts++;
-            LOGI("kolo", "rank %d: the coordinator lost snapshot upload %016" PRIx64
-                         " at chunk %u; sending it again",
+            LOGI("kolo",
+                 "rank %d: the coordinator lost snapshot upload %016" PRIx64
+                 " at chunk %u; sending it again",
                  c->rank, upload_id, k);
             k = 0;
             continue;
@@ -329,6 +377,7 @@ int kolo_snapshot_put(kolo_ctx *c, const void *data, size_t len, const char *met
         snprintf(detail, sizeof detail, "kolo_snapshot_put: %s", err);
         break;
     }
+    hasher_finish(&hash);
     free(buf);
     if (code == 0 && restarts)
         LOGI("kolo", "rank %d: snapshot acknowledged after %d restart(s) of its upload", c->rank,
@@ -381,8 +430,7 @@ static int reading_take(struct reading *r, const Kolo__GetSnapshotReply *p, uint
     } else if (p->snapshot_id != r->id || p->total_bytes != r->total ||
                p->total_chunks != r->nchunks || p->checksum.len != SHA256_LEN ||
                memcmp(p->checksum.data, r->checksum, SHA256_LEN) != 0) {
-        snprintf(detail, dlen, "kolo_snapshot_get: snapshot %" PRIu64 " changed while read",
-                 r->id);
+        snprintf(detail, dlen, "kolo_snapshot_get: snapshot %" PRIu64 " changed while read", r->id);
         return KOLO_EPROTO;
     }
     if (p->chunk_index != k || p->data.len > r->total - r->got) {
@@ -396,8 +444,8 @@ static int reading_take(struct reading *r, const Kolo__GetSnapshotReply *p, uint
     return 0;
 }
 
-int kolo_snapshot_get(kolo_ctx *c, uint64_t snapshot_id, void **data, size_t *len,
-                      char **meta_json, uint64_t *id_out, int timeout_ms)
+int kolo_snapshot_get(kolo_ctx *c, uint64_t snapshot_id, void **data, size_t *len, char **meta_json,
+                      uint64_t *id_out, int timeout_ms)
 {
     if (data)
         *data = NULL;
@@ -435,8 +483,8 @@ int kolo_snapshot_get(kolo_ctx *c, uint64_t snapshot_id, void **data, size_t *le
         size_t qlen = kolo__get_snapshot_request__pack(&q, qbuf);
         void *out = NULL;
         size_t olen = 0;
-        code = rpc_client_call(rpc, "WorkerService.GetSnapshot", qbuf, qlen, &out, &olen, wait,
-                               err, sizeof err);
+        code = rpc_client_call(rpc, "WorkerService.GetSnapshot", qbuf, qlen, &out, &olen, wait, err,
+                               sizeof err);
         if (code == 0) {
             Kolo__GetSnapshotReply *p = kolo__get_snapshot_reply__unpack(NULL, olen, out);
             free(out);

@@ -40,6 +40,7 @@ struct op {
     int64_t *shape;
     int32_t *splits;
     uint32_t cache_id; /* submitted by cache id */
+    bool answered;     /* its response has arrived (it may not have run yet) */
     uint64_t group;
     uint32_t group_size;
     /* results (allgather, alltoall, join) */
@@ -71,6 +72,15 @@ struct cache_sig {
 };
 
 #define NAME_BUCKETS 1024
+/* Responses kept (packed) after they arrive, for a coordinator that
+ * restarted and rebuilds the log from what the ranks hold. */
+#define WORKER_HISTORY 256
+
+struct held_resp {
+    uint64_t index;
+    uint8_t *bytes; /* NULL: empty slot */
+    size_t len;
+};
 
 struct kolo_ctx {
     /* identity and topology (read-only after init) */
@@ -86,6 +96,12 @@ struct kolo_ctx {
 
     pthread_t bg;
     bool bg_running;
+    /* The watch thread keeps a negotiation call open while a response runs
+     * long (the background thread cannot: it is running it), so that a
+     * restarted coordinator can ask this rank to resume. */
+    pthread_t watch;
+    bool watch_running;
+    pthread_cond_t watch_cv;
     pthread_mutex_t mu;
     pthread_cond_t wake; /* the background thread waits on it */
     pthread_cond_t done; /* user threads waiting for ops */
@@ -120,6 +136,10 @@ struct kolo_ctx {
     struct cache_sig *cache[NAME_BUCKETS];
     bool joined;
     bool executing; /* someone runs a response: the executor token */
+    bool resume;    /* the coordinator restarted: send a resume request */
+    uint64_t exec_since; /* monotonic ms the running response started, 0: none */
+    bool exec_stale;     /* the running response predates a resume: its cache ids are void */
+    struct held_resp history[WORKER_HISTORY];
     int gpu_join_device; /* the device a join named, -1 none (gpu.h) */
 
     /* ---- snapshot.c (under mu) ---- */
@@ -150,6 +170,8 @@ void ops_fail_all(struct kolo_ctx *c, int status, const char *error);
 void ops_free_all(struct kolo_ctx *c);
 uint32_t ops_cache_lookup(struct kolo_ctx *c, const struct op *op);
 void ops_cache_put(struct kolo_ctx *c, const struct op *op, uint32_t id);
+/* ops_cache_clear forgets every cache id (the coordinator lost its cache). */
+void ops_cache_clear(struct kolo_ctx *c);
 
 /* ops.c: kolo_submit with the stream GPU requests wait on (gpu.h) */
 int ops_submit(struct kolo_ctx *c, const kolo_request *reqs, int n, void *stream,

@@ -151,8 +151,8 @@ static int put_chunk(struct rpc_client *cli, const struct chunk_args *a, Kolo__S
     kolo__snapshot_chunk__pack(&m, buf);
     void *out = NULL;
     size_t olen = 0;
-    int rv = rpc_client_call(cli, "WorkerService.PutSnapshot", buf, len, &out, &olen, 5000, err,
-                             512);
+    int rv =
+        rpc_client_call(cli, "WorkerService.PutSnapshot", buf, len, &out, &olen, 5000, err, 512);
     free(buf);
     if (ack)
         *ack = NULL;
@@ -634,6 +634,27 @@ static void test_restart(void)
     /* and the upload goes through from chunk 0 */
     CHECK(put_all(r0, &b, 500, 3, NULL, 0) > after_id);
     free(before);
+    free(after);
+
+    /* a job that ended takes no snapshots (KOLO_ESTATE, which clients do
+     * not retry), and its snapshots can still be read */
+    Kolo__StopJobRequest stop = KOLO__STOP_JOB_REQUEST__INIT;
+    stop.job_id = job_id;
+    stop.reason = "test";
+    uint8_t buf[64];
+    size_t len = kolo__stop_job_request__pack(&stop, buf);
+    void *out = NULL;
+    size_t olen;
+    struct rpc_client *admin = client(0, 0, 0);
+    CHECK_EQ_INT(rpc_client_call(admin, "AdminService.StopJob", buf, len, &out, &olen, 3000, err,
+                                 sizeof err),
+                 0);
+    free(out);
+    rpc_client_close(admin);
+    a = chunk_of(&b, 501, 0, 3, NULL);
+    CHECK_EQ_INT(put_chunk(r0, &a, NULL, err), KOLO_ESTATE);
+    CHECK(strstr(err, "takes no snapshots") != NULL);
+    CHECK_EQ_INT(get_all(r0, 0, &after, &after_len, &after_id, NULL, 0), 0);
     free(after);
     free(b.data);
     rpc_client_close(r0);

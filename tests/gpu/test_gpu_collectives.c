@@ -10,18 +10,19 @@
  *            allreduce's reduce-scatter / allreduce / allgather path;
  *   staged   2 and 3 ranks on one GPU: NCCL refuses duplicate GPUs in a
  *            communicator, so the backend stages through the CPU ring;
+ *            then a join on the GPU (ranks 1 and 2 contribute zeros);
  *   refused  2 ranks on one GPU with KOLO_GPU_STAGING=0: NCCL is tried
  *            anyway; the operation must fail cleanly (no hang, no crash)
  *            or succeed - the outcome is printed.
  * Exit 77 (skipped) without a GPU or without the GPU backend.
  */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
-
-#include "gpu_job.h"
 
 #if KOLO_HAVE_NCCL
 #include "cuda_api.h"
+#include "gpu_job.h"
 #include "reduce.h"
 
 static const struct gpu_libs *g;
@@ -124,8 +125,7 @@ static void compare(const char *what, kolo_dtype dt, const void *gpu, const void
     if (bad) {
         mismatches++;
         fprintf(stderr, "[%s] MISMATCH %s %s: %zu of %zu, first at %zu: gpu %g cpu %g\n", phase,
-                what, kolo_dtype_name(dt), bad, n, first, get(dt, gpu, first),
-                get(dt, cpu, first));
+                what, kolo_dtype_name(dt), bad, n, first, get(dt, gpu, first), get(dt, cpu, first));
     }
     pthread_mutex_unlock(&count_mu);
 }
@@ -194,8 +194,8 @@ static void ar_case(kolo_ctx *ctx, int rank, kolo_dtype dt, kolo_op op, double p
         to_dev(din[t], hin[t], n * es);
         shapes[t][0] = (int64_t)n;
         /* same names on every rank: built from the case, not a counter */
-        snprintf(names[2 * t], 96, "g.%d.%d.%g.%g.%zu.%d.%d.%d", dt, op, pre, post, n, t,
-                 ntensors, in_place);
+        snprintf(names[2 * t], 96, "g.%d.%d.%g.%g.%zu.%d.%d.%d", dt, op, pre, post, n, t, ntensors,
+                 in_place);
         snprintf(names[2 * t + 1], 96, "c.%d.%d.%g.%g.%zu.%d.%d.%d", dt, op, pre, post, n, t,
                  ntensors, in_place);
         rg[t] = (kolo_request){.coll = KOLO_COLL_ALLREDUCE,
@@ -247,10 +247,9 @@ static void t_allreduce(kolo_ctx *ctx, int rank, int size)
         /* scaling: folded into NCCL where it can be, kernels otherwise */
         bool fl = dt >= KOLO_FLOAT16;
         size_t n = 4099;
-        ar_case(ctx, rank, (kolo_dtype)dt, KOLO_SUM, fl ? 0.5 : 2.0, fl ? 3.0 : 1.0, &n, 1,
+        ar_case(ctx, rank, (kolo_dtype)dt, KOLO_SUM, fl ? 0.5 : 2.0, fl ? 3.0 : 1.0, &n, 1, false);
+        ar_case(ctx, rank, (kolo_dtype)dt, KOLO_AVERAGE, fl ? 0.25 : 1.0, fl ? 2.0 : 3.0, &n, 1,
                 false);
-        ar_case(ctx, rank, (kolo_dtype)dt, KOLO_AVERAGE, fl ? 0.25 : 1.0, fl ? 2.0 : 3.0, &n,
-                1, false);
         ar_case(ctx, rank, (kolo_dtype)dt, KOLO_MAX, 2.0, 0.5, &n, 1, false);
         /* fusion: a group of tensors in the device fusion buffer */
         size_t group[5] = {1, 7, 0, 4099, 300};
@@ -276,8 +275,13 @@ static void t_others(kolo_ctx *ctx, int rank, int size)
             to_dev(din, hin, n * es);
             snprintf(ng, sizeof(ng), "g.ag.%d", dt);
             snprintf(nc, sizeof(nc), "c.ag.%d", dt);
-            kolo_request rg = {.coll = KOLO_COLL_ALLGATHER, .name = ng, .sendbuf = din,
-                               .dtype = (kolo_dtype)dt, .ndim = 2, .shape = shape, .device = 0};
+            kolo_request rg = {.coll = KOLO_COLL_ALLGATHER,
+                               .name = ng,
+                               .sendbuf = din,
+                               .dtype = (kolo_dtype)dt,
+                               .ndim = 2,
+                               .shape = shape,
+                               .device = 0};
             kolo_request rc = rg;
             rc.name = nc;
             rc.sendbuf = hin;
@@ -315,9 +319,15 @@ static void t_others(kolo_ctx *ctx, int rank, int size)
             to_dev(din, hin, n * es);
             snprintf(ng, sizeof(ng), "g.bc.%d", dt);
             snprintf(nc, sizeof(nc), "c.bc.%d", dt);
-            kolo_request rg = {.coll = KOLO_COLL_BROADCAST, .name = ng, .sendbuf = din,
-                               .recvbuf = din, .dtype = (kolo_dtype)dt, .ndim = 1,
-                               .shape = shape, .root = size - 1, .device = 0};
+            kolo_request rg = {.coll = KOLO_COLL_BROADCAST,
+                               .name = ng,
+                               .sendbuf = din,
+                               .recvbuf = din,
+                               .dtype = (kolo_dtype)dt,
+                               .ndim = 1,
+                               .shape = shape,
+                               .root = size - 1,
+                               .device = 0};
             kolo_request rc = rg;
             rc.name = nc;
             rc.sendbuf = rc.recvbuf = hin;
@@ -348,9 +358,15 @@ static void t_others(kolo_ctx *ctx, int rank, int size)
             to_dev(din, hin, n * es);
             snprintf(ng, sizeof(ng), "g.a2a.%d", dt);
             snprintf(nc, sizeof(nc), "c.a2a.%d", dt);
-            kolo_request rg = {.coll = KOLO_COLL_ALLTOALL, .name = ng, .sendbuf = din,
-                               .dtype = (kolo_dtype)dt, .ndim = 2, .shape = shape,
-                               .splits = splits, .nsplits = size, .device = 0};
+            kolo_request rg = {.coll = KOLO_COLL_ALLTOALL,
+                               .name = ng,
+                               .sendbuf = din,
+                               .dtype = (kolo_dtype)dt,
+                               .ndim = 2,
+                               .shape = shape,
+                               .splits = splits,
+                               .nsplits = size,
+                               .device = 0};
             kolo_request rc = rg;
             rc.name = nc;
             rc.sendbuf = hin;
@@ -392,11 +408,17 @@ static void t_others(kolo_ctx *ctx, int rank, int size)
             snprintf(ng, sizeof(ng), "g.rs.%d.%d", dt, v);
             snprintf(nc, sizeof(nc), "c.rs.%d.%d", dt, v);
             bool fl = dt >= KOLO_FLOAT16;
-            kolo_request rg = {.coll = KOLO_COLL_REDUCESCATTER, .name = ng, .sendbuf = din,
-                               .recvbuf = dout, .dtype = (kolo_dtype)dt, .ndim = 2,
-                               .shape = shape, .op = v ? KOLO_AVERAGE : KOLO_SUM,
+            kolo_request rg = {.coll = KOLO_COLL_REDUCESCATTER,
+                               .name = ng,
+                               .sendbuf = din,
+                               .recvbuf = dout,
+                               .dtype = (kolo_dtype)dt,
+                               .ndim = 2,
+                               .shape = shape,
+                               .op = v ? KOLO_AVERAGE : KOLO_SUM,
                                .prescale = v && fl ? 0.5 : 1.0,
-                               .postscale = v ? 3.0 : 1.0, .device = 0};
+                               .postscale = v ? 3.0 : 1.0,
+                               .device = 0};
             kolo_request rc = rg;
             rc.name = nc;
             rc.sendbuf = hin;
@@ -431,9 +453,15 @@ static void t_stream_order(kolo_ctx *ctx, int rank, int size)
     int64_t shape[1] = {(int64_t)n};
     for (int round = 1; round <= 3; round++) {
         REQUIRE(g->rt.MemsetAsync(d, round, n, s) == cudaSuccess);
-        kolo_request r = {.coll = KOLO_COLL_ALLREDUCE, .name = "order", .sendbuf = d,
-                          .recvbuf = d, .dtype = KOLO_UINT8, .ndim = 1, .shape = shape,
-                          .op = KOLO_SUM, .device = 0};
+        kolo_request r = {.coll = KOLO_COLL_ALLREDUCE,
+                          .name = "order",
+                          .sendbuf = d,
+                          .recvbuf = d,
+                          .dtype = KOLO_UINT8,
+                          .ndim = 1,
+                          .shape = shape,
+                          .op = KOLO_SUM,
+                          .device = 0};
         kolo_handle hd;
         REQUIRE(kolo_submit_stream(ctx, &r, 1, s, &hd) == 0);
         CHECK_EQ_INT(kolo_wait(ctx, hd, 60000), 0);
@@ -446,6 +474,50 @@ static void t_stream_order(kolo_ctx *ctx, int rank, int size)
     g->rt.Free(d);
     free(h);
     g->rt.StreamDestroy(s);
+}
+
+/* Join on the GPU: the other ranks joined (naming GPU 0), so rank 0's
+ * allreduces get zeros from them - the joined ranks execute those
+ * responses with no tensor of their own, on the device their join named. */
+static void t_join(kolo_ctx *ctx, int rank, int size)
+{
+    (void)size;
+    size_t n = 1000;
+    int64_t shape[1] = {(int64_t)n};
+    kolo_request join = {.coll = KOLO_COLL_JOIN, .device = 0};
+    kolo_handle h;
+    if (rank == 0) {
+        float *hb = malloc(n * sizeof(float));
+        float *d = dev_alloc(n * sizeof(float));
+        for (int step = 0; step < 3; step++) {
+            for (size_t i = 0; i < n; i++)
+                hb[i] = (float)(i % 5 + step);
+            to_dev(d, hb, n * sizeof(float));
+            kolo_request r = {.coll = KOLO_COLL_ALLREDUCE,
+                              .name = "joined.sum",
+                              .sendbuf = d,
+                              .recvbuf = d,
+                              .dtype = KOLO_FLOAT32,
+                              .ndim = 1,
+                              .shape = shape,
+                              .op = KOLO_SUM,
+                              .device = 0};
+            CHECK_EQ_INT(run(ctx, &r, 1, &h), 0);
+            to_host(hb, d, n * sizeof(float));
+            size_t bad = 0;
+            for (size_t i = 0; i < n; i++)
+                bad += hb[i] != (float)(i % 5 + step);
+            CHECK_EQ_INT(bad, 0);
+        }
+        g->rt.Free(d);
+        free(hb);
+    }
+    REQUIRE(kolo_submit(ctx, &join, 1, &h) == 0);
+    CHECK_EQ_INT(kolo_wait(ctx, h, 60000), 0);
+    int64_t last = -1;
+    CHECK_EQ_INT(kolo_result(ctx, h, NULL, NULL, NULL, NULL, &last), 0);
+    CHECK_EQ_INT(last, 0);
+    kolo_release(ctx, h);
 }
 
 static void t_all(kolo_ctx *ctx, int rank, int size)
@@ -467,8 +539,14 @@ static void t_refused(kolo_ctx *ctx, int rank, int size)
     float *d = dev_alloc(sizeof(float));
     to_dev(d, &one, sizeof(float));
     int64_t shape[1] = {1};
-    kolo_request r = {.coll = KOLO_COLL_ALLREDUCE, .name = "dup", .sendbuf = d, .recvbuf = d,
-                      .dtype = KOLO_FLOAT32, .ndim = 1, .shape = shape, .op = KOLO_SUM,
+    kolo_request r = {.coll = KOLO_COLL_ALLREDUCE,
+                      .name = "dup",
+                      .sendbuf = d,
+                      .recvbuf = d,
+                      .dtype = KOLO_FLOAT32,
+                      .ndim = 1,
+                      .shape = shape,
+                      .op = KOLO_SUM,
                       .device = 0};
     kolo_handle h;
     uint64_t t0 = now_mono_ms();
@@ -520,6 +598,9 @@ int main(void)
         phase = "staged3";
         job_run(3, t_others);
         report(phase);
+        phase = "join";
+        job_run(3, t_join);
+        report(phase);
     }
     if (!only || strcmp(only, "refused") == 0) {
         phase = "refused";
@@ -527,8 +608,7 @@ int main(void)
         job_run(2, t_refused);
         unsetenv("KOLO_GPU_STAGING");
         for (int r = 0; r < 2; r++)
-            printf("[refused] rank %d: %s: %s\n", r, kolo_errname(refused_rc[r]),
-                   refused_msg[r]);
+            printf("[refused] rank %d: %s: %s\n", r, kolo_errname(refused_rc[r]), refused_msg[r]);
     }
     job_coord_stop();
     CHECK_EQ_INT(mismatches, 0);

@@ -71,8 +71,8 @@ static void t_errors(kolo_ctx *ctx, int rank, int size)
 int main(void)
 {
     gpus = kolo_gpu_count(gpu_why, sizeof(gpu_why));
-    printf("GPU backend: NCCL %d, CUDA %d; GPUs: %d%s%s\n", kolo_nccl_built(),
-           kolo_cuda_built(), gpus, gpus ? "" : " - ", gpus ? "" : gpu_why);
+    printf("GPU backend: NCCL %d, CUDA %d; GPUs: %d%s%s\n", kolo_nccl_built(), kolo_cuda_built(),
+           gpus, gpus ? "" : " - ", gpus ? "" : gpu_why);
     CHECK(gpus > 0 || gpu_why[0]);
     job_coord_start();
     job_run(1, t_errors);

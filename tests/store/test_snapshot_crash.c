@@ -220,8 +220,8 @@ static void verify_round(int round, uint64_t job, const struct ack *acks, size_t
     size_t missing = 0;
     for (size_t i = nacks > must ? nacks - must : 0; i < nacks; i++)
         if (!stored(&f, acks[i].k, acks[i].id)) {
-            fprintf(stderr, "round %d: acknowledged snapshot %" PRIu64 " (k %" PRIu64
-                            ") is missing\n",
+            fprintf(stderr,
+                    "round %d: acknowledged snapshot %" PRIu64 " (k %" PRIu64 ") is missing\n",
                     round, acks[i].id, acks[i].k);
             missing++;
         }

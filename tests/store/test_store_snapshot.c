@@ -207,6 +207,14 @@ static void test_put_get(void)
     store_close(st);
 }
 
+static int first_job(const struct store_job *j, void *arg)
+{
+    CHECK_EQ_STR(j->name, "old");
+    CHECK_EQ_STR(j->state, "succeeded");
+    *(uint64_t *)arg = j->id;
+    return 1;
+}
+
 struct ids {
     uint64_t id[16];
     int n;
@@ -349,37 +357,64 @@ static void test_nested_rollback(void)
     store_close(st);
 }
 
-/* A version 1 file (no snapshot tables) is migrated to version 2 at open
- * and keeps its data. */
+/* The schema of version 1, as kolo 0.1 wrote it (frozen: versions only
+ * ever add migrations on top). */
+static const char schema_v1[] =
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+    "CREATE TABLE hosts (id TEXT PRIMARY KEY, reg_order INTEGER NOT NULL UNIQUE, name TEXT,"
+    "  hostname TEXT, addr TEXT, slots INTEGER NOT NULL, cpus INTEGER NOT NULL,"
+    "  gpus INTEGER NOT NULL, gpu_names TEXT, mem_bytes INTEGER NOT NULL, state TEXT NOT NULL,"
+    "  registered_ms INTEGER NOT NULL, last_seen_ms INTEGER NOT NULL, agent_instance TEXT);"
+    "CREATE TABLE jobs (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT, state TEXT NOT NULL,"
+    "  np INTEGER NOT NULL, argv_json TEXT, env_json TEXT, cwd TEXT, hosts TEXT,"
+    "  exit_code INTEGER NOT NULL, reason TEXT, generation INTEGER NOT NULL,"
+    "  start_timeout_ms INTEGER NOT NULL, submitted_ms INTEGER NOT NULL,"
+    "  started_ms INTEGER NOT NULL, ended_ms INTEGER NOT NULL);"
+    "CREATE TABLE generations (job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+    "  generation INTEGER NOT NULL, cause TEXT, size INTEGER NOT NULL, ts_ms INTEGER NOT NULL,"
+    "  PRIMARY KEY (job_id, generation));"
+    "CREATE TABLE ranks (job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+    "  generation INTEGER NOT NULL, rank INTEGER NOT NULL, host_id TEXT REFERENCES hosts(id),"
+    "  local_rank INTEGER NOT NULL, local_size INTEGER NOT NULL, cross_rank INTEGER NOT NULL,"
+    "  cross_size INTEGER NOT NULL, state TEXT NOT NULL, exit_code INTEGER NOT NULL,"
+    "  term_signal INTEGER NOT NULL, pid INTEGER NOT NULL,"
+    "  PRIMARY KEY (job_id, generation, rank));"
+    "CREATE INDEX ranks_by_host ON ranks(host_id);"
+    "CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, ts_ms INTEGER NOT NULL,"
+    "  job_id INTEGER, host_id TEXT, kind TEXT NOT NULL, message TEXT);"
+    "CREATE INDEX events_by_job ON events(job_id, id);"
+    "CREATE TABLE output (job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+    "  seq INTEGER NOT NULL, rank INTEGER NOT NULL, stream INTEGER NOT NULL,"
+    "  text BLOB NOT NULL, ts_ms INTEGER NOT NULL, PRIMARY KEY (job_id, seq));"
+    "INSERT INTO jobs(name, state, np, exit_code, generation, start_timeout_ms, submitted_ms,"
+    "  started_ms, ended_ms) VALUES ('old', 'succeeded', 1, 0, 1, 0, 5, 6, 7);"
+    "PRAGMA user_version = 1;";
+
+/* A version 1 file (from before snapshots) is migrated at open, keeps its
+ * data and takes snapshots. */
 static void test_migration_from_v1(void)
 {
     char path[200];
     snprintf(path, sizeof path, "%s/v1.db", dir);
+    sqlite3 *db = NULL;
+    REQUIRE(sqlite3_open(path, &db) == SQLITE_OK);
+    REQUIRE(sqlite3_exec(db, schema_v1, NULL, NULL, NULL) == SQLITE_OK);
+    sqlite3_close(db);
+
     struct store *st = NULL;
     char err[256];
     REQUIRE(store_open(&st, path, err, sizeof err) == 0);
-    struct store_job j = {.name = "old", .state = "succeeded", .np = 1};
-    REQUIRE(store_job_insert(st, &j) == 0);
-    store_close(st);
-    sqlite3 *db = NULL;
-    REQUIRE(sqlite3_open(path, &db) == SQLITE_OK);
-    REQUIRE(sqlite3_exec(db,
-                         "DROP TABLE snapshot_chunks; DROP TABLE snapshots; "
-                         "ALTER TABLE ranks DROP COLUMN worker_id; "
-                         "ALTER TABLE jobs DROP COLUMN elastic; "
-                         "PRAGMA user_version = 1;",
-                         NULL, NULL, NULL) == SQLITE_OK);
-    sqlite3_close(db);
-
-    REQUIRE(store_open(&st, path, err, sizeof err) == 0);
     CHECK_EQ_INT(store_schema_version(st), STORE_SCHEMA_VERSION);
     CHECK_EQ_INT(store_integrity_check(st, err, sizeof err), 0);
+    uint64_t job = 0;
+    CHECK_EQ_INT(store_jobs_each(st, first_job, &job), 1); /* stopped at the first */
+    CHECK_EQ_INT(job, 1);
     uint64_t id = 0;
     char save[256];
     snprintf(save, sizeof save, "%s", db_path);
     snprintf(db_path, sizeof db_path, "%s", path);
-    CHECK_EQ_INT(put_blob(st, j.id, 1, 100, 30, 8, &id), 0);
-    check_blob(st, j.id, id, 100, 8);
+    CHECK_EQ_INT(put_blob(st, job, 1, 100, 30, 8, &id), 0);
+    check_blob(st, job, id, 100, 8);
     snprintf(db_path, sizeof db_path, "%s", save);
     store_close(st);
     const char *suffixes[] = {"", "-wal", "-shm"};

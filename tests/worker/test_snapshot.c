@@ -145,8 +145,7 @@ static void *put_loop(void *p)
         snprintf(meta, sizeof meta, "{\"epoch\":%d,\"batch\":%d}", i, i * 10);
         pt->rc = kolo_snapshot_put(pt->ctx, data, len, meta, 20000, &pt->ids[i]);
         if (pt->rc)
-            fprintf(stderr, "put %d: %s: %s\n", i, kolo_errname(pt->rc),
-                    kolo_last_error(pt->ctx));
+            fprintf(stderr, "put %d: %s: %s\n", i, kolo_errname(pt->rc), kolo_last_error(pt->ctx));
         free(data);
     }
     return NULL;
@@ -208,8 +207,7 @@ static void *phase1_rank(void *p)
     CHECK(len == 50000 + 3 * 7777 && memcmp(data, want, len) == 0);
     kolo_snapshot_free(data);
     free(want);
-    CHECK_EQ_INT(kolo_snapshot_get(ctx, id + 100, &data, &len, NULL, NULL, 5000),
-                 KOLO_ENOTFOUND);
+    CHECK_EQ_INT(kolo_snapshot_get(ctx, id + 100, &data, &len, NULL, NULL, 5000), KOLO_ENOTFOUND);
 
     /* bad arguments */
     CHECK_EQ_INT(kolo_snapshot_put(NULL, "x", 1, NULL, 1000, NULL), KOLO_EINVAL);
