@@ -407,6 +407,12 @@ KOLO_API int kolo_snapshot_get_latest(kolo_ctx *ctx, void **data, size_t *len, c
  * accepted. */
 KOLO_API void kolo_snapshot_free(void *p);
 
+/* kolo_snapshot_cancel ends the snapshot calls running on ctx (they fail
+ * with KOLO_ESHUTDOWN) and refuses new ones, and returns once none runs.
+ * A binding calls it before kolo_fini when other threads may start
+ * snapshot calls on ctx, so that none can start while ctx is freed. */
+KOLO_API int kolo_snapshot_cancel(kolo_ctx *ctx);
+
 #ifdef __cplusplus
 }
 #endif

@@ -62,7 +62,7 @@ static int snap_enter(struct kolo_ctx *c, struct rpc_client **rpc, uint64_t *seq
 {
     int code = 0;
     pthread_mutex_lock(&c->mu);
-    if (c->stopping || !c->coord_url) {
+    if (c->stopping || c->snap_closed || !c->coord_url) {
         code = KOLO_ESHUTDOWN;
         ctx_set_error(c, "kolo_snapshot: the context is shutting down");
         pthread_mutex_unlock(&c->mu);
@@ -119,11 +119,22 @@ static bool snap_sleep(struct kolo_ctx *c, uint64_t ms)
         ts.tv_nsec -= 1000000000L;
     }
     pthread_mutex_lock(&c->mu);
-    while (!c->stopping && pthread_cond_timedwait(&c->done, &c->mu, &ts) == 0)
+    while (!c->stopping && !c->snap_closed && pthread_cond_timedwait(&c->done, &c->mu, &ts) == 0)
         ;
-    bool alive = !c->stopping;
+    bool alive = !c->stopping && !c->snap_closed;
     pthread_mutex_unlock(&c->mu);
     return alive;
+}
+
+int kolo_snapshot_cancel(kolo_ctx *c)
+{
+    if (!c)
+        return KOLO_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    c->snap_closed = true;
+    pthread_mutex_unlock(&c->mu);
+    snapshot_ctx_stop(c);
+    return 0;
 }
 
 void snapshot_ctx_stop(struct kolo_ctx *c)

@@ -147,6 +147,7 @@ struct kolo_ctx {
     struct rpc_client *snap_rpc;   /* its own connection, opened on first use */
     int snap_calls;                /* snapshot calls running (kolo_fini waits) */
     uint64_t snap_seq;             /* puts so far */
+    bool snap_closed;              /* kolo_snapshot_cancel: no new calls */
 
     /* ---- background thread only ---- */
     void *fusion;

@@ -11,6 +11,7 @@ once the operation completed; the engine hands back a Horovod-style integer
 handle for poll() and synchronize().
 """
 import atexit
+import contextlib
 import ctypes
 import os
 import threading
@@ -160,6 +161,8 @@ class Engine:
         self._next = 1
         self._topo = None
         self._atexit = False
+        self._borrowers = 0   # threads inside a call that uses the context
+        self._idle = threading.Condition(self._lock)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -206,7 +209,31 @@ class Engine:
             self._pending = {}
             self._next = 1
         if ctx is not None:
+            # Other threads (a commit being shipped) may be inside a call
+            # on ctx: end theirs, and let none start, before freeing it.
+            lib.kolo_snapshot_cancel(ctx)
+            with self._lock:
+                self._idle.wait_for(lambda: self._borrowers == 0, 60.0)
             lib.kolo_fini(ctx)
+
+    @contextlib.contextmanager
+    def borrow(self):
+        """(lib, ctx) for a call from another thread; shutdown() waits for
+        the call to end (after cancelling it) before it frees ctx."""
+        with self._lock:
+            if self._topo is None:
+                raise _not_initialized()
+            if self._ctx is None:
+                raise ValueError("kolo: no coordinator context (the program runs without kolo "
+                                 "run)")
+            self._borrowers += 1
+            lib, ctx = self._lib, self._ctx
+        try:
+            yield lib, ctx
+        finally:
+            with self._lock:
+                self._borrowers -= 1
+                self._idle.notify_all()
 
     def topology(self):
         t = self._topo

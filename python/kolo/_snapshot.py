@@ -20,6 +20,7 @@ the job (kolo.init() / hvd.init()), and must not shut kolo down while a
 call is starting; a call in flight when it does fails with SnapshotError
 (KOLO_ESHUTDOWN).
 """
+import contextlib
 import ctypes
 import json
 
@@ -73,15 +74,24 @@ def available():
     return eng.initialized() and not eng.solo() and eng._ctx is not None
 
 
+@contextlib.contextmanager
 def _context():
+    """(lib, ctx) for one call; kolo.shutdown() on another thread cancels
+    the call and waits for it instead of freeing ctx under it."""
     eng = _engine()
-    with eng._lock:
-        if not eng.initialized():
-            raise ValueError("kolo has not been initialized; use hvd.init().")
-        if eng.solo() or eng._ctx is None:
-            raise SnapshotError("kolo: snapshots need a coordinator: start the program with "
-                                "`kolo run`", 0, "")
-        return _declare(eng._lib), eng._ctx
+    if not eng.initialized():
+        raise ValueError("kolo has not been initialized; use hvd.init().")
+    if eng.solo():
+        raise SnapshotError("kolo: snapshots need a coordinator: start the program with "
+                            "`kolo run`", 0, "")
+    try:
+        with eng.borrow() as (lib, ctx):
+            yield _declare(lib), ctx
+    except ValueError as e:
+        if "initialized" in str(e):
+            raise
+        raise SnapshotError("kolo: snapshots need a coordinator: start the program with "
+                            "`kolo run`", 0, "") from None
 
 
 def _timeout_ms(timeout):
@@ -127,13 +137,13 @@ def put(data, meta=None, timeout=DEFAULT_PUT_TIMEOUT):
     if not isinstance(meta, dict):
         raise TypeError("snapshot meta must be a dict, not %s" % type(meta).__name__)
     meta_text = json.dumps(meta, separators=(",", ":"), sort_keys=True).encode()
-    lib, ctx = _context()
     ptr, n, keep = _buffer(data)
     sid = ctypes.c_uint64(0)
-    rc = lib.kolo_snapshot_put(ctx, ptr, n, meta_text, _timeout_ms(timeout), ctypes.byref(sid))
-    del keep
-    if rc:
-        raise _fail(lib, ctx, rc, "snapshot put failed")
+    with _context() as (lib, ctx):
+        rc = lib.kolo_snapshot_put(ctx, ptr, n, meta_text, _timeout_ms(timeout), ctypes.byref(sid))
+        del keep
+        if rc:
+            raise _fail(lib, ctx, rc, "snapshot put failed")
     return sid.value
 
 
@@ -141,17 +151,17 @@ def get(snapshot_id=0, timeout=DEFAULT_GET_TIMEOUT):
     """Reads snapshot `snapshot_id` of this job (0: the latest) and returns
     (id, data bytes, meta dict), or None when there is none (never
     committed, or pruned). Raises SnapshotError on other failures."""
-    lib, ctx = _context()
     data = ctypes.c_void_p()
     size = ctypes.c_size_t(0)
     meta = ctypes.c_void_p()
     sid = ctypes.c_uint64(0)
-    rc = lib.kolo_snapshot_get(ctx, int(snapshot_id), ctypes.byref(data), ctypes.byref(size),
-                               ctypes.byref(meta), ctypes.byref(sid), _timeout_ms(timeout))
-    if rc == E_NOTFOUND:
-        return None
-    if rc:
-        raise _fail(lib, ctx, rc, "snapshot get failed")
+    with _context() as (lib, ctx):
+        rc = lib.kolo_snapshot_get(ctx, int(snapshot_id), ctypes.byref(data), ctypes.byref(size),
+                                   ctypes.byref(meta), ctypes.byref(sid), _timeout_ms(timeout))
+        if rc == E_NOTFOUND:
+            return None
+        if rc:
+            raise _fail(lib, ctx, rc, "snapshot get failed")
     try:
         blob = ctypes.string_at(data.value, size.value) if size.value else b""
         text = ctypes.string_at(meta.value).decode() if meta.value else "{}"

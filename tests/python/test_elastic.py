@@ -53,6 +53,8 @@ def maybe_die():
     for i, (s, victim) in enumerate(kills):
         if state.step != s or (victim >= 0 and hvd.rank() != victim % hvd.size()):
             continue
+        if victim < 0 and int(os.environ["KOLO_WORKER_ID"]) > hvd.size():
+            continue  # -1 kills the workers the job started with, not their successors
         tag = "kill%d" % i if victim >= 0 else "kill%d.%d" % (i, int(os.environ["KOLO_WORKER_ID"]))
         try:
             os.close(os.open(os.path.join(marks, tag), os.O_CREAT | os.O_EXCL))
@@ -183,6 +185,17 @@ def test_below_min_np_fails_after_the_elastic_timeout():
 def test_below_min_np_waits_and_goes_on_when_capacity_returns(reference):
     job = run(2, [[10, 1]], kolo_args=("--min-np", "2", "--blacklist-cooldown-range", "2", "2"))
     assert job.rc == 0, job
+    assert [s for s, _ in finals(job)] == [60, 60], job
+    for _, w in finals(job):
+        assert close(w, reference)
+
+
+def test_all_workers_die_and_the_job_goes_on_from_the_durable_snapshot(reference):
+    job = run(2, [[30, -1]], kolo_args=("--min-np", "2", "--blacklist-cooldown-range", "1", "1"),
+              delay=0.05)
+    assert job.rc == 0, job
+    resumed = [int(ln.split()[2]) for ln in job.lines() if ln.startswith("RESUMED")]
+    assert resumed and 20 <= min(resumed) <= 30, resumed
     assert [s for s, _ in finals(job)] == [60, 60], job
     for _, w in finals(job):
         assert close(w, reference)

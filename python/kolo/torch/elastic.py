@@ -203,16 +203,28 @@ class _Shipper:
                 blob, meta = self._queued
                 self._queued = None
                 self._busy = True
+            retry = False
             try:
                 from kolo import _snapshot
                 self.acked = _snapshot.put(blob, meta)
+                self.tries = 0
             except Exception as e:  # noqa: BLE001 - reported, training goes on
                 self.errors += 1
                 self.last_error = str(e)
+                # A reset cancelled it or ended its generation: ship it again
+                # from the next one, unless a newer commit came meanwhile.
+                self.tries = getattr(self, "tries", 0) + 1
+                retry = self.tries < 50 and any(
+                    k in self.last_error for k in ("ESHUTDOWN", "ESTALE", "not been initialized",
+                                                   "no coordinator context", "ECLOSED"))
             finally:
                 with self._cv:
                     self._busy = False
+                    if retry and self._queued is None:
+                        self._queued = (blob, meta)
                     self._cv.notify_all()
+            if retry:
+                threading.Event().wait(0.2)
 
 
 def _durable():

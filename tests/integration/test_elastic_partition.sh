@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# Elastic, network partitions between two "hosts" made of network
+# namespaces joined by a veth pair: ns0 holds the coordinator, agent a and
+# `kolo run`; ns1 holds agent c. A cut drops every packet that enters
+# either namespace over the veth (nftables on each input hook: a silent
+# drop, as a pulled cable; `ip link set down` where nft is missing).
+#
+#   1. a cut shorter than the lease: no membership change at all;
+#   2. a cut longer than the lease, then healed: c is lost, the job shrinks
+#      to a and goes on; c's workers, cut off in the old generation, are
+#      fenced when they speak again (kolo_stale_generation_rejects_total, or
+#      told they were removed) and stopped; c stays out until its exclusion
+#      cooled down, then the job grows back to 4.
+# Needs root, `ip netns` and veth; skipped (77) otherwise, with the error.
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/elastic_lib.sh"
+
+skip() {
+  echo "skipped: $*"
+  exit 77
+}
+[ "$(id -u)" -eq 0 ] || skip "needs root for network namespaces"
+command -v ip >/dev/null || skip "no ip(8)"
+
+S=$(( MARK % 100000 ))
+NS0="kolo-e0-$S"
+NS1="kolo-e1-$S"
+V0="ke0$S"
+V1="ke1$S"
+ADDR0=10.213.0.1
+ADDR1=10.213.0.2
+KOLO_HOST_BIN=$KOLO
+# runs on cleanup (after every process of the test is killed)
+EXTRA_CLEANUP='ip netns del "$NS0" 2>/dev/null; ip netns del "$NS1" 2>/dev/null; true'
+
+out=$(ip netns add "$NS0" 2>&1) || skip "ip netns add: $out"
+out=$(ip netns add "$NS1" 2>&1) || skip "ip netns add: $out"
+out=$(ip link add "$V0" netns "$NS0" type veth peer name "$V1" netns "$NS1" 2>&1) ||
+  skip "ip link add type veth: $out"
+ip -n "$NS0" link set lo up
+ip -n "$NS1" link set lo up
+ip -n "$NS0" addr add "$ADDR0/24" dev "$V0"
+ip -n "$NS1" addr add "$ADDR1/24" dev "$V1"
+ip -n "$NS0" link set "$V0" up
+ip -n "$NS1" link set "$V1" up
+ip netns exec "$NS1" ping -c 1 -W 2 "$ADDR0" >/dev/null 2>&1 ||
+  ip netns exec "$NS1" bash -c "exec 3<>/dev/tcp/$ADDR0/9" 2>/dev/null ||
+  true # ping may be missing; the agent's registration below is the real check
+
+USE_NFT=0
+if command -v nft >/dev/null; then
+  if out=$(ip netns exec "$NS0" nft add table inet kolo_probe 2>&1); then
+    ip netns exec "$NS0" nft delete table inet kolo_probe
+    USE_NFT=1
+  else
+    note "nft does not work here ($out): cutting with ip link set down"
+  fi
+else
+  note "no nft: cutting with ip link set down"
+fi
+
+# cut / heal: both directions, on the receiving side of each namespace
+net_cut() {
+  if [ $USE_NFT = 1 ]; then
+    local ns dev
+    for ns in "$NS0:$V0" "$NS1:$V1"; do
+      dev=${ns#*:}; ns=${ns%%:*}
+      ip netns exec "$ns" nft -f - <<EOF
+table inet kolo_cut {
+  chain in { type filter hook input priority 0; policy accept; iifname "$dev" drop; }
+}
+EOF
+    done
+  else
+    ip -n "$NS1" link set "$V1" down
+    ip -n "$NS0" link set "$V0" down
+  fi
+}
+net_heal() {
+  if [ $USE_NFT = 1 ]; then
+    ip netns exec "$NS0" nft delete table inet kolo_cut
+    ip netns exec "$NS1" nft delete table inet kolo_cut
+  else
+    ip -n "$NS0" link set "$V0" up
+    ip -n "$NS1" link set "$V1" up
+  fi
+}
+
+# every kolo process runs in its namespace; HTTP is read from inside ns0
+printf '#!/bin/sh\nexec ip netns exec %s %s "$@"\n' "$NS0" "$KOLO_HOST_BIN" >"$WORK/kolo-ns0"
+printf '#!/bin/sh\nexec ip netns exec %s %s "$@"\n' "$NS1" "$KOLO_HOST_BIN" >"$WORK/kolo-ns1"
+chmod +x "$WORK/kolo-ns0" "$WORK/kolo-ns1"
+curl() { ip netns exec "$NS0" curl "$@"; }
+KOLO="$WORK/kolo-ns0"
+
+TOKEN=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+printf '%s\n' "$TOKEN" >"$WORK/token"
+chmod 600 "$WORK/token"
+RUN_ARGS=(--token-file "$WORK/token")
+COMMIT=5
+LEASE_MS=2000
+
+LISTEN="tcp://$ADDR0:0" LEASE=2s HEARTBEAT=300ms start_coordinator coord --token-file "$WORK/token"
+start_agent a 2 --token-file "$WORK/token" --addr "$ADDR0"
+wait_hosts 1
+KOLO="$WORK/kolo-ns1" start_agent c 2 --token-file "$WORK/token" --addr "$ADDR1"
+C_PID=$AGENT_PID
+wait_for 10 hosts_at_least 2 || fail "agent c (in $NS1) did not register over the veth: $(tail -n 5 "$WORK/agent-c.log")"
+CID=$(host_id c)
+
+start_job -np 4 --min-np 2 --max-np 4 --blacklist-cooldown-range 6 7 -- \
+    --steps 100000 --commit $COMMIT --delay 0.05
+wait_for 60 stepped 4 0 || fail "the job did not train with 4 workers over two namespaces"
+wait_for 20 progressed $(( 10 + RANDOM % 10 )) || fail "no progress"
+curl -sf "$HTTP/api/v1/jobs/$JOB" | "$PY" -c '
+import json, sys
+names = {r["host_name"] for r in json.load(sys.stdin)["ranks"]}
+sys.exit(0 if names == {"a", "c"} else 1)' || fail "the job does not span both namespaces"
+
+metric() { curl -sf "$HTTP/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
+
+note "1. a cut shorter than the lease: no membership change"
+short_ms=$(( LEASE_MS * 3 / 10 + RANDOM % (LEASE_MS / 5) ))   # 0.3-0.5 lease
+gen0=$(gen_current)
+fault short_cut "${short_ms}ms"
+net_cut
+sleep "$(( short_ms / 1000 )).$(printf %03d $(( short_ms % 1000 )))"
+net_heal
+t_heal=$(now_s)
+note "healed after ${short_ms} ms"
+wait_for 30 stepped 4 "$t_heal" || fail "the job did not go on at 4 after a short cut"
+sleep 1
+[ "$(gen_current)" = "$gen0" ] || fail "a cut shorter than the lease changed the generation: $(gen_cause)"
+[ "$(metric kolo_leases_expired_total)" = 0 ] || fail "a lease expired during a short cut"
+[ "$(hosts_alive)" = 2 ] || fail "a host is not alive after a short cut"
+
+note "2. a cut longer than the lease"
+stale0=$(metric kolo_stale_generation_rejects_total)
+long_ms=$(( LEASE_MS * 2 + RANDOM % LEASE_MS ))           # 2-3 leases
+fault long_cut "${long_ms}ms"
+t_cut=$(now_s)
+net_cut
+wait_for 10 gen_after "$gen0" || fail "host c was not dropped after the lease"
+gen_size_is 2 || fail "the generation after the cut has $(gen_size) rank(s), want 2"
+gen_cause | has "host c lost" || fail "cause: $(gen_cause)"
+wait_for 20 stepped 2 "$t_cut" || fail "the job did not go on with a's 2 workers"
+# c's workers are cut off but alive: they cannot know yet
+[ "$(count_workers)" -eq 4 ] || note "$(count_workers) workers alive during the cut"
+rest=$(( long_ms - ($(date +%s%N) / 1000000 - ${t_cut/./}) ))
+[ $rest -gt 0 ] && sleep "$(( rest / 1000 )).$(printf %03d $(( rest % 1000 )))"
+gen1=$(gen_current)
+net_heal
+t_heal=$(now_s)
+note "healed after ${long_ms} ms"
+# back: c registers again (same host id), its old workers are fenced and stopped
+wait_for 10 hosts_at_least 2 || fail "host c did not come back after the heal"
+[ "$(host_id c)" = "$CID" ] || fail "host c came back with another id"
+wait_for 20 workers_exactly 2 || fail "$(count_workers) workers: c's old workers were not stopped"
+stale1=$(metric kolo_stale_generation_rejects_total)
+removed=$(grep -c "has been removed from elastic job\|stale generation" "$WORK/run.err" || true)
+note "after the heal: stale-generation rejects $stale0 -> $stale1, removal/stale messages in the workers' output: $removed"
+[ "$stale1" -gt "$stale0" ] || [ "$removed" -gt 0 ] ||
+  grep -q "stale generation\|has been removed" "$WORK"/agent-c.log ||
+  fail "no sign that c's workers were fenced (metric $stale0 -> $stale1, no message)"
+# still excluded: no growth before its cooldown ends
+events | has '"kind":"host.excluded"' || fail "c was not excluded"
+if ! events | has '"kind":"host.readmitted"'; then
+  [ "$(gen_current)" = "$gen1" ] || fail "the job grew onto c while it was excluded: $(gen_cause)"
+fi
+wait_for 20 gen_after "$gen1" || fail "the job did not grow back onto c after its cooldown"
+wait_for 40 stepped 4 "$t_heal" || fail "the job did not train with 4 workers again"
+events | has '"kind":"host.readmitted"' || fail "no host.readmitted event"
+
+finish_job 60
+report partition --commit $COMMIT --no-change short_cut --max-detect 4 --check-final
+note "stale-generation rejects: $stale1 (fenced requests of c's old workers), cut by $([ $USE_NFT = 1 ] && echo nftables || echo 'ip link down')"
+echo PASS
