@@ -79,10 +79,13 @@ def main():
             group["lr"] = lr
 
     state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler,
-                                   epoch=1, batch=0, resets=0)
+                                   epoch=1, batch=0, accuracy=0.0)
+    # Not part of the state: the state is rolled back and re-broadcast at a
+    # reset, and this counts the resets themselves.
+    resets = [0]
 
     def on_reset():
-        state.resets += 1
+        resets[0] += 1
         set_lr()
         if hvd.rank() == 0:
             print("reset: %d worker(s) now, back at epoch %d batch %d"
@@ -92,11 +95,11 @@ def main():
 
     @hvd.elastic.run
     def train(state):
-        accuracy = 0.0
         while state.epoch <= args.epochs:
             set_lr()
             model.train()
-            sampler.set_epoch(state.epoch) if state.batch == 0 else None
+            if state.batch == 0:
+                sampler.set_epoch(state.epoch)
             t0 = time.perf_counter()
             loss_sum, count = 0.0, 0
             for i, (x, y) in enumerate(loader, start=state.batch):
@@ -113,22 +116,22 @@ def main():
                 if args.step_delay:
                     time.sleep(args.step_delay)
             loss_sum, count = global_sums("train_sums", loss_sum, count)
-            test_loss, accuracy = evaluate(model, test_set)
+            test_loss, state.accuracy = evaluate(model, test_set)
             if hvd.rank() == 0:
                 print("epoch %d: %.2f s, %d worker(s), loss %.4f, accuracy %.4f"
                       % (state.epoch, time.perf_counter() - t0, hvd.size(),
-                         loss_sum / max(count, 1), accuracy), flush=True)
+                         loss_sum / max(count, 1), state.accuracy), flush=True)
             state.epoch += 1
             state.batch = 0
             state.commit()
-        return accuracy
+        return state.accuracy
 
     accuracy = train(state)
     if hvd.rank() == 0:
-        print("final accuracy %.4f after %d reset(s)" % (accuracy, state.resets), flush=True)
+        print("final accuracy %.4f after %d reset(s)" % (accuracy, resets[0]), flush=True)
         if args.json:
             print(json.dumps({"example": "elastic_digits", "workers": hvd.size(),
-                              "accuracy": accuracy, "resets": state.resets}), flush=True)
+                              "accuracy": accuracy, "resets": resets[0]}), flush=True)
         state.flush()
     hvd.shutdown()
 

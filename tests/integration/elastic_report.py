@@ -122,6 +122,8 @@ def main():
     ap.add_argument("--seed", default="")
     ap.add_argument("--orphans", type=int, default=None)
     ap.add_argument("--json", default="", help="also write the result here")
+    ap.add_argument("--full", type=int, default=0,
+                    help="also time each fault -> the first step at this size again")
     a = ap.parse_args()
     max_lost = a.commit if a.max_lost is None else a.max_lost
     no_change = set(x for x in a.no_change.split(",") if x)
@@ -172,6 +174,11 @@ def main():
                           % (ft["name"], t, gen["generation"]))
         else:
             row["recover_s"] = first["t"] - t
+        if a.full:
+            back = next((r for r in steps if r["gen"] >= gen["generation"] and r["t"] > t
+                         and r["size"] >= a.full), None)
+            if back is not None:
+                row["regrow_s"] = back["t"] - t
         reset = next((r for r in resets if r["t"] > t), None)
         if reset is not None:
             before = [r["step"] for r in steps if r["t"] <= reset["t"] and r["gen"] < reset["gen"]]
@@ -182,6 +189,7 @@ def main():
     lost = [r["steps_lost"] for r in rows if "steps_lost" in r]
     detect = [r["detect_s"] for r in rows if "detect_s" in r]
     recover = [r["recover_s"] for r in rows if "recover_s" in r]
+    regrow = [r["regrow_s"] for r in rows if "regrow_s" in r]
 
     print("== elastic %s%s" % (a.name, " (seed %s)" % a.seed if a.seed else ""))
     for r in rows:
@@ -202,6 +210,9 @@ def main():
                                                             a.commit))
     print("  time to detect s: p50 %s max %s" % (fmt(pct(detect, 50)), fmt(max(detect) if detect else None)))
     print("  time to recover s: p50 %s max %s" % (fmt(pct(recover, 50)), fmt(max(recover) if recover else None)))
+    if a.full:
+        print("  time back to %d workers s: p50 %s max %s" % (a.full, fmt(pct(regrow, 50)),
+                                                           fmt(max(regrow) if regrow else None)))
     if a.orphans is not None:
         print("  orphan processes: %d" % a.orphans)
         if a.orphans:
@@ -240,6 +251,9 @@ def main():
                            "all": detect},
               "recover_s": {"p50": pct(recover, 50), "max": max(recover) if recover else None,
                             "all": recover},
+              "regrow_s": {"size": a.full, "p50": pct(regrow, 50),
+                           "max": max(regrow) if regrow else None, "all": regrow} if a.full else None,
+              "faults_detail": rows,
               "orphans": a.orphans, "final_matches": final_ok, "generations": current,
               "errors": errors}
     for e in errors:

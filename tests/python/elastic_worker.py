@@ -16,7 +16,10 @@ It prints, each line flushed and stamped with time.time():
 Planned kills (--kills '[[step, rank], ...]', rank -1: every rank) make the
 worker SIGKILL itself when it is at that step with that rank (rank taken
 modulo the current size); a marker file under --marks makes each kill
-happen once even when the step is replayed after a rollback.
+happen once even when the step is replayed after a rollback. With
+--kill-min-size N a kill fires at the first step at or past its own when
+the job has N workers again and the kill before it is done (a steady-state
+measure: every kill hits a full-size job).
 
 --stop-file PATH: the worker leaves its loop (at a commit) once PATH exists,
 so a test can end an otherwise long job at a chosen time; the final step is
@@ -72,6 +75,9 @@ def main():
     ap.add_argument("--delay", type=float, default=0.0)
     ap.add_argument("--kills", default="[]")
     ap.add_argument("--marks", default="")
+    ap.add_argument("--kill-min-size", type=int, default=0,
+                    help="a planned kill waits (past its step) until the job has this many "
+                         "workers and the kill before it happened")
     ap.add_argument("--stop-file", default="")
     ap.add_argument("--tag", default="", help="ignored: a marker for pgrep")
     ap.add_argument("--reference", action="store_true",
@@ -98,16 +104,27 @@ def main():
               % (hvd.size(), state.step, gen(), wid, time.time()), flush=True)
 
     state.register_reset_callbacks([on_reset])
+
+    def marked(tag):
+        return os.path.exists(os.path.join(a.marks, tag))
+
     def maybe_die():
         for i, (s, victim) in enumerate(kills):
-            if state.step != s or (victim >= 0 and hvd.rank() != victim % hvd.size()):
+            if victim >= 0 and hvd.rank() != victim % hvd.size():
+                continue
+            if a.kill_min_size:
+                if (state.step < s or hvd.size() < a.kill_min_size
+                        or (i and not marked("kill%d" % (i - 1)))):
+                    continue
+            elif state.step != s:
                 continue
             tag = "kill%d" % i if victim >= 0 else "kill%d.%s" % (i, wid)
             try:
                 os.close(os.open(os.path.join(a.marks, tag), os.O_CREAT | os.O_EXCL))
             except FileExistsError:
                 continue
-            print("KILL %d step %d rank %d wid %s t %.3f" % (i, s, hvd.rank(), wid, time.time()),
+            print("KILL %d step %d rank %d wid %s t %.3f" % (i, state.step, hvd.rank(), wid,
+                                                             time.time()),
                   flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 

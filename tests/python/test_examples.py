@@ -95,3 +95,21 @@ def test_ddp_baseline_prints_the_same_lines():
                        stderr=subprocess.PIPE, universal_newlines=True, timeout=60, env=env)
     assert p.returncode == 0, p.stderr
     assert check_benchmark_lines(p.stdout.splitlines(), 2)["impl"] == "ddp_gloo"
+
+
+ELASTIC_DIGITS = os.path.join(ROOT, "examples", "pytorch", "elastic_digits.py")
+
+
+def test_elastic_digits_learns_and_survives_a_killed_worker(run_job):
+    # Rank 1 of the first generation dies in epoch 3; the job shrinks to
+    # two workers, grows back to three after the 1 s cooldown, and still
+    # learns the digits.
+    killer = os.path.join(ROOT, "tests", "python", "kill_at_epoch.py")
+    job = run_job(3, killer, [ELASTIC_DIGITS, "--epochs", "8", "--step-delay", "0.01", "--json"],
+                  kolo_args=("--min-np", "2", "--max-np", "3", "--blacklist-cooldown-range", "1", "1"),
+                  timeout=120)
+    assert job.rc == 0, job
+    res = last_json(job.lines(0))
+    assert res["accuracy"] > 0.85, res
+    assert res["resets"] >= 1, res
+    assert any("reset: 2 worker(s) now" in l for l in job.lines(0)), job

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Elastic, 20 kill -9s in one job: four agents with one slot each, a seeded
+# plan of 20 (step, rank) pairs at random steps; the worker that holds that
+# rank at that step SIGKILLs itself (a marker file makes each kill happen
+# once, even when the step is replayed after the rollback). Each kill
+# excludes its host for 1-2 s, so the job shrinks, goes on, and grows back.
+# Checks: every reset survived, no kill loses more steps than the commit
+# interval, the final weights equal a fault-free run's (every rank trains on
+# the same batch, so the average does not depend on the size), no orphan.
+# Prints recovery p50/max (kill -> first step of the next generation).
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/elastic_lib.sh"
+
+COMMIT=5
+KILLS=${KOLO_KILLS:-20}
+GAP=30    # steps between planned kills, about
+
+start_coordinator coord
+for h in a b c d; do start_agent $h 1; done
+wait_for 10 hosts_at_least 4 || fail "4 agents did not register"
+
+plan="" s=15
+for i in $(seq 1 "$KILLS"); do
+  s=$(( s + GAP / 2 + RANDOM % GAP ))
+  plan="$plan${plan:+, }[$s, $(( RANDOM % 4 ))]"
+done
+plan="[$plan]"
+steps=$(( s + 20 ))
+note "kill plan (step, rank): $plan; $steps steps"
+mkdir -p "$WORK/marks"
+
+start_job -np 4 --min-np 2 --max-np 4 --blacklist-cooldown-range 1 2 -- \
+    --steps "$steps" --commit $COMMIT --delay 0.02 --kills "$plan" --marks "$WORK/marks"
+wait_for 170 gone "$RUN_PID" || fail "the job did not end within 170 s ($(ls "$WORK/marks" | wc -l) kills done, step $(last_step))"
+rc=0
+wait "$RUN_PID" || rc=$?
+[ $rc -eq 0 ] || fail "kolo run exited $rc: $(tail -n 5 "$WORK/run.err")"
+wait_for 10 workers_exactly 0 || true
+ORPHANS=$(count_workers)
+done_kills=$(grep -c '<stdout>:KILL ' "$WORK/run.out" || true)
+[ "$done_kills" -eq "$KILLS" ] || fail "$done_kills of $KILLS planned kills happened"
+report kill20 --kills --commit $COMMIT --max-lost $COMMIT --check-final
+events | has '"kind":"host.readmitted"' || fail "no host came back after its cooldown"
+echo PASS
