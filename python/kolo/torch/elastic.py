@@ -178,6 +178,8 @@ class _Shipper:
         self._busy = False
         self._thread = None
         self.acked = 0          # id of the last acknowledged snapshot
+        self.acked_bytes = 0
+        self.acked_sha256 = None  # with KOLO_COMMIT_VERIFY=1 (tests, audits)
         self.errors = 0
         self.last_error = None
 
@@ -206,7 +208,11 @@ class _Shipper:
             retry = False
             try:
                 from kolo import _snapshot
-                self.acked = _snapshot.put(blob, meta)
+                sid = _snapshot.put(blob, meta)
+                if os.environ.get("KOLO_COMMIT_VERIFY") == "1":
+                    import hashlib
+                    self.acked_sha256 = hashlib.sha256(blob).hexdigest()
+                self.acked, self.acked_bytes = sid, len(blob)
                 self.tries = 0
             except Exception as e:  # noqa: BLE001 - reported, training goes on
                 self.errors += 1
@@ -289,6 +295,13 @@ class TorchState(ObjectState):
         returns its id, or 0 when none was shipped."""
         self._shipper.flush(timeout)
         return self._shipper.acked
+
+    def durable_status(self):
+        """What rank 0's commit shipping has done: the last acknowledged
+        snapshot (id, bytes; sha256 with KOLO_COMMIT_VERIFY=1), failures."""
+        s = self._shipper
+        return {"acked_id": s.acked, "acked_bytes": s.acked_bytes, "acked_sha256": s.acked_sha256,
+                "errors": s.errors, "last_error": s.last_error}
 
     def _serialize(self):
         buf = io.BytesIO()
