@@ -8,9 +8,9 @@
 # --blacklist-cooldown-range 1 2`) running tests/python/elastic_worker.py
 # under /usr/bin/python3: a small linear model, every rank on the same batch,
 # a commit every COMMIT steps. The workers SIGKILL themselves on a seeded
-# plan: KILLS kills, each at a random rank, at the first step past a random
-# one at which the job has all 4 workers again (so every kill hits the
-# steady state, not a job still growing back).
+# plan: KILLS kills, each of a random rank once the job is back to 4
+# workers and has trained a random 3..2*COMMIT+2 steps at that size (so
+# every kill hits the steady state, not a job still growing back).
 #
 # Per kill: recovery = the kill -> the first completed step of the next
 # generation (the survivors' collective fails, they roll back to the last
@@ -85,13 +85,12 @@ wait_for 10 sh -c "curl -sf '$HTTP/api/v1/hosts' | grep -q '\"state\":\"alive\"'
     { log "the agent did not register"; exit 1; }
 
 RANDOM=$SEED
-plan="" s=10
+plan=""   # (steps trained at full size before the kill, rank)
 for i in $(seq 1 "$KILLS"); do
-    s=$(( s + 5 + RANDOM % 10 ))
-    plan="$plan${plan:+, }[$s, $(( RANDOM % NP ))]"
+    plan="$plan${plan:+, }[$(( 3 + RANDOM % (2 * COMMIT) )), $(( RANDOM % NP ))]"
 done
 plan="[$plan]"
-steps=$(( s + 400 ))   # an upper bound: the job ends at the stop file
+steps=1000000   # the job ends at the stop file
 log "seed $SEED, $KILLS kills, plan (step, rank) $plan"
 
 t0=$(date +%s)
@@ -108,7 +107,12 @@ all_back() {
     [ -n "$t" ] && awk -v t="$t" -v n=$NP '/<stdout>:STEP /{ for (i = 1; i < NF; i++) { if ($i == "size") s = $(i + 1); if ($i == "t") u = $(i + 1) }
         if (s == n && u > t) { f = 1; exit } } END { exit !f }' "$raw/run.out"
 }
-wait_for 400 all_back || { log "the kills did not all happen (see $raw)"; exit 1; }
+end=$(( $(date +%s) + 400 ))
+until all_back; do
+    kill -0 $run_pid 2>/dev/null || { log "the job ended before all kills (see $raw)"; exit 1; }
+    [ "$(date +%s)" -lt $end ] || { log "the kills did not all happen in 400 s (see $raw)"; exit 1; }
+    sleep 0.2
+done
 touch "$raw/stop"
 wait_for 60 sh -c "! kill -0 $run_pid" || { log "the job did not stop"; exit 1; }
 rc=0

@@ -17,9 +17,10 @@ Planned kills (--kills '[[step, rank], ...]', rank -1: every rank) make the
 worker SIGKILL itself when it is at that step with that rank (rank taken
 modulo the current size); a marker file under --marks makes each kill
 happen once even when the step is replayed after a rollback. With
---kill-min-size N a kill fires at the first step at or past its own when
-the job has N workers again and the kill before it is done (a steady-state
-measure: every kill hits a full-size job).
+--kill-min-size N the step of a kill counts from the start of a generation
+of N workers instead: kill i fires once such a generation, later than the
+one kill i-1 happened in, has trained that many steps (a steady-state
+measure: every kill hits a full-size job that has been training a while).
 
 --stop-file PATH: the worker leaves its loop (at a commit) once PATH exists,
 so a test can end an otherwise long job at a chosen time; the final step is
@@ -105,31 +106,47 @@ def main():
 
     state.register_reset_callbacks([on_reset])
 
-    def marked(tag):
-        return os.path.exists(os.path.join(a.marks, tag))
+    def killed_in(tag):
+        """The generation a kill happened in (its marker holds it), or None."""
+        try:
+            with open(os.path.join(a.marks, tag)) as f:
+                return int(f.read() or 0)
+        except (OSError, ValueError):
+            return None
 
     def maybe_die():
         for i, (s, victim) in enumerate(kills):
             if victim >= 0 and hvd.rank() != victim % hvd.size():
                 continue
             if a.kill_min_size:
-                if (state.step < s or hvd.size() < a.kill_min_size
-                        or (i and not marked("kill%d" % (i - 1)))):
+                prev = killed_in("kill%d" % (i - 1)) if i else -1
+                if state.step - since[0] < s or hvd.size() < a.kill_min_size \
+                        or prev is None or prev >= gen():
                     continue
             elif state.step != s:
                 continue
             tag = "kill%d" % i if victim >= 0 else "kill%d.%s" % (i, wid)
+            # the marker appears complete or not at all: written aside, then
+            # linked into place (link fails if another process got there first)
+            tmp = os.path.join(a.marks, ".%s.%d" % (tag, os.getpid()))
+            with open(tmp, "w") as f:
+                f.write("%d" % gen())
             try:
-                os.close(os.open(os.path.join(a.marks, tag), os.O_CREAT | os.O_EXCL))
+                os.link(tmp, os.path.join(a.marks, tag))
             except FileExistsError:
                 continue
+            finally:
+                os.unlink(tmp)
             print("KILL %d step %d rank %d wid %s t %.3f" % (i, state.step, hvd.rank(), wid,
                                                              time.time()),
                   flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
+    since = [0]   # the step this generation started training at
+
     @hvd.elastic.run
     def train(state):
+        since[0] = state.step
         while state.step < a.steps and not state.stop:
             maybe_die()
             x, y = batch(state.step)

@@ -184,6 +184,8 @@ class _Shipper:
         self.last_error = None
 
     def submit(self, blob, meta):
+        """blob: bytes, or a function that makes them (called on the
+        shipping thread, so serializing stays off the training thread)."""
         with self._cv:
             self._queued = (blob, meta)
             if self._thread is None or not self._thread.is_alive():
@@ -207,6 +209,8 @@ class _Shipper:
                 self._busy = True
             retry = False
             try:
+                if callable(blob):
+                    blob = blob()
                 from kolo import _snapshot
                 sid = _snapshot.put(blob, meta)
                 if os.environ.get("KOLO_COMMIT_VERIFY") == "1":
@@ -274,8 +278,11 @@ class TorchState(ObjectState):
         self._fresh = False
         self._commits += 1
         if _durable() and _kolo.rank() == 0:
-            self._shipper.submit(self._serialize(), {"commit": self._commits,
-                                                     "attrs": _jsonable(self._saved_state)})
+            # The saved copies are replaced, never changed, by the next
+            # save(): the shipping thread may serialize these references.
+            saved = ({k: h.saved for k, h in self._handlers.items()}, dict(self._saved_state))
+            self._shipper.submit(lambda: _serialize(*saved),
+                                 {"commit": self._commits, "attrs": _jsonable(self._saved_state)})
 
     def restore(self):
         for h in self._handlers.values():
@@ -303,12 +310,6 @@ class TorchState(ObjectState):
         return {"acked_id": s.acked, "acked_bytes": s.acked_bytes, "acked_sha256": s.acked_sha256,
                 "errors": s.errors, "last_error": s.last_error}
 
-    def _serialize(self):
-        buf = io.BytesIO()
-        torch.save({"handlers": {k: h.saved for k, h in self._handlers.items()},
-                    "attrs": self._saved_state}, buf)
-        return buf.getvalue()
-
     def _load_latest_snapshot(self):
         from kolo import _snapshot
         got = _snapshot.get_latest()
@@ -322,6 +323,12 @@ class TorchState(ObjectState):
                 self._handlers[k].restore()
         self._saved_state.update(data.get("attrs", {}))
         self._set_attrs()
+
+
+def _serialize(handlers, attrs):
+    buf = io.BytesIO()
+    torch.save({"handlers": handlers, "attrs": attrs}, buf)
+    return buf.getvalue()
 
 
 def _jsonable(attrs):
