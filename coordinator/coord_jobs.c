@@ -642,14 +642,14 @@ void coord_job_worker_event(struct coord *c, struct host *h, uint64_t job_id, ui
     r->term_signal = term_signal;
     rank_persist(c, j, r);
     int code = term_signal ? 128 + term_signal : exit_code;
+    char why[256];
+    if (term_signal)
+        snprintf(why, sizeof(why), "rank %d on host %s was killed by signal %d", rank, h->name,
+                 term_signal);
+    else
+        snprintf(why, sizeof(why), "rank %d on host %s exited with code %d", rank, h->name,
+                 exit_code);
     if (j->state == JOB_RUNNING && code != 0 && j->el && !j->el->finishing) {
-        char why[256];
-        if (term_signal)
-            snprintf(why, sizeof(why), "rank %d on host %s was killed by signal %d", rank, h->name,
-                     term_signal);
-        else
-            snprintf(why, sizeof(why), "rank %d on host %s exited with code %d", rank, h->name,
-                     exit_code);
         coord_event(c, j->id, h->id, "worker.failed", "%s", why);
         coord_elastic_member_gone(c, j, h, true, CAUSE_FAILURE, why);
         return;
@@ -657,13 +657,6 @@ void coord_job_worker_event(struct coord *c, struct host *h, uint64_t job_id, ui
     if (j->state == JOB_RUNNING && code == 0 && j->el)
         j->el->finishing = true; /* Horovod: a success ends the job, no more resets */
     if (j->state == JOB_RUNNING && code != 0) {
-        char why[256];
-        if (term_signal)
-            snprintf(why, sizeof(why), "rank %d on host %s was killed by signal %d", rank, h->name,
-                     term_signal);
-        else
-            snprintf(why, sizeof(why), "rank %d on host %s exited with code %d", rank, h->name,
-                     exit_code);
         coord_job_finish(c, j, JOB_FAILED, code, why);
         return;
     }

@@ -39,6 +39,8 @@
 static void negotiate_send(struct kolo_ctx *c, bool shutdown, const char *reason);
 static void negotiate_done(void *arg, int code, const void *rep, size_t len, const char *err);
 static void request_fill(Kolo__TensorRequest *t, const struct op *o);
+static int negotiate_call(struct kolo_ctx *c, const Kolo__NegotiateRequest *req, int timeout_ms,
+                          void *a1, void *a2, void *a3);
 #define DEFAULT_TIMEOUT_MS 30000
 #define DEFAULT_FUSION (64ll << 20)
 
@@ -485,30 +487,14 @@ static void resume_send(struct kolo_ctx *c)
     req.n_held = nheld;
     req.wait_ms = WORKER_NEGOTIATE_WAIT_MS;
     req.reason = "";
-    size_t len = kolo__negotiate_request__get_packed_size(&req);
-    uint8_t *buf = malloc(len + 1);
-    if (buf)
-        kolo__negotiate_request__pack(&req, buf);
-    free(reqs);
-    free(ptrs);
-    free(held);
-    if (!buf) {
-        ctx_fail(c, KOLO_ENOMEM, "out of memory resuming the negotiation");
-        return;
-    }
     LOGI("kolo", "rank %d: the coordinator restarted; resuming at log index %llu with %zu "
          "operation(s) in flight", c->rank, (unsigned long long)c->cursor, nr);
-    c->calls++;
-    pthread_mutex_unlock(&c->mu);
-    /* Waits for every rank to resume, so give it the resume window. */
-    int code = rpc_client_call_async(c->rpc, "WorkerService.Negotiate", buf, len,
-                                     35000 + c->timeout_ms, negotiate_done, c);
-    free(buf);
-    pthread_mutex_lock(&c->mu);
-    if (code) {
-        c->calls--;
+    /* It waits for every rank to resume, so give it the resume window. */
+    int code = negotiate_call(c, &req, 35000 + c->timeout_ms, reqs, ptrs, held);
+    if (code == KOLO_ENOMEM)
+        ctx_fail(c, code, "out of memory resuming the negotiation");
+    else if (code)
         c->resume = true; /* try again */
-    }
 }
 
 static void negotiate_done(void *arg, int code, const void *rep, size_t len, const char *err)
@@ -580,6 +566,31 @@ void ctx_send_queued(struct kolo_ctx *c)
         negotiate_send(c, false, NULL);
 }
 
+/* Packs req, frees the three arrays it borrowed, and sends it (mu held;
+ * released around the send). 0, or the failure (calls is back as it was). */
+static int negotiate_call(struct kolo_ctx *c, const Kolo__NegotiateRequest *req, int timeout_ms,
+                          void *a1, void *a2, void *a3)
+{
+    size_t len = kolo__negotiate_request__get_packed_size(req);
+    uint8_t *buf = malloc(len + 1);
+    if (buf)
+        kolo__negotiate_request__pack(req, buf);
+    free(a1);
+    free(a2);
+    free(a3);
+    if (!buf)
+        return KOLO_ENOMEM;
+    c->calls++;
+    pthread_mutex_unlock(&c->mu);
+    int code = rpc_client_call_async(c->rpc, "WorkerService.Negotiate", buf, len, timeout_ms,
+                                     negotiate_done, c);
+    free(buf);
+    pthread_mutex_lock(&c->mu);
+    if (code)
+        c->calls--;
+    return code;
+}
+
 /* The wire form of an operation's request (borrowing its strings). */
 static void request_fill(Kolo__TensorRequest *t, const struct op *o)
 {
@@ -636,26 +647,10 @@ static void negotiate_send(struct kolo_ctx *c, bool shutdown, const char *reason
     req.shutdown = shutdown;
     req.reason = (char *)(reason ? reason : "");
     req.wait_ms = shutdown ? 0 : WORKER_NEGOTIATE_WAIT_MS;
-    size_t len = kolo__negotiate_request__get_packed_size(&req);
-    uint8_t *buf = malloc(len + 1);
-    if (buf)
-        kolo__negotiate_request__pack(&req, buf);
-    free(reqs);
-    free(ptrs);
-    free(cached);
-    if (!buf)
-        return;
-    c->calls++;
-    pthread_mutex_unlock(&c->mu);
-    int code = rpc_client_call_async(c->rpc, "WorkerService.Negotiate", buf, len,
-                                     WORKER_NEGOTIATE_WAIT_MS + c->timeout_ms, negotiate_done, c);
-    free(buf);
-    pthread_mutex_lock(&c->mu);
-    if (code) {
-        c->calls--;
-        if (!c->stopping)
-            ctx_fail(c, code, "cannot send to the coordinator");
-    }
+    int code = negotiate_call(c, &req, WORKER_NEGOTIATE_WAIT_MS + c->timeout_ms, reqs, ptrs,
+                              cached);
+    if (code && code != KOLO_ENOMEM && !c->stopping)
+        ctx_fail(c, code, "cannot send to the coordinator");
 }
 
 /*

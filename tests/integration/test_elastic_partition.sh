@@ -3,7 +3,8 @@
 # namespaces joined by a veth pair: ns0 holds the coordinator, agent a and
 # `kolo run`; ns1 holds agent c. A cut drops every packet that enters
 # either namespace over the veth (nftables on each input hook: a silent
-# drop, as a pulled cable; `ip link set down` where nft is missing).
+# drop, as a pulled cable; `ip link set down` on both ends where nft is
+# missing, or with KOLO_CUT=link).
 #
 #   1. a cut shorter than the lease: no membership change at all;
 #   2. a cut longer than the lease, then healed: c is lost, the job shrinks
@@ -48,7 +49,9 @@ ip netns exec "$NS1" ping -c 1 -W 2 "$ADDR0" >/dev/null 2>&1 ||
   true # ping may be missing; the agent's registration below is the real check
 
 USE_NFT=0
-if command -v nft >/dev/null; then
+if [ "${KOLO_CUT:-}" = link ]; then
+  note "KOLO_CUT=link: cutting with ip link set down"
+elif command -v nft >/dev/null; then
   if out=$(ip netns exec "$NS0" nft add table inet kolo_probe 2>&1); then
     ip netns exec "$NS0" nft delete table inet kolo_probe
     USE_NFT=1
