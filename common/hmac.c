@@ -1,14 +1,25 @@
 /*
  * hmac.c - SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104).
  *
- * A plain, portable implementation: kolo hashes frames of at most a few
- * megabytes, so clarity beats speed here. Words are assembled from bytes
- * explicitly (big-endian, as the standard specifies) so the code does not
- * depend on the host's byte order or on unaligned loads.
+ * A plain, portable implementation, and on x86-64 CPUs with the SHA
+ * extensions (sha_ni) a second compression loop over them, chosen at run
+ * time: snapshots are hashed on both ends of every commit (hundreds of MB),
+ * where the portable loop's ~165 MB/s was the largest part of a commit's
+ * cost and the instructions do ~1.5 GB/s. In the portable loop, words are
+ * assembled from bytes explicitly (big-endian, as the standard specifies)
+ * so the code does not depend on the host's byte order or on unaligned
+ * loads. test_hmac checks both loops against FIPS 180-4's examples and
+ * against each other.
  */
 #include "hmac.h"
 
+#include <stdbool.h>
 #include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define SHA_HAVE_NI_PATH 1
+#endif
 
 /* FIPS 180-4 section 4.2.2: the first 32 bits of the fractional parts of
  * the cube roots of the first 64 primes. */
@@ -71,6 +82,75 @@ static void sha256_block(uint32_t h[8], const uint8_t block[64])
     h[7] += hh;
 }
 
+#ifdef SHA_HAVE_NI_PATH
+/*
+ * The same compression with the SHA extensions, over nblocks blocks. The
+ * instructions keep the state as two vectors, (A, B, E, F) and (C, D, G,
+ * H); sha256rnds2 does two rounds, sha256msg1/msg2 the message schedule
+ * (W[t] = s1(W[t-2]) + W[t-7] + s0(W[t-15]) + W[t-16]) four words at a
+ * time, the W[t-7] terms coming from two earlier vectors by alignr.
+ */
+__attribute__((target("sha,sse4.1,ssse3"))) static void sha256_blocks_ni(uint32_t h[8],
+                                                                        const uint8_t *data,
+                                                                        size_t nblocks)
+{
+    const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+    __m128i t = _mm_loadu_si128((const __m128i *)&h[0]); /* A B C D */
+    __m128i cdgh = _mm_loadu_si128((const __m128i *)&h[4]); /* E F G H */
+    t = _mm_shuffle_epi32(t, 0xB1);                   /* B A D C */
+    cdgh = _mm_shuffle_epi32(cdgh, 0x1B);             /* H G F E */
+    __m128i abef = _mm_alignr_epi8(t, cdgh, 8);       /* F E B A, i.e. ABEF high to low */
+    cdgh = _mm_blend_epi16(cdgh, t, 0xF0);            /* H G D C, i.e. CDGH */
+    for (size_t b = 0; b < nblocks; b++, data += 64) {
+        __m128i abef0 = abef, cdgh0 = cdgh, m[4];
+        for (int g = 0; g < 16; g++) {
+            if (g < 4) {
+                m[g] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(data + 16 * g)), bswap);
+            } else {
+                __m128i w = _mm_sha256msg1_epu32(m[(g - 4) & 3], m[(g - 3) & 3]);
+                w = _mm_add_epi32(w, _mm_alignr_epi8(m[(g - 1) & 3], m[(g - 2) & 3], 4));
+                m[g & 3] = _mm_sha256msg2_epu32(w, m[(g - 1) & 3]);
+            }
+            __m128i wk =
+                _mm_add_epi32(m[g & 3], _mm_loadu_si128((const __m128i *)&sha256_k[4 * g]));
+            cdgh = _mm_sha256rnds2_epu32(cdgh, abef, wk);
+            abef = _mm_sha256rnds2_epu32(abef, cdgh, _mm_shuffle_epi32(wk, 0x0E));
+        }
+        abef = _mm_add_epi32(abef, abef0);
+        cdgh = _mm_add_epi32(cdgh, cdgh0);
+    }
+    t = _mm_shuffle_epi32(abef, 0x1B);           /* F E B A -> A B E F order reversed */
+    cdgh = _mm_shuffle_epi32(cdgh, 0xB1);
+    abef = _mm_blend_epi16(t, cdgh, 0xF0);       /* A B C D */
+    cdgh = _mm_alignr_epi8(cdgh, t, 8);          /* E F G H */
+    _mm_storeu_si128((__m128i *)&h[0], abef);
+    _mm_storeu_si128((__m128i *)&h[4], cdgh);
+}
+
+static bool sha_ni(void)
+{
+    static int have = -1;
+    if (have < 0)
+        have = __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1");
+    return have > 0;
+}
+#endif
+
+int sha256_portable_only;
+
+/* Runs the compression over nblocks whole blocks. */
+static void sha256_blocks(uint32_t h[8], const uint8_t *data, size_t nblocks)
+{
+#ifdef SHA_HAVE_NI_PATH
+    if (sha_ni() && !sha256_portable_only) {
+        sha256_blocks_ni(h, data, nblocks);
+        return;
+    }
+#endif
+    for (size_t b = 0; b < nblocks; b++)
+        sha256_block(h, data + 64 * b);
+}
+
 void sha256_init(struct sha256 *s)
 {
     /* Section 5.3.3: fractional parts of the square roots of the first 8
@@ -94,14 +174,14 @@ void sha256_update(struct sha256 *s, const void *data, size_t len)
         len -= take;
         if (s->fill < 64)
             return;
-        sha256_block(s->h, s->buf);
+        sha256_blocks(s->h, s->buf, 1);
         s->fill = 0;
     }
     /* Whole blocks straight from the caller's memory, no copy. */
-    while (len >= 64) {
-        sha256_block(s->h, p);
-        p += 64;
-        len -= 64;
+    if (len >= 64) {
+        sha256_blocks(s->h, p, len / 64);
+        p += len / 64 * 64;
+        len %= 64;
     }
     if (len > 0) {
         memcpy(s->buf, p, len);
@@ -117,13 +197,13 @@ void sha256_final(struct sha256 *s, uint8_t out[SHA256_LEN])
     s->buf[s->fill++] = 0x80;
     if (s->fill > 56) {
         memset(s->buf + s->fill, 0, 64 - s->fill);
-        sha256_block(s->h, s->buf);
+        sha256_blocks(s->h, s->buf, 1);
         s->fill = 0;
     }
     memset(s->buf + s->fill, 0, 56 - s->fill);
     for (int i = 0; i < 8; i++)
         s->buf[56 + i] = (uint8_t)(bits >> (56 - 8 * i));
-    sha256_block(s->h, s->buf);
+    sha256_blocks(s->h, s->buf, 1);
     for (int i = 0; i < 8; i++) {
         out[4 * i] = (uint8_t)(s->h[i] >> 24);
         out[4 * i + 1] = (uint8_t)(s->h[i] >> 16);

@@ -17,6 +17,9 @@ struct sha256 {
     size_t fill;
 };
 
+/* sha256_portable_only: non-zero makes SHA-256 use the portable loop even
+ * where the CPU has the SHA extensions (tests compare the two). */
+extern int sha256_portable_only;
 void sha256_init(struct sha256 *s);
 void sha256_update(struct sha256 *s, const void *data, size_t len);
 void sha256_final(struct sha256 *s, uint8_t out[SHA256_LEN]);
