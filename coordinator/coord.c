@@ -328,7 +328,14 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
         return rv;
     }
     c->last_cron = now_mono_ms();
+    if ((rv = coord_snap_start(c, err, errlen)) != 0) {
+        coord_http_stop(c);
+        rpc_server_close(c->rpc);
+        coord_free(c);
+        return rv;
+    }
     if (coord_discovery_start(c) != 0) {
+        coord_snap_stop(c);
         snprintf(err, errlen, "cannot start the host discovery thread");
         coord_http_stop(c);
         rpc_server_close(c->rpc);
@@ -337,6 +344,7 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
     }
     if (pthread_create(&c->thread, NULL, coord_main, c) != 0) {
         coord_discovery_stop(c);
+        coord_snap_stop(c);
         snprintf(err, errlen, "cannot start the coordinator thread");
         coord_http_stop(c);
         rpc_server_close(c->rpc);
@@ -369,6 +377,7 @@ void coord_stop(struct coord *c)
     pthread_mutex_unlock(&c->mtx);
     pthread_join(c->thread, NULL);
     coord_discovery_stop(c);
+    coord_snap_stop(c); /* it answers the commits it still writes */
     /* Parked calls were answered by the tick thread; the listeners can go. */
     coord_http_stop(c);
     rpc_server_close(c->rpc);

@@ -252,6 +252,7 @@ struct coord {
     struct coord_metrics m;
     uint64_t last_cron;
     struct snap_upload *snap_uploads; /* coord_snap.c: partial uploads */
+    struct snap_writer *snap_writer;  /* coord_snap.c: its thread and queue (own lock) */
 
     /* host discovery scripts of elastic jobs (coord_elastic.c) */
     pthread_t disc_thread;
@@ -346,6 +347,10 @@ bool coord_negot_rank_joined(const struct job *j, int rank);
 /* coord_snap.c */
 void coord_rpc_snapshot(struct coord *c, struct rpc_call *call, enum coord_method m);
 void coord_snap_cron(struct coord *c, uint64_t now);
+/* The snapshot writer thread (own SQLite connection): started after the
+ * store is open, stopped before the RPC server closes. */
+int coord_snap_start(struct coord *c, char *err, size_t errlen);
+void coord_snap_stop(struct coord *c);
 void coord_snap_free(struct coord *c);
 void coord_snap_render_list(struct coord *c, struct job *j, struct jw *w);
 void coord_snap_render_metrics(struct coord *c, struct buf *b);

@@ -33,18 +33,21 @@
  * running, is dropped by the tick.
  *
  * Cost. Handlers run under the state lock like every other (see
- * coord_internal.h), with one exception: hashing a chunk (about 6 ms per
- * MiB) runs with the lock released, the upload marked busy meanwhile, so
- * that negotiation is not held up chunk after chunk. The final
- * transaction writes the whole snapshot under the lock, about 5-10 ms per
- * MiB on a local disk, during which nothing else is served. Agents are
- * not to blame for that pause, so a commit that held the lock long
- * extends every live host's lease by as much. Reads (GetSnapshot) go
+ * coord_internal.h), with two exceptions, so that negotiation is not held
+ * up by a commit: hashing a chunk runs with the lock released, the upload
+ * marked busy meanwhile; and the final transaction (about 5-10 ms per MiB
+ * on a local disk, mostly the fsync) runs on the snapshot writer thread,
+ * over its own SQLite connection to the same file, the upload still
+ * marked busy. WAL lets the coordinator's own connection read meanwhile;
+ * one of its writes (an event, output lines) waits for the snapshot's
+ * transaction (busy_timeout). The writer then takes the state lock only to
+ * answer the last chunk and record the commit. Reads (GetSnapshot) go
  * chunk by chunk, one SQLite read each.
  */
 #include "coord_internal.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,8 +68,6 @@
 #define SNAP_MAX_CHUNKS        (1u << 20)
 #define SNAP_MAX_UPLOADS       64
 #define SNAP_MAX_META          (64u << 10)
-/* A commit that held the state lock longer than this extends leases. */
-#define SNAP_LEASE_GRACE_MS 250
 
 /* One partial upload. chunks[i] is the unpacked message of chunk i; its
  * data stays in it until the snapshot is stored. */
@@ -292,20 +293,164 @@ static bool valid_meta(const char *text, char *why, size_t whylen)
     return ok;
 }
 
-/* extend_leases: the state lock was held for stall_ms by a commit; the
- * agents whose heartbeats waited behind it were not silent. */
-static void extend_leases(struct coord *c, uint64_t stall_ms)
-{
-    if (stall_ms < SNAP_LEASE_GRACE_MS)
-        return;
-    for (struct host *h = c->hosts; h; h = h->next)
-        if (h->state == HOST_ALIVE)
-            h->lease_deadline += stall_ms;
-}
 
 /* ---------------------------------------------------------------- commit */
 
-/* commit stores the complete upload u and answers the call. */
+/* The snapshot writer: one thread, its own store connection, a queue of
+ * complete uploads (each marked busy, so no handler touches it). */
+struct snap_write {
+    struct snap_write *next;
+    struct rpc_call *call;
+    struct snap_upload *u;
+    char sumhex[2 * SHA256_LEN + 1];
+    int64_t keep;
+};
+
+struct snap_writer {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop;
+    struct snap_write *head, *tail;
+    struct store *st;
+};
+
+static void write_one(struct coord *c, struct snap_writer *w, struct snap_write *job);
+
+static void *writer_main(void *arg)
+{
+    struct coord *c = arg;
+    struct snap_writer *w = c->snap_writer;
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        while (!w->stop && !w->head)
+            pthread_cond_wait(&w->cv, &w->mu);
+        struct snap_write *job = w->head;
+        if (job) {
+            w->head = job->next;
+            if (!w->head)
+                w->tail = NULL;
+        }
+        pthread_mutex_unlock(&w->mu);
+        if (!job)
+            break; /* stopping, and every queued snapshot is written */
+        write_one(c, w, job);
+        free(job);
+    }
+    return NULL;
+}
+
+int coord_snap_start(struct coord *c, char *err, size_t errlen)
+{
+    struct snap_writer *w = calloc(1, sizeof(*w));
+    if (!w)
+        return KOLO_ENOMEM;
+    int rv = store_open(&w->st, c->db_path, err, errlen);
+    if (rv) {
+        free(w);
+        return rv;
+    }
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    c->snap_writer = w;
+    if (pthread_create(&w->thread, NULL, writer_main, c) != 0) {
+        snprintf(err, errlen, "cannot start the snapshot writer thread");
+        store_close(w->st);
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+        free(w);
+        c->snap_writer = NULL;
+        return KOLO_ESYS;
+    }
+    return 0;
+}
+
+void coord_snap_stop(struct coord *c)
+{
+    struct snap_writer *w = c->snap_writer;
+    if (!w)
+        return;
+    pthread_mutex_lock(&w->mu);
+    w->stop = true;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->thread, NULL);
+    store_close(w->st);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w);
+    c->snap_writer = NULL;
+}
+
+/* Writer thread: stores one complete upload, then answers its last chunk
+ * under the state lock. */
+static void write_one(struct coord *c, struct snap_writer *w, struct snap_write *job)
+{
+    struct snap_upload *u = job->u;
+    struct store_blob *blobs = calloc(u->total_chunks, sizeof *blobs);
+    struct store_snapshot s = {.job_id = u->job_id,
+                               .generation = u->generation,
+                               .rank = u->rank,
+                               .upload_id = u->upload_id,
+                               .created_ms = now_wall_ms(),
+                               .meta_json = u->meta_json ? u->meta_json : "{}",
+                               .total_bytes = u->total_bytes,
+                               .checksum = job->sumhex,
+                               .nchunks = u->total_chunks};
+    int pruned = 0, err = blobs ? 0 : KOLO_ENOMEM;
+    char why[300] = "out of memory";
+    uint64_t t0 = now_mono_ms();
+    if (!err) {
+        for (uint32_t i = 0; i < u->total_chunks; i++) {
+            blobs[i].data = u->chunks[i]->data.data;
+            blobs[i].len = u->chunks[i]->data.len;
+        }
+        /* One transaction: the new snapshot and the retention of the
+         * job's older ones land together, with one fsync. */
+        err = store_begin(w->st);
+        if (!err) {
+            err = store_snapshot_put(w->st, &s, blobs, u->total_chunks);
+            if (!err)
+                err = store_snapshot_prune(w->st, u->job_id, (int)job->keep, &pruned);
+            if (err)
+                store_rollback(w->st);
+            else
+                err = store_commit(w->st);
+        }
+        if (err)
+            str_copy(why, store_last_error(w->st), sizeof(why));
+    }
+    uint64_t t1 = now_mono_ms();
+    free(blobs);
+    pthread_mutex_lock(&c->mtx);
+    observe(c->m.snap.write_hist, &c->m.snap.write_sum, (double)(t1 - t0) / 1000.0);
+    u->busy = false;
+    if (err) {
+        c->m.store_errors++;
+        put_fail(c, job->call, true, err == KOLO_ENOMEM ? KOLO_ENOMEM : KOLO_ESTORE,
+                 "the snapshot could not be stored: %s", why);
+        upload_drop(c, u, NULL);
+        pthread_mutex_unlock(&c->mtx);
+        return;
+    }
+    c->m.snap.commits++;
+    c->m.snap.commit_bytes += u->total_bytes;
+    c->m.snap.pruned += (uint64_t)pruned;
+    observe(c->m.snap.commit_hist, &c->m.snap.commit_sum, (double)(t1 - u->started_mono) / 1000.0);
+    ack(job->call, u->total_chunks, true, s.id, u->generation);
+    char meta[160];
+    str_copy(meta, s.meta_json, sizeof meta);
+    coord_event(c, u->job_id, NULL, "snapshot.committed",
+                "snapshot %" PRIu64 " from rank %d of generation %" PRIu64 ": %" PRIu64
+                " bytes in %u chunks, written in %" PRIu64 " ms, meta %s%s",
+                s.id, u->rank, u->generation, u->total_bytes, u->total_chunks, t1 - t0, meta,
+                pruned ? " (older snapshots pruned)" : "");
+    upload_drop(c, u, NULL);
+    pthread_mutex_unlock(&c->mtx);
+}
+
+/* commit checks the complete upload u and hands it to the writer thread,
+ * which answers the call once the snapshot is on disk. */
 static void commit(struct coord *c, struct rpc_call *call, struct snap_upload *u)
 {
     uint8_t sum[SHA256_LEN];
@@ -321,64 +466,28 @@ static void commit(struct coord *c, struct rpc_call *call, struct snap_upload *u
         upload_drop(c, u, NULL);
         return;
     }
-    struct store_blob *blobs = calloc(u->total_chunks, sizeof *blobs);
-    if (!blobs) {
-        put_fail(c, call, true, KOLO_ENOMEM, "out of memory");
+    struct snap_write *job = calloc(1, sizeof(*job));
+    struct snap_writer *w = c->snap_writer;
+    if (!job || !w) {
+        free(job);
+        put_fail(c, call, true, w ? KOLO_ENOMEM : KOLO_ESHUTDOWN,
+                 w ? "out of memory" : "the snapshot writer is not running");
         upload_drop(c, u, NULL);
         return;
     }
-    for (uint32_t i = 0; i < u->total_chunks; i++) {
-        blobs[i].data = u->chunks[i]->data.data;
-        blobs[i].len = u->chunks[i]->data.len;
-    }
-    struct store_snapshot s = {.job_id = u->job_id,
-                               .generation = u->generation,
-                               .rank = u->rank,
-                               .upload_id = u->upload_id,
-                               .created_ms = now_wall_ms(),
-                               .meta_json = u->meta_json ? u->meta_json : "{}",
-                               .total_bytes = u->total_bytes,
-                               .checksum = sumhex,
-                               .nchunks = u->total_chunks};
-    int64_t keep = u->keep ? (int64_t)u->keep : snap_keep(c);
-    int pruned = 0;
-    uint64_t t0 = now_mono_ms();
-    /* One transaction: the new snapshot and the retention of the job's
-     * older ones land together, with one fsync. */
-    int err = store_begin(c->store);
-    if (!err) {
-        err = store_snapshot_put(c->store, &s, blobs, u->total_chunks);
-        if (!err)
-            err = store_snapshot_prune(c->store, u->job_id, (int)keep, &pruned);
-        if (err)
-            store_rollback(c->store);
-        else
-            err = store_commit(c->store);
-    }
-    uint64_t t1 = now_mono_ms();
-    free(blobs);
-    extend_leases(c, t1 - t0);
-    observe(c->m.snap.write_hist, &c->m.snap.write_sum, (double)(t1 - t0) / 1000.0);
-    if (err) {
-        coord_store_failed(c, "snapshot commit");
-        put_fail(c, call, true, err == KOLO_ENOMEM ? KOLO_ENOMEM : KOLO_ESTORE,
-                 "the snapshot could not be stored: %s", store_last_error(c->store));
-        upload_drop(c, u, NULL);
-        return;
-    }
-    c->m.snap.commits++;
-    c->m.snap.commit_bytes += u->total_bytes;
-    c->m.snap.pruned += (uint64_t)pruned;
-    observe(c->m.snap.commit_hist, &c->m.snap.commit_sum, (double)(t1 - u->started_mono) / 1000.0);
-    ack(call, u->total_chunks, true, s.id, u->generation);
-    char meta[160];
-    str_copy(meta, s.meta_json, sizeof meta);
-    coord_event(c, u->job_id, NULL, "snapshot.committed",
-                "snapshot %" PRIu64 " from rank %d of generation %" PRIu64 ": %" PRIu64
-                " bytes in %u chunks, written in %" PRIu64 " ms, meta %s%s",
-                s.id, u->rank, u->generation, u->total_bytes, u->total_chunks, t1 - t0, meta,
-                pruned ? " (older snapshots pruned)" : "");
-    upload_drop(c, u, NULL);
+    job->call = call;
+    job->u = u;
+    str_copy(job->sumhex, sumhex, sizeof(job->sumhex));
+    job->keep = u->keep ? (int64_t)u->keep : snap_keep(c);
+    u->busy = true; /* the writer's until it answers */
+    pthread_mutex_lock(&w->mu);
+    if (w->tail)
+        w->tail->next = job;
+    else
+        w->head = job;
+    w->tail = job;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
 }
 
 /* ---------------------------------------------------------------- put */
