@@ -432,10 +432,9 @@ static int plan(struct coord *c, struct job *j, struct rank **out)
     for (struct host *h = c->hosts; h; h = h->next)
         nhosts++;
     struct host **order = calloc((size_t)nhosts + 1, sizeof(*order));
-    int *cap = calloc((size_t)nhosts + 1, sizeof(int));
     struct rank *next = calloc((size_t)j->el->max_np + 1, sizeof(*next));
     int n = 0, no = 0;
-    if (!order || !cap || !next)
+    if (!order || !next)
         goto fail;
     /* Hosts of survivors, by their lowest surviving rank. */
     for (int r = 0; r < j->nranks; r++) {
@@ -448,7 +447,6 @@ static int plan(struct coord *c, struct job *j, struct rank **out)
         if (!seen)
             order[no++] = rk->host;
     }
-    int nsurv_hosts = no;
     for (struct host *h = c->hosts; h; h = h->next) {
         bool seen = false;
         for (int k = 0; k < no && !seen; k++)
@@ -481,9 +479,7 @@ static int plan(struct coord *c, struct job *j, struct rank **out)
             here++;
             budget--;
         }
-        cap[k] = here;
     }
-    (void)nsurv_hosts;
     /* local and cross ranks, as placement.c computes them */
     for (int r = 0; r < n; r++) {
         int local = 0, lsize = 0;
@@ -515,12 +511,10 @@ static int plan(struct coord *c, struct job *j, struct rank **out)
         next[r].term_signal = 0;
     }
     free(order);
-    free(cap);
     *out = next;
     return n;
 fail:
     free(order);
-    free(cap);
     free(next);
     *out = NULL;
     return 0;
@@ -712,18 +706,15 @@ void coord_elastic_cron(struct coord *c, struct job *j, uint64_t now)
     struct elastic *el = j->el;
     if (j->state != JOB_RUNNING)
         return;
-    bool readmitted = false;
     for (struct exclusion *x = el->excl; x; x = x->next) {
         if (x->active && x->until && now >= x->until) {
             x->active = false;
-            readmitted = true;
             struct host *h = coord_host_find(c, x->host_id);
             coord_event(c, j->id, x->host_id, "host.readmitted",
                         "host %s may rejoin job %llu: its cooldown passed",
                         h ? h->name : x->host_id, (unsigned long long)j->id);
         }
     }
-    (void)readmitted;
     struct parked_assign **pp = &el->assign;
     while (*pp) {
         struct parked_assign *p = *pp;

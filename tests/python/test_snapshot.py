@@ -68,6 +68,7 @@ if r == 0:
     older = _snapshot.get(ids[0])
     ok.append(older is not None and older[2]["batch"] == 1)
 ok.append(_snapshot.get(sid + 1000) is None)
+hvd.barrier()  # rank 1's puts below must not become "the latest" before every rank read it
 
 # bytes-like objects, empty snapshots, bad metadata
 if r == 1:
