@@ -147,6 +147,10 @@ static void dispatch_rpc(struct coord *c, struct rpc_call *call)
     case M_WORKER_GET_SNAPSHOT:
         coord_rpc_snapshot(c, call, m);
         break;
+    case M_WORKER_REPORT:    /* issue 6 */
+    case M_ADMIN_GET_EPOCHS: /* issue 6 */
+        coord_rpc_report(c, call, m);
+        break;
     case M_UNKNOWN:
         c->m.rpc_errors[M_UNKNOWN]++;
         LOGW("coord", "unknown method '%s' from '%s'", f->method, f->identity);
@@ -231,6 +235,7 @@ static int load_host_cb(const struct store_host *sh, void *arg)
 static void coord_free(struct coord *c)
 {
     coord_snap_free(c);
+    coord_report_free(c); /* issue 6 */
     coord_jobs_free(c);
     coord_hosts_free(c);
     if (c->store)

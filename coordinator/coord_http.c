@@ -101,6 +101,12 @@ static bool query_get(const char *query, const char *key, char *out, size_t size
     return false;
 }
 
+/* issue 6: coord_report.c parses its own parameters with query_get */
+bool coord_http_query(const char *query, const char *key, char *out, size_t size)
+{
+    return query_get(query, key, out, size);
+}
+
 static bool query_u64(const char *query, const char *key, uint64_t *v)
 {
     char tmp[32];
@@ -462,6 +468,7 @@ static void render_metrics(struct coord *c, struct buf *b)
                (unsigned long long)c->m.resets_by_cause[CAUSE_CAPACITY],
                (unsigned long long)c->m.exclusions, waiting, (unsigned long long)c->m.resumes);
     coord_snap_render_metrics(c, b);
+    coord_report_render_metrics(c, b); /* issue 6 */
 }
 
 /* ---------------------------------------------------------------- mutating routes */
@@ -825,7 +832,8 @@ static void route(struct coord *c, struct http_req *r, struct http_out *o)
         const char *sub = slash ? slash : "";
         if (strcmp(sub, "") && strcmp(sub, "/stop") && strcmp(sub, "/output") &&
             strcmp(sub, "/events") && strcmp(sub, "/stalls") && strcmp(sub, "/snapshots") &&
-            strcmp(sub, "/generations")) {
+            strcmp(sub, "/generations") && strcmp(sub, "/epochs") && strcmp(sub, "/steps") &&
+            strcmp(sub, "/ranks")) {
             out_json_error(o, 404, "no such route");
             return;
         }
@@ -890,6 +898,16 @@ static void route(struct coord *c, struct http_req *r, struct http_out *o)
                 jw_obj_end(&w);
             } else if (strcmp(sub, "/snapshots") == 0) {
                 coord_snap_render_list(c, j, &w);
+            } else if (strcmp(sub, "/epochs") == 0 || strcmp(sub, "/steps") == 0 ||
+                       strcmp(sub, "/ranks") == 0) {
+                /* issue 6: coord_report.c */
+                char why[300];
+                int status = coord_report_route(c, j, sub, r->query, &w, why, sizeof why);
+                if (status != 200) {
+                    buf_reset(&o->body);
+                    out_json_error(o, status, why);
+                    return;
+                }
             } else if (strcmp(sub, "/events") == 0) {
                 jw_obj_begin(&w);
                 jw_key(&w, "events");

@@ -183,6 +183,8 @@ struct work {
     X(WORKER_NEGOTIATE, "WorkerService.Negotiate")                                                 \
     X(WORKER_PUT_SNAPSHOT, "WorkerService.PutSnapshot")                                            \
     X(WORKER_GET_SNAPSHOT, "WorkerService.GetSnapshot")                                            \
+    X(WORKER_REPORT, "WorkerService.Report")                                                       \
+    X(ADMIN_GET_EPOCHS, "AdminService.GetEpochs")                                                  \
     X(UNKNOWN, "unknown")
 
 enum coord_method {
@@ -207,6 +209,12 @@ struct coord_snap_metrics {
     double write_sum;
 };
 
+/* coord_report.c's counters (issue 6). */
+struct coord_report_metrics {
+    uint64_t batches, epochs, step_rows, step_rows_pruned, refused;
+    uint64_t worker_dropped_max;
+};
+
 struct coord_metrics {
     uint64_t rpc_requests[M_COUNT];
     uint64_t rpc_errors[M_COUNT];
@@ -226,6 +234,7 @@ struct coord_metrics {
     uint64_t exclusions;
     uint64_t resumes; /* negotiations rebuilt after a restart */
     struct coord_snap_metrics snap;
+    struct coord_report_metrics report; /* issue 6 */
 };
 
 struct coord {
@@ -253,6 +262,7 @@ struct coord {
     uint64_t last_cron;
     struct snap_upload *snap_uploads; /* coord_snap.c: partial uploads */
     struct snap_writer *snap_writer;  /* coord_snap.c: its thread and queue (own lock) */
+    struct report_job *report_jobs;   /* coord_report.c (issue 6): last steps per rank */
 
     /* host discovery scripts of elastic jobs (coord_elastic.c) */
     pthread_t disc_thread;
@@ -355,7 +365,20 @@ void coord_snap_free(struct coord *c);
 void coord_snap_render_list(struct coord *c, struct job *j, struct jw *w);
 void coord_snap_render_metrics(struct coord *c, struct buf *b);
 
+/* coord_report.c (issue 6): WorkerService.Report, AdminService.GetEpochs,
+ * REST /epochs, /steps, /ranks of a job. coord_report_route renders sub
+ * ("/epochs", ...) into w and returns the HTTP status; on a status other
+ * than 200 err holds the message and w's output is to be discarded. */
+void coord_rpc_report(struct coord *c, struct rpc_call *call, enum coord_method m);
+int coord_report_route(struct coord *c, struct job *j, const char *sub, const char *query,
+                       struct jw *w, char *err, size_t errlen);
+void coord_report_render_metrics(struct coord *c, struct buf *b);
+void coord_report_free(struct coord *c);
+
 /* coord_http.c */
+/* coord_http_query finds key in a query string ("a=1&b=2") and URL-decodes
+ * its value into out. */
+bool coord_http_query(const char *query, const char *key, char *out, size_t size);
 int coord_http_start(struct coord *c, char *err, size_t errlen);
 void coord_http_handle(struct coord *c, nng_aio *aio);
 void coord_http_stop(struct coord *c);

@@ -413,6 +413,59 @@ KOLO_API void kolo_snapshot_free(void *p);
  * snapshot calls on ctx, so that none can start while ctx is freed. */
 KOLO_API int kolo_snapshot_cancel(kolo_ctx *ctx);
 
+/* ---------------------------------------------------------------- reports
+ * (issue 6: epoch and step reporting; begin)
+ *
+ * Training progress for the coordinator's dashboard and REST API: epoch
+ * boundaries and step times. The calls never block and never fail
+ * training: they append to a bounded queue in the context, and a sender
+ * thread (started on the first report, with its own coordinator
+ * connection) sends the queue at most every 500 ms, and once more, within
+ * 2 s, when kolo_fini starts. A report that finds the queue full, or that
+ * the coordinator refuses (a stale generation, a job that ended), is
+ * dropped and counted (kolo_report_dropped). A context without a
+ * coordinator accepts reports and drops them silently. Times are the
+ * worker's wall clock.
+ */
+
+/*
+ * kolo_report_epoch records a boundary of epoch (>= 0) now: phase 0 its
+ * start, phase 1 its end, with samples (>= 0) this rank processed in it
+ * and metrics_json (a JSON object as text, at most 4 KiB, e.g.
+ * {"loss":0.23}; NULL or "" for none). An end without a start for the same
+ * epoch takes as its start the previous end reported on this context, and
+ * is without a start (0) if there was none. KOLO_EINVAL for a bad
+ * argument, KOLO_ETOOBIG for metrics that are too long, KOLO_EBUSY when
+ * the queue is full (the report is dropped).
+ */
+KOLO_API int kolo_report_epoch(kolo_ctx *ctx, int64_t epoch, int phase, int64_t samples,
+                               const char *metrics_json);
+
+/*
+ * kolo_report_epoch_span records a whole epoch at once: it ran on this
+ * rank from start_ms to end_ms (wall-clock ms since the Unix epoch,
+ * start_ms <= end_ms; start_ms 0: unknown). This is what a binding uses
+ * when it takes an epoch's start as the previous epoch's end or its own
+ * init time (kolo.report_epoch). Errors as kolo_report_epoch.
+ */
+KOLO_API int kolo_report_epoch_span(kolo_ctx *ctx, int64_t epoch, uint64_t start_ms,
+                                    uint64_t end_ms, int64_t samples, const char *metrics_json);
+
+/*
+ * kolo_report_step records that one training step of this rank took
+ * seconds (>= 0, finite, below 10^6). Steps are aggregated per wall-clock
+ * second before they are sent, so calling it every step is cheap (a lock
+ * and a few additions). KOLO_EINVAL for a bad value, KOLO_EBUSY when the
+ * queue is full (dropped).
+ */
+KOLO_API int kolo_report_step(kolo_ctx *ctx, double seconds);
+
+/* kolo_report_dropped returns how many reports of ctx were dropped so far
+ * (queue full, or refused by the coordinator). */
+KOLO_API uint64_t kolo_report_dropped(const kolo_ctx *ctx);
+
+/* (issue 6: end) */
+
 #ifdef __cplusplus
 }
 #endif

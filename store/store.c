@@ -202,10 +202,45 @@ static const char schema_v2[] =
 static const char schema_v3[] = "ALTER TABLE ranks ADD COLUMN worker_id INTEGER NOT NULL DEFAULT 0;"
                                 "ALTER TABLE jobs ADD COLUMN elastic TEXT;";
 
+/* ---- reports (issue 6): begin ---- */
+/*
+ * Version 4: training progress reported by the workers.
+ * - epochs: one row per (job, generation, rank, epoch); start_ms and
+ *   end_ms are the worker's wall clock, 0 while unknown. A rank that runs
+ *   an epoch again in a new generation (an elastic reset) gets a new row.
+ * - steps: step times downsampled to one row per rank and wall-clock
+ *   second (ts_ms is the second's start): seconds is the mean of the n
+ *   steps in it. The coordinator caps the rows per job (store_steps_prune).
+ */
+static const char schema_v4[] =
+    "CREATE TABLE epochs ("
+    "  job_id       INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+    "  generation   INTEGER NOT NULL,"
+    "  rank         INTEGER NOT NULL,"
+    "  epoch        INTEGER NOT NULL,"
+    "  start_ms     INTEGER NOT NULL DEFAULT 0,"
+    "  end_ms       INTEGER NOT NULL DEFAULT 0,"
+    "  samples      INTEGER NOT NULL DEFAULT 0,"
+    "  metrics_json TEXT,"
+    "  PRIMARY KEY (job_id, generation, rank, epoch)"
+    ");"
+    "CREATE TABLE steps ("
+    "  job_id  INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+    "  rank    INTEGER NOT NULL,"
+    "  host_id TEXT,"
+    "  ts_ms   INTEGER NOT NULL,"
+    "  seconds REAL NOT NULL,"
+    "  n       INTEGER NOT NULL,"
+    "  PRIMARY KEY (job_id, rank, ts_ms)"
+    ");"
+    "CREATE INDEX steps_by_time ON steps(job_id, ts_ms);";
+/* ---- reports (issue 6): end ---- */
+
 static const struct migration migrations[] = {
     {1, schema_v1},
     {2, schema_v2},
     {3, schema_v3},
+    {4, schema_v4},
 };
 
 /* Versions are consecutive from 1, so the array's length is the newest. */
@@ -304,7 +339,28 @@ _Static_assert(sizeof migrations / sizeof migrations[0] == STORE_SCHEMA_VERSION,
                       "ON s.id = c.snapshot_id "                                                   \
                       "WHERE s.job_id = ? AND c.snapshot_id = ? AND c.idx = ?")                    \
     X(SNAP_PRUNE, "DELETE FROM snapshots WHERE job_id = ? AND id NOT IN "                          \
-                  "(SELECT id FROM snapshots WHERE job_id = ? ORDER BY id DESC LIMIT ?)")
+                  "(SELECT id FROM snapshots WHERE job_id = ? ORDER BY id DESC LIMIT ?)")           \
+    X(EPOCH_START, "INSERT INTO epochs(job_id, generation, rank, epoch, start_ms) "                \
+                   "VALUES (?, ?, ?, ?, ?) ON CONFLICT(job_id, generation, rank, epoch) "           \
+                   "DO UPDATE SET start_ms = excluded.start_ms")                                   \
+    X(EPOCH_END, "INSERT INTO epochs(job_id, generation, rank, epoch, start_ms, end_ms, samples, "  \
+                 "metrics_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "                                  \
+                 "ON CONFLICT(job_id, generation, rank, epoch) DO UPDATE SET "                     \
+                 "start_ms = CASE WHEN start_ms > 0 THEN start_ms ELSE excluded.start_ms END, "    \
+                 "end_ms = excluded.end_ms, samples = excluded.samples, "                          \
+                 "metrics_json = excluded.metrics_json")                                           \
+    X(EPOCHS_EACH, "SELECT job_id, generation, rank, epoch, start_ms, end_ms, samples, "           \
+                   "metrics_json FROM epochs WHERE job_id = ? "                                    \
+                   "ORDER BY epoch, generation, rank")                                             \
+    X(STEP_ADD, "INSERT INTO steps(job_id, rank, host_id, ts_ms, seconds, n) "                     \
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(job_id, rank, ts_ms) DO UPDATE SET "        \
+                "seconds = (seconds * n + excluded.seconds * excluded.n) / (n + excluded.n), "     \
+                "n = n + excluded.n, host_id = excluded.host_id")                                  \
+    X(STEPS_EACH, "SELECT job_id, rank, host_id, ts_ms, seconds, n FROM steps "                    \
+                  "WHERE job_id = ? AND ts_ms >= ? ORDER BY ts_ms, rank")                          \
+    X(STEPS_PRUNE, "DELETE FROM steps WHERE job_id = ? AND ts_ms < "                               \
+                   "(SELECT ts_ms FROM steps WHERE job_id = ? ORDER BY ts_ms DESC "                \
+                   "LIMIT 1 OFFSET ?)")
 
 enum stmt_id {
 #define STMT_ENUM(name, sql) STMT_##name,
@@ -1655,3 +1711,178 @@ int store_snapshot_prune(struct store *st, uint64_t job_id, int keep, int *delet
         *deleted = sqlite3_changes(st->db);
     return err;
 }
+
+/* ---- reports (issue 6): begin ---- */
+/* ------------------------------------------------------------ reports */
+
+int store_epoch_report(struct store *st, const struct store_epoch *e, int phase)
+{
+    if (!st)
+        return KOLO_EINVAL;
+    if (!e || e->job_id == 0 || e->rank < 0 || e->epoch < 0 || (phase != 0 && phase != 1) ||
+        e->samples < 0)
+        return store_reject(st, KOLO_EINVAL, "store_epoch_report: invalid argument");
+    enum stmt_id id = phase == 0 ? STMT_EPOCH_START : STMT_EPOCH_END;
+    sqlite3_stmt *s;
+    int err = stmt_data_get(st, id, &s);
+    if (err)
+        return err;
+    struct binder b = {s, 0, SQLITE_OK};
+    bind_u64(&b, e->job_id);
+    bind_u64(&b, e->generation);
+    bind_i64(&b, e->rank);
+    bind_i64(&b, e->epoch);
+    bind_u64(&b, e->start_ms);
+    if (phase == 1) {
+        bind_u64(&b, e->end_ms);
+        bind_i64(&b, e->samples);
+        bind_text(&b, e->metrics_json);
+    }
+    if (b.rc != SQLITE_OK)
+        return bind_failed(st, id, s, b.rc, "epoch report");
+    return step_write(st, id, s, "epoch report");
+}
+
+int store_epochs_each(struct store *st, uint64_t job_id, store_epoch_fn fn, void *arg)
+{
+    if (!st || !fn)
+        return KOLO_EINVAL;
+    sqlite3_stmt *s;
+    int err = stmt_data_get(st, STMT_EPOCHS_EACH, &s);
+    if (err)
+        return err;
+    struct binder b = {s, 0, SQLITE_OK};
+    bind_u64(&b, job_id);
+    if (b.rc != SQLITE_OK)
+        return bind_failed(st, STMT_EPOCHS_EACH, s, b.rc, "epochs");
+    int result = 0;
+    for (;;) {
+        int rc = sqlite3_step(s);
+        if (rc == SQLITE_DONE)
+            break;
+        if (rc != SQLITE_ROW) {
+            result = store_fail(st, rc, "epochs");
+            break;
+        }
+        struct store_epoch e = {
+            .job_id = col_u64(s, 0),
+            .generation = col_u64(s, 1),
+            .rank = sqlite3_column_int(s, 2),
+            .epoch = sqlite3_column_int64(s, 3),
+            .start_ms = col_u64(s, 4),
+            .end_ms = col_u64(s, 5),
+            .samples = sqlite3_column_int64(s, 6),
+            .metrics_json = col_text(s, 7),
+        };
+        result = fn(&e, arg);
+        if (result)
+            break;
+    }
+    stmt_done(st, STMT_EPOCHS_EACH, s);
+    return result;
+}
+
+static int step_add_one(struct store *st, const struct store_step *p)
+{
+    if (p->job_id == 0 || p->rank < 0 || p->n == 0 || !(p->seconds >= 0))
+        return store_reject(st, KOLO_EINVAL, "store_steps_add: invalid sample");
+    sqlite3_stmt *s;
+    int err = stmt_data_get(st, STMT_STEP_ADD, &s);
+    if (err)
+        return err;
+    struct binder b = {s, 0, SQLITE_OK};
+    bind_u64(&b, p->job_id);
+    bind_i64(&b, p->rank);
+    bind_text(&b, p->host_id);
+    bind_u64(&b, p->ts_ms);
+    if (b.rc == SQLITE_OK) {
+        b.index++;
+        b.rc = sqlite3_bind_double(s, b.index, p->seconds);
+    }
+    bind_i64(&b, p->n);
+    if (b.rc != SQLITE_OK)
+        return bind_failed(st, STMT_STEP_ADD, s, b.rc, "step add");
+    return step_write(st, STMT_STEP_ADD, s, "step add");
+}
+
+int store_steps_add(struct store *st, const struct store_step *steps, size_t n)
+{
+    if (!st || (!steps && n > 0))
+        return st ? store_reject(st, KOLO_EINVAL, "store_steps_add: invalid argument")
+                  : KOLO_EINVAL;
+    if (n == 0)
+        return 0;
+    int err = store_begin(st);
+    if (err)
+        return err;
+    for (size_t i = 0; i < n && !err; i++)
+        err = step_add_one(st, &steps[i]);
+    if (err) {
+        store_rollback(st);
+        return err;
+    }
+    return store_commit(st);
+}
+
+int store_steps_each(struct store *st, uint64_t job_id, uint64_t since_ms, store_step_fn fn,
+                     void *arg)
+{
+    if (!st || !fn)
+        return KOLO_EINVAL;
+    sqlite3_stmt *s;
+    int err = stmt_data_get(st, STMT_STEPS_EACH, &s);
+    if (err)
+        return err;
+    struct binder b = {s, 0, SQLITE_OK};
+    bind_u64(&b, job_id);
+    bind_u64(&b, since_ms);
+    if (b.rc != SQLITE_OK)
+        return bind_failed(st, STMT_STEPS_EACH, s, b.rc, "steps");
+    int result = 0;
+    for (;;) {
+        int rc = sqlite3_step(s);
+        if (rc == SQLITE_DONE)
+            break;
+        if (rc != SQLITE_ROW) {
+            result = store_fail(st, rc, "steps");
+            break;
+        }
+        struct store_step p = {
+            .job_id = col_u64(s, 0),
+            .rank = sqlite3_column_int(s, 1),
+            .host_id = col_text(s, 2),
+            .ts_ms = col_u64(s, 3),
+            .seconds = sqlite3_column_double(s, 4),
+            .n = (uint32_t)sqlite3_column_int64(s, 5),
+        };
+        result = fn(&p, arg);
+        if (result)
+            break;
+    }
+    stmt_done(st, STMT_STEPS_EACH, s);
+    return result;
+}
+
+int store_steps_prune(struct store *st, uint64_t job_id, int keep, int *deleted)
+{
+    if (deleted)
+        *deleted = 0;
+    if (!st || keep < 1)
+        return st ? store_reject(st, KOLO_EINVAL, "store_steps_prune: keep must be >= 1")
+                  : KOLO_EINVAL;
+    sqlite3_stmt *s;
+    int err = stmt_data_get(st, STMT_STEPS_PRUNE, &s);
+    if (err)
+        return err;
+    struct binder b = {s, 0, SQLITE_OK};
+    bind_u64(&b, job_id);
+    bind_u64(&b, job_id);
+    bind_i64(&b, keep - 1);
+    if (b.rc != SQLITE_OK)
+        return bind_failed(st, STMT_STEPS_PRUNE, s, b.rc, "steps prune");
+    err = step_write(st, STMT_STEPS_PRUNE, s, "steps prune");
+    if (!err && deleted)
+        *deleted = sqlite3_changes(st->db);
+    return err;
+}
+/* ---- reports (issue 6): end ---- */

@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define STORE_SCHEMA_VERSION 3
+#define STORE_SCHEMA_VERSION 4
 
 struct store;
 
@@ -227,5 +227,54 @@ int store_snapshot_chunk(struct store *st, uint64_t job_id, uint64_t id, uint32_
 /* store_snapshot_prune deletes all but the newest `keep` (>= 1) snapshots
  * of the job, chunks included; *deleted (may be NULL) gets how many. */
 int store_snapshot_prune(struct store *st, uint64_t job_id, int keep, int *deleted);
+
+/* ---- reports (issue 6): begin ----
+ *
+ * Training progress reported by the workers (schema version 4). Times are
+ * wall-clock ms; 0 means unknown.
+ */
+struct store_epoch {
+    uint64_t job_id;
+    uint64_t generation;
+    int rank;
+    int64_t epoch; /* >= 0 */
+    uint64_t start_ms;
+    uint64_t end_ms;          /* 0: not ended yet */
+    int64_t samples;          /* >= 0 */
+    const char *metrics_json; /* a JSON object as text, or NULL */
+};
+
+/* store_epoch_report records one boundary of (job, generation, rank,
+ * epoch). phase 0 (start) sets start_ms; phase 1 (end) sets end_ms,
+ * samples and metrics_json, and start_ms only when none was recorded.
+ * KOLO_ENOTFOUND if the job is not stored. */
+int store_epoch_report(struct store *st, const struct store_epoch *e, int phase);
+typedef int (*store_epoch_fn)(const struct store_epoch *e, void *arg);
+/* store_epochs_each gives a job's rows by epoch, generation, rank. */
+int store_epochs_each(struct store *st, uint64_t job_id, store_epoch_fn fn, void *arg);
+
+/* One downsampled step-time row: the mean of n steps of a rank in the
+ * wall-clock second starting at ts_ms. */
+struct store_step {
+    uint64_t job_id;
+    int rank;
+    const char *host_id; /* may be NULL */
+    uint64_t ts_ms;
+    double seconds; /* >= 0 */
+    uint32_t n;     /* >= 1 */
+};
+
+/* store_steps_add merges n rows in one transaction: a row whose (job,
+ * rank, ts_ms) exists already becomes the weighted mean of both. */
+int store_steps_add(struct store *st, const struct store_step *steps, size_t n);
+typedef int (*store_step_fn)(const struct store_step *s, void *arg);
+/* store_steps_each gives a job's rows with ts_ms >= since_ms by ts_ms, rank. */
+int store_steps_each(struct store *st, uint64_t job_id, uint64_t since_ms, store_step_fn fn,
+                     void *arg);
+/* store_steps_prune deletes the job's rows older than the keep-th newest
+ * (keep >= 1; rows of the same second as that one stay); *deleted (may be
+ * NULL) counts them. */
+int store_steps_prune(struct store *st, uint64_t job_id, int keep, int *deleted);
+/* ---- reports (issue 6): end ---- */
 
 #endif

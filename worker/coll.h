@@ -52,6 +52,11 @@ struct coll_ops {
                          const size_t *counts, uint64_t deadline);
     int (*barrier)(struct coll *c, uint64_t deadline);
     void (*destroy)(struct coll *c);
+    /* Optional, from any thread: make the collective running on another
+     * thread fail now instead of at its deadline (the coordinator closed
+     * the generation: a peer is gone or partitioned). The coll is unusable
+     * afterwards, except for destroy. */
+    void (*interrupt)(struct coll *c);
 };
 
 struct coll {

@@ -500,6 +500,7 @@ static void resume_send(struct kolo_ctx *c)
 static void negotiate_done(void *arg, int code, const void *rep, size_t len, const char *err)
 {
     struct kolo_ctx *c = arg;
+    bool interrupt = false;
     pthread_mutex_lock(&c->mu);
     c->calls--;
     if (code == 0) {
@@ -533,6 +534,8 @@ static void negotiate_done(void *arg, int code, const void *rep, size_t len, con
                 }
                 c->resp[slot] = x;
                 hold_response(c, x);
+                if (x->shutdown && x->error_code != KOLO_ESHUTDOWN)
+                    interrupt = true; /* the generation was closed under us */
             }
             if (r->resume) {
                 c->resume = true;
@@ -549,8 +552,18 @@ static void negotiate_done(void *arg, int code, const void *rep, size_t len, con
                code != KOLO_EIO && code != KOLO_ECLOSED) {
         /* The generation is over for us: stale, job ended, protocol. */
         ctx_fail(c, code == KOLO_ESHUTDOWN ? KOLO_ESHUTDOWN : code, err);
+        interrupt = code == KOLO_ESTALE || code == KOLO_EPEER;
     } else if (!c->stopping) {
         LOGD("kolo", "rank %d: negotiation call failed (%s); retrying", c->rank, err);
+    }
+    /* A collective running now with a peer that is gone or cut off would
+     * wait for its data-plane deadline; the coordinator already knows, so
+     * end it now. (Not when a rank merely left: the others may still be
+     * finishing their last collective with each other.) */
+    if (interrupt && c->executing && c->coll && c->coll->ops->interrupt) {
+        LOGI("kolo", "rank %d: the generation was closed; interrupting the running collective",
+             c->rank);
+        c->coll->ops->interrupt(c->coll);
     }
     pthread_cond_signal(&c->wake);
     pthread_cond_broadcast(&c->done); /* a waiter may run the response itself */
@@ -750,6 +763,7 @@ static void ctx_free(struct kolo_ctx *c)
     if (c->coll)
         c->coll->ops->destroy(c->coll);
     rpc_client_close(c->rpc);
+    report_ctx_free(c); /* issue 6: the epoch/step report sender's state */
     snapshot_ctx_free(c);
     ops_free_all(c);
     for (size_t i = 0; i < c->resp_cap; i++)
@@ -957,6 +971,7 @@ int kolo_fini(kolo_ctx *c)
     pthread_cond_signal(&c->wake);
     pthread_cond_signal(&c->watch_cv);
     pthread_mutex_unlock(&c->mu);
+    report_ctx_stop(c); /* issue 6: sends what is queued (at most 2 s), stops the sender */
     snapshot_ctx_stop(c);
     if (c->bg_running)
         pthread_join(c->bg, NULL);

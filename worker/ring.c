@@ -968,8 +968,17 @@ static void ring_destroy(struct coll *c)
     free(rg);
 }
 
+static void ring_interrupt(struct coll *c)
+{
+    struct ring *rg = (struct ring *)c;
+    for (int r = 0; r < c->size; r++)
+        if (rg->peers[r] && rg->peers[r]->ops->interrupt)
+            rg->peers[r]->ops->interrupt(rg->peers[r]);
+}
+
 static const struct coll_ops ring_ops = {
     .name = "ring",
+    .interrupt = ring_interrupt,
     .allreduce = ring_allreduce,
     .allgatherv = ring_allgatherv,
     .broadcast = ring_broadcast,

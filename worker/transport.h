@@ -47,6 +47,9 @@ struct xport_ops {
      * wake-up and notices a dead peer. */
     void (*disarm)(struct xport *x);
     void (*close)(struct xport *x);
+    /* Optional, from any thread: make waits on this connection end with
+     * an error now (see coll_ops.interrupt). */
+    void (*interrupt)(struct xport *x);
     /* true when try_* costs no system call while nothing moves (shm), so
      * a waiter spins for KOLO_SPIN_US before it arms and sleeps. */
     bool spin;

@@ -351,6 +351,14 @@ static void tcp_close(struct xport *x)
     free(c);
 }
 
+/* shutdown(2) is safe while another thread polls the socket: its poll
+ * wakes with POLLHUP and its next send or receive fails. */
+static void tcp_interrupt(struct xport *x)
+{
+    struct tcp_conn *c = (struct tcp_conn *)x;
+    shutdown(c->fd, SHUT_RDWR);
+}
+
 static const struct xport_ops tcp_ops = {
     .name = "tcp",
     .try_send = tcp_try_send,
@@ -358,6 +366,7 @@ static const struct xport_ops tcp_ops = {
     .arm = tcp_arm,
     .disarm = NULL,
     .close = tcp_close,
+    .interrupt = tcp_interrupt,
     .spin = false,
 };
 

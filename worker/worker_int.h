@@ -149,6 +149,9 @@ struct kolo_ctx {
     uint64_t snap_seq;             /* puts so far */
     bool snap_closed;              /* kolo_snapshot_cancel: no new calls */
 
+    /* ---- report.c (issue 6): its own lock; created on the first report ---- */
+    struct report *report;
+
     /* ---- background thread only ---- */
     void *fusion;
     size_t fusion_cap;
@@ -182,6 +185,11 @@ int ops_submit(struct kolo_ctx *c, const kolo_request *reqs, int n, void *stream
  * ctx_free frees what they used. */
 void snapshot_ctx_stop(struct kolo_ctx *c);
 void snapshot_ctx_free(struct kolo_ctx *c);
+
+/* report.c (issue 6): kolo_fini flushes and stops the report sender
+ * (mu not held); ctx_free frees it. */
+void report_ctx_stop(struct kolo_ctx *c);
+void report_ctx_free(struct kolo_ctx *c);
 
 /* exec.c (background thread, mu not held) */
 void exec_response(struct kolo_ctx *c, const Kolo__Response *r);

@@ -11,6 +11,7 @@ runs as rank 0 of 1. PyTorch users import `kolo.torch` (Horovod's
 import numpy as _np
 
 from . import _engine
+from . import _report
 from ._engine import Average, Sum, Adasum, Min, Max, Product  # noqa: F401
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, KoloError  # noqa: F401
 
@@ -31,6 +32,7 @@ def init(comm=None, process_sets=None):
     comm and process_sets are Horovod's: kolo runs every collective over the
     whole job, so only None (or every rank) is accepted."""
     _eng().init()
+    _report.mark_init()  # issue 6: the first epoch starts now
     if comm is not None and sorted(comm) != list(range(size())):
         raise NotImplementedError("kolo runs collectives over every rank of the job; "
                                   "init(comm=...) with a subset is not supported")
@@ -75,6 +77,17 @@ def is_homogeneous():
     """True when every host runs the same number of ranks."""
     _, n, _, ls, _, cs = _eng().topology()
     return ls * cs == n
+
+
+def report_epoch(epoch, samples=None, metrics=None):
+    """Reports the END of epoch `epoch` on this rank, for the coordinator's
+    per-epoch wall time and samples/s (REST /api/v1/jobs/{id}/epochs, and
+    one line per epoch in `kolo run`). Call it once per epoch on every
+    rank; the epoch's start is the previous call's end (or init()).
+    samples: what this rank processed; metrics: a dict such as
+    {"loss": 0.23}. Never blocks; a no-op without a coordinator. See
+    kolo/_report.py for the exact semantics."""
+    _report.report_epoch(epoch, samples, metrics)
 
 
 def poll(handle):

@@ -79,6 +79,12 @@ def _declare(lib):
                                 ctypes.POINTER(ctypes.POINTER(ctypes.c_int32)),
                                 ctypes.POINTER(ctypes.c_int64)]),
         "kolo_release": (c_int, [ctx, ctypes.c_int64]),
+        # issue 6: epoch and step reports (python/kolo/_report.py)
+        "kolo_report_epoch": (c_int, [ctx, ctypes.c_int64, c_int, ctypes.c_int64, c_char_p]),
+        "kolo_report_epoch_span": (c_int, [ctx, ctypes.c_int64, ctypes.c_uint64,
+                                           ctypes.c_uint64, ctypes.c_int64, c_char_p]),
+        "kolo_report_step": (c_int, [ctx, ctypes.c_double]),
+        "kolo_report_dropped": (ctypes.c_uint64, [ctx]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)

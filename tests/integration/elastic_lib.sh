@@ -34,6 +34,7 @@ workers_exactly() { [ "$(count_workers)" -eq "$1" ]; }
 elastic_cleanup() {
   local rc=$?
   local p
+  set +e   # every step below must run, whatever fails
   for p in $(worker_pids); do kill -9 "$p" 2>/dev/null || true; done
   [ -n "${EXTRA_CLEANUP:-}" ] && eval "$EXTRA_CLEANUP"
   # KEEP_WORK=DIR keeps a copy of the test's files there (debugging)

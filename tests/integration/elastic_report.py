@@ -34,6 +34,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(os.path.dirname(HERE), "python", "elastic_worker.py")
+SELF_RESET = re.compile(r"^rank \d+ reset and asked for a new generation")
 LINE = re.compile(r"^\[\d+\]<stdout>:(STEP|RESET|KILL|FINAL) (.*)$")
 
 
@@ -145,6 +146,10 @@ def main():
     # resets survived / attempted
     attempted = max(0, current - 1)
     last_gen_trained = max([r["gen"] for r in steps], default=0)
+    if finals:
+        # the job reached its end: a generation formed at the last commit
+        # (a grow after the last step) has nothing left to train
+        last_gen_trained = current
     survived = sum(1 for x in range(2, current + 1) if last_gen_trained >= x)
 
     rows = []
@@ -152,7 +157,10 @@ def main():
         t = ft["t"]
         nxt = faults[i + 1]["t"] if i + 1 < len(faults) else float("inf")
         row = {"fault": ft["name"], "t": t, "detail": ft["detail"]}
-        gen = next((x for x in gens if x["ts_ms"] / 1000.0 >= t - 0.002), None)
+        # A generation a survivor asked for on its own (it saw a dead peer
+        # before the coordinator did) keeps the members: not the detection.
+        gen = next((x for x in gens if x["ts_ms"] / 1000.0 >= t - 0.002
+                    and not SELF_RESET.match(x["cause"])), None)
         if ft["name"] in no_change:
             if gen is not None and gen["ts_ms"] / 1000.0 < nxt:
                 errors.append("%s at %.3f changed the membership: generation %d (%s)"

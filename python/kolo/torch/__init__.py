@@ -12,6 +12,7 @@ import kolo as _kolo
 from kolo import (init, shutdown, is_initialized, size, rank, local_size, local_rank,  # noqa
                   cross_size, cross_rank, is_homogeneous)
 from kolo.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
+from kolo import report_epoch  # noqa: F401  (issue 6)
 
 from .compression import Compression  # noqa: F401
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,  # noqa

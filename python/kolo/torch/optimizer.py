@@ -12,6 +12,7 @@ import warnings
 import torch
 
 import kolo as _kolo
+from kolo import _report
 from .compression import Compression
 from .mpi_ops import (Adasum, Average, allreduce_async_, global_process_set,
                       grouped_allreduce_async_, synchronize, _check_set)
@@ -26,6 +27,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).__init__(params)
         self._compression = compression
         _check_set(process_set)
+        self._kolo_step_timer = _report.StepTimer()  # issue 6: step times
 
         if named_parameters is not None:
             named_parameters = list(named_parameters)
@@ -238,6 +240,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = True
 
     def step(self, closure=None):
+        timer = getattr(self, "_kolo_step_timer", None)  # issue 6: time since the last step()
+        if timer is not None:
+            timer.tick()
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "

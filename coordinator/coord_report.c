@@ -1,0 +1,888 @@
+/*
+ * coord_report.c - training progress reported by the workers (issue 6):
+ * WorkerService.Report, AdminService.GetEpochs, REST /epochs, /steps and
+ * /ranks of a job, and their metrics.
+ *
+ * DESIGN
+ *
+ * Workers (worker/report.c) send epoch boundaries and step times in
+ * batches, at most every ~500 ms per rank. A batch is fenced like every
+ * worker request (coord_worker_fence: the job runs, the caller's
+ * generation is the current one) and written to the store in one
+ * transaction: epochs as one row per (job, generation, rank, epoch), step
+ * times downsampled to one row per rank and wall-clock second (the worker
+ * already aggregates per second; a second split over two batches is merged
+ * by the store into a weighted mean). The step rows of a job are capped
+ * at REPORT_STEPS_KEEP, the oldest going first, checked every
+ * REPORT_PRUNE_EVERY new rows.
+ *
+ * Epoch summaries are derived when read, not stored: for each epoch the
+ * rows of the newest generation that ran it (an elastic reset re-runs the
+ * epoch) give wall time = the first rank's start to the last rank's end,
+ * samples = their sum, samples/s = samples / wall time, metrics = rank 0's
+ * (else the lowest rank's that has any) and the mean of every numeric
+ * metric over the ranks. Times are the workers' wall clocks: hosts are
+ * assumed to be NTP-synchronised.
+ *
+ * The last step time of every rank is also kept in memory (REST /ranks);
+ * a restarted coordinator shows it again from the next report on.
+ */
+#include "coord_internal.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "json.h"
+#include "kolo.pb-c.h"
+#include "log.h"
+#include "util.h"
+
+#define REPORT_MAX_EPOCHS  1024 /* per batch */
+#define REPORT_MAX_STEPS   4096 /* per batch */
+#define REPORT_MAX_METRICS 4096
+#define REPORT_MAX_EPOCH   1000000000LL
+#define REPORT_STEPS_KEEP  100000 /* step rows per job */
+#define REPORT_PRUNE_EVERY 1000
+#define REPORT_MAX_BUCKETS 10000 /* REST /steps */
+
+/* What the coordinator keeps in memory per job that reports. */
+struct report_rank {
+    uint64_t step_ms; /* the second of the last step row, 0: none */
+    double step_s;
+    uint32_t step_n;
+    int64_t epoch; /* the last epoch whose end it reported, -1: none */
+};
+
+struct report_job {
+    struct report_job *next;
+    uint64_t job_id;
+    uint64_t rows_since_prune;
+    struct report_rank *ranks;
+    int nranks;
+};
+
+static struct report_job *rjob_get(struct coord *c, uint64_t job_id, bool create)
+{
+    for (struct report_job *r = c->report_jobs; r; r = r->next)
+        if (r->job_id == job_id)
+            return r;
+    if (!create)
+        return NULL;
+    struct report_job *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->job_id = job_id;
+    r->next = c->report_jobs;
+    c->report_jobs = r;
+    return r;
+}
+
+static struct report_rank *rjob_rank(struct report_job *r, int rank)
+{
+    if (rank < 0 || rank >= COORD_MAX_NP)
+        return NULL;
+    if (rank >= r->nranks) {
+        int n = rank + 1 < 8 ? 8 : rank + 1;
+        struct report_rank *nr = realloc(r->ranks, (size_t)n * sizeof *nr);
+        if (!nr)
+            return NULL;
+        for (int i = r->nranks; i < n; i++)
+            nr[i] = (struct report_rank){0, 0, 0, -1};
+        r->ranks = nr;
+        r->nranks = n;
+    }
+    return &r->ranks[rank];
+}
+
+void coord_report_free(struct coord *c)
+{
+    while (c->report_jobs) {
+        struct report_job *r = c->report_jobs;
+        c->report_jobs = r->next;
+        free(r->ranks);
+        free(r);
+    }
+}
+
+/* ---------------------------------------------------------------- Report */
+
+static void report_fail(struct coord *c, struct rpc_call *call, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void report_fail(struct coord *c, struct rpc_call *call, int code, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    c->m.rpc_errors[M_WORKER_REPORT]++;
+    c->m.report.refused++;
+    LOGD("coord", "Report refused: %s", msg);
+    rpc_call_error(call, code, "%s", msg);
+}
+
+/* valid_metrics accepts "" or a JSON object of bounded size. */
+static bool valid_metrics(const char *text, char *why, size_t whylen)
+{
+    size_t len = strlen(text);
+    if (len == 0)
+        return true;
+    if (len > REPORT_MAX_METRICS) {
+        snprintf(why, whylen, "metrics_json of %zu bytes exceeds %d", len, REPORT_MAX_METRICS);
+        return false;
+    }
+    struct json *root = NULL;
+    char err[160];
+    if (json_parse(text, len, &root, err, sizeof err) != 0) {
+        snprintf(why, whylen, "metrics_json is not JSON: %s", err);
+        return false;
+    }
+    bool ok = root->type == JSON_OBJECT;
+    json_free(root);
+    if (!ok)
+        snprintf(why, whylen, "metrics_json must be a JSON object");
+    return ok;
+}
+
+/* check_report validates the whole batch before anything is stored. */
+static bool check_report(const Kolo__WorkerReportRequest *m, char *why, size_t whylen)
+{
+    if (m->n_epochs > REPORT_MAX_EPOCHS || m->n_steps > REPORT_MAX_STEPS) {
+        snprintf(why, whylen,
+                 "a report carries at most %d epochs and %d step rows, not %zu and %zu",
+                 REPORT_MAX_EPOCHS, REPORT_MAX_STEPS, m->n_epochs, m->n_steps);
+        return false;
+    }
+    for (size_t i = 0; i < m->n_epochs; i++) {
+        const Kolo__EpochReport *e = m->epochs[i];
+        if (e->epoch < 0 || e->epoch > REPORT_MAX_EPOCH || (e->phase != 0 && e->phase != 1) ||
+            e->samples < 0 || e->ts_ms == 0 || e->ts_ms > INT64_MAX || e->start_ms > e->ts_ms) {
+            snprintf(why, whylen,
+                     "epoch report %zu is invalid (epoch %" PRId64 ", phase %d, samples %" PRId64
+                     ", ts_ms %" PRIu64 ", start_ms %" PRIu64 ")",
+                     i, e->epoch, e->phase, e->samples, e->ts_ms, e->start_ms);
+            return false;
+        }
+        if (!valid_metrics(e->metrics_json, why, whylen))
+            return false;
+    }
+    for (size_t i = 0; i < m->n_steps; i++) {
+        const Kolo__StepSample *s = m->steps[i];
+        if (!(s->seconds >= 0 && s->seconds < 1e6) || s->count == 0 || s->ts_ms > INT64_MAX) {
+            snprintf(why, whylen, "step sample %zu is invalid (seconds %g, count %u)", i,
+                     s->seconds, s->count);
+            return false;
+        }
+    }
+    return true;
+}
+
+static void rpc_report(struct coord *c, struct rpc_call *call)
+{
+    const struct rpc_frame *f = rpc_call_frame(call);
+    struct job *j = coord_worker_fence(c, call, M_WORKER_REPORT);
+    if (!j) {
+        c->m.report.refused++;
+        return;
+    }
+    Kolo__WorkerReportRequest *m = kolo__worker_report_request__unpack(NULL, f->body_len, f->body);
+    if (!m) {
+        report_fail(c, call, KOLO_EPROTO, "malformed WorkerReportRequest");
+        return;
+    }
+    char why[400];
+    if (!check_report(m, why, sizeof why)) {
+        report_fail(c, call, KOLO_EINVAL, "%s", why);
+        kolo__worker_report_request__free_unpacked(m, NULL);
+        return;
+    }
+    const char *host_id = j->ranks[f->rank].host_id[0] ? j->ranks[f->rank].host_id : NULL;
+    struct store_step *rows = calloc(m->n_steps ? m->n_steps : 1, sizeof *rows);
+    if (!rows) {
+        report_fail(c, call, KOLO_ENOMEM, "out of memory");
+        kolo__worker_report_request__free_unpacked(m, NULL);
+        return;
+    }
+    for (size_t i = 0; i < m->n_steps; i++)
+        rows[i] = (struct store_step){.job_id = j->id,
+                                      .rank = f->rank,
+                                      .host_id = host_id,
+                                      .ts_ms = m->steps[i]->ts_ms / 1000 * 1000,
+                                      .seconds = m->steps[i]->seconds,
+                                      .n = m->steps[i]->count};
+    /* One transaction for the batch: one fsync, all or nothing. */
+    int err = store_begin(c->store);
+    for (size_t i = 0; i < m->n_epochs && !err; i++) {
+        const Kolo__EpochReport *e = m->epochs[i];
+        struct store_epoch se = {.job_id = j->id,
+                                 .generation = j->generation,
+                                 .rank = f->rank,
+                                 .epoch = e->epoch,
+                                 .start_ms = e->phase == 0 ? e->ts_ms : e->start_ms,
+                                 .end_ms = e->ts_ms,
+                                 .samples = e->samples,
+                                 .metrics_json = e->metrics_json[0] ? e->metrics_json : NULL};
+        err = store_epoch_report(c->store, &se, e->phase);
+    }
+    if (!err)
+        err = store_steps_add(c->store, rows, m->n_steps);
+    if (!err) {
+        err = store_commit(c->store);
+    } else {
+        store_rollback(c->store);
+    }
+    free(rows);
+    if (err) {
+        coord_store_failed(c, "report");
+        report_fail(c, call, KOLO_ESTORE, "the report could not be stored: %s",
+                    store_last_error(c->store));
+        kolo__worker_report_request__free_unpacked(m, NULL);
+        return;
+    }
+    c->m.report.batches++;
+    c->m.report.epochs += m->n_epochs;
+    c->m.report.step_rows += m->n_steps;
+    struct report_job *rj = rjob_get(c, j->id, true);
+    struct report_rank *rr = rj ? rjob_rank(rj, f->rank) : NULL;
+    if (rr) {
+        for (size_t i = 0; i < m->n_steps; i++) {
+            if (m->steps[i]->ts_ms >= rr->step_ms) {
+                rr->step_ms = m->steps[i]->ts_ms / 1000 * 1000;
+                rr->step_s = m->steps[i]->seconds;
+                rr->step_n = m->steps[i]->count;
+            }
+        }
+        for (size_t i = 0; i < m->n_epochs; i++)
+            if (m->epochs[i]->phase == 1 && m->epochs[i]->epoch > rr->epoch)
+                rr->epoch = m->epochs[i]->epoch;
+    }
+    if (m->dropped > c->m.report.worker_dropped_max)
+        c->m.report.worker_dropped_max = m->dropped;
+    if (rj) {
+        rj->rows_since_prune += m->n_steps;
+        if (rj->rows_since_prune >= REPORT_PRUNE_EVERY) {
+            rj->rows_since_prune = 0;
+            int deleted = 0;
+            if (store_steps_prune(c->store, j->id, REPORT_STEPS_KEEP, &deleted) != 0)
+                coord_store_failed(c, "steps prune");
+            c->m.report.step_rows_pruned += (uint64_t)deleted;
+        }
+    }
+    Kolo__WorkerReportReply rep = KOLO__WORKER_REPORT_REPLY__INIT;
+    rep.accepted_epochs = (uint32_t)m->n_epochs;
+    rep.accepted_steps = (uint32_t)m->n_steps;
+    kolo__worker_report_request__free_unpacked(m, NULL);
+    coord_send_pb(call, &rep.base);
+}
+
+/* ---------------------------------------------------------------- epoch summaries */
+
+struct ep_row {
+    uint64_t generation;
+    int rank;
+    int64_t epoch;
+    uint64_t start_ms, end_ms;
+    int64_t samples;
+    char *metrics; /* NULL: none */
+};
+
+struct ep_rows {
+    struct ep_row *v;
+    size_t n, cap;
+    bool oom;
+};
+
+static int collect_row(const struct store_epoch *e, void *arg)
+{
+    struct ep_rows *rs = arg;
+    if (rs->n == rs->cap) {
+        size_t cap = rs->cap ? rs->cap * 2 : 64;
+        struct ep_row *nv = realloc(rs->v, cap * sizeof *nv);
+        if (!nv) {
+            rs->oom = true;
+            return KOLO_ENOMEM;
+        }
+        rs->v = nv;
+        rs->cap = cap;
+    }
+    struct ep_row *r = &rs->v[rs->n];
+    *r =
+        (struct ep_row){e->generation, e->rank, e->epoch, e->start_ms, e->end_ms, e->samples, NULL};
+    if (e->metrics_json && !(r->metrics = strdup(e->metrics_json))) {
+        rs->oom = true;
+        return KOLO_ENOMEM;
+    }
+    rs->n++;
+    return 0;
+}
+
+static void rows_free(struct ep_rows *rs)
+{
+    for (size_t i = 0; i < rs->n; i++)
+        free(rs->v[i].metrics);
+    free(rs->v);
+}
+
+struct gen_size {
+    uint64_t generation;
+    int size;
+};
+
+struct gen_sizes {
+    struct gen_size *v;
+    size_t n, cap;
+};
+
+static int collect_gen(uint64_t generation, const char *cause, int size, uint64_t ts_ms, void *arg)
+{
+    (void)cause;
+    (void)ts_ms;
+    struct gen_sizes *gs = arg;
+    if (gs->n == gs->cap) {
+        size_t cap = gs->cap ? gs->cap * 2 : 16;
+        struct gen_size *nv = realloc(gs->v, cap * sizeof *nv);
+        if (!nv)
+            return KOLO_ENOMEM;
+        gs->v = nv;
+        gs->cap = cap;
+    }
+    gs->v[gs->n++] = (struct gen_size){generation, size};
+    return 0;
+}
+
+static int gen_size_of(const struct job *j, const struct gen_sizes *gs, uint64_t generation)
+{
+    if (generation == j->generation)
+        return j->nranks;
+    for (size_t i = 0; i < gs->n; i++)
+        if (gs->v[i].generation == generation)
+            return gs->v[i].size;
+    return j->np;
+}
+
+/* One derived epoch: rows[first, first + count) of the generation used. */
+struct ep_sum {
+    int64_t epoch;
+    uint64_t generation;
+    uint64_t start_ms, end_ms;
+    double wall_s; /* NAN: unknown */
+    int64_t samples;
+    double samples_per_s; /* NAN: unknown */
+    int reported, expected;
+    bool complete;
+    const char *metrics; /* rank 0's, else the lowest rank's; NULL: none */
+    size_t first, count;
+};
+
+/* summarize derives the job's epochs from rs (sorted by epoch,
+ * generation, rank); *out is malloc'd. */
+static int summarize(struct coord *c, const struct job *j, struct ep_rows *rs, struct ep_sum **out,
+                     size_t *nout)
+{
+    *out = NULL;
+    *nout = 0;
+    int rc = store_epochs_each(c->store, j->id, collect_row, rs);
+    if (rc)
+        return rs->oom ? KOLO_ENOMEM : KOLO_ESTORE;
+    struct gen_sizes gs = {0};
+    if (store_generations_each(c->store, j->id, collect_gen, &gs) != 0) {
+        free(gs.v);
+        return KOLO_ESTORE;
+    }
+    struct ep_sum *sums = calloc(rs->n ? rs->n : 1, sizeof *sums);
+    if (!sums) {
+        free(gs.v);
+        return KOLO_ENOMEM;
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < rs->n;) {
+        /* the epoch's rows: [i, k); the newest generation's: [g, k) */
+        size_t k = i;
+        while (k < rs->n && rs->v[k].epoch == rs->v[i].epoch)
+            k++;
+        size_t g = k - 1;
+        while (g > i && rs->v[g - 1].generation == rs->v[k - 1].generation)
+            g--;
+        struct ep_sum *s = &sums[n++];
+        s->epoch = rs->v[i].epoch;
+        s->generation = rs->v[g].generation;
+        s->first = g;
+        s->count = k - g;
+        s->expected = gen_size_of(j, &gs, s->generation);
+        for (size_t x = g; x < k; x++) {
+            const struct ep_row *r = &rs->v[x];
+            if (r->start_ms && (!s->start_ms || r->start_ms < s->start_ms))
+                s->start_ms = r->start_ms;
+            if (r->end_ms) { /* 0: only its start (phase 0) was reported */
+                if (r->end_ms > s->end_ms)
+                    s->end_ms = r->end_ms;
+                s->reported++;
+                s->samples += r->samples;
+                if (r->metrics && !s->metrics)
+                    s->metrics = r->metrics; /* rows are in rank order */
+            }
+        }
+        s->complete = s->reported >= s->expected;
+        if (s->start_ms && s->end_ms && s->end_ms >= s->start_ms) {
+            s->wall_s = (double)(s->end_ms - s->start_ms) / 1000.0;
+            s->samples_per_s = s->wall_s > 0 ? (double)s->samples / s->wall_s : NAN;
+        } else {
+            s->wall_s = NAN;
+            s->samples_per_s = NAN;
+        }
+        i = k;
+    }
+    free(gs.v);
+    *out = sums;
+    *nout = n;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- GetEpochs */
+
+static void rpc_get_epochs(struct coord *c, struct rpc_call *call)
+{
+    const struct rpc_frame *f = rpc_call_frame(call);
+    Kolo__GetEpochsRequest *req = kolo__get_epochs_request__unpack(NULL, f->body_len, f->body);
+    if (!req) {
+        c->m.rpc_errors[M_ADMIN_GET_EPOCHS]++;
+        rpc_call_error(call, KOLO_EPROTO, "malformed GetEpochsRequest");
+        return;
+    }
+    struct job *j = coord_job_find(c, req->job_id);
+    int64_t after = req->after_epoch;
+    kolo__get_epochs_request__free_unpacked(req, NULL);
+    if (!j) {
+        c->m.rpc_errors[M_ADMIN_GET_EPOCHS]++;
+        rpc_call_error(call, KOLO_ENOTFOUND, "no such job");
+        return;
+    }
+    struct ep_rows rs = {0};
+    struct ep_sum *sums = NULL;
+    size_t n = 0;
+    int rc = summarize(c, j, &rs, &sums, &n);
+    if (rc) {
+        rows_free(&rs);
+        c->m.rpc_errors[M_ADMIN_GET_EPOCHS]++;
+        rpc_call_error(call, rc, "cannot read the epochs: %s",
+                       rc == KOLO_ENOMEM ? "out of memory" : store_last_error(c->store));
+        return;
+    }
+    Kolo__EpochSummary *es = calloc(n ? n : 1, sizeof *es);
+    Kolo__EpochSummary **ep = calloc(n ? n : 1, sizeof *ep);
+    if (!es || !ep) {
+        free(es);
+        free(ep);
+        free(sums);
+        rows_free(&rs);
+        rpc_call_error(call, KOLO_ENOMEM, "out of memory");
+        return;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct ep_sum *s = &sums[i];
+        if (s->epoch <= after)
+            continue;
+        kolo__epoch_summary__init(&es[k]);
+        es[k].epoch = s->epoch;
+        es[k].start_ms = s->start_ms;
+        es[k].end_ms = s->end_ms;
+        es[k].wall_s = isnan(s->wall_s) ? -1 : s->wall_s;
+        es[k].samples = s->samples;
+        es[k].samples_per_s = isnan(s->samples_per_s) ? -1 : s->samples_per_s;
+        es[k].ranks_reported = s->reported;
+        es[k].ranks_expected = s->expected;
+        es[k].complete = s->complete;
+        es[k].metrics_json = (char *)(s->metrics ? s->metrics : "");
+        es[k].generation = s->generation;
+        ep[k] = &es[k];
+        k++;
+    }
+    Kolo__GetEpochsReply rep = KOLO__GET_EPOCHS_REPLY__INIT;
+    rep.epochs = ep;
+    rep.n_epochs = k;
+    rep.job_done = j->state != JOB_RUNNING && j->state != JOB_PENDING;
+    coord_send_pb(call, &rep.base);
+    free(es);
+    free(ep);
+    free(sums);
+    rows_free(&rs);
+}
+
+void coord_rpc_report(struct coord *c, struct rpc_call *call, enum coord_method m)
+{
+    if (m == M_WORKER_REPORT)
+        rpc_report(c, call);
+    else
+        rpc_get_epochs(c, call);
+}
+
+/* ---------------------------------------------------------------- REST */
+
+/* render_json writes a parsed JSON value again. */
+static void render_json(struct jw *w, const struct json *v)
+{
+    int64_t i;
+    switch (v->type) {
+    case JSON_NULL:
+        jw_null(w);
+        break;
+    case JSON_BOOL:
+        jw_bool(w, v->b);
+        break;
+    case JSON_NUMBER:
+        if (json_as_int(v, &i))
+            jw_int(w, i);
+        else
+            jw_double(w, v->num);
+        break;
+    case JSON_STRING:
+        jw_strn(w, v->str, v->str_len);
+        break;
+    case JSON_ARRAY:
+        jw_arr_begin(w);
+        for (const struct json *e = v->child; e; e = e->next)
+            render_json(w, e);
+        jw_arr_end(w);
+        break;
+    case JSON_OBJECT:
+        jw_obj_begin(w);
+        for (const struct json *e = v->child; e; e = e->next) {
+            jw_key(w, e->key);
+            render_json(w, e);
+        }
+        jw_obj_end(w);
+        break;
+    }
+}
+
+static void render_metrics_text(struct jw *w, const char *text)
+{
+    struct json *v = NULL;
+    char err[64];
+    if (text && json_parse(text, strlen(text), &v, err, sizeof err) == 0) {
+        render_json(w, v);
+        json_free(v);
+    } else {
+        jw_null(w);
+    }
+}
+
+/* render_mean writes the mean over the ranks of every numeric metric
+ * (keys in the order the lowest rank reported them). */
+static void render_mean(struct jw *w, const struct ep_rows *rs, const struct ep_sum *s)
+{
+    struct json *parsed[64] = {0};
+    size_t np = 0;
+    for (size_t x = s->first; x < s->first + s->count && np < 64; x++) {
+        const char *t = rs->v[x].metrics;
+        char err[64];
+        if (t && json_parse(t, strlen(t), &parsed[np], err, sizeof err) == 0)
+            np++;
+    }
+    jw_obj_begin(w);
+    if (np) {
+        for (const struct json *e = parsed[0]->child; e; e = e->next) {
+            if (e->type != JSON_NUMBER)
+                continue;
+            double sum = 0;
+            int cnt = 0;
+            for (size_t p = 0; p < np; p++) {
+                const struct json *v = json_get(parsed[p], e->key);
+                if (v && v->type == JSON_NUMBER) {
+                    sum += v->num;
+                    cnt++;
+                }
+            }
+            jw_kdouble(w, e->key, sum / cnt);
+        }
+    }
+    jw_obj_end(w);
+    for (size_t p = 0; p < np; p++)
+        json_free(parsed[p]);
+}
+
+static void jw_kdouble_or_null(struct jw *w, const char *key, double v)
+{
+    jw_key(w, key);
+    if (isnan(v))
+        jw_null(w);
+    else
+        jw_double(w, v);
+}
+
+static int render_epochs(struct coord *c, struct job *j, struct jw *w, char *err, size_t errlen)
+{
+    struct ep_rows rs = {0};
+    struct ep_sum *sums = NULL;
+    size_t n = 0;
+    int rc = summarize(c, j, &rs, &sums, &n);
+    if (rc) {
+        snprintf(err, errlen, "cannot read the epochs: %s",
+                 rc == KOLO_ENOMEM ? "out of memory" : store_last_error(c->store));
+        rows_free(&rs);
+        return 500;
+    }
+    jw_obj_begin(w);
+    jw_kuint(w, "job", j->id);
+    jw_kuint(w, "generation", j->generation);
+    jw_key(w, "epochs");
+    jw_arr_begin(w);
+    for (size_t i = 0; i < n; i++) {
+        const struct ep_sum *s = &sums[i];
+        jw_obj_begin(w);
+        jw_kint(w, "epoch", s->epoch);
+        jw_kuint(w, "generation", s->generation);
+        jw_kuint(w, "start_ms", s->start_ms);
+        jw_kuint(w, "end_ms", s->end_ms);
+        jw_kdouble_or_null(w, "wall_s", s->wall_s);
+        jw_kint(w, "samples", s->samples);
+        jw_kdouble_or_null(w, "samples_per_s", s->samples_per_s);
+        jw_kint(w, "ranks_reported", s->reported);
+        jw_kint(w, "ranks_expected", s->expected);
+        jw_kbool(w, "complete", s->complete);
+        jw_key(w, "metrics");
+        render_metrics_text(w, s->metrics);
+        jw_key(w, "metrics_mean");
+        render_mean(w, &rs, s);
+        jw_obj_end(w);
+    }
+    jw_arr_end(w);
+    jw_obj_end(w);
+    free(sums);
+    rows_free(&rs);
+    return 200;
+}
+
+/* ---- /steps ---- */
+
+struct step_row {
+    char host[64];
+    uint64_t bucket_ms;
+    double seconds;
+    uint32_t n;
+    int rank;
+};
+
+struct step_rows {
+    struct step_row *v;
+    size_t n, cap;
+    uint64_t bucket_ms;
+    bool oom;
+};
+
+static int collect_step(const struct store_step *s, void *arg)
+{
+    struct step_rows *sr = arg;
+    if (sr->n == sr->cap) {
+        size_t cap = sr->cap ? sr->cap * 2 : 256;
+        struct step_row *nv = realloc(sr->v, cap * sizeof *nv);
+        if (!nv) {
+            sr->oom = true;
+            return KOLO_ENOMEM;
+        }
+        sr->v = nv;
+        sr->cap = cap;
+    }
+    struct step_row *r = &sr->v[sr->n++];
+    str_copy(r->host, s->host_id ? s->host_id : "", sizeof r->host);
+    r->bucket_ms = s->ts_ms / sr->bucket_ms * sr->bucket_ms;
+    r->seconds = s->seconds;
+    r->n = s->n;
+    r->rank = s->rank;
+    return 0;
+}
+
+static int step_cmp(const void *a, const void *b)
+{
+    const struct step_row *x = a, *y = b;
+    int h = strcmp(x->host, y->host);
+    if (h)
+        return h;
+    if (x->bucket_ms != y->bucket_ms)
+        return x->bucket_ms < y->bucket_ms ? -1 : 1;
+    return x->seconds < y->seconds ? -1 : x->seconds > y->seconds;
+}
+
+static bool parse_u64_param(const char *query, const char *key, uint64_t lo, uint64_t hi,
+                            uint64_t *v, bool *given, char *err, size_t errlen)
+{
+    char tmp[40];
+    *given = false;
+    if (!coord_http_query(query, key, tmp, sizeof tmp))
+        return true;
+    *given = true;
+    char *end;
+    unsigned long long x = tmp[0] >= '0' && tmp[0] <= '9' ? strtoull(tmp, &end, 10) : 0;
+    if (!(tmp[0] >= '0' && tmp[0] <= '9') || *end || x < lo || x > hi) {
+        snprintf(err, errlen, "%s must be an integer from %llu to %llu, not '%s'", key,
+                 (unsigned long long)lo, (unsigned long long)hi, tmp);
+        return false;
+    }
+    *v = x;
+    return true;
+}
+
+static const char *host_name_of(struct coord *c, const char *host_id)
+{
+    struct host *h = host_id[0] ? coord_host_find(c, host_id) : NULL;
+    return h ? h->name : host_id;
+}
+
+static int render_steps(struct coord *c, struct job *j, const char *query, struct jw *w, char *err,
+                        size_t errlen)
+{
+    uint64_t bucket_s = 10, since_ms = 0;
+    bool given;
+    if (!parse_u64_param(query, "downsample", 1, 86400, &bucket_s, &given, err, errlen) ||
+        !parse_u64_param(query, "since_ms", 0, (uint64_t)INT64_MAX, &since_ms, &given, err, errlen))
+        return 400;
+    struct step_rows sr = {.bucket_ms = bucket_s * 1000};
+    if (store_steps_each(c->store, j->id, since_ms, collect_step, &sr) != 0) {
+        snprintf(err, errlen, "cannot read the step times: %s",
+                 sr.oom ? "out of memory" : store_last_error(c->store));
+        free(sr.v);
+        return 500;
+    }
+    if (sr.n)
+        qsort(sr.v, sr.n, sizeof *sr.v, step_cmp);
+    jw_obj_begin(w);
+    jw_kuint(w, "job", j->id);
+    jw_kuint(w, "bucket_s", bucket_s);
+    jw_key(w, "hosts");
+    jw_arr_begin(w);
+    size_t buckets = 0;
+    for (size_t i = 0; i < sr.n;) {
+        size_t hk = i;
+        while (hk < sr.n && strcmp(sr.v[hk].host, sr.v[i].host) == 0)
+            hk++;
+        jw_obj_begin(w);
+        jw_kstr(w, "host_id", sr.v[i].host);
+        jw_kstr(w, "host", host_name_of(c, sr.v[i].host));
+        jw_key(w, "buckets");
+        jw_arr_begin(w);
+        for (size_t b = i; b < hk;) {
+            size_t bk = b;
+            uint64_t steps = 0;
+            double sum = 0, max = 0;
+            while (bk < hk && sr.v[bk].bucket_ms == sr.v[b].bucket_ms) {
+                steps += sr.v[bk].n;
+                sum += sr.v[bk].seconds * sr.v[bk].n;
+                if (sr.v[bk].seconds > max)
+                    max = sr.v[bk].seconds;
+                bk++;
+            }
+            /* p50: the weighted median of the per-second means (the rows
+             * are sorted by seconds within the bucket) */
+            double p50 = sr.v[b].seconds;
+            uint64_t acc = 0;
+            for (size_t x = b; x < bk; x++) {
+                acc += sr.v[x].n;
+                if (2 * acc >= steps) {
+                    p50 = sr.v[x].seconds;
+                    break;
+                }
+            }
+            if (buckets++ < REPORT_MAX_BUCKETS) {
+                jw_obj_begin(w);
+                jw_kuint(w, "ts_ms", sr.v[b].bucket_ms);
+                jw_kuint(w, "steps", steps);
+                jw_kdouble(w, "mean_s", steps ? sum / (double)steps : 0);
+                jw_kdouble(w, "p50_s", p50);
+                jw_kdouble(w, "max_s", max);
+                jw_obj_end(w);
+            }
+            b = bk;
+        }
+        jw_arr_end(w);
+        jw_obj_end(w);
+        i = hk;
+    }
+    jw_arr_end(w);
+    jw_kbool(w, "truncated", buckets > REPORT_MAX_BUCKETS);
+    jw_obj_end(w);
+    free(sr.v);
+    return 200;
+}
+
+/* ---- /ranks ---- */
+
+static int render_ranks(struct coord *c, struct job *j, struct jw *w)
+{
+    struct report_job *rj = rjob_get(c, j->id, false);
+    jw_obj_begin(w);
+    jw_kuint(w, "job", j->id);
+    jw_kuint(w, "generation", j->generation);
+    jw_key(w, "ranks");
+    jw_arr_begin(w);
+    for (int i = 0; i < j->nranks; i++) {
+        const struct rank *r = &j->ranks[i];
+        jw_obj_begin(w);
+        jw_kint(w, "rank", r->rank);
+        jw_kstr(w, "host_id", r->host_id);
+        jw_kstr(w, "host", r->host ? r->host->name : r->host_id);
+        jw_kstr(w, "state", coord_rank_state_name(r->state));
+        jw_kint(w, "pid", r->pid);
+        const struct report_rank *rr = rj && r->rank < rj->nranks ? &rj->ranks[r->rank] : NULL;
+        jw_key(w, "last_step_s");
+        if (rr && rr->step_ms)
+            jw_double(w, rr->step_s);
+        else
+            jw_null(w);
+        jw_kuint(w, "last_step_ms", rr ? rr->step_ms : 0);
+        jw_key(w, "last_epoch");
+        if (rr && rr->epoch >= 0)
+            jw_int(w, rr->epoch);
+        else
+            jw_null(w);
+        jw_obj_end(w);
+    }
+    jw_arr_end(w);
+    jw_obj_end(w);
+    return 200;
+}
+
+int coord_report_route(struct coord *c, struct job *j, const char *sub, const char *query,
+                       struct jw *w, char *err, size_t errlen)
+{
+    if (strcmp(sub, "/epochs") == 0)
+        return render_epochs(c, j, w, err, errlen);
+    if (strcmp(sub, "/steps") == 0)
+        return render_steps(c, j, query, w, err, errlen);
+    if (strcmp(sub, "/ranks") == 0)
+        return render_ranks(c, j, w);
+    snprintf(err, errlen, "no such route");
+    return 404;
+}
+
+/* ---------------------------------------------------------------- metrics */
+
+void coord_report_render_metrics(struct coord *c, struct buf *b)
+{
+    const struct coord_report_metrics *m = &c->m.report;
+    buf_printf(b,
+               "# HELP kolo_reports_total Worker progress reports (batches) stored.\n"
+               "# TYPE kolo_reports_total counter\nkolo_reports_total %llu\n"
+               "# HELP kolo_report_epochs_total Epoch boundaries reported by workers.\n"
+               "# TYPE kolo_report_epochs_total counter\nkolo_report_epochs_total %llu\n"
+               "# HELP kolo_report_step_rows_total Per-second step-time rows reported.\n"
+               "# TYPE kolo_report_step_rows_total counter\nkolo_report_step_rows_total %llu\n"
+               "# HELP kolo_report_step_rows_pruned_total Step-time rows deleted by the per-job "
+               "cap.\n# TYPE kolo_report_step_rows_pruned_total counter\n"
+               "kolo_report_step_rows_pruned_total %llu\n"
+               "# HELP kolo_reports_refused_total Reports refused (stale generation, job not "
+               "running, malformed).\n# TYPE kolo_reports_refused_total counter\n"
+               "kolo_reports_refused_total %llu\n"
+               "# HELP kolo_report_worker_dropped_max The most reports one worker context said "
+               "it dropped (its queue was full, or the coordinator unreachable).\n"
+               "# TYPE kolo_report_worker_dropped_max gauge\nkolo_report_worker_dropped_max %llu\n",
+               (unsigned long long)m->batches, (unsigned long long)m->epochs,
+               (unsigned long long)m->step_rows, (unsigned long long)m->step_rows_pruned,
+               (unsigned long long)m->refused, (unsigned long long)m->worker_dropped_max);
+}

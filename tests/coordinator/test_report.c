@@ -1,0 +1,380 @@
+/*
+ * test_report.c - WorkerService.Report and AdminService.GetEpochs against
+ * an in-process coordinator over real RPC, and the REST routes /epochs,
+ * /steps and /ranks over real HTTP (issue 6): derived wall times and
+ * samples/s, incomplete epochs, fencing, malformed reports, bad query
+ * parameters (400), unknown jobs (404), the metrics.
+ */
+#include <arpa/inet.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "coord.h"
+#include "errors.h"
+#include "json.h"
+#include "kolo.pb-c.h"
+#include "rpc.h"
+#include "test.h"
+#include "util.h"
+
+static char dir[] = "/tmp/kolo-test-coord-report-XXXXXX";
+static char dbpath[256];
+static struct coord *coord;
+static uint64_t job_id;
+
+static struct coord *start(void)
+{
+    struct coord *c = NULL;
+    char err[512];
+    struct coord_config cfg = {.listen = "tcp://127.0.0.1:0",
+                               .http = "127.0.0.1:0",
+                               .db_path = dbpath,
+                               .lease_ms = 60000,
+                               .heartbeat_ms = 1000};
+    int rv = coord_start(&c, &cfg, err, sizeof err);
+    if (rv)
+        fprintf(stderr, "coord_start: %s\n", err);
+    REQUIRE(rv == 0);
+    return c;
+}
+
+static struct rpc_client *client(uint64_t job, uint64_t gen, int rank)
+{
+    struct rpc_client *cli = NULL;
+    struct rpc_client_config cc = {.url = coord_rpc_url(coord),
+                                   .identity = "report-test",
+                                   .job_id = job,
+                                   .generation = gen,
+                                   .rank = rank};
+    REQUIRE(rpc_client_open(&cli, &cc) == 0);
+    return cli;
+}
+
+static void make_job(void)
+{
+    struct rpc_client *cli = client(0, 0, 0);
+    char err[512], inst[32];
+    random_hex(inst, 8);
+    Kolo__RegisterRequest reg = KOLO__REGISTER_REQUEST__INIT;
+    reg.host_id = "rep-host";
+    reg.name = "rep-host";
+    reg.hostname = "rep-host";
+    reg.addr = "127.0.0.1";
+    reg.slots = 2;
+    reg.agent_instance = inst;
+    uint8_t buf[512];
+    size_t len = kolo__register_request__pack(&reg, buf);
+    void *out;
+    size_t olen;
+    REQUIRE(rpc_client_call(cli, "AgentService.RegisterHost", buf, len, &out, &olen, 3000, err,
+                            sizeof err) == 0);
+    free(out);
+    Kolo__SubmitJobRequest sub = KOLO__SUBMIT_JOB_REQUEST__INIT;
+    char *argv[] = {"true"};
+    sub.argv = argv;
+    sub.n_argv = 1;
+    sub.np = 2;
+    sub.hosts = "rep-host:2";
+    len = kolo__submit_job_request__pack(&sub, buf);
+    REQUIRE(rpc_client_call(cli, "AdminService.SubmitJob", buf, len, &out, &olen, 3000, err,
+                            sizeof err) == 0);
+    Kolo__SubmitJobReply *rep = kolo__submit_job_reply__unpack(NULL, olen, out);
+    REQUIRE(rep);
+    job_id = rep->job_id;
+    kolo__submit_job_reply__free_unpacked(rep, NULL);
+    free(out);
+    rpc_client_close(cli);
+}
+
+/* report sends one batch: epochs as (epoch, phase, ts, start, samples,
+ * metrics) and steps as (ts, seconds, count). */
+struct ep {
+    int64_t epoch;
+    int phase;
+    uint64_t ts, start;
+    int64_t samples;
+    const char *metrics;
+};
+struct st {
+    uint64_t ts;
+    double seconds;
+    uint32_t count;
+};
+
+static int report(struct rpc_client *cli, const struct ep *eps, size_t ne, const struct st *sts,
+                  size_t ns, char *err, size_t errlen)
+{
+    Kolo__EpochReport e[8], *ep[8];
+    Kolo__StepSample s[8], *sp[8];
+    REQUIRE(ne <= 8 && ns <= 8);
+    for (size_t i = 0; i < ne; i++) {
+        kolo__epoch_report__init(&e[i]);
+        e[i].epoch = eps[i].epoch;
+        e[i].phase = eps[i].phase;
+        e[i].ts_ms = eps[i].ts;
+        e[i].start_ms = eps[i].start;
+        e[i].samples = eps[i].samples;
+        e[i].metrics_json = (char *)(eps[i].metrics ? eps[i].metrics : "");
+        ep[i] = &e[i];
+    }
+    for (size_t i = 0; i < ns; i++) {
+        kolo__step_sample__init(&s[i]);
+        s[i].ts_ms = sts[i].ts;
+        s[i].seconds = sts[i].seconds;
+        s[i].count = sts[i].count;
+        sp[i] = &s[i];
+    }
+    Kolo__WorkerReportRequest req = KOLO__WORKER_REPORT_REQUEST__INIT;
+    req.epochs = ep;
+    req.n_epochs = ne;
+    req.steps = sp;
+    req.n_steps = ns;
+    uint8_t buf[8192];
+    size_t len = kolo__worker_report_request__pack(&req, buf);
+    void *out = NULL;
+    size_t olen;
+    int rv = rpc_client_call(cli, "WorkerService.Report", buf, len, &out, &olen, 3000, err, errlen);
+    free(out);
+    return rv;
+}
+
+static char *http_get(const char *path, int *status)
+{
+    const char *u = coord_http_url(coord);
+    int port = atoi(strrchr(u, ':') + 1);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    struct timeval tv = {.tv_sec = 3};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    REQUIRE(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    char req[512];
+    int n = snprintf(req, sizeof req,
+                     "GET %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", path);
+    REQUIRE(write(fd, req, (size_t)n) == n);
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap + 1);
+    for (;;) {
+        if (len == cap)
+            buf = realloc(buf, (cap *= 2) + 1);
+        ssize_t k = read(fd, buf + len, cap - len);
+        if (k <= 0)
+            break;
+        len += (size_t)k;
+    }
+    close(fd);
+    buf[len] = '\0';
+    *status = 0;
+    sscanf(buf, "HTTP/1.1 %d", status);
+    char *body = strstr(buf, "\r\n\r\n");
+    char *res = strdup(body ? body + 4 : "");
+    free(buf);
+    return res;
+}
+
+static struct json *get_json(const char *path, int want_status)
+{
+    int status;
+    char *body = http_get(path, &status);
+    if (status != want_status)
+        fprintf(stderr, "GET %s: %d, want %d: %s\n", path, status, want_status, body);
+    CHECK_EQ_INT(status, want_status);
+    struct json *v = NULL;
+    char err[128];
+    REQUIRE(json_parse(body, strlen(body), &v, err, sizeof err) == 0);
+    free(body);
+    return v;
+}
+
+static double num(const struct json *o, const char *key)
+{
+    const struct json *v = json_get(o, key);
+    REQUIRE(v);
+    return v->type == JSON_NUMBER ? v->num : -999;
+}
+
+static void test_epochs(void)
+{
+    char err[512];
+    struct rpc_client *r0 = client(job_id, 1, 0), *r1 = client(job_id, 1, 1);
+    uint64_t t = 1700000000000ull;
+    /* epoch 0: rank 0 reports start and end, rank 1 an end with its start */
+    struct ep a[] = {{0, 0, t, 0, 0, NULL}, {0, 1, t + 2000, 0, 100, "{\"loss\":0.5,\"acc\":1}"}};
+    CHECK_EQ_INT(report(r0, a, 2, NULL, 0, err, sizeof err), 0);
+    struct ep b[] = {{0, 1, t + 2500, t + 500, 150, "{\"loss\":1.5,\"acc\":\"x\"}"}};
+    struct st s[] = {{t + 1000, 0.25, 4}, {t + 2000, 0.5, 2}};
+    CHECK_EQ_INT(report(r1, b, 1, s, 2, err, sizeof err), 0);
+    /* epoch 1: only rank 0 so far */
+    struct ep c[] = {{1, 1, t + 4500, t + 2000, 100, "{\"loss\":0.25}"}};
+    CHECK_EQ_INT(report(r0, c, 1, NULL, 0, err, sizeof err), 0);
+
+    char path[128];
+    snprintf(path, sizeof path, "/api/v1/jobs/%" PRIu64 "/epochs", job_id);
+    struct json *v = get_json(path, 200);
+    const struct json *eps = json_get(v, "epochs");
+    REQUIRE(eps && eps->count == 2);
+    const struct json *e0 = json_at(eps, 0), *e1 = json_at(eps, 1);
+    CHECK(num(e0, "epoch") == 0);
+    CHECK(num(e0, "start_ms") == (double)t && num(e0, "end_ms") == (double)(t + 2500));
+    CHECK(num(e0, "wall_s") == 2.5);
+    CHECK(num(e0, "samples") == 250);
+    CHECK(num(e0, "samples_per_s") == 100);
+    CHECK(num(e0, "ranks_reported") == 2 && num(e0, "ranks_expected") == 2);
+    CHECK(json_get(e0, "complete")->b);
+    CHECK(num(json_get(e0, "metrics"), "loss") == 0.5);      /* rank 0's */
+    CHECK(num(json_get(e0, "metrics_mean"), "loss") == 1.0); /* the mean */
+    CHECK(num(json_get(e0, "metrics_mean"), "acc") == 1.0);  /* numbers only */
+    CHECK(num(e1, "ranks_reported") == 1 && !json_get(e1, "complete")->b);
+    CHECK(num(e1, "wall_s") == 2.5);
+    json_free(v);
+
+    /* GetEpochs, after epoch 0 */
+    Kolo__GetEpochsRequest gq = KOLO__GET_EPOCHS_REQUEST__INIT;
+    gq.job_id = job_id;
+    gq.after_epoch = 0;
+    uint8_t buf[64];
+    size_t len = kolo__get_epochs_request__pack(&gq, buf);
+    void *out = NULL;
+    size_t olen;
+    CHECK_EQ_INT(
+        rpc_client_call(r0, "AdminService.GetEpochs", buf, len, &out, &olen, 3000, err, sizeof err),
+        0);
+    Kolo__GetEpochsReply *gr = kolo__get_epochs_reply__unpack(NULL, olen, out);
+    REQUIRE(gr);
+    CHECK(gr->n_epochs == 1 && gr->epochs[0]->epoch == 1 && !gr->epochs[0]->complete);
+    CHECK(!gr->job_done);
+    kolo__get_epochs_reply__free_unpacked(gr, NULL);
+    free(out);
+    gq.job_id = job_id + 77;
+    len = kolo__get_epochs_request__pack(&gq, buf);
+    CHECK_EQ_INT(
+        rpc_client_call(r0, "AdminService.GetEpochs", buf, len, &out, &olen, 3000, err, sizeof err),
+        KOLO_ENOTFOUND);
+
+    /* steps: one host, the bucket holds both rows */
+    snprintf(path, sizeof path, "/api/v1/jobs/%" PRIu64 "/steps?downsample=60", job_id);
+    v = get_json(path, 200);
+    const struct json *hosts = json_get(v, "hosts");
+    REQUIRE(hosts && hosts->count == 1);
+    const struct json *h = json_at(hosts, 0);
+    CHECK_EQ_STR(json_get(h, "host")->str, "rep-host");
+    const struct json *bk = json_get(h, "buckets");
+    REQUIRE(bk && bk->count >= 1);
+    double steps = 0;
+    for (size_t i = 0; i < bk->count; i++)
+        steps += num(json_at(bk, i), "steps");
+    CHECK(steps == 6);
+    json_free(v);
+
+    /* ranks: the last step time and epoch of each */
+    snprintf(path, sizeof path, "/api/v1/jobs/%" PRIu64 "/ranks", job_id);
+    v = get_json(path, 200);
+    const struct json *ranks = json_get(v, "ranks");
+    REQUIRE(ranks && ranks->count == 2);
+    CHECK(json_get(json_at(ranks, 0), "last_step_s")->type == JSON_NULL);
+    CHECK(num(json_at(ranks, 0), "last_epoch") == 1);
+    CHECK(num(json_at(ranks, 1), "last_step_s") == 0.5);
+    CHECK(num(json_at(ranks, 1), "last_epoch") == 0);
+    json_free(v);
+    rpc_client_close(r0);
+    rpc_client_close(r1);
+}
+
+static void test_refused(void)
+{
+    char err[512];
+    uint64_t t = 1700000000000ull;
+    struct ep ok[] = {{5, 1, t, 0, 1, NULL}};
+    /* fencing: a stale generation, an unknown job, a rank out of range */
+    struct rpc_client *stale = client(job_id, 9, 0);
+    CHECK_EQ_INT(report(stale, ok, 1, NULL, 0, err, sizeof err), KOLO_ESTALE);
+    rpc_client_close(stale);
+    struct rpc_client *nojob = client(job_id + 50, 1, 0);
+    CHECK_EQ_INT(report(nojob, ok, 1, NULL, 0, err, sizeof err), KOLO_EINVAL);
+    rpc_client_close(nojob);
+    struct rpc_client *badrank = client(job_id, 1, 7);
+    CHECK_EQ_INT(report(badrank, ok, 1, NULL, 0, err, sizeof err), KOLO_EINVAL);
+    rpc_client_close(badrank);
+
+    struct rpc_client *r0 = client(job_id, 1, 0);
+    struct ep bad_phase[] = {{1, 2, t, 0, 0, NULL}};
+    CHECK_EQ_INT(report(r0, bad_phase, 1, NULL, 0, err, sizeof err), KOLO_EINVAL);
+    struct ep bad_epoch[] = {{-1, 1, t, 0, 0, NULL}};
+    CHECK_EQ_INT(report(r0, bad_epoch, 1, NULL, 0, err, sizeof err), KOLO_EINVAL);
+    struct ep bad_json[] = {{1, 1, t, 0, 0, "{loss"}};
+    CHECK_EQ_INT(report(r0, bad_json, 1, NULL, 0, err, sizeof err), KOLO_EINVAL);
+    CHECK(strstr(err, "metrics_json") != NULL);
+    struct ep not_object[] = {{1, 1, t, 0, 0, "[1]"}};
+    CHECK_EQ_INT(report(r0, not_object, 1, NULL, 0, err, sizeof err), KOLO_EINVAL);
+    struct ep start_after_end[] = {{1, 1, t, t + 5, 0, NULL}};
+    CHECK_EQ_INT(report(r0, start_after_end, 1, NULL, 0, err, sizeof err), KOLO_EINVAL);
+    struct st bad_step[] = {{t, -1.0, 1}};
+    CHECK_EQ_INT(report(r0, NULL, 0, bad_step, 1, err, sizeof err), KOLO_EINVAL);
+    struct st zero_count[] = {{t, 1.0, 0}};
+    CHECK_EQ_INT(report(r0, NULL, 0, zero_count, 1, err, sizeof err), KOLO_EINVAL);
+    /* a refused batch stores nothing: epoch 5 is not there */
+    void *out = NULL;
+    size_t olen;
+    uint8_t garbage[] = {0xff, 0xff, 0xff};
+    CHECK_EQ_INT(rpc_client_call(r0, "WorkerService.Report", garbage, sizeof garbage, &out, &olen,
+                                 3000, err, sizeof err),
+                 KOLO_EPROTO);
+    rpc_client_close(r0);
+    char path[128];
+    snprintf(path, sizeof path, "/api/v1/jobs/%" PRIu64 "/epochs", job_id);
+    struct json *v = get_json(path, 200);
+    CHECK_EQ_INT((int)json_get(v, "epochs")->count, 2);
+    json_free(v);
+}
+
+static void test_http_errors(void)
+{
+    const char *bad[] = {"downsample=0", "downsample=x", "downsample=86401",
+                         "downsample=",  "since_ms=-5",  "downsample=1.5"};
+    char path[200];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(path, sizeof path, "/api/v1/jobs/%" PRIu64 "/steps?%s", job_id, bad[i]);
+        struct json *v = get_json(path, 400);
+        const struct json *e = json_get(v, "error");
+        CHECK(e && e->type == JSON_STRING && strlen(e->str) > 0);
+        json_free(v);
+    }
+    const char *subs[] = {"epochs", "steps", "ranks"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "/api/v1/jobs/424242/%s", subs[i]);
+        json_free(get_json(path, 404));
+    }
+    int status;
+    char *body = http_get("/metrics", &status);
+    CHECK_EQ_INT(status, 200);
+    CHECK(strstr(body, "kolo_report_epochs_total 4\n") != NULL);
+    CHECK(strstr(body, "kolo_report_step_rows_total 2\n") != NULL);
+    CHECK(strstr(body, "kolo_reports_refused_total") != NULL);
+    free(body);
+}
+
+int main(void)
+{
+    REQUIRE(mkdtemp(dir) != NULL);
+    snprintf(dbpath, sizeof dbpath, "%s/coord.db", dir);
+    coord = start();
+    make_job();
+    test_epochs();
+    test_refused();
+    test_http_errors();
+    coord_stop(coord);
+    const char *suffixes[] = {"", "-wal", "-shm"};
+    for (int i = 0; i < 3; i++) {
+        char path[300];
+        snprintf(path, sizeof path, "%s%s", dbpath, suffixes[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+    TEST_DONE();
+}

@@ -1,0 +1,194 @@
+"""Epoch and step reports (issue 6) in a real cluster: a coordinator with
+HTTP, one agent with 2 slots, and `kolo run --coordinator` of a 2-worker
+kolo.torch job that trains 3 short epochs with DistributedOptimizer and
+calls hvd.report_epoch() at the end of each. The REST API then has 3
+epochs with sane wall times and samples/s, per-host step times and the
+ranks; kolo run printed one line per epoch; bad parameters give 400."""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from conftest import KOLO, PYDIR
+
+WORKER = r'''
+import sys
+import time
+
+import torch
+import kolo.torch as hvd
+
+hvd.init()
+torch.manual_seed(hvd.rank())
+model = torch.nn.Linear(8, 1)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                               named_parameters=model.named_parameters())
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+# wrong arguments are the caller's mistake: ValueError, never a crash
+for bad in [dict(epoch=-1), dict(epoch=0, samples=-5), dict(epoch=0, metrics=[1])]:
+    try:
+        hvd.report_epoch(**bad)
+        print("no error for %r" % (bad,))
+        sys.exit(3)
+    except ValueError:
+        pass
+for epoch in range(3):
+    loss_sum = 0.0
+    for step in range(15):
+        x = torch.randn(16, 8)
+        y = x.sum(dim=1, keepdim=True)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        loss_sum += loss.item()
+        time.sleep(0.02)
+    hvd.report_epoch(epoch, samples=15 * 16, metrics={"loss": loss_sum / 15,
+                                                      "rank": hvd.rank()})
+print("done", hvd.rank())
+'''
+
+
+def _get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, json.loads(r.read().decode())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read().decode() or "{}")
+
+
+@pytest.fixture
+def cluster():
+    tmp = tempfile.mkdtemp(prefix="kolo-report-")
+    procs = []
+    coord = subprocess.Popen([KOLO, "coordinator", "--listen", "tcp://127.0.0.1:0",
+                              "--http", "127.0.0.1:0", "--db", os.path.join(tmp, "c.db"),
+                              "--lease", "3s", "--heartbeat", "300ms"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             universal_newlines=True)
+    procs.append(coord)
+    line = ""
+    deadline = time.time() + 15
+    while time.time() < deadline and "ready" not in line:
+        line = coord.stdout.readline()
+    m = re.search(r"rpc=(\S+) http=(\S+)", line)
+    assert m, "coordinator did not start: %r" % line
+    rpc, http = m.group(1), m.group(2)
+    agent = subprocess.Popen([KOLO, "agent", "--coordinator", rpc, "--slots", "2", "--name",
+                              "ha", "--state-dir", os.path.join(tmp, "agent")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs.append(agent)
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        st, body = _get(http + "/api/v1/hosts")
+        if st == 200 and any(h["state"] == "alive" for h in body["hosts"]):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the agent did not register")
+    try:
+        yield rpc, http, tmp
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def test_epochs_steps_ranks(cluster):
+    rpc, http, tmp = cluster
+    path = os.path.join(tmp, "worker.py")
+    with open(path, "w") as f:
+        f.write(WORKER)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = PYDIR + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    p = subprocess.run([KOLO, "run", "-np", "2", "--coordinator", rpc, "--", sys.executable,
+                        path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=180,
+                       env=env, cwd=tmp, universal_newlines=True)
+    print(p.stdout, p.stderr)
+    assert p.returncode == 0, p.stderr
+
+    # kolo run printed one line per epoch, in order, with samples/s and loss
+    lines = [l for l in p.stderr.splitlines() if re.match(r"\[kolo\] epoch \d+:", l)]
+    assert len(lines) == 3, p.stderr
+    for i, l in enumerate(lines):
+        m = re.match(r"\[kolo\] epoch (\d+): ([0-9.]+) s, ([0-9]+) samples/s, loss ([0-9.]+)$", l)
+        assert m, l
+        assert int(m.group(1)) == i
+        assert 0.1 < float(m.group(2)) < 60
+        assert int(m.group(3)) > 0
+
+    st, jobs = _get(http + "/api/v1/jobs")
+    assert st == 200
+    job = jobs["jobs"][-1]["id"]
+
+    st, body = _get("%s/api/v1/jobs/%d/epochs" % (http, job))
+    assert st == 200, body
+    eps = body["epochs"]
+    assert [e["epoch"] for e in eps] == [0, 1, 2]
+    for e in eps:
+        assert e["ranks_reported"] == 2 and e["ranks_expected"] == 2 and e["complete"]
+        assert e["samples"] == 2 * 15 * 16
+        # 15 steps of >= 20 ms each
+        assert 0.25 < e["wall_s"] < 60, e
+        assert e["end_ms"] - e["start_ms"] == pytest.approx(e["wall_s"] * 1000, abs=1)
+        assert e["samples_per_s"] == pytest.approx(e["samples"] / e["wall_s"], rel=1e-6)
+        assert e["metrics"]["rank"] == 0          # rank 0's metrics
+        assert e["metrics_mean"]["rank"] == 0.5   # the mean over the ranks
+        assert e["metrics"]["loss"] >= 0
+    assert eps[0]["end_ms"] <= eps[1]["start_ms"] + 1000
+
+    st, body = _get("%s/api/v1/jobs/%d/steps?downsample=1" % (http, job))
+    assert st == 200, body
+    assert body["bucket_s"] == 1
+    assert len(body["hosts"]) == 1 and body["hosts"][0]["host"] == "ha"
+    buckets = body["hosts"][0]["buckets"]
+    assert buckets and sum(b["steps"] for b in buckets) >= 2 * 40
+    for b in buckets:
+        assert 0 < b["p50_s"] < 10 and 0 < b["mean_s"] < 10 and b["max_s"] >= b["p50_s"]
+
+    st, body = _get("%s/api/v1/jobs/%d/ranks" % (http, job))
+    assert st == 200, body
+    assert [r["rank"] for r in body["ranks"]] == [0, 1]
+    for r in body["ranks"]:
+        assert r["host"] == "ha" and r["last_epoch"] == 2
+        assert r["last_step_s"] is not None and r["last_step_s"] > 0
+
+    # bad parameters: 400 with a message; unknown job: 404
+    for q in ["downsample=0", "downsample=abc", "downsample=100000", "since_ms=-1"]:
+        st, body = _get("%s/api/v1/jobs/%d/steps?%s" % (http, job, q))
+        assert st == 400 and body["error"], (q, body)
+    for sub in ["epochs", "steps", "ranks"]:
+        st, body = _get("%s/api/v1/jobs/999999/%s" % (http, sub))
+        assert st == 404, body
+
+    with urllib.request.urlopen(http + "/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    m = re.search(r"^kolo_report_epochs_total (\d+)$", metrics, re.M)
+    assert m and int(m.group(1)) >= 6
+
+
+def test_report_epoch_solo():
+    """Without a coordinator report_epoch is a no-op (and still checks its
+    arguments)."""
+    code = ("import kolo.torch as hvd\nhvd.init()\nhvd.report_epoch(0, samples=3, "
+            "metrics={'loss': 1.0})\n"
+            "try:\n    hvd.report_epoch('x')\nexcept ValueError:\n    print('ok')\n")
+    env = dict(os.environ)
+    env.pop("KOLO_COORDINATOR", None)
+    env["PYTHONPATH"] = PYDIR
+    p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, env=env, timeout=60, universal_newlines=True)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr

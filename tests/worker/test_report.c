@@ -1,0 +1,184 @@
+/*
+ * test_report.c - kolo_report_epoch, kolo_report_epoch_span and
+ * kolo_report_step end to end (issue 6): two ranks as threads against an
+ * in-process coordinator; typed errors for bad arguments; a queue that
+ * overflows drops and counts instead of blocking; kolo_fini sends what is
+ * queued; the coordinator derives the epochs (AdminService.GetEpochs).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "coord.h"
+#include "kolo.h"
+#include "kolo.pb-c.h"
+#include "rpc.h"
+#include "test.h"
+#include "util.h"
+
+#define NP 2
+
+static char dir[] = "/tmp/kolo-test-worker-report-XXXXXX";
+static char dbpath[256];
+static struct coord *coord;
+static uint64_t job_id;
+
+static int call(const char *method, const ProtobufCMessage *req, void **out, size_t *olen)
+{
+    struct rpc_client *cli;
+    struct rpc_client_config cc = {.url = coord_rpc_url(coord), .identity = "test"};
+    REQUIRE(rpc_client_open(&cli, &cc) == 0);
+    uint8_t buf[512];
+    size_t len = protobuf_c_message_pack(req, buf);
+    char err[512];
+    int rv = rpc_client_call(cli, method, buf, len, out, olen, 3000, err, sizeof err);
+    rpc_client_close(cli);
+    return rv;
+}
+
+static void make_job(void)
+{
+    char inst[32];
+    random_hex(inst, 8);
+    Kolo__RegisterRequest reg = KOLO__REGISTER_REQUEST__INIT;
+    reg.host_id = "report-host";
+    reg.name = "report-host";
+    reg.hostname = "report-host";
+    reg.addr = "127.0.0.1";
+    reg.slots = NP;
+    reg.agent_instance = inst;
+    void *out;
+    size_t olen;
+    REQUIRE(call("AgentService.RegisterHost", &reg.base, &out, &olen) == 0);
+    free(out);
+    Kolo__SubmitJobRequest sub = KOLO__SUBMIT_JOB_REQUEST__INIT;
+    char *argv[] = {"true"};
+    sub.argv = argv;
+    sub.n_argv = 1;
+    sub.np = NP;
+    sub.hosts = "report-host:2";
+    REQUIRE(call("AdminService.SubmitJob", &sub.base, &out, &olen) == 0);
+    Kolo__SubmitJobReply *rep = kolo__submit_job_reply__unpack(NULL, olen, out);
+    REQUIRE(rep);
+    job_id = rep->job_id;
+    kolo__submit_job_reply__free_unpacked(rep, NULL);
+    free(out);
+}
+
+static uint64_t dropped[NP];
+
+static void *rank_main(void *p)
+{
+    int rank = (int)(intptr_t)p;
+    kolo_config cfg = {0};
+    cfg.coordinator = coord_rpc_url(coord);
+    cfg.job_id = job_id;
+    cfg.generation = 1;
+    cfg.rank = rank;
+    cfg.size = NP;
+    cfg.local_rank = rank;
+    cfg.local_size = NP;
+    cfg.host_id = "report-host";
+    cfg.data_addr = "127.0.0.1";
+    cfg.timeout_ms = 10000;
+    kolo_ctx *ctx = NULL;
+    REQUIRE(kolo_init(&ctx, &cfg) == 0);
+
+    /* bad arguments: typed errors, nothing queued */
+    CHECK_EQ_INT(kolo_report_epoch(NULL, 0, 0, 0, NULL), KOLO_EINVAL);
+    CHECK_EQ_INT(kolo_report_epoch(ctx, -1, 0, 0, NULL), KOLO_EINVAL);
+    CHECK_EQ_INT(kolo_report_epoch(ctx, 0, 2, 0, NULL), KOLO_EINVAL);
+    CHECK_EQ_INT(kolo_report_epoch(ctx, 0, 1, -3, NULL), KOLO_EINVAL);
+    CHECK_EQ_INT(kolo_report_epoch(ctx, 0, 1, 1, "[1]"), KOLO_EINVAL);
+    CHECK(strstr(kolo_last_error(ctx), "JSON object") != NULL);
+    CHECK_EQ_INT(kolo_report_epoch(ctx, 0, 1, 1, "{\"loss\":"), KOLO_EINVAL);
+    char *big = malloc(5000);
+    memset(big, ' ', 4999);
+    big[0] = '{';
+    big[4998] = '}';
+    big[4999] = '\0';
+    CHECK_EQ_INT(kolo_report_epoch(ctx, 0, 1, 1, big), KOLO_ETOOBIG);
+    free(big);
+    CHECK_EQ_INT(kolo_report_epoch_span(ctx, 0, 10, 5, 0, NULL), KOLO_EINVAL);
+    CHECK_EQ_INT(kolo_report_epoch_span(ctx, 0, 0, 0, 0, NULL), KOLO_EINVAL);
+    CHECK_EQ_INT(kolo_report_step(ctx, NAN), KOLO_EINVAL);
+    CHECK_EQ_INT(kolo_report_step(ctx, -1), KOLO_EINVAL);
+    CHECK_EQ_INT(kolo_report_step(ctx, 1e7), KOLO_EINVAL);
+    CHECK_EQ_INT(kolo_report_step(NULL, 1), KOLO_EINVAL);
+
+    /* epoch 0: start and end; epoch 1: an end whose start is epoch 0's end */
+    CHECK_EQ_INT(kolo_report_epoch(ctx, 0, 0, 0, NULL), 0);
+    for (int i = 0; i < 10; i++) {
+        CHECK_EQ_INT(kolo_report_step(ctx, 0.01), 0);
+        usleep(20000);
+    }
+    CHECK_EQ_INT(kolo_report_epoch(ctx, 0, 1, 100, rank == 0 ? "{\"loss\":0.5}" : NULL), 0);
+    usleep(700000); /* one send period: epoch 0 goes in its own batch */
+    usleep(100000);
+    CHECK_EQ_INT(kolo_report_epoch(ctx, 1, 1, 50, "{\"loss\":0.25}"), 0);
+    /* a flood never blocks: beyond the queue's room reports are dropped */
+    if (rank == 1) {
+        uint64_t t0 = now_mono_ms();
+        int busy = 0;
+        for (int i = 0; i < 3000; i++)
+            busy += kolo_report_epoch_span(ctx, 1000 + i, 0, now_wall_ms(), 1, NULL) == KOLO_EBUSY;
+        CHECK(now_mono_ms() - t0 < 2000);
+        CHECK(busy > 0);
+        CHECK(kolo_report_dropped(ctx) >= (uint64_t)busy);
+    }
+    dropped[rank] = kolo_report_dropped(ctx);
+    CHECK_EQ_INT(kolo_fini(ctx), 0); /* sends what is queued */
+    return NULL;
+}
+
+int main(void)
+{
+    REQUIRE(mkdtemp(dir) != NULL);
+    snprintf(dbpath, sizeof dbpath, "%s/coord.db", dir);
+    char err[512];
+    struct coord_config cfg = {
+        .listen = "tcp://127.0.0.1:0", .db_path = dbpath, .lease_ms = 60000, .heartbeat_ms = 1000};
+    REQUIRE(coord_start(&coord, &cfg, err, sizeof err) == 0);
+    make_job();
+    pthread_t t[NP];
+    for (int r = 0; r < NP; r++)
+        pthread_create(&t[r], NULL, rank_main, (void *)(intptr_t)r);
+    for (int r = 0; r < NP; r++)
+        pthread_join(t[r], NULL);
+    CHECK_EQ_INT(dropped[0], 0);
+
+    Kolo__GetEpochsRequest gq = KOLO__GET_EPOCHS_REQUEST__INIT;
+    gq.job_id = job_id;
+    gq.after_epoch = -1;
+    void *out = NULL;
+    size_t olen;
+    REQUIRE(call("AdminService.GetEpochs", &gq.base, &out, &olen) == 0);
+    Kolo__GetEpochsReply *rep = kolo__get_epochs_reply__unpack(NULL, olen, out);
+    REQUIRE(rep && rep->n_epochs >= 2);
+    const Kolo__EpochSummary *e0 = rep->epochs[0], *e1 = rep->epochs[1];
+    CHECK(e0->epoch == 0 && e0->complete && e0->ranks_reported == NP);
+    CHECK(e0->samples == 200);
+    CHECK(e0->wall_s >= 0.15 && e0->wall_s < 10);
+    CHECK(e0->samples_per_s > 0);
+    CHECK(strcmp(e0->metrics_json, "{\"loss\":0.5}") == 0);
+    CHECK(e1->epoch == 1 && e1->complete && e1->samples == 100);
+    /* epoch 1 started where each rank's epoch 0 ended */
+    CHECK(e1->start_ms >= e0->start_ms && e1->start_ms <= e0->end_ms);
+    CHECK(e1->wall_s >= 0.7 && e1->wall_s < 10);
+    /* the flood: what was queued arrived, what was dropped did not */
+    CHECK(rep->n_epochs > 2 && rep->n_epochs <= 2 + 1024);
+    kolo__get_epochs_reply__free_unpacked(rep, NULL);
+    free(out);
+    coord_stop(coord);
+    const char *suffixes[] = {"", "-wal", "-shm"};
+    for (int i = 0; i < 3; i++) {
+        char path[300];
+        snprintf(path, sizeof path, "%s%s", dbpath, suffixes[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+    TEST_DONE();
+}

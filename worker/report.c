@@ -1,0 +1,500 @@
+/*
+ * report.c - epoch and step reports for the coordinator's dashboard:
+ * kolo_report_epoch, kolo_report_epoch_span, kolo_report_step.
+ *
+ * DESIGN
+ *
+ * Reporting must never slow training down or fail it. A report call only
+ * takes the report lock and appends to a bounded queue; a sender thread,
+ * started by the first report on a context, wakes every REPORT_PERIOD_MS,
+ * takes the whole queue and sends it as one WorkerService.Report call over
+ * a coordinator connection of its own (like snapshot.c: the background
+ * thread and its negotiation connection are never involved). The call has
+ * a deadline; while it runs, new reports queue up behind it.
+ *
+ * Step times are aggregated as they arrive: one (second, sum, count)
+ * bucket per wall-clock second, so a rank sends at most one step row per
+ * second however fast it steps, and the queue holds REPORT_MAX_STEPS
+ * seconds. Epoch boundaries are kept one by one (REPORT_MAX_EPOCHS).
+ *
+ * Failures. A full queue drops the new report (KOLO_EBUSY to the caller,
+ * counted). A batch the coordinator cannot be reached for is put back in
+ * front of the queue, as far as it fits, and tried again next period; a
+ * batch it refuses (stale generation, job ended, malformed) is dropped and
+ * counted: a report is telemetry, not state.
+ *
+ * kolo_fini calls report_ctx_stop: the sender sends what is queued one
+ * last time (one call, at most REPORT_FINAL_MS) and exits, so the end of
+ * the last epoch reaches the coordinator before the process exits.
+ */
+#include "worker_int.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "errors.h"
+#include "json.h"
+#include "log.h"
+#include "util.h"
+
+#define REPORT_PERIOD_MS   500
+#define REPORT_CALL_MS     2000
+#define REPORT_FINAL_MS    2000
+#define REPORT_MAX_EPOCHS  1024
+#define REPORT_MAX_STEPS   4096
+#define REPORT_MAX_METRICS 4096
+#define REPORT_MAX_SECONDS 1e6
+
+struct epoch_rec {
+    int64_t epoch;
+    int phase;
+    uint64_t ts_ms, start_ms;
+    int64_t samples;
+    char *metrics; /* NULL: none */
+};
+
+struct step_rec {
+    uint64_t sec_ms; /* the second's start */
+    double sum;
+    uint32_t count;
+};
+
+struct report {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    bool running;
+    bool stop;
+    struct epoch_rec *epochs; /* queue, REPORT_MAX_EPOCHS */
+    int nepochs;
+    struct step_rec *steps; /* queue, REPORT_MAX_STEPS */
+    int nsteps;
+    uint64_t dropped;
+    uint64_t last_end_ms;   /* the previous epoch end reported here, 0: none */
+    int64_t started_epoch;  /* the last epoch with a phase 0 here, -1: none */
+    struct rpc_client *rpc; /* the sender's, opened on its first send */
+};
+
+/* ---------------------------------------------------------------- lifecycle */
+
+static void *sender_main(void *arg);
+
+/* report_get returns the context's report state, creating it and starting
+ * the sender on first use; NULL (and *code) when that fails. */
+static struct report *report_get(struct kolo_ctx *c, int *code)
+{
+    /* The fast path takes no context lock (the background thread holds
+     * c->mu often): c->report is published once, with release order. */
+    struct report *r = __atomic_load_n(&c->report, __ATOMIC_ACQUIRE);
+    if (r) {
+        *code = 0;
+        return r;
+    }
+    pthread_mutex_lock(&c->mu);
+    r = c->report;
+    if (r || c->stopping) {
+        pthread_mutex_unlock(&c->mu);
+        *code = r ? 0 : KOLO_ESHUTDOWN;
+        return r;
+    }
+    r = calloc(1, sizeof *r);
+    if (r) {
+        r->epochs = calloc(REPORT_MAX_EPOCHS, sizeof *r->epochs);
+        r->steps = calloc(REPORT_MAX_STEPS, sizeof *r->steps);
+    }
+    if (!r || !r->epochs || !r->steps) {
+        if (r) {
+            free(r->epochs);
+            free(r->steps);
+        }
+        free(r);
+        pthread_mutex_unlock(&c->mu);
+        *code = KOLO_ENOMEM;
+        return NULL;
+    }
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    r->started_epoch = -1;
+    /* Without a coordinator there is nobody to send to: reports are
+     * accepted and dropped (solo programs need not check). */
+    if (c->coord_url && pthread_create(&r->thread, NULL, sender_main, c) == 0)
+        r->running = true;
+    __atomic_store_n(&c->report, r, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&c->mu);
+    *code = 0;
+    return r;
+}
+
+void report_ctx_stop(struct kolo_ctx *c)
+{
+    pthread_mutex_lock(&c->mu);
+    struct report *r = c->report;
+    pthread_mutex_unlock(&c->mu);
+    if (!r)
+        return;
+    pthread_mutex_lock(&r->mu);
+    r->stop = true;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    if (r->running) {
+        pthread_join(r->thread, NULL);
+        r->running = false;
+    }
+}
+
+void report_ctx_free(struct kolo_ctx *c)
+{
+    struct report *r = c->report;
+    if (!r)
+        return;
+    if (r->running) { /* kolo_init failed half-way: stop it here */
+        pthread_mutex_lock(&r->mu);
+        r->stop = true;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        pthread_join(r->thread, NULL);
+    }
+    for (int i = 0; i < r->nepochs; i++)
+        free(r->epochs[i].metrics);
+    free(r->epochs);
+    free(r->steps);
+    rpc_client_close(r->rpc);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+    c->report = NULL;
+}
+
+/* ---------------------------------------------------------------- calls */
+
+/* check_metrics accepts NULL, "" or a JSON object of bounded size. */
+static int check_metrics(struct kolo_ctx *c, const char *metrics)
+{
+    if (!metrics || !metrics[0])
+        return 0;
+    size_t len = strlen(metrics);
+    if (len > REPORT_MAX_METRICS) {
+        ctx_set_error(c, "kolo_report_epoch: metrics_json of %zu bytes exceeds %d", len,
+                      REPORT_MAX_METRICS);
+        return KOLO_ETOOBIG;
+    }
+    struct json *root = NULL;
+    char err[160];
+    if (json_parse(metrics, len, &root, err, sizeof err) != 0) {
+        ctx_set_error(c, "kolo_report_epoch: metrics_json is not JSON: %s", err);
+        return KOLO_EINVAL;
+    }
+    bool object = root->type == JSON_OBJECT;
+    json_free(root);
+    if (!object) {
+        ctx_set_error(c, "kolo_report_epoch: metrics_json must be a JSON object");
+        return KOLO_EINVAL;
+    }
+    return 0;
+}
+
+/* epoch_push queues one boundary (start_ms only for phase 1). */
+static int epoch_push(struct kolo_ctx *c, int64_t epoch, int phase, uint64_t ts_ms,
+                      uint64_t start_ms, bool start_given, int64_t samples, const char *metrics)
+{
+    int code = check_metrics(c, metrics);
+    if (code)
+        return code;
+    struct report *r = report_get(c, &code);
+    if (!r)
+        return code;
+    char *copy = NULL;
+    if (metrics && metrics[0] && !(copy = strdup(metrics)))
+        return KOLO_ENOMEM;
+    pthread_mutex_lock(&r->mu);
+    if (r->nepochs >= REPORT_MAX_EPOCHS) {
+        r->dropped++;
+        pthread_mutex_unlock(&r->mu);
+        free(copy);
+        return KOLO_EBUSY;
+    }
+    if (phase == 1 && !start_given)
+        start_ms = r->started_epoch == epoch ? 0 : r->last_end_ms;
+    if (phase == 0)
+        r->started_epoch = epoch;
+    else
+        r->last_end_ms = ts_ms;
+    r->epochs[r->nepochs++] = (struct epoch_rec){
+        .epoch = epoch,
+        .phase = phase,
+        .ts_ms = ts_ms,
+        .start_ms = start_ms,
+        .samples = samples,
+        .metrics = copy,
+    };
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
+int kolo_report_epoch(kolo_ctx *c, int64_t epoch, int phase, int64_t samples,
+                      const char *metrics_json)
+{
+    if (!c)
+        return KOLO_EINVAL;
+    if (epoch < 0 || (phase != 0 && phase != 1) || samples < 0) {
+        ctx_set_error(c, "kolo_report_epoch: epoch and samples must be >= 0 and phase 0 or 1");
+        return KOLO_EINVAL;
+    }
+    return epoch_push(c, epoch, phase, now_wall_ms(), 0, false, samples,
+                      phase == 1 ? metrics_json : NULL);
+}
+
+int kolo_report_epoch_span(kolo_ctx *c, int64_t epoch, uint64_t start_ms, uint64_t end_ms,
+                           int64_t samples, const char *metrics_json)
+{
+    if (!c)
+        return KOLO_EINVAL;
+    if (epoch < 0 || samples < 0 || end_ms == 0 || (start_ms && start_ms > end_ms)) {
+        ctx_set_error(c, "kolo_report_epoch_span: epoch and samples must be >= 0 and "
+                         "0 < start_ms <= end_ms (or start_ms 0)");
+        return KOLO_EINVAL;
+    }
+    return epoch_push(c, epoch, 1, end_ms, start_ms, true, samples, metrics_json);
+}
+
+int kolo_report_step(kolo_ctx *c, double seconds)
+{
+    if (!c)
+        return KOLO_EINVAL;
+    if (!(seconds >= 0) || !(seconds < REPORT_MAX_SECONDS)) {
+        ctx_set_error(c, "kolo_report_step: seconds must be finite, >= 0 and < 1e6");
+        return KOLO_EINVAL;
+    }
+    int code;
+    struct report *r = report_get(c, &code);
+    if (!r)
+        return code;
+    uint64_t sec = now_wall_ms() / 1000 * 1000;
+    pthread_mutex_lock(&r->mu);
+    struct step_rec *last = r->nsteps ? &r->steps[r->nsteps - 1] : NULL;
+    if (last && last->sec_ms == sec) {
+        last->sum += seconds;
+        last->count++;
+    } else if (r->nsteps >= REPORT_MAX_STEPS) {
+        r->dropped++;
+        code = KOLO_EBUSY;
+    } else {
+        r->steps[r->nsteps++] = (struct step_rec){sec, seconds, 1};
+    }
+    pthread_mutex_unlock(&r->mu);
+    return code;
+}
+
+uint64_t kolo_report_dropped(const kolo_ctx *c)
+{
+    struct report *r = c ? __atomic_load_n(&c->report, __ATOMIC_ACQUIRE) : NULL;
+    if (!r)
+        return 0;
+    pthread_mutex_lock(&r->mu);
+    uint64_t n = r->dropped;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+/* ---------------------------------------------------------------- sender */
+
+/* A batch taken off the queue. */
+struct batch {
+    struct epoch_rec *epochs;
+    int nepochs;
+    struct step_rec *steps;
+    int nsteps;
+};
+
+static void batch_free(struct batch *b)
+{
+    for (int i = 0; i < b->nepochs; i++)
+        free(b->epochs[i].metrics);
+    free(b->epochs);
+    free(b->steps);
+    memset(b, 0, sizeof *b);
+}
+
+/* take moves the queue into b (r->mu held). */
+static bool take(struct report *r, struct batch *b)
+{
+    memset(b, 0, sizeof *b);
+    if (!r->nepochs && !r->nsteps)
+        return false;
+    b->epochs = malloc((size_t)(r->nepochs ? r->nepochs : 1) * sizeof *b->epochs);
+    b->steps = malloc((size_t)(r->nsteps ? r->nsteps : 1) * sizeof *b->steps);
+    if (!b->epochs || !b->steps) {
+        free(b->epochs);
+        free(b->steps);
+        memset(b, 0, sizeof *b);
+        return false; /* tried again next period */
+    }
+    memcpy(b->epochs, r->epochs, (size_t)r->nepochs * sizeof *b->epochs);
+    memcpy(b->steps, r->steps, (size_t)r->nsteps * sizeof *b->steps);
+    b->nepochs = r->nepochs;
+    b->nsteps = r->nsteps;
+    r->nepochs = r->nsteps = 0;
+    return true;
+}
+
+/* put_back returns an unsent batch to the front of the queue, as much of
+ * it as fits (r->mu held); the rest is dropped and counted. */
+static void put_back(struct report *r, struct batch *b)
+{
+    int ne = b->nepochs;
+    if (ne > REPORT_MAX_EPOCHS - r->nepochs)
+        ne = REPORT_MAX_EPOCHS - r->nepochs;
+    memmove(r->epochs + ne, r->epochs, (size_t)r->nepochs * sizeof *r->epochs);
+    memcpy(r->epochs, b->epochs, (size_t)ne * sizeof *r->epochs);
+    r->nepochs += ne;
+    for (int i = ne; i < b->nepochs; i++) {
+        free(b->epochs[i].metrics);
+        r->dropped++;
+    }
+    b->nepochs = 0; /* the queue owns the metrics now */
+    int ns = b->nsteps;
+    if (ns > REPORT_MAX_STEPS - r->nsteps)
+        ns = REPORT_MAX_STEPS - r->nsteps;
+    memmove(r->steps + ns, r->steps, (size_t)r->nsteps * sizeof *r->steps);
+    memcpy(r->steps, b->steps, (size_t)ns * sizeof *r->steps);
+    r->nsteps += ns;
+    r->dropped += (uint64_t)(b->nsteps - ns);
+    b->nsteps = 0;
+}
+
+static bool transient(int code)
+{
+    return code == KOLO_ETIMEDOUT || code == KOLO_ECONNREFUSED || code == KOLO_EIO ||
+           code == KOLO_ECLOSED || code == KOLO_EBUSY;
+}
+
+/* send_batch sends b in one call; returns the call's result. */
+static int send_batch(struct kolo_ctx *c, struct report *r, struct batch *b, int timeout_ms,
+                      uint64_t dropped)
+{
+    char ident[64];
+    pthread_mutex_lock(&c->mu);
+    snprintf(ident, sizeof ident, "job%llu-rank%d", (unsigned long long)c->job, c->rank);
+    uint64_t job = c->job, gen = c->generation;
+    int rank = c->rank;
+    pthread_mutex_unlock(&c->mu);
+    if (!r->rpc) {
+        struct rpc_client_config rc = {.url = c->coord_url,
+                                       .token = c->coord_token,
+                                       .identity = ident,
+                                       .job_id = job,
+                                       .generation = gen,
+                                       .rank = rank};
+        int code = rpc_client_open(&r->rpc, &rc);
+        if (code)
+            return code;
+    } else {
+        rpc_client_set_identity(r->rpc, ident, job, gen, rank);
+    }
+    Kolo__EpochReport *eps = calloc((size_t)(b->nepochs ? b->nepochs : 1), sizeof *eps);
+    Kolo__EpochReport **epp = calloc((size_t)(b->nepochs ? b->nepochs : 1), sizeof *epp);
+    Kolo__StepSample *sts = calloc((size_t)(b->nsteps ? b->nsteps : 1), sizeof *sts);
+    Kolo__StepSample **stp = calloc((size_t)(b->nsteps ? b->nsteps : 1), sizeof *stp);
+    int code = KOLO_ENOMEM;
+    uint8_t *buf = NULL;
+    if (!eps || !epp || !sts || !stp)
+        goto out;
+    for (int i = 0; i < b->nepochs; i++) {
+        kolo__epoch_report__init(&eps[i]);
+        eps[i].epoch = b->epochs[i].epoch;
+        eps[i].phase = b->epochs[i].phase;
+        eps[i].ts_ms = b->epochs[i].ts_ms;
+        eps[i].start_ms = b->epochs[i].start_ms;
+        eps[i].samples = b->epochs[i].samples;
+        eps[i].metrics_json = b->epochs[i].metrics ? b->epochs[i].metrics : "";
+        epp[i] = &eps[i];
+    }
+    for (int i = 0; i < b->nsteps; i++) {
+        kolo__step_sample__init(&sts[i]);
+        sts[i].ts_ms = b->steps[i].sec_ms;
+        sts[i].seconds = b->steps[i].sum / b->steps[i].count;
+        sts[i].count = b->steps[i].count;
+        stp[i] = &sts[i];
+    }
+    Kolo__WorkerReportRequest req = KOLO__WORKER_REPORT_REQUEST__INIT;
+    req.epochs = epp;
+    req.n_epochs = (size_t)b->nepochs;
+    req.steps = stp;
+    req.n_steps = (size_t)b->nsteps;
+    req.dropped = dropped;
+    size_t len = kolo__worker_report_request__get_packed_size(&req);
+    if (!(buf = malloc(len ? len : 1)))
+        goto out;
+    kolo__worker_report_request__pack(&req, buf);
+    void *rep = NULL;
+    size_t rlen = 0;
+    char err[512];
+    code = rpc_client_call(r->rpc, "WorkerService.Report", buf, len, &rep, &rlen, timeout_ms, err,
+                           sizeof err);
+    free(rep);
+    if (code)
+        LOGD("report", "Report (%d epochs, %d step rows) failed: %s", b->nepochs, b->nsteps, err);
+out:
+    free(buf);
+    free(eps);
+    free(epp);
+    free(sts);
+    free(stp);
+    return code;
+}
+
+/* wait_period sleeps REPORT_PERIOD_MS or until stopped (r->mu held). */
+static void wait_period(struct report *r)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += REPORT_PERIOD_MS * 1000000L;
+    while (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    while (!r->stop && pthread_cond_timedwait(&r->cv, &r->mu, &ts) == 0)
+        ;
+}
+
+static void *sender_main(void *arg)
+{
+    struct kolo_ctx *c = arg;
+    pthread_mutex_lock(&c->mu);
+    struct report *r = c->report;
+    pthread_mutex_unlock(&c->mu);
+    /* report_get sets c->report right after this thread starts, under
+     * c->mu: the lock above waits for it. */
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        wait_period(r);
+        bool last = r->stop;
+        struct batch b;
+        bool have = take(r, &b);
+        uint64_t dropped = r->dropped;
+        pthread_mutex_unlock(&r->mu);
+        int code = 0;
+        if (have)
+            code = send_batch(c, r, &b, last ? REPORT_FINAL_MS : REPORT_CALL_MS, dropped);
+        pthread_mutex_lock(&r->mu);
+        if (have && code) {
+            if (transient(code) && !last) {
+                put_back(r, &b);
+            } else {
+                r->dropped += (uint64_t)(b.nepochs + b.nsteps);
+            }
+        }
+        batch_free(&b);
+        if (last)
+            break;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
