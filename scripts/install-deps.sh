@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config git
   libprotobuf-c-dev protobuf-c-compiler libnng-dev libuv1-dev libsqlite3-dev
-  sqlite3 curl procps iproute2 python3
+  sqlite3 curl procps iproute2 nftables python3
   python3-numpy python3-torch python3-pytest python3-sklearn
 )
 
