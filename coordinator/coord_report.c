@@ -46,7 +46,8 @@
 #define REPORT_MAX_STEPS   4096 /* per batch */
 #define REPORT_MAX_METRICS 4096
 #define REPORT_MAX_EPOCH   1000000000LL
-#define REPORT_STEPS_KEEP  100000 /* step rows per job */
+#define REPORT_MAX_SAMPLES (1LL << 48) /* per rank and epoch: sums cannot overflow */
+#define REPORT_STEPS_KEEP  100000      /* step rows per job */
 #define REPORT_PRUNE_EVERY 1000
 #define REPORT_MAX_BUCKETS 10000 /* REST /steps */
 
@@ -162,7 +163,8 @@ static bool check_report(const Kolo__WorkerReportRequest *m, char *why, size_t w
     for (size_t i = 0; i < m->n_epochs; i++) {
         const Kolo__EpochReport *e = m->epochs[i];
         if (e->epoch < 0 || e->epoch > REPORT_MAX_EPOCH || (e->phase != 0 && e->phase != 1) ||
-            e->samples < 0 || e->ts_ms == 0 || e->ts_ms > INT64_MAX || e->start_ms > e->ts_ms) {
+            e->samples < 0 || e->samples > REPORT_MAX_SAMPLES || e->ts_ms == 0 ||
+            e->ts_ms > INT64_MAX || e->start_ms > e->ts_ms) {
             snprintf(why, whylen,
                      "epoch report %zu is invalid (epoch %" PRId64 ", phase %d, samples %" PRId64
                      ", ts_ms %" PRIu64 ", start_ms %" PRIu64 ")",

@@ -314,6 +314,8 @@ static void test_refused(void)
     CHECK_EQ_INT(report(r0, not_object, 1, NULL, 0, err, sizeof err), KOLO_EINVAL);
     struct ep start_after_end[] = {{1, 1, t, t + 5, 0, NULL}};
     CHECK_EQ_INT(report(r0, start_after_end, 1, NULL, 0, err, sizeof err), KOLO_EINVAL);
+    struct ep huge[] = {{1, 1, t, 0, (int64_t)1 << 60, NULL}};
+    CHECK_EQ_INT(report(r0, huge, 1, NULL, 0, err, sizeof err), KOLO_EINVAL);
     struct st bad_step[] = {{t, -1.0, 1}};
     CHECK_EQ_INT(report(r0, NULL, 0, bad_step, 1, err, sizeof err), KOLO_EINVAL);
     struct st zero_count[] = {{t, 1.0, 0}};
