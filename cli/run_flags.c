@@ -11,7 +11,7 @@
  *     --log-level, --config-file;
  *   - flags that only set a variable in the job's environment, because the
  *     library reads the variable (HOROVOD_FUSION_THRESHOLD, the stall
- *     check) or because a later piece will (HOROVOD_TIMELINE); run_job_env
+ *     check) or because the coordinator does (HOROVOD_TIMELINE); run_job_env
  *     builds them and run.c lets them override what the job inherits;
  *   - flags about machinery kolo does not have (SSH, MPI, Gloo, NIC
  *     probing, autotuning): KNOB_IGNORED entries, accepted with their value
@@ -322,7 +322,8 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
          "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
          &o->stall_shutdown_s},
         {"timeline-filename", NULL, "", KNOB_STR, NULL, 0, -1,
-         "sets HOROVOD_TIMELINE for the job (kolo does not write a timeline yet)",
+         "the coordinator writes a Chrome-trace timeline of the job's negotiation to this path "
+         "on its host (HOROVOD_TIMELINE; relative: to the job's cwd)",
          &o->timeline_filename},
 
         {"min-np", "--min-num-proc", "", KNOB_INT, "0", 0, 65536,
@@ -580,9 +581,6 @@ int run_flags_finish(struct knob *tab, size_t n, struct run_opts *o, char *err, 
         if ((tab[i].flags & KNOB_IGNORED) && knobs_given(&tab[i]))
             fprintf(stderr, "[kolo] --%s is not needed by kolo (%s); ignored\n", tab[i].name,
                     tab[i].help);
-    if (o->timeline_filename)
-        fprintf(stderr, "[kolo] --timeline-filename: HOROVOD_TIMELINE is set for the job, but kolo "
-                        "does not write a timeline yet\n");
     return 0;
 }
 

@@ -22,9 +22,38 @@
 #include "log.h"
 #include "util.h"
 
+/* The histogram bounds in seconds (Prometheus "le"). */
+static const double hist_bounds[COORD_HIST_BUCKETS] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                                       1,    2.5,   5,    10,  30,   60};
+
+void coord_hist_observe(struct coord_hist *h, double seconds)
+{
+    int i = 0;
+    while (i < COORD_HIST_BUCKETS && seconds > hist_bounds[i])
+        i++;
+    h->counts[i]++;
+    h->sum += seconds;
+}
+
+void coord_hist_render(struct buf *b, const char *name, const char *help,
+                       const struct coord_hist *h)
+{
+    buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int i = 0; i < COORD_HIST_BUCKETS; i++) {
+        cum += h->counts[i];
+        buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, hist_bounds[i],
+                   (unsigned long long)cum);
+    }
+    cum += h->counts[COORD_HIST_BUCKETS];
+    buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
+               (unsigned long long)cum, name, h->sum, name, (unsigned long long)cum);
+}
+
 void coord_store_failed(struct coord *c, const char *what)
 {
     c->m.store_errors++;
+    c->m.last_store_error_ms = now_wall_ms();
     LOGE("coord", "store: %s failed: %s", what, store_last_error(c->store));
 }
 

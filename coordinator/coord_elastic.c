@@ -639,6 +639,8 @@ static void regroup(struct coord *c, struct job *j, enum elastic_cause cause, co
         return;
     close_generation(c, j, why);
     c->m.resets_by_cause[cause]++;
+    if (!el->closed_mono)
+        el->closed_mono = now_mono_ms();
     if (el->reset_limit > 0 && el->resets >= el->reset_limit) {
         char msg[700];
         snprintf(msg, sizeof(msg),

@@ -467,6 +467,21 @@ static void render_metrics(struct coord *c, struct buf *b)
                (unsigned long long)c->m.resets_by_cause[CAUSE_RESET],
                (unsigned long long)c->m.resets_by_cause[CAUSE_CAPACITY],
                (unsigned long long)c->m.exclusions, waiting, (unsigned long long)c->m.resumes);
+    coord_hist_render(b, "kolo_negotiation_wait_seconds",
+                      "Time from the first rank's request for a tensor to every rank's (the "
+                      "slowest rank's lateness).",
+                      &c->m.negotiation_wait);
+    coord_hist_render(b, "kolo_reset_duration_seconds",
+                      "Time from an elastic job's generation closing to every rank of the next "
+                      "one joining.",
+                      &c->m.reset_duration);
+    bool degraded = c->m.last_store_error_ms &&
+                    now_wall_ms() - c->m.last_store_error_ms < 5 * 60 * 1000;
+    buf_printf(b,
+               "# HELP kolo_degraded 1 while the coordinator cannot rely on its state store (a "
+               "SQLite write failed in the last 5 minutes).\n# TYPE kolo_degraded gauge\n"
+               "kolo_degraded %d\n",
+               degraded ? 1 : 0);
     coord_snap_render_metrics(c, b);
     coord_report_render_metrics(c, b); /* issue 6 */
 }

@@ -123,6 +123,7 @@ struct elastic {
     uint64_t update_ms;
     int update_kind;
     bool finishing; /* a member exited 0: the job is ending, no new generations */
+    uint64_t closed_mono; /* monotonic ms the generation closed; 0 once the next one joined */
     struct exclusion *excl;
     struct parked_assign *assign; /* workers waiting for their place */
     /* discovery results (coord_elastic.c's discovery thread) */
@@ -157,6 +158,8 @@ struct job {
     struct negot *negot;    /* rendezvous and negotiation of the generation */
     uint64_t next_wid;      /* worker ids handed out so far */
     struct elastic *el;     /* NULL: fixed size */
+    struct timeline *tl;    /* coord_timeline.c: HOROVOD_TIMELINE, or NULL */
+    bool tl_checked;        /* the job's env was looked at for it */
 };
 
 enum work_kind { WORK_RPC, WORK_HTTP };
@@ -194,8 +197,18 @@ enum coord_method {
         M_COUNT
 };
 
+/* A Prometheus histogram of seconds over the fixed bounds of coord.c
+ * (10 ms to 60 s): counts per bucket (the last is +Inf) and the sum. */
+#define COORD_HIST_BUCKETS 12
+struct coord_hist {
+    uint64_t counts[COORD_HIST_BUCKETS + 1];
+    double sum;
+};
+void coord_hist_observe(struct coord_hist *h, double seconds);
+void coord_hist_render(struct buf *b, const char *name, const char *help,
+                       const struct coord_hist *h);
+
 /* coord_snap.c's counters; commit and write times as histograms. */
-#define COORD_SNAP_BUCKETS 12
 struct coord_snap_metrics {
     uint64_t commits;         /* snapshots acknowledged */
     uint64_t commit_bytes;    /* their bytes */
@@ -203,10 +216,8 @@ struct coord_snap_metrics {
     uint64_t gets, get_bytes; /* GetSnapshot chunks served */
     uint64_t uploads_dropped; /* abandoned, superseded or of an ended job */
     uint64_t pruned;          /* deleted by retention */
-    uint64_t commit_hist[COORD_SNAP_BUCKETS + 1]; /* first chunk to ack */
-    double commit_sum;
-    uint64_t write_hist[COORD_SNAP_BUCKETS + 1]; /* the store transaction */
-    double write_sum;
+    struct coord_hist commit; /* first chunk to ack */
+    struct coord_hist write;  /* the store transaction */
 };
 
 /* coord_report.c's counters (issue 6). */
@@ -233,6 +244,9 @@ struct coord_metrics {
     uint64_t resets_by_cause[4]; /* failure, host lost, reset requested, capacity */
     uint64_t exclusions;
     uint64_t resumes; /* negotiations rebuilt after a restart */
+    struct coord_hist negotiation_wait; /* first rank's request to ready, per tensor */
+    struct coord_hist reset_duration;   /* generation closed to the next one joined */
+    uint64_t last_store_error_ms;       /* wall clock; the degraded flag */
     struct coord_snap_metrics snap;
     struct coord_report_metrics report; /* issue 6 */
 };
@@ -374,6 +388,25 @@ int coord_report_route(struct coord *c, struct job *j, const char *sub, const ch
                        struct jw *w, char *err, size_t errlen);
 void coord_report_render_metrics(struct coord *c, struct buf *b);
 void coord_report_free(struct coord *c);
+
+/* coord_timeline.c (issue 6): Horovod's Chrome-trace timeline of a job's
+ * negotiation. coord_timeline_open returns NULL when the job's env has no
+ * HOROVOD_TIMELINE (or the file cannot be created, logged). The event
+ * functions only buffer; coord_timeline_cron writes (and, job_ended,
+ * closes the file with its "]"); coord_timeline_free closes and frees. */
+struct timeline;
+struct timeline *coord_timeline_open(const struct job *j);
+void coord_timeline_request(struct timeline *tl, const char *name, const char *op, int rank,
+                            bool first);
+/* The tensor is ready: ends NEGOTIATE_<op>; with error set, that is all;
+ * else begins <op>, ended by coord_timeline_fetched once every rank's
+ * cursor passed index, with args (a JSON object) on the end event. */
+void coord_timeline_ready(struct timeline *tl, const char *name, const char *op, uint64_t index,
+                          const char *args, const char *error);
+bool coord_timeline_waiting(const struct timeline *tl);
+void coord_timeline_fetched(struct timeline *tl, uint64_t min_cursor);
+void coord_timeline_cron(struct timeline *tl, bool job_ended);
+void coord_timeline_free(struct timeline *tl);
 
 /* coord_http.c */
 /* coord_http_query finds key in a query string ("a=1&b=2") and URL-decodes

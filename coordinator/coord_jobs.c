@@ -196,6 +196,7 @@ static void job_free(struct job *j)
     free(j->ranks);
     coord_negot_free(j->negot);
     coord_elastic_free(j->el);
+    coord_timeline_free(j->tl);
     free(j);
 }
 
@@ -827,6 +828,8 @@ void coord_jobs_cron(struct coord *c, uint64_t now)
     for (struct job *j = c->jobs; j; j = j->next) {
         if (j->negot)
             coord_negot_cron(c, j, now);
+        if (j->tl)
+            coord_timeline_cron(j->tl, job_terminal(j));
         if (j->el)
             coord_elastic_cron(c, j, now);
         if (j->state == JOB_PENDING && j->pending_deadline && now >= j->pending_deadline) {

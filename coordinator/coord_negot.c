@@ -116,6 +116,7 @@ struct negot {
     int njoined, last_joined;
     bool shut;
     uint32_t calls_since_trim;
+    struct timeline *tl; /* the job's (coord_timeline.c), borrowed; NULL: none */
     /* elastic: the pending membership update every reply carries */
     uint64_t update_ms;
     uint32_t update_kind;
@@ -666,11 +667,50 @@ static int fill_sizes(struct negot *n, struct entry *e, const struct treq *a, in
     return 0;
 }
 
+/* The timeline's view of one response: each tensor's NEGOTIATE ends and
+ * its op begins; the args name the dtype, the shape and the fused set. */
+static void timeline_ready(struct negot *n, struct entry **ents, size_t k, char **names,
+                           uint64_t index)
+{
+    struct buf b;
+    buf_init(&b);
+    for (size_t x = 0; x < k; x++) {
+        const struct treq *t = NULL;
+        for (int r = 0; r < n->size && !t; r++)
+            t = ents[x]->reqs[r];
+        if (!t)
+            continue;
+        char shape[256];
+        fmt_shape(shape, sizeof(shape), t);
+        struct jw w;
+        buf_reset(&b);
+        jw_init(&w, &b);
+        jw_obj_begin(&w);
+        jw_kstr(&w, "dtype", dname(t->dtype));
+        jw_kstr(&w, "shape", shape);
+        jw_kuint(&w, "log_index", index);
+        if (k > 1) {
+            jw_key(&w, "fused");
+            jw_arr_begin(&w);
+            for (size_t y = 0; y < k; y++)
+                jw_str(&w, names[y]);
+            jw_arr_end(&w);
+        }
+        jw_obj_end(&w);
+        coord_timeline_ready(n->tl, ents[x]->name, cname(t->coll), index,
+                             b.oom ? NULL : buf_cstr(&b), NULL);
+    }
+    buf_free(&b);
+}
+
 /* Emits the responses for a batch of ready entries, fusing consecutive
  * compatible allreduces; frees the entries. */
 static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, size_t nready)
 {
     size_t i = 0;
+    uint64_t now = now_mono_ms();
+    for (size_t k = 0; k < nready; k++)
+        coord_hist_observe(&c->m.negotiation_wait, (double)(now - ready[k]->first_mono) / 1000.0);
     /* Replaced cache templates may still be borrowed by entries of this
      * batch: free them at the end. */
     struct treq **old = calloc(nready + 1, sizeof(*old));
@@ -700,6 +740,8 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
             resp.error = err;
             if (log_append(c, n, &resp) != 0)
                 c->m.store_errors++;
+            if (n->tl)
+                coord_timeline_ready(n->tl, e->name, cname(resp.coll), resp.index, NULL, err);
             i++;
             continue;
         }
@@ -797,6 +839,8 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
         resp.n_joined = njoined;
         if (log_append(c, n, &resp) != 0)
             c->m.store_errors++;
+        if (n->tl)
+            timeline_ready(n, ready + i, k, names, resp.index);
         free(names);
         free(sizes);
         free(rows);
@@ -912,6 +956,13 @@ static struct job *worker_job(struct coord *c, struct rpc_call *call, enum coord
             rpc_call_error(call, KOLO_ENOMEM, "out of memory");
             return NULL;
         }
+        if (!j->tl_checked) {
+            j->tl_checked = true;
+            j->tl = coord_timeline_open(j);
+        }
+        if (j->tl) /* ops of the previous generation end with it */
+            coord_timeline_fetched(j->tl, UINT64_MAX);
+        j->negot->tl = j->tl;
     }
     return j;
 }
@@ -1059,6 +1110,11 @@ static void rpc_rendezvous(struct coord *c, struct rpc_call *call)
     }
     if (!n->complete && n->joined == n->size) {
         n->complete = true;
+        if (j->el && j->el->closed_mono) {
+            coord_hist_observe(&c->m.reset_duration,
+                               (double)(now_mono_ms() - j->el->closed_mono) / 1000.0);
+            j->el->closed_mono = 0;
+        }
         LOGI("coord", "job %llu generation %llu: all %d rank(s) joined", (unsigned long long)j->id,
              (unsigned long long)j->generation, n->size);
         for (int r = 0; r < n->size; r++) {
@@ -1098,6 +1154,8 @@ static const char *submit_one(struct negot *n, int rank, const Kolo__TensorReque
     if (!e->reqs[rank])
         return "out of memory";
     e->count++;
+    if (n->tl)
+        coord_timeline_request(n->tl, e->name, cname(tr->coll), rank, e->count == 1);
     return NULL;
 }
 
@@ -1306,6 +1364,12 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
     }
     if (req->cursor > n->cursor[rank] && req->cursor <= n->log_base + n->log_len)
         n->cursor[rank] = req->cursor;
+    if (n->tl && coord_timeline_waiting(n->tl)) {
+        uint64_t min = UINT64_MAX;
+        for (int r = 0; r < n->size; r++)
+            min = n->cursor[r] < min ? n->cursor[r] : min;
+        coord_timeline_fetched(n->tl, min);
+    }
     const char *bad = NULL;
     if (!n->shut) {
         for (size_t i = 0; i < req->n_cached && !bad; i++) {
@@ -1328,6 +1392,9 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
             e->reqs[rank] = n->cache_tmpl[id];
             e->borrowed[rank] = 1;
             e->count++;
+            if (n->tl)
+                coord_timeline_request(n->tl, e->name, cname(e->reqs[rank]->coll), rank,
+                                       e->count == 1);
         }
         for (size_t i = 0; i < req->n_requests && !bad; i++)
             bad = submit_one(n, rank, req->requests[i]);

@@ -887,4 +887,36 @@ void coord_report_render_metrics(struct coord *c, struct buf *b)
                (unsigned long long)m->batches, (unsigned long long)m->epochs,
                (unsigned long long)m->step_rows, (unsigned long long)m->step_rows_pruned,
                (unsigned long long)m->refused, (unsigned long long)m->worker_dropped_max);
+
+    /* Per host, the mean of its ranks' latest step times (reported in the
+     * last minute, running jobs): where the straggler is. A host label,
+     * not a rank label, keeps the series few. */
+    buf_puts(b, "# HELP kolo_step_duration_seconds Mean of the latest step time of the ranks on "
+                "a host (last minute, running jobs).\n# TYPE kolo_step_duration_seconds gauge\n");
+    uint64_t now = now_wall_ms();
+    for (struct host *h = c->hosts; h; h = h->next) {
+        double sum = 0;
+        int n = 0;
+        for (struct report_job *rj = c->report_jobs; rj; rj = rj->next) {
+            struct job *j = coord_job_find(c, rj->job_id);
+            if (!j || j->state != JOB_RUNNING)
+                continue;
+            for (int r = 0; r < rj->nranks && r < j->nranks; r++) {
+                const struct report_rank *rr = &rj->ranks[r];
+                if (j->ranks[r].host == h && rr->step_ms && now - rr->step_ms < 60000) {
+                    sum += rr->step_s;
+                    n++;
+                }
+            }
+        }
+        if (!n)
+            continue;
+        buf_puts(b, "kolo_step_duration_seconds{host=\"");
+        for (const char *p = h->name; *p; p++) {
+            if (*p == '"' || *p == '\\')
+                buf_putc(b, '\\');
+            buf_putc(b, *p);
+        }
+        buf_printf(b, "\"} %.6f\n", sum / n);
+    }
 }

@@ -202,19 +202,6 @@ static int unhex(const char *s, uint8_t *out, size_t n)
     return 0;
 }
 
-/* The histogram's upper bounds in seconds (Prometheus "le"). */
-static const double snap_buckets[COORD_SNAP_BUCKETS] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                                                        1,    2.5,   5,    10,  30,   60};
-
-static void observe(uint64_t *hist, double *sum, double seconds)
-{
-    int i = 0;
-    while (i < COORD_SNAP_BUCKETS && seconds > snap_buckets[i])
-        i++;
-    hist[i]++;
-    *sum += seconds;
-}
-
 /* fail answers a put with an error and counts it. */
 static void put_fail(struct coord *c, struct rpc_call *call, bool counts_as_commit_failure,
                      int code, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
@@ -423,10 +410,11 @@ static void write_one(struct coord *c, struct snap_writer *w, struct snap_write 
     uint64_t t1 = now_mono_ms();
     free(blobs);
     pthread_mutex_lock(&c->mtx);
-    observe(c->m.snap.write_hist, &c->m.snap.write_sum, (double)(t1 - t0) / 1000.0);
+    coord_hist_observe(&c->m.snap.write, (double)(t1 - t0) / 1000.0);
     u->busy = false;
     if (err) {
         c->m.store_errors++;
+        c->m.last_store_error_ms = now_wall_ms();
         put_fail(c, job->call, true, err == KOLO_ENOMEM ? KOLO_ENOMEM : KOLO_ESTORE,
                  "the snapshot could not be stored: %s", why);
         upload_drop(c, u, NULL);
@@ -436,7 +424,7 @@ static void write_one(struct coord *c, struct snap_writer *w, struct snap_write 
     c->m.snap.commits++;
     c->m.snap.commit_bytes += u->total_bytes;
     c->m.snap.pruned += (uint64_t)pruned;
-    observe(c->m.snap.commit_hist, &c->m.snap.commit_sum, (double)(t1 - u->started_mono) / 1000.0);
+    coord_hist_observe(&c->m.snap.commit, (double)(t1 - u->started_mono) / 1000.0);
     ack(job->call, u->total_chunks, true, s.id, u->generation);
     char meta[160];
     str_copy(meta, s.meta_json, sizeof meta);
@@ -954,21 +942,6 @@ void coord_snap_render_list(struct coord *c, struct job *j, struct jw *w)
     jw_obj_end(w);
 }
 
-static void render_hist(struct buf *b, const char *name, const char *help, const uint64_t *hist,
-                        double sum)
-{
-    buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    uint64_t cum = 0;
-    for (int i = 0; i < COORD_SNAP_BUCKETS; i++) {
-        cum += hist[i];
-        buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, snap_buckets[i],
-                   (unsigned long long)cum);
-    }
-    cum += hist[COORD_SNAP_BUCKETS];
-    buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
-               (unsigned long long)cum, name, sum, name, (unsigned long long)cum);
-}
-
 void coord_snap_render_metrics(struct coord *c, struct buf *b)
 {
     const struct coord_snap_metrics *s = &c->m.snap;
@@ -1006,11 +979,10 @@ void coord_snap_render_metrics(struct coord *c, struct buf *b)
                (unsigned long long)s->commit_failures, (unsigned long long)s->uploads_dropped,
                (unsigned long long)s->pruned, (unsigned long long)s->gets,
                (unsigned long long)s->get_bytes, uploads, (unsigned long long)held);
-    render_hist(b, "kolo_snapshot_commit_seconds",
-                "Time from a snapshot's first chunk to its acknowledgement.", s->commit_hist,
-                s->commit_sum);
-    render_hist(b, "kolo_snapshot_write_seconds",
+    coord_hist_render(b, "kolo_snapshot_commit_seconds",
+                      "Time from a snapshot's first chunk to its acknowledgement.", &s->commit);
+    coord_hist_render(b, "kolo_snapshot_write_seconds",
                 "Time of the store transaction that commits a snapshot (the state lock is "
                 "held meanwhile).",
-                s->write_hist, s->write_sum);
+                      &s->write);
 }

@@ -46,5 +46,7 @@ set -e
 ! grep -q WRONG "$WORK/run.out" || fail "a wrong allreduce result"
 job=$(curl -sf "$HTTP/api/v1/jobs/1") || fail "GET /api/v1/jobs/1 failed"
 echo "$job" | has '"generation":1,' || fail "the job was reset: $job"
-curl -sf "$HTTP/metrics" | has '^kolo_negotiation_resumes_total 1$' || fail "no resume metric"
+metrics=$(curl -sf "$HTTP/metrics") || fail "GET /metrics failed"
+echo "$metrics" | has '^kolo_negotiation_resumes_total 1$' || fail "no resume metric"
+echo "$metrics" | has '^kolo_negotiation_wait_seconds_count [1-9]' || fail "no negotiation waits"
 echo PASS

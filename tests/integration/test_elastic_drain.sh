@@ -58,6 +58,13 @@ gen_size_is 4 || fail "the newest generation has $(gen_size) rank(s), want 4"
 
 finish_job 60
 events | has '"kind":"host.excluded"' && fail "a host was excluded"
+# the resets are timed, negotiation waits are measured, the store is fine
+metrics=$(curl -sf "$HTTP/metrics") || fail "GET /metrics failed"
+echo "$metrics" | grep -q '^kolo_reset_duration_seconds_count [1-9]' || fail "no reset durations"
+echo "$metrics" | grep -q '^kolo_negotiation_wait_seconds_count [1-9]' || fail "no negotiation waits"
+echo "$metrics" | grep -q '^kolo_membership_changes_total{cause="capacity"} [1-9]' ||
+  fail "drain/undrain not counted as capacity changes"
+echo "$metrics" | grep -qx 'kolo_degraded 0' || fail "degraded without a store error"
 # graceful both ways: no rollback at all
 report drain --commit $COMMIT --max-lost 0 --check-final
 echo PASS

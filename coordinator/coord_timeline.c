@@ -1,0 +1,320 @@
+/*
+ * coord_timeline.c - Horovod's timeline, written by the coordinator.
+ *
+ * A job submitted with HOROVOD_TIMELINE=<path> in its environment (kolo
+ * run --timeline-filename) gets a Chrome trace file (chrome://tracing,
+ * Perfetto) in Horovod's format: one "process" per tensor name, and for
+ * each operation a NEGOTIATE_<OP> span from the first rank's request to
+ * the moment every rank has submitted it, with one zero-length event per
+ * rank, named by the rank, when that rank's request arrives; then an <OP>
+ * span (ALLREDUCE, ...) from the moment the response is appended to the
+ * log until every rank has fetched it (its cursor passed the response),
+ * whose end carries the dtype, shape and fused names. Since the
+ * coordinator decides the order for every rank, one file shows all of
+ * them, as Horovod's rank 0 does.
+ *
+ * Cost: a job without a timeline pays one pointer test per request. With
+ * one, the negotiation handler only formats events into a memory buffer;
+ * the tick (coord_jobs_cron, every COORD_CRON_MS) writes the buffer out.
+ * So the handler never waits on the disk. The buffer is capped
+ * (TL_MAX_BUF): past it events are dropped and counted, rather than
+ * letting a stuck disk grow the coordinator without bound.
+ *
+ * The file is "[" and events separated by ",\n"; a clean end writes "]".
+ * A coordinator that dies leaves a file without the "]", which Chrome's
+ * trace viewer loads all the same (it tolerates a missing end, as
+ * Horovod relies on too); json.load needs the "]" appended.
+ *
+ * Timestamps are microseconds since the timeline was opened (the job's
+ * first rendezvous); the header metadata holds that moment since the
+ * epoch, as Horovod's start_time_since_epoch_in_micros.
+ */
+#include "coord_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "util.h"
+
+#define TL_BUCKETS 1024
+#define TL_MAX_BUF (64u << 20)
+
+struct tl_name {
+    char *name;
+    int pid;
+    struct tl_name *next;
+};
+
+/* An op whose response is in the log and not yet fetched by every rank. */
+struct tl_op {
+    uint64_t index;
+    int pid;
+    char *args; /* a JSON object, for the span's end */
+};
+
+struct timeline {
+    char *path;
+    FILE *f;
+    bool first; /* no event written yet: no separator */
+    bool closed;
+    uint64_t t0_us; /* monotonic */
+    struct buf b;   /* formatted, not yet written */
+    uint64_t dropped;
+    struct tl_name *names[TL_BUCKETS];
+    int npids;
+    struct tl_op *ops; /* FIFO by index: ops[head..len) */
+    size_t ops_head, ops_len, ops_cap;
+};
+
+static uint64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static void put_str(struct buf *b, const char *s)
+{
+    buf_putc(b, '"');
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') {
+            buf_putc(b, '\\');
+            buf_putc(b, (char)ch);
+        } else if (ch < 0x20) {
+            buf_printf(b, "\\u%04x", ch);
+        } else {
+            buf_putc(b, (char)ch);
+        }
+    }
+    buf_putc(b, '"');
+}
+
+/* Starts one event: the separator and the opening brace. Returns false
+ * (and counts a drop) when the buffer is full. */
+static bool ev_begin(struct timeline *tl)
+{
+    if (tl->closed)
+        return false;
+    if (tl->b.len >= TL_MAX_BUF) {
+        tl->dropped++;
+        return false;
+    }
+    buf_puts(&tl->b, tl->first ? "\n{" : ",\n{");
+    tl->first = false;
+    return true;
+}
+
+static uint64_t ts_now(const struct timeline *tl)
+{
+    return mono_us() - tl->t0_us;
+}
+
+/* The tensor's process id, announcing the process on first sight. */
+static int tl_pid(struct timeline *tl, const char *name)
+{
+    uint64_t h = str_hash(name) % TL_BUCKETS;
+    for (struct tl_name *n = tl->names[h]; n; n = n->next)
+        if (strcmp(n->name, name) == 0)
+            return n->pid;
+    struct tl_name *n = calloc(1, sizeof(*n));
+    if (!n || !(n->name = strdup(name))) {
+        free(n);
+        return 0;
+    }
+    n->pid = ++tl->npids;
+    n->next = tl->names[h];
+    tl->names[h] = n;
+    if (ev_begin(tl)) {
+        buf_printf(&tl->b, "\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":",
+                   n->pid);
+        put_str(&tl->b, name);
+        buf_puts(&tl->b, "}}");
+    }
+    if (ev_begin(tl))
+        buf_printf(&tl->b,
+                   "\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,"
+                   "\"args\":{\"sort_index\":%d}}",
+                   n->pid, n->pid);
+    return n->pid;
+}
+
+struct timeline *coord_timeline_open(const struct job *j)
+{
+    const char *val = NULL;
+    for (int i = 0; i < j->nenv; i++)
+        if (strncmp(j->env[i], "HOROVOD_TIMELINE=", 17) == 0)
+            val = j->env[i] + 17;
+    if (!val || !val[0])
+        return NULL;
+    struct timeline *tl = calloc(1, sizeof(*tl));
+    if (!tl)
+        return NULL;
+    buf_init(&tl->b);
+    if (val[0] == '/' || !j->cwd || !j->cwd[0]) {
+        tl->path = strdup(val);
+    } else {
+        size_t len = strlen(j->cwd) + strlen(val) + 2;
+        tl->path = malloc(len);
+        if (tl->path)
+            snprintf(tl->path, len, "%s/%s", j->cwd, val);
+    }
+    tl->f = tl->path ? fopen(tl->path, "w") : NULL;
+    if (!tl->f) {
+        LOGW("coord", "job %llu: cannot write the timeline %s: %s", (unsigned long long)j->id,
+             tl->path ? tl->path : val, strerror(errno));
+        free(tl->path);
+        free(tl);
+        return NULL;
+    }
+    LOGI("coord", "job %llu: writing the timeline to %s", (unsigned long long)j->id, tl->path);
+    tl->first = true;
+    tl->t0_us = mono_us();
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    uint64_t epoch_us = (uint64_t)wall.tv_sec * 1000000u + (uint64_t)wall.tv_nsec / 1000u;
+    buf_puts(&tl->b, "[");
+    ev_begin(tl);
+    buf_printf(&tl->b,
+               "\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":\"job %llu\","
+               "\"start_time_since_epoch_in_micros\":%llu}}",
+               (unsigned long long)j->id, (unsigned long long)epoch_us);
+    ev_begin(tl);
+    buf_puts(&tl->b,
+             "\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":0,\"args\":{\"sort_index\":0}}");
+    return tl;
+}
+
+void coord_timeline_request(struct timeline *tl, const char *name, const char *op, int rank,
+                            bool first)
+{
+    int pid = tl_pid(tl, name);
+    uint64_t ts = ts_now(tl);
+    if (first && ev_begin(tl))
+        buf_printf(&tl->b, "\"name\":\"NEGOTIATE_%s\",\"ph\":\"B\",\"ts\":%llu,\"pid\":%d}", op,
+                   (unsigned long long)ts, pid);
+    if (ev_begin(tl))
+        buf_printf(&tl->b, "\"name\":\"%d\",\"ph\":\"X\",\"ts\":%llu,\"dur\":0,\"pid\":%d}", rank,
+                   (unsigned long long)ts, pid);
+}
+
+void coord_timeline_ready(struct timeline *tl, const char *name, const char *op, uint64_t index,
+                          const char *args, const char *error)
+{
+    int pid = tl_pid(tl, name);
+    uint64_t ts = ts_now(tl);
+    if (ev_begin(tl)) {
+        buf_printf(&tl->b, "\"ph\":\"E\",\"ts\":%llu,\"pid\":%d", (unsigned long long)ts, pid);
+        if (error) {
+            buf_puts(&tl->b, ",\"args\":{\"error\":");
+            put_str(&tl->b, error);
+            buf_putc(&tl->b, '}');
+        }
+        buf_putc(&tl->b, '}');
+    }
+    if (error)
+        return;
+    if (ev_begin(tl))
+        buf_printf(&tl->b, "\"name\":\"%s\",\"ph\":\"B\",\"ts\":%llu,\"pid\":%d}", op,
+                   (unsigned long long)ts, pid);
+    if (tl->ops_len == tl->ops_cap) {
+        if (tl->ops_head > 0) {
+            memmove(tl->ops, tl->ops + tl->ops_head,
+                    (tl->ops_len - tl->ops_head) * sizeof(*tl->ops));
+            tl->ops_len -= tl->ops_head;
+            tl->ops_head = 0;
+        }
+        if (tl->ops_len == tl->ops_cap) {
+            size_t cap = tl->ops_cap ? tl->ops_cap * 2 : 64;
+            struct tl_op *no = realloc(tl->ops, cap * sizeof(*no));
+            if (!no)
+                return;
+            tl->ops = no;
+            tl->ops_cap = cap;
+        }
+    }
+    tl->ops[tl->ops_len++] = (struct tl_op){index, pid, args ? strdup(args) : NULL};
+}
+
+bool coord_timeline_waiting(const struct timeline *tl)
+{
+    return tl->ops_head < tl->ops_len;
+}
+
+void coord_timeline_fetched(struct timeline *tl, uint64_t min_cursor)
+{
+    uint64_t ts = 0;
+    while (tl->ops_head < tl->ops_len && tl->ops[tl->ops_head].index < min_cursor) {
+        struct tl_op *o = &tl->ops[tl->ops_head++];
+        if (!ts)
+            ts = ts_now(tl);
+        if (ev_begin(tl))
+            buf_printf(&tl->b, "\"ph\":\"E\",\"ts\":%llu,\"pid\":%d,\"args\":%s}",
+                       (unsigned long long)ts, o->pid, o->args ? o->args : "{}");
+        free(o->args);
+    }
+    if (tl->ops_head == tl->ops_len)
+        tl->ops_head = tl->ops_len = 0;
+}
+
+/* Writes out what the handlers buffered. The tick calls it (buffered
+ * stdio into the page cache; no fsync). */
+static void tl_write(struct timeline *tl)
+{
+    if (!tl->f || tl->b.len == 0)
+        return;
+    if (fwrite(tl->b.data, 1, tl->b.len, tl->f) != tl->b.len || fflush(tl->f) != 0)
+        LOGW("coord", "timeline %s: write failed: %s", tl->path, strerror(errno));
+    buf_reset(&tl->b);
+}
+
+static void tl_close(struct timeline *tl)
+{
+    if (tl->closed)
+        return;
+    if (tl->dropped)
+        LOGW("coord", "timeline %s: %llu event(s) dropped (the writer fell behind)", tl->path,
+             (unsigned long long)tl->dropped);
+    tl->closed = true;
+    buf_puts(&tl->b, "\n]\n");
+    tl_write(tl);
+    if (tl->f)
+        fclose(tl->f);
+    tl->f = NULL;
+}
+
+void coord_timeline_cron(struct timeline *tl, bool job_ended)
+{
+    if (tl->closed)
+        return;
+    if (job_ended)
+        tl_close(tl);
+    else
+        tl_write(tl);
+}
+
+void coord_timeline_free(struct timeline *tl)
+{
+    if (!tl)
+        return;
+    tl_close(tl);
+    for (int b = 0; b < TL_BUCKETS; b++) {
+        struct tl_name *n = tl->names[b];
+        while (n) {
+            struct tl_name *next = n->next;
+            free(n->name);
+            free(n);
+            n = next;
+        }
+    }
+    for (size_t i = tl->ops_head; i < tl->ops_len; i++)
+        free(tl->ops[i].args);
+    free(tl->ops);
+    buf_free(&tl->b);
+    free(tl->path);
+    free(tl);
+}

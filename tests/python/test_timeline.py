@@ -1,0 +1,84 @@
+"""The coordinator's timeline (issue 6): a 2-worker job run with
+--timeline-filename writes Horovod's Chrome-trace JSON, with a process
+per tensor, NEGOTIATE_ALLREDUCE begin and end, one tick per rank, and the
+ALLREDUCE phase with its dtype and shape; a relative path lands in the
+job's cwd; start_timeline() says how to get one instead."""
+import json
+import os
+import tempfile
+
+from conftest import kolo_run
+
+WORKER = r'''
+import torch
+import kolo.torch as hvd
+
+hvd.init()
+for step in range(3):
+    out = hvd.allreduce(torch.ones(4) * (hvd.rank() + 1), name="tl.grad", op=hvd.Sum)
+    assert out.tolist() == [3.0] * 4, out
+hvd.allreduce(torch.zeros(2, 3, dtype=torch.float64), name="tl.other")
+try:
+    hvd.start_timeline("/tmp/x.json")
+except NotImplementedError as e:
+    assert "--timeline-filename" in str(e), e
+print("done", flush=True)
+'''
+
+
+def load(path):
+    with open(path) as f:
+        text = f.read().rstrip()
+    if not text.endswith("]"):  # a coordinator that died leaves it open
+        text = text.rstrip(",") + "]"
+    return json.loads(text)
+
+
+def events_of(evs, tensor):
+    pids = [e["pid"] for e in evs if e.get("name") == "process_name" and e["ph"] == "M"
+            and e["args"].get("name") == tensor]
+    assert len(pids) == 1, (tensor, pids)
+    return [e for e in evs if e["pid"] == pids[0] and e["ph"] != "M"]
+
+
+def check(evs, tensor, steps, dtype, shape):
+    mine = events_of(evs, tensor)
+    begins = [e for e in mine if e["ph"] == "B" and e["name"] == "NEGOTIATE_ALLREDUCE"]
+    ops = [e for e in mine if e["ph"] == "B" and e["name"] == "ALLREDUCE"]
+    ends = [e for e in mine if e["ph"] == "E"]
+    ticks = [e for e in mine if e["ph"] == "X"]
+    assert len(begins) == steps and len(ops) == steps, mine
+    assert len(ends) == 2 * steps, mine  # NEGOTIATE and ALLREDUCE each end
+    assert sorted(e["name"] for e in ticks) == sorted(["0", "1"] * steps), ticks
+    assert all(e["dur"] == 0 for e in ticks)
+    done = [e for e in ends if "dtype" in e.get("args", {})]
+    assert len(done) == steps, ends
+    assert done[0]["args"]["dtype"] == dtype and done[0]["args"]["shape"] == shape, done
+    ts = [e["ts"] for e in mine]
+    assert ts == sorted(ts), ts  # per tensor, in order
+    # each negotiation: begin, ticks, end, then the op, then its end
+    first = mine[:6]
+    assert [e["ph"] for e in first] == ["B", "X", "X", "E", "B", "E"], first
+
+
+def test_timeline_file():
+    tmp = tempfile.mkdtemp(prefix="kolo-tl-")
+    path = os.path.join(tmp, "timeline.json")
+    job = kolo_run(2, WORKER, kolo_args=("--timeline-filename", path))
+    assert job.rc == 0, job.err
+    assert len([l for l in job.lines() if l == "done"]) == 2
+    with open(path) as f:
+        assert f.read().rstrip().endswith("]"), "the file was not closed"
+    evs = load(path)
+    header = [e for e in evs if e.get("pid") == 0 and e["name"] == "process_name"]
+    assert header and "start_time_since_epoch_in_micros" in header[0]["args"]
+    check(evs, "tl.grad", 3, "HOROVOD_FLOAT32", "[4]")
+    check(evs, "tl.other", 1, "HOROVOD_FLOAT64", "[2, 3]")
+
+
+def test_relative_path_is_in_the_jobs_cwd():
+    job = kolo_run(2, WORKER.replace('print("done"', 'import os; print("cwd", os.getcwd()); print("done"'),
+                   kolo_args=("--timeline-filename", "rel.json"))
+    assert job.rc == 0, job.err
+    cwd = [l.split(" ", 1)[1] for l in job.lines(0) if l.startswith("cwd ")][0]
+    check(load(os.path.join(cwd, "rel.json")), "tl.grad", 3, "HOROVOD_FLOAT32", "[4]")
