@@ -9,7 +9,9 @@
  * rank, named by the rank, when that rank's request arrives; then an <OP>
  * span (ALLREDUCE, ...) from the moment the response is appended to the
  * log until every rank has fetched it (its cursor passed the response),
- * whose end carries the dtype, shape and fused names. Since the
+ * or a rank asks for the same tensor again, whichever comes first (spans
+ * of one process must nest); its end carries the dtype, shape and fused
+ * names. Since the
  * coordinator decides the order for every rank, one file shows all of
  * them, as Horovod's rank 0 does.
  *
@@ -189,11 +191,27 @@ struct timeline *coord_timeline_open(const struct job *j)
     return tl;
 }
 
+static void op_end(struct timeline *tl, struct tl_op *o, uint64_t ts)
+{
+    if (ev_begin(tl))
+        buf_printf(&tl->b, "\"ph\":\"E\",\"ts\":%llu,\"pid\":%d,\"args\":%s}",
+                   (unsigned long long)ts, o->pid, o->args ? o->args : "{}");
+    free(o->args);
+    o->args = NULL;
+    o->pid = -1;
+}
+
 void coord_timeline_request(struct timeline *tl, const char *name, const char *op, int rank,
                             bool first)
 {
     int pid = tl_pid(tl, name);
     uint64_t ts = ts_now(tl);
+    /* A rank that fetched the response may ask for the tensor again before
+     * the others fetched it: the op's span ends there, since spans of one
+     * process must nest. */
+    for (size_t i = tl->ops_head; first && i < tl->ops_len; i++)
+        if (tl->ops[i].pid == pid)
+            op_end(tl, &tl->ops[i], ts);
     if (first && ev_begin(tl))
         buf_printf(&tl->b, "\"name\":\"NEGOTIATE_%s\",\"ph\":\"B\",\"ts\":%llu,\"pid\":%d}", op,
                    (unsigned long long)ts, pid);
@@ -250,12 +268,11 @@ void coord_timeline_fetched(struct timeline *tl, uint64_t min_cursor)
     uint64_t ts = 0;
     while (tl->ops_head < tl->ops_len && tl->ops[tl->ops_head].index < min_cursor) {
         struct tl_op *o = &tl->ops[tl->ops_head++];
+        if (o->pid < 0)
+            continue; /* ended early */
         if (!ts)
             ts = ts_now(tl);
-        if (ev_begin(tl))
-            buf_printf(&tl->b, "\"ph\":\"E\",\"ts\":%llu,\"pid\":%d,\"args\":%s}",
-                       (unsigned long long)ts, o->pid, o->args ? o->args : "{}");
-        free(o->args);
+        op_end(tl, o, ts);
     }
     if (tl->ops_head == tl->ops_len)
         tl->ops_head = tl->ops_len = 0;

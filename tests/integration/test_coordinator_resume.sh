@@ -49,4 +49,5 @@ echo "$job" | has '"generation":1,' || fail "the job was reset: $job"
 metrics=$(curl -sf "$HTTP/metrics") || fail "GET /metrics failed"
 echo "$metrics" | has '^kolo_negotiation_resumes_total 1$' || fail "no resume metric"
 echo "$metrics" | has '^kolo_negotiation_wait_seconds_count [1-9]' || fail "no negotiation waits"
+echo "$metrics" | /usr/bin/python3 "$(dirname "$0")/check_metrics.py" || fail "/metrics is not valid exposition text"
 echo PASS

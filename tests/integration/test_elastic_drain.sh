@@ -65,6 +65,7 @@ echo "$metrics" | grep -q '^kolo_negotiation_wait_seconds_count [1-9]' || fail "
 echo "$metrics" | grep -q '^kolo_membership_changes_total{cause="capacity"} [1-9]' ||
   fail "drain/undrain not counted as capacity changes"
 echo "$metrics" | grep -qx 'kolo_degraded 0' || fail "degraded without a store error"
+echo "$metrics" | /usr/bin/python3 "$(dirname "$0")/check_metrics.py" || fail "/metrics is not valid exposition text"
 # graceful both ways: no rollback at all
 report drain --commit $COMMIT --max-lost 0 --check-final
 echo PASS
