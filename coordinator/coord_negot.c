@@ -30,6 +30,10 @@
  * rank's. A rank that changes the signature sends a full request, which
  * is then checked against the others like any request (a mismatch is
  * reported, a consistent change is negotiated afresh).
+ *
+ * Timeline: a job with HOROVOD_TIMELINE has n->tl (coord_timeline.c),
+ * told of each request, each response and the ranks' cursors; without
+ * one, that costs a pointer test per request.
  */
 #include "coord_internal.h"
 

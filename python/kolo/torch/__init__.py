@@ -84,14 +84,18 @@ def ccl_built(verbose=False):
     return False
 
 
+_TIMELINE_HOW = ("kolo's coordinator writes the timeline for the whole job, from its start: "
+                 "pass --timeline-filename FILE to kolo run (or set HOROVOD_TIMELINE in the "
+                 "job's environment); starting or stopping it at run time is not supported "
+                 "yet (docs/timeline.md)")
+
+
 def start_timeline(file_path, mark_cycles=False):
-    raise NotImplementedError("kolo writes the timeline from the coordinator; pass "
-                              "--timeline-filename to kolo run")
+    raise NotImplementedError(_TIMELINE_HOW)
 
 
 def stop_timeline():
-    raise NotImplementedError("kolo writes the timeline from the coordinator; pass "
-                              "--timeline-filename to kolo run")
+    raise NotImplementedError(_TIMELINE_HOW)
 
 
 from . import elastic  # noqa: E402,F401
