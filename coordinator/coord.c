@@ -176,6 +176,9 @@ static void dispatch_rpc(struct coord *c, struct rpc_call *call)
     case M_WORKER_GET_SNAPSHOT:
         coord_rpc_snapshot(c, call, m);
         break;
+    case M_WORKER_TIMELINE:
+        coord_rpc_timeline(c, call);
+        break;
     case M_WORKER_REPORT:    /* issue 6 */
     case M_ADMIN_GET_EPOCHS: /* issue 6 */
         coord_rpc_report(c, call, m);

@@ -187,6 +187,7 @@ struct work {
     X(WORKER_PUT_SNAPSHOT, "WorkerService.PutSnapshot")                                            \
     X(WORKER_GET_SNAPSHOT, "WorkerService.GetSnapshot")                                            \
     X(WORKER_REPORT, "WorkerService.Report")                                                       \
+    X(WORKER_TIMELINE, "WorkerService.Timeline")                                                   \
     X(ADMIN_GET_EPOCHS, "AdminService.GetEpochs")                                                  \
     X(UNKNOWN, "unknown")
 
@@ -367,6 +368,8 @@ int coord_job_member(const struct job *j, uint64_t wid);
 /* coord_negot.c, for coord_elastic.c */
 void coord_negot_hosts_updated(struct coord *c, struct job *j, uint64_t stamp_ms, int kind);
 bool coord_negot_rank_joined(const struct job *j, int rank);
+/* The negotiation borrows j->tl: call after changing it. */
+void coord_negot_set_timeline(struct job *j);
 
 /* coord_snap.c */
 void coord_rpc_snapshot(struct coord *c, struct rpc_call *call, enum coord_method m);
@@ -396,6 +399,10 @@ void coord_report_free(struct coord *c);
  * closes the file with its "]"); coord_timeline_free closes and frees. */
 struct timeline;
 struct timeline *coord_timeline_open(const struct job *j);
+/* coord_timeline_open_path opens one at path (relative to the job's cwd). */
+struct timeline *coord_timeline_open_path(const struct job *j, const char *path);
+/* WorkerService.Timeline: start or stop the job's timeline at run time. */
+void coord_rpc_timeline(struct coord *c, struct rpc_call *call);
 void coord_timeline_request(struct timeline *tl, const char *name, const char *op, int rank,
                             bool first);
 /* The tensor is ready: ends NEGOTIATE_<op>; with error set, that is all;

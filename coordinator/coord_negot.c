@@ -1496,6 +1496,12 @@ void coord_negot_hosts_updated(struct coord *c, struct job *j, uint64_t stamp_ms
     }
 }
 
+void coord_negot_set_timeline(struct job *j)
+{
+    if (j->negot)
+        j->negot->tl = j->tl;
+}
+
 bool coord_negot_rank_joined(const struct job *j, int rank)
 {
     const struct negot *n = j->negot;

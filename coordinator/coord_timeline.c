@@ -39,6 +39,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "errors.h"
+#include "kolo.pb-c.h"
 #include "log.h"
 #include "util.h"
 
@@ -153,6 +155,11 @@ struct timeline *coord_timeline_open(const struct job *j)
             val = j->env[i] + 17;
     if (!val || !val[0])
         return NULL;
+    return coord_timeline_open_path(j, val);
+}
+
+struct timeline *coord_timeline_open_path(const struct job *j, const char *val)
+{
     struct timeline *tl = calloc(1, sizeof(*tl));
     if (!tl)
         return NULL;
@@ -334,4 +341,55 @@ void coord_timeline_free(struct timeline *tl)
     buf_free(&tl->b);
     free(tl->path);
     free(tl);
+}
+
+/* ---------------------------------------------------------------- run time */
+
+/* WorkerService.Timeline (hvd.start_timeline / stop_timeline): any rank
+ * of the current generation may start or stop the job's timeline. Every
+ * rank calling start with the same file (as Horovod scripts do) opens it
+ * once; a start with another file closes the first; stop closes it. From
+ * the first call on, the job's HOROVOD_TIMELINE is no longer looked at. */
+void coord_rpc_timeline(struct coord *c, struct rpc_call *call)
+{
+    struct job *j = coord_worker_fence(c, call, M_WORKER_TIMELINE);
+    if (!j)
+        return;
+    const struct rpc_frame *f = rpc_call_frame(call);
+    Kolo__TimelineRequest *req = kolo__timeline_request__unpack(NULL, f->body_len, f->body);
+    if (!req || strlen(req->path) >= 4096) {
+        c->m.rpc_errors[M_WORKER_TIMELINE]++;
+        rpc_call_error(call, KOLO_EPROTO, "malformed TimelineRequest");
+        if (req)
+            kolo__timeline_request__free_unpacked(req, NULL);
+        return;
+    }
+    j->tl_checked = true;
+    char want[8192] = "";
+    if (req->path[0] == '/' || !j->cwd || !j->cwd[0])
+        snprintf(want, sizeof(want), "%s", req->path);
+    else if (req->path[0])
+        snprintf(want, sizeof(want), "%s/%s", j->cwd, req->path);
+    bool same = j->tl && want[0] && j->tl->path && strcmp(j->tl->path, want) == 0;
+    if (!same && j->tl) {
+        struct timeline *old = j->tl;
+        j->tl = NULL;
+        coord_negot_set_timeline(j); /* the negotiation borrowed it */
+        coord_timeline_free(old);
+    }
+    if (!same && want[0]) {
+        j->tl = coord_timeline_open_path(j, req->path);
+        if (!j->tl) {
+            c->m.rpc_errors[M_WORKER_TIMELINE]++;
+            rpc_call_error(call, KOLO_EIO, "cannot write the timeline %s: %s", want,
+                           strerror(errno));
+            kolo__timeline_request__free_unpacked(req, NULL);
+            return;
+        }
+        coord_negot_set_timeline(j);
+    }
+    Kolo__TimelineReply rep = KOLO__TIMELINE_REPLY__INIT;
+    rep.path = j->tl && j->tl->path ? j->tl->path : "";
+    coord_send_pb(call, &rep.base);
+    kolo__timeline_request__free_unpacked(req, NULL);
 }

@@ -179,6 +179,16 @@ KOLO_API int kolo_cross_size(const kolo_ctx *ctx);
 KOLO_API uint64_t kolo_generation(const kolo_ctx *ctx);
 
 /*
+ * kolo_timeline starts (path set) or stops (path NULL or "") the job's
+ * timeline: a Chrome-trace file in Horovod's format, written by the
+ * coordinator on its host (a relative path is taken from the job's working
+ * directory) with every rank's negotiation. Any rank may call it; every
+ * rank starting the same file opens it once. Blocks for one round trip to
+ * the coordinator (at most 10 s).
+ */
+KOLO_API int kolo_timeline(kolo_ctx *ctx, const char *path);
+
+/*
  * kolo_hosts_updated reports the latest membership update the coordinator
  * announced and the workers have not acted on yet: *stamp_ms is its
  * wall-clock time (0: none) and *kind Horovod's HostUpdateResult bits (1

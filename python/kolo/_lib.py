@@ -65,6 +65,7 @@ def _declare(lib):
         "kolo_cross_rank": (c_int, [ctx]),
         "kolo_cross_size": (c_int, [ctx]),
         "kolo_generation": (ctypes.c_uint64, [ctx]),
+        "kolo_timeline": (c_int, [ctx, c_char_p]),
         "kolo_snapshot_cancel": (c_int, [ctx]),
         "kolo_hosts_updated": (c_int, [ctx, ctypes.POINTER(ctypes.c_uint64),
                                        ctypes.POINTER(c_int)]),

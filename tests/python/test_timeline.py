@@ -2,7 +2,8 @@
 --timeline-filename writes Horovod's Chrome-trace JSON, with a process
 per tensor, NEGOTIATE_ALLREDUCE begin and end, one tick per rank, and the
 ALLREDUCE phase with its dtype and shape; a relative path lands in the
-job's cwd; start_timeline() says how to get one instead."""
+job's cwd; hvd.start_timeline()/stop_timeline() start and stop it at run
+time."""
 import json
 import os
 import tempfile
@@ -18,12 +19,37 @@ for step in range(3):
     out = hvd.allreduce(torch.ones(4) * (hvd.rank() + 1), name="tl.grad", op=hvd.Sum)
     assert out.tolist() == [3.0] * 4, out
 hvd.allreduce(torch.zeros(2, 3, dtype=torch.float64), name="tl.other")
-try:
-    hvd.start_timeline("/tmp/x.json")
-except NotImplementedError as e:
-    assert "--timeline-filename" in str(e), e
 print("done", flush=True)
 '''
+
+RUNTIME = r'''
+import sys
+import torch
+import kolo.torch as hvd
+
+hvd.init()
+hvd.allreduce(torch.ones(3), name="before")
+hvd.barrier()
+hvd.start_timeline(sys.argv[1])  # every rank, as Horovod scripts do
+hvd.allreduce(torch.ones(3), name="during")
+hvd.barrier()
+hvd.stop_timeline()
+hvd.barrier()
+hvd.allreduce(torch.ones(3), name="after")
+print("done", flush=True)
+'''
+
+
+def test_start_and_stop_at_run_time():
+    path = os.path.join(tempfile.mkdtemp(prefix="kolo-tl-"), "run.json")
+    job = kolo_run(2, RUNTIME, args=(path,))
+    assert job.rc == 0, job
+    evs = load(path)
+    names = {e["args"]["name"] for e in evs if e.get("name") == "process_name" and e["ph"] == "M"}
+    assert "during" in names, names
+    assert "before" not in names and "after" not in names, names
+    ticks = [e for e in events_of(evs, "during") if e["ph"] == "X"]
+    assert sorted(e["name"] for e in ticks) == ["0", "1"], ticks
 
 
 def load(path):

@@ -84,18 +84,32 @@ def ccl_built(verbose=False):
     return False
 
 
-_TIMELINE_HOW = ("kolo's coordinator writes the timeline for the whole job, from its start: "
-                 "pass --timeline-filename FILE to kolo run (or set HOROVOD_TIMELINE in the "
-                 "job's environment); starting or stopping it at run time is not supported "
-                 "yet (docs/timeline.md)")
-
-
 def start_timeline(file_path, mark_cycles=False):
-    raise NotImplementedError(_TIMELINE_HOW)
+    """Starts writing the job's timeline to file_path (Horovod's Chrome-trace
+    format). kolo's coordinator writes it, with every rank's negotiation, on
+    its host; a relative path is taken from the job's working directory.
+    Every rank may call it with the same path. mark_cycles is accepted and
+    ignored (kolo has no cycles)."""
+    _timeline_call(str(file_path))
 
 
 def stop_timeline():
-    raise NotImplementedError(_TIMELINE_HOW)
+    """Stops the timeline started by start_timeline or --timeline-filename."""
+    _timeline_call(None)
+
+
+def _timeline_call(path):
+    eng = _kolo._eng()
+    if eng.solo():
+        raise ValueError("kolo: the timeline is written by the coordinator; start the program "
+                         "with `kolo run`")
+    with eng.borrow() as (lib, ctx):
+        rc = lib.kolo_timeline(ctx, path.encode() if path else None)
+        if rc:
+            detail = lib.kolo_last_error(ctx)
+            raise ValueError("kolo: %s (%s)" % (detail.decode(errors="replace") if detail else
+                                                lib.kolo_strerror(rc).decode(),
+                                                lib.kolo_errname(rc).decode()))
 
 
 from . import elastic  # noqa: E402,F401

@@ -1,0 +1,70 @@
+/*
+ * timeline.c - kolo_timeline: start or stop the job's timeline at run time.
+ *
+ * The timeline is written by the coordinator (every rank's negotiation in
+ * one file, see coordinator/coord_timeline.c); this asks it to. A rare
+ * call, so it uses a connection of its own for the one request rather than
+ * the background thread's, which may be parked in a negotiation.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "kolo.pb-c.h"
+#include "rpc.h"
+#include "worker_int.h"
+
+#define TIMELINE_CALL_MS 10000
+
+int kolo_timeline(kolo_ctx *c, const char *path)
+{
+    if (!c || (path && strlen(path) >= 4096))
+        return KOLO_EINVAL;
+    char ident[64], url[512], err[512] = "";
+    char *token = NULL;
+    pthread_mutex_lock(&c->mu);
+    if (c->stopping || !c->coord_url) {
+        pthread_mutex_unlock(&c->mu);
+        return KOLO_ESHUTDOWN;
+    }
+    snprintf(ident, sizeof(ident), "job%llu-rank%d", (unsigned long long)c->job, c->rank);
+    snprintf(url, sizeof(url), "%s", c->coord_url);
+    token = c->coord_token ? strdup(c->coord_token) : NULL;
+    struct rpc_client_config rc = {.url = url,
+                                   .token = token,
+                                   .identity = ident,
+                                   .job_id = c->job,
+                                   .generation = c->generation,
+                                   .rank = c->rank};
+    pthread_mutex_unlock(&c->mu);
+    struct rpc_client *cli = NULL;
+    int code = rpc_client_open(&cli, &rc);
+    if (code) {
+        free(token);
+        return code;
+    }
+    Kolo__TimelineRequest req = KOLO__TIMELINE_REQUEST__INIT;
+    req.path = (char *)(path ? path : "");
+    size_t len = kolo__timeline_request__get_packed_size(&req);
+    uint8_t *buf = malloc(len + 1);
+    void *out = NULL;
+    size_t olen = 0;
+    if (!buf)
+        code = KOLO_ENOMEM;
+    else {
+        kolo__timeline_request__pack(&req, buf);
+        code = rpc_client_call(cli, "WorkerService.Timeline", buf, len, &out, &olen,
+                               TIMELINE_CALL_MS, err, sizeof(err));
+    }
+    free(buf);
+    free(out);
+    rpc_client_close(cli);
+    free(token);
+    if (code) {
+        pthread_mutex_lock(&c->mu);
+        ctx_set_error(c, "kolo_timeline: %s", err[0] ? err : kolo_strerror(code));
+        pthread_mutex_unlock(&c->mu);
+    }
+    return code;
+}
