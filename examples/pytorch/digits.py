@@ -179,6 +179,11 @@ def main():
         train_loss = train_epoch(model, optimizer, loader, sampler, epoch)
         test_loss, accuracy = evaluate(model, test_set)
         epoch_times.append(time.perf_counter() - t0)
+        # Epoch timing without log scraping: the coordinator derives the
+        # epoch's wall time and samples/s, kolo run prints them, REST serves
+        # them (GET /api/v1/jobs/{id}/epochs). A no-op without kolo run.
+        hvd.report_epoch(epoch, samples=len(sampler),
+                         metrics={"loss": train_loss, "accuracy": accuracy})
         history.append({"epoch": epoch, "train_loss": train_loss, "test_loss": test_loss,
                         "accuracy": accuracy})
         if hvd.rank() == 0:

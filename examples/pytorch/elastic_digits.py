@@ -115,8 +115,11 @@ def main():
                     state.commit()
                 if args.step_delay:
                     time.sleep(args.step_delay)
+            mine = count  # samples this rank trained on in this (part of the) epoch
             loss_sum, count = global_sums("train_sums", loss_sum, count)
             test_loss, state.accuracy = evaluate(model, test_set)
+            hvd.report_epoch(state.epoch, samples=mine,
+                             metrics={"loss": loss_sum / max(count, 1), "accuracy": state.accuracy})
             if hvd.rank() == 0:
                 print("epoch %d: %.2f s, %d worker(s), loss %.4f, accuracy %.4f"
                       % (state.epoch, time.perf_counter() - t0, hvd.size(),
