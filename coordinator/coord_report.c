@@ -619,6 +619,54 @@ static void jw_kdouble_or_null(struct jw *w, const char *key, double v)
         jw_double(w, v);
 }
 
+static int cmp_dbl(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The single-worker baseline of j: the newest other job that ran the same
+ * command (argv) on one worker and reported complete epochs. Its median
+ * samples/s (the first epoch left out when there are more, as a warm-up),
+ * or NAN when there is none; *id is the baseline job. */
+static double baseline_rate(struct coord *c, const struct job *j, uint64_t *id)
+{
+    *id = 0;
+    const struct job *best = NULL;
+    for (const struct job *b = c->jobs; b; b = b->next) {
+        if (b == j || b->np != 1 || b->el || b->argc != j->argc ||
+            (b->state != JOB_SUCCEEDED && b->state != JOB_RUNNING))
+            continue;
+        bool same = true;
+        for (int i = 0; i < b->argc && same; i++)
+            same = strcmp(b->argv[i], j->argv[i]) == 0;
+        if (same)
+            best = b; /* jobs are in id order: the last match is the newest */
+    }
+    if (!best)
+        return NAN;
+    struct ep_rows rs = {0};
+    struct ep_sum *sums = NULL;
+    size_t n = 0;
+    double rate = NAN;
+    if (summarize(c, best, &rs, &sums, &n) == 0 && n > 0) {
+        double *v = calloc(n, sizeof(*v));
+        size_t k = 0;
+        for (size_t i = n > 1 ? 1 : 0; v && i < n; i++)
+            if (sums[i].complete && isfinite(sums[i].samples_per_s))
+                v[k++] = sums[i].samples_per_s;
+        if (k) {
+            qsort(v, k, sizeof(*v), cmp_dbl);
+            rate = k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
+            *id = best->id;
+        }
+        free(v);
+    }
+    free(sums);
+    rows_free(&rs);
+    return rate;
+}
+
 static int render_epochs(struct coord *c, struct job *j, struct jw *w, char *err, size_t errlen)
 {
     struct ep_rows rs = {0};
@@ -631,9 +679,19 @@ static int render_epochs(struct coord *c, struct job *j, struct jw *w, char *err
         rows_free(&rs);
         return 500;
     }
+    uint64_t base_id = 0;
+    double base = baseline_rate(c, j, &base_id);
     jw_obj_begin(w);
     jw_kuint(w, "job", j->id);
     jw_kuint(w, "generation", j->generation);
+    /* Scaling efficiency: samples/s over (workers x the one-worker rate of
+     * the same command), when such a run exists. */
+    jw_key(w, "baseline_job");
+    if (base_id)
+        jw_uint(w, base_id);
+    else
+        jw_null(w);
+    jw_kdouble_or_null(w, "baseline_samples_per_s", base);
     jw_key(w, "epochs");
     jw_arr_begin(w);
     for (size_t i = 0; i < n; i++) {
@@ -649,6 +707,10 @@ static int render_epochs(struct coord *c, struct job *j, struct jw *w, char *err
         jw_kint(w, "ranks_reported", s->reported);
         jw_kint(w, "ranks_expected", s->expected);
         jw_kbool(w, "complete", s->complete);
+        jw_kdouble_or_null(w, "scaling_efficiency",
+                           isfinite(base) && base > 0 && s->expected > 0
+                               ? s->samples_per_s / (base * s->expected)
+                               : NAN);
         jw_key(w, "metrics");
         render_metrics_text(w, s->metrics);
         jw_key(w, "metrics_mean");

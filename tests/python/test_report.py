@@ -192,3 +192,33 @@ def test_report_epoch_solo():
     p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, env=env, timeout=60, universal_newlines=True)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
+
+
+def test_scaling_efficiency_against_a_one_worker_run(cluster):
+    rpc, http, tmp = cluster
+    path = os.path.join(tmp, "scaling.py")
+    with open(path, "w") as f:
+        f.write(WORKER)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = PYDIR + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    ids = []
+    for np in (1, 2):
+        p = subprocess.run([KOLO, "run", "-np", str(np), "--coordinator", rpc, "--",
+                            sys.executable, path], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=180, env=env, cwd=tmp, universal_newlines=True)
+        assert p.returncode == 0, p.stderr
+        st, jobs = _get(http + "/api/v1/jobs")
+        ids.append(jobs["jobs"][-1]["id"])
+    st, one = _get("%s/api/v1/jobs/%d/epochs" % (http, ids[0]))
+    assert st == 200 and one["baseline_job"] is None, one
+    assert all(e["scaling_efficiency"] is None for e in one["epochs"])
+    st, two = _get("%s/api/v1/jobs/%d/epochs" % (http, ids[1]))
+    assert st == 200, two
+    assert two["baseline_job"] == ids[0], two
+    assert two["baseline_samples_per_s"] > 0
+    for e in two["epochs"]:
+        # each worker sleeps 20 ms a step: two workers do about twice the work
+        assert 0.3 < e["scaling_efficiency"] < 1.5, e
+        assert e["scaling_efficiency"] == pytest.approx(
+            e["samples_per_s"] / (2 * two["baseline_samples_per_s"]), rel=1e-6)
