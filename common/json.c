@@ -791,3 +791,50 @@ bool json_as_int(const struct json *v, int64_t *out)
         *out = n;
     return true;
 }
+
+void jw_json(struct jw *w, const struct json *v)
+{
+    int64_t i;
+    switch (v->type) {
+    case JSON_NULL:
+        jw_null(w);
+        break;
+    case JSON_BOOL:
+        jw_bool(w, v->b);
+        break;
+    case JSON_NUMBER:
+        if (json_as_int(v, &i))
+            jw_int(w, i);
+        else
+            jw_double(w, v->num);
+        break;
+    case JSON_STRING:
+        jw_strn(w, v->str, v->str_len);
+        break;
+    case JSON_ARRAY:
+        jw_arr_begin(w);
+        for (const struct json *e = v->child; e; e = e->next)
+            jw_json(w, e);
+        jw_arr_end(w);
+        break;
+    case JSON_OBJECT:
+        jw_obj_begin(w);
+        for (const struct json *e = v->child; e; e = e->next) {
+            jw_key(w, e->key);
+            jw_json(w, e);
+        }
+        jw_obj_end(w);
+        break;
+    }
+}
+
+bool jw_json_text(struct jw *w, const char *text)
+{
+    struct json *v = NULL;
+    char err[64];
+    if (!text || json_parse(text, strlen(text), &v, err, sizeof err) != 0)
+        return false;
+    jw_json(w, v);
+    json_free(v);
+    return true;
+}

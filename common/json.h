@@ -39,6 +39,11 @@ void jw_uint(struct jw *w, uint64_t v);
 void jw_double(struct jw *w, double v); /* non-finite writes null */
 void jw_bool(struct jw *w, bool v);
 void jw_null(struct jw *w);
+/* jw_json writes a parsed value again; jw_json_text parses text and
+ * writes it, or writes nothing and returns false when text is not JSON. */
+struct json;
+void jw_json(struct jw *w, const struct json *v);
+bool jw_json_text(struct jw *w, const char *text);
 /* convenience: key + value */
 void jw_kstr(struct jw *w, const char *key, const char *s);
 void jw_kint(struct jw *w, const char *key, int64_t v);

@@ -527,53 +527,10 @@ void coord_rpc_report(struct coord *c, struct rpc_call *call, enum coord_method 
 
 /* ---------------------------------------------------------------- REST */
 
-/* render_json writes a parsed JSON value again. */
-static void render_json(struct jw *w, const struct json *v)
-{
-    int64_t i;
-    switch (v->type) {
-    case JSON_NULL:
-        jw_null(w);
-        break;
-    case JSON_BOOL:
-        jw_bool(w, v->b);
-        break;
-    case JSON_NUMBER:
-        if (json_as_int(v, &i))
-            jw_int(w, i);
-        else
-            jw_double(w, v->num);
-        break;
-    case JSON_STRING:
-        jw_strn(w, v->str, v->str_len);
-        break;
-    case JSON_ARRAY:
-        jw_arr_begin(w);
-        for (const struct json *e = v->child; e; e = e->next)
-            render_json(w, e);
-        jw_arr_end(w);
-        break;
-    case JSON_OBJECT:
-        jw_obj_begin(w);
-        for (const struct json *e = v->child; e; e = e->next) {
-            jw_key(w, e->key);
-            render_json(w, e);
-        }
-        jw_obj_end(w);
-        break;
-    }
-}
-
 static void render_metrics_text(struct jw *w, const char *text)
 {
-    struct json *v = NULL;
-    char err[64];
-    if (text && json_parse(text, strlen(text), &v, err, sizeof err) == 0) {
-        render_json(w, v);
-        json_free(v);
-    } else {
+    if (!jw_json_text(w, text))
         jw_null(w);
-    }
 }
 
 /* render_mean writes the mean over the ranks of every numeric metric

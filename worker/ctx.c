@@ -44,6 +44,15 @@ static int negotiate_call(struct kolo_ctx *c, const Kolo__NegotiateRequest *req,
 #define DEFAULT_TIMEOUT_MS 30000
 #define DEFAULT_FUSION (64ll << 20)
 
+int ctx_error(struct kolo_ctx *c, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
+    va_end(ap);
+    return code;
+}
+
 void ctx_set_error(struct kolo_ctx *c, const char *fmt, ...)
 {
     va_list ap;

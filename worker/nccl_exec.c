@@ -40,7 +40,6 @@
  */
 #include "worker_int.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,17 +165,6 @@ static void restore_device(const struct gpu_libs *g, int dev, int prev)
 
 /* ---------------------------------------------------------------- submit */
 
-static int vfail(struct kolo_ctx *c, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int vfail(struct kolo_ctx *c, int code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
-    va_end(ap);
-    return code;
-}
 
 /* p must be memory of device dev (or managed memory). */
 static int check_ptr(struct kolo_ctx *c, const struct gpu_libs *g, const void *p, int dev,
@@ -187,17 +175,17 @@ static int check_ptr(struct kolo_ctx *c, const struct gpu_libs *g, const void *p
     cudaError_t e = g->rt.PointerGetAttributes(&a, p);
     if (e != cudaSuccess) {
         g->rt.GetLastError();
-        return vfail(c, KOLO_EINVAL, "the %s buffer %p is not CUDA memory (%s)", what, p,
+        return ctx_error(c, KOLO_EINVAL, "the %s buffer %p is not CUDA memory (%s)", what, p,
                      gpu_cuda_str(e));
     }
     if (a.type == cudaMemoryTypeManaged)
         return 0;
     if (a.type != cudaMemoryTypeDevice)
-        return vfail(c, KOLO_EINVAL,
+        return ctx_error(c, KOLO_EINVAL,
                      "the %s buffer %p is host memory, but the operation names GPU %d", what, p,
                      dev);
     if (a.device != dev)
-        return vfail(c, KOLO_EINVAL, "the %s buffer %p is on GPU %d, not on GPU %d", what, p,
+        return ctx_error(c, KOLO_EINVAL, "the %s buffer %p is on GPU %d, not on GPU %d", what, p,
                      a.device, dev);
     return 0;
 }
@@ -207,13 +195,13 @@ int gpu_validate(struct kolo_ctx *c, const kolo_request *r)
     char why[512];
     const struct gpu_libs *g = gpu_libs_load(why, sizeof(why));
     if (!g)
-        return vfail(c, KOLO_ENOTSUP, "cannot run a collective on a GPU tensor (device %d): %s",
+        return ctx_error(c, KOLO_ENOTSUP, "cannot run a collective on a GPU tensor (device %d): %s",
                      r->device, why);
     if (r->device >= g->device_count)
-        return vfail(c, KOLO_EINVAL, "GPU %d does not exist: this process sees %d GPU(s)",
+        return ctx_error(c, KOLO_EINVAL, "GPU %d does not exist: this process sees %d GPU(s)",
                      r->device, g->device_count);
     if (c->gpu && c->gpu->device != r->device)
-        return vfail(c, KOLO_ENOTSUP,
+        return ctx_error(c, KOLO_ENOTSUP,
                      "this process already uses GPU %d and kolo, like Horovod, runs one GPU per "
                      "process: put every tensor on GPU %d (torch.cuda.set_device(local_rank))",
                      c->gpu->device, c->gpu->device);
@@ -252,14 +240,14 @@ int gpu_op_attach(struct kolo_ctx *c, struct op *op, void *stream)
     int dev = op->req.device;
     const struct gpu_libs *g = gpu_libs_load(why, sizeof(why));
     if (!g)
-        return vfail(c, KOLO_ENOTSUP, "cannot use GPU %d: %s", dev, why);
+        return ctx_error(c, KOLO_ENOTSUP, "cannot use GPU %d: %s", dev, why);
     if (dev >= g->device_count)
-        return vfail(c, KOLO_EINVAL, "GPU %d does not exist: this process sees %d GPU(s)", dev,
+        return ctx_error(c, KOLO_EINVAL, "GPU %d does not exist: this process sees %d GPU(s)", dev,
                      g->device_count);
     if (!c->gpu && !(c->gpu = gpu_new(g, dev)))
-        return vfail(c, KOLO_ENOMEM, "out of memory");
+        return ctx_error(c, KOLO_ENOMEM, "out of memory");
     if (c->gpu->device != dev)
-        return vfail(c, KOLO_ENOTSUP, "this process already uses GPU %d (one GPU per process)",
+        return ctx_error(c, KOLO_ENOTSUP, "this process already uses GPU %d (one GPU per process)",
                      c->gpu->device);
     if (op->req.coll == KOLO_COLL_JOIN) {
         c->gpu_join_device = dev;
@@ -275,7 +263,7 @@ int gpu_op_attach(struct kolo_ctx *c, struct op *op, void *stream)
     if (e != cudaSuccess) {
         g->rt.GetLastError();
         ev_put(g, dev, ev);
-        return vfail(c, KOLO_EINVAL, "cannot record an event on the given CUDA stream: %s",
+        return ctx_error(c, KOLO_EINVAL, "cannot record an event on the given CUDA stream: %s",
                      gpu_cuda_str(e));
     }
     op->gpu_event = ev;
@@ -1305,11 +1293,11 @@ int kolo_result_copy(kolo_ctx *c, kolo_handle h, void *dst, void *stream)
     if (!op)
         rv = KOLO_ENOTFOUND;
     else if (op->state != OP_DONE)
-        rv = vfail(c, KOLO_ESTATE, "the operation has not finished");
+        rv = ctx_error(c, KOLO_ESTATE, "the operation has not finished");
     else if (op->status)
         rv = op->status;
     else if (op->result_bytes && !dst)
-        rv = vfail(c, KOLO_EINVAL, "the destination is NULL");
+        rv = ctx_error(c, KOLO_EINVAL, "the destination is NULL");
     else if (op->gpu_result && op->result_bytes) {
         const struct gpu_libs *g = gpu_libs_load(NULL, 0);
         int prev;
@@ -1319,7 +1307,7 @@ int kolo_result_copy(kolo_ctx *c, kolo_handle h, void *dst, void *stream)
         restore_device(g, op->req.device, prev);
         if (e != cudaSuccess) {
             g->rt.GetLastError();
-            rv = vfail(c, KOLO_EINVAL, "copying the result failed: %s", gpu_cuda_str(e));
+            rv = ctx_error(c, KOLO_EINVAL, "copying the result failed: %s", gpu_cuda_str(e));
         } else {
             op->gpu_result_stream = stream;
         }

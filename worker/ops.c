@@ -8,7 +8,6 @@
 #include "worker_int.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -215,31 +214,20 @@ void ops_cache_put(struct kolo_ctx *c, const struct op *op, uint32_t id)
 
 /* ---------------------------------------------------------------- submit */
 
-static int fail(struct kolo_ctx *c, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int fail(struct kolo_ctx *c, int code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
-    va_end(ap);
-    return code;
-}
 
 static int validate(struct kolo_ctx *c, const kolo_request *r)
 {
     if ((unsigned)r->coll >= KOLO_COLL_COUNT)
-        return fail(c, KOLO_EINVAL, "invalid collective %d", (int)r->coll);
+        return ctx_error(c, KOLO_EINVAL, "invalid collective %d", (int)r->coll);
     if (r->coll == KOLO_COLL_BARRIER || r->coll == KOLO_COLL_JOIN)
         return 0;
     if ((unsigned)r->dtype >= KOLO_DTYPE_COUNT)
-        return fail(c, KOLO_EINVAL, "invalid dtype %d", (int)r->dtype);
+        return ctx_error(c, KOLO_EINVAL, "invalid dtype %d", (int)r->dtype);
     if (r->ndim < 0 || r->ndim > 64 || (r->ndim > 0 && !r->shape))
-        return fail(c, KOLO_EINVAL, "invalid shape (ndim %d)", r->ndim);
+        return ctx_error(c, KOLO_EINVAL, "invalid shape (ndim %d)", r->ndim);
     for (int i = 0; i < r->ndim; i++)
         if (r->shape[i] < 0)
-            return fail(c, KOLO_EINVAL, "negative dimension %lld", (long long)r->shape[i]);
+            return ctx_error(c, KOLO_EINVAL, "negative dimension %lld", (long long)r->shape[i]);
     if (r->device >= 0) {
         int rc = gpu_validate(c, r); /* the reason is in last_error */
         if (rc)
@@ -249,50 +237,50 @@ static int validate(struct kolo_ctx *c, const kolo_request *r)
     for (int i = 0; i < r->ndim; i++)
         count *= r->shape[i];
     if (count > 0 && !r->sendbuf && r->coll != KOLO_COLL_BROADCAST)
-        return fail(c, KOLO_EINVAL, "sendbuf is NULL");
+        return ctx_error(c, KOLO_EINVAL, "sendbuf is NULL");
     switch (r->coll) {
     case KOLO_COLL_ALLREDUCE:
         if ((unsigned)r->op >= KOLO_OP_COUNT)
-            return fail(c, KOLO_EINVAL, "invalid reduction op %d", (int)r->op);
+            return ctx_error(c, KOLO_EINVAL, "invalid reduction op %d", (int)r->op);
         if (count > 0 && !r->recvbuf)
-            return fail(c, KOLO_EINVAL, "recvbuf is NULL");
+            return ctx_error(c, KOLO_EINVAL, "recvbuf is NULL");
         break;
     case KOLO_COLL_REDUCESCATTER:
         if (r->op != KOLO_SUM && r->op != KOLO_AVERAGE)
-            return fail(c, KOLO_EINVAL, "Reducescatter currently only supports AVERAGE and SUM.");
+            return ctx_error(c, KOLO_EINVAL, "Reducescatter currently only supports AVERAGE and SUM.");
         if (r->ndim < 1)
-            return fail(c, KOLO_EINVAL, "reducescatter needs a tensor of rank >= 1");
+            return ctx_error(c, KOLO_EINVAL, "reducescatter needs a tensor of rank >= 1");
         break;
     case KOLO_COLL_BROADCAST:
         if (r->root < 0 || r->root >= c->size)
-            return fail(c, KOLO_EINVAL, "broadcast root %d out of range [0, %d)", r->root,
+            return ctx_error(c, KOLO_EINVAL, "broadcast root %d out of range [0, %d)", r->root,
                         c->size);
         if (count > 0 && !r->recvbuf)
-            return fail(c, KOLO_EINVAL, "broadcast buffer is NULL");
+            return ctx_error(c, KOLO_EINVAL, "broadcast buffer is NULL");
         break;
     case KOLO_COLL_ALLGATHER:
         if (r->ndim < 1)
-            return fail(c, KOLO_EINVAL, "allgather needs a tensor of rank >= 1");
+            return ctx_error(c, KOLO_EINVAL, "allgather needs a tensor of rank >= 1");
         break;
     case KOLO_COLL_ALLTOALL:
         if (r->ndim < 1)
-            return fail(c, KOLO_EINVAL, "alltoall needs a tensor of rank >= 1");
+            return ctx_error(c, KOLO_EINVAL, "alltoall needs a tensor of rank >= 1");
         if (r->splits) {
             if (r->nsplits != c->size)
-                return fail(c, KOLO_EINVAL, "splits must have %d entries, one per rank",
+                return ctx_error(c, KOLO_EINVAL, "splits must have %d entries, one per rank",
                             c->size);
             int64_t sum = 0;
             for (int i = 0; i < r->nsplits; i++) {
                 if (r->splits[i] < 0)
-                    return fail(c, KOLO_EINVAL, "negative split");
+                    return ctx_error(c, KOLO_EINVAL, "negative split");
                 sum += r->splits[i];
             }
             if (sum > r->shape[0])
-                return fail(c, KOLO_EINVAL,
+                return ctx_error(c, KOLO_EINVAL,
                             "the splits add up to %lld rows, more than the tensor's %lld",
                             (long long)sum, (long long)r->shape[0]);
         } else if (r->shape[0] % c->size != 0) {
-            return fail(c, KOLO_EINVAL,
+            return ctx_error(c, KOLO_EINVAL,
                         "alltoall without splits needs the first dimension (%lld) divisible by "
                         "the number of ranks (%d)",
                         (long long)r->shape[0], c->size);
@@ -362,7 +350,7 @@ int ops_submit(kolo_ctx *c, const kolo_request *reqs, int n, void *stream, kolo_
     pthread_mutex_lock(&c->mu);
     int rv = 0;
     if (c->sticky) {
-        rv = fail(c, c->sticky, "%s", c->sticky_msg);
+        rv = ctx_error(c, c->sticky, "%s", c->sticky_msg);
         goto out;
     }
     for (int i = 0; i < n; i++) {
@@ -371,7 +359,7 @@ int ops_submit(kolo_ctx *c, const kolo_request *reqs, int n, void *stream, kolo_
         const char *nm = reqs[i].name;
         if (nm && nm[0]) {
             if (strlen(nm) >= WORKER_NAME_MAX) {
-                rv = fail(c, KOLO_EINVAL, "operation name longer than %d bytes",
+                rv = ctx_error(c, KOLO_EINVAL, "operation name longer than %d bytes",
                           WORKER_NAME_MAX - 1);
                 goto out;
             }
@@ -379,7 +367,7 @@ int ops_submit(kolo_ctx *c, const kolo_request *reqs, int n, void *stream, kolo_
             for (int k = 0; k < i && !dup; k++)
                 dup = reqs[k].name && strcmp(reqs[k].name, nm) == 0;
             if (dup) {
-                rv = fail(c, KOLO_EEXIST,
+                rv = ctx_error(c, KOLO_EEXIST,
                           "Requested to collective-operate a tensor with the same name as "
                           "another tensor that is currently being processed. If you want to "
                           "request another tensor, use a different tensor name. (%s)",
@@ -398,7 +386,7 @@ int ops_submit(kolo_ctx *c, const kolo_request *reqs, int n, void *stream, kolo_
         if (!op || slot_alloc(c, op) != 0) {
             if (op)
                 op_free(op);
-            rv = fail(c, KOLO_ENOMEM, "out of memory");
+            rv = ctx_error(c, KOLO_ENOMEM, "out of memory");
             goto out; /* ops already queued run; their handles are lost to the caller */
         }
         op->group = group;
@@ -487,7 +475,7 @@ int kolo_result(kolo_ctx *c, kolo_handle h, const void **data, size_t *bytes, in
     if (!op)
         rv = KOLO_ENOTFOUND;
     else if (op->state != OP_DONE)
-        rv = fail(c, KOLO_ESTATE, "the operation has not finished");
+        rv = ctx_error(c, KOLO_ESTATE, "the operation has not finished");
     else if (op->status)
         rv = op->status;
     else {
@@ -516,7 +504,7 @@ int kolo_release(kolo_ctx *c, kolo_handle h)
     if (!op)
         rv = KOLO_ENOTFOUND;
     else if (op->state != OP_DONE)
-        rv = fail(c, KOLO_ESTATE, "the operation has not finished");
+        rv = ctx_error(c, KOLO_ESTATE, "the operation has not finished");
     else
         slot_release(c, op);
     pthread_mutex_unlock(&c->mu);

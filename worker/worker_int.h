@@ -162,6 +162,9 @@ struct kolo_ctx {
 
 /* ctx.c */
 void ctx_set_error(struct kolo_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* ctx_error records the detail of a refused call and returns code. */
+int ctx_error(struct kolo_ctx *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 void ctx_wake(struct kolo_ctx *c);
 void ctx_send_queued(struct kolo_ctx *c);
 bool ctx_try_execute(struct kolo_ctx *c);
