@@ -526,6 +526,9 @@ int cmd_run(int argc, char **argv)
     if (o.verbose)
         fprintf(stderr, "[kolo] job %llu submitted (np %lld)\n", (unsigned long long)job_id,
                 (long long)o.np);
+    if (coord && coord_http_url(coord)[0])
+        fprintf(stderr, "[kolo] job %llu on the dashboard: %s/#/jobs/%llu\n",
+                (unsigned long long)job_id, coord_http_url(coord), (unsigned long long)job_id);
     code = stream_job(cli, job_id, o.grace, files);
 
 out:

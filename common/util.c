@@ -38,6 +38,13 @@ uint64_t now_mono_ms(void)
     return clock_ms(CLOCK_MONOTONIC);
 }
 
+uint64_t now_mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
 uint64_t now_wall_ms(void)
 {
     return clock_ms(CLOCK_REALTIME);

@@ -9,6 +9,8 @@
 
 /* now_mono_ms: CLOCK_MONOTONIC in ms, for leases and deadlines. */
 uint64_t now_mono_ms(void);
+/* now_mono_us: the same clock in microseconds, for short intervals. */
+uint64_t now_mono_us(void);
 /* now_wall_ms: CLOCK_REALTIME in ms since the epoch, for records. */
 uint64_t now_wall_ms(void);
 /* random_bytes fills buf from getrandom(2); 0 or KOLO_ESYS. */

@@ -11,8 +11,13 @@
  * is configured). Anything that changes state needs
  * "Authorization: Bearer <token>"; with no token configured those routes
  * answer 403, so nothing can start a command over HTTP without the token.
+ *
+ * Query parameters are integers, checked (query_param): a bad one answers
+ * 400 naming it, since a typo silently read as the default would show the
+ * user something other than what they asked for.
  */
 #include "coord_internal.h"
+#include "coord_static.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -107,17 +112,30 @@ bool coord_http_query(const char *query, const char *key, char *out, size_t size
     return query_get(query, key, out, size);
 }
 
-static bool query_u64(const char *query, const char *key, uint64_t *v)
+/* query_param reads the integer parameter key from lo to hi into *v,
+ * which keeps its default when the query does not have it. Anything else
+ * (not digits, out of range, empty) answers 400 naming the parameter and
+ * returns false: a typo must not silently turn into the default. */
+static bool query_param(const char *query, const char *key, uint64_t lo, uint64_t hi, uint64_t *v,
+                        struct http_out *o)
 {
-    char tmp[32];
-    char *end;
-    if (!query_get(query, key, tmp, sizeof(tmp)) || !tmp[0])
-        return false;
-    unsigned long long x = strtoull(tmp, &end, 10);
-    if (*end)
-        return false;
-    *v = x;
-    return true;
+    char tmp[64];
+    if (!query_get(query, key, tmp, sizeof(tmp)))
+        return true;
+    bool digits = tmp[0] != '\0' && strlen(tmp) <= 19;
+    for (const char *p = tmp; digits && *p; p++)
+        digits = isdigit((unsigned char)*p);
+    unsigned long long x = digits ? strtoull(tmp, NULL, 10) : 0;
+    if (digits && x >= lo && x <= hi) {
+        *v = x;
+        return true;
+    }
+    char msg[200];
+    snprintf(msg, sizeof(msg), "%s must be an integer from %llu to %llu, not '%.40s'", key,
+             (unsigned long long)lo, (unsigned long long)hi, tmp);
+    buf_reset(&o->body);
+    out_json_error(o, 400, msg);
+    return false;
 }
 
 static bool parse_id(const char *s, uint64_t *id)
@@ -667,31 +685,24 @@ out:
 
 /* ---------------------------------------------------------------- static files */
 
-static const char *content_type_for(const char *path)
-{
-    const char *dot = strrchr(path, '.');
-    if (!dot)
-        return "application/octet-stream";
-    if (!strcmp(dot, ".html"))
-        return "text/html; charset=utf-8";
-    if (!strcmp(dot, ".js"))
-        return "text/javascript; charset=utf-8";
-    if (!strcmp(dot, ".css"))
-        return "text/css; charset=utf-8";
-    if (!strcmp(dot, ".json"))
-        return "application/json";
-    if (!strcmp(dot, ".svg"))
-        return "image/svg+xml";
-    if (!strcmp(dot, ".png"))
-        return "image/png";
-    return "application/octet-stream";
-}
-
+/* The dashboard: from --dashboard-dir when one is given (to work on the
+ * pages without rebuilding), else the copy compiled into the binary. */
 static void route_static(struct coord *c, struct http_req *r, struct http_out *o)
 {
     const char *rel = strcmp(r->path, "/") == 0 ? "/index.html" : r->path;
-    if (!c->dashboard_dir || strstr(rel, "..") || strchr(rel, '\\')) {
+    if (strstr(rel, "..") || strchr(rel, '\\')) {
         out_json_error(o, 404, "no such route");
+        return;
+    }
+    if (!c->dashboard_dir) {
+        const struct static_file *f = static_file_find(rel);
+        if (!f) {
+            out_json_error(o, 404, "no such route");
+            return;
+        }
+        o->status = 200;
+        o->content_type = static_content_type(f->path);
+        buf_append(&o->body, f->data, f->len);
         return;
     }
     char full[1024];
@@ -705,7 +716,7 @@ static void route_static(struct coord *c, struct http_req *r, struct http_out *o
         return;
     }
     o->status = 200;
-    o->content_type = content_type_for(full);
+    o->content_type = static_content_type(full);
     buf_append(&o->body, data, len);
     free(data);
 }
@@ -801,10 +812,14 @@ static void route(struct coord *c, struct http_req *r, struct http_out *o)
         if (!method_is(r, "GET", o, "GET"))
             return;
         uint64_t job = 0, limit = 100;
-        query_u64(r->query, "job", &job);
-        query_u64(r->query, "limit", &limit);
-        if (limit > 10000)
-            limit = 10000;
+        if (!query_param(r->query, "job", 1, INT64_MAX, &job, o) ||
+            !query_param(r->query, "limit", 1, 10000, &limit, o))
+            return;
+        if (job && !coord_job_find(c, job)) {
+            buf_reset(&o->body);
+            out_json_error(o, 404, "no such job");
+            return;
+        }
         jw_obj_begin(&w);
         jw_key(&w, "events");
         jw_arr_begin(&w);
@@ -848,7 +863,7 @@ static void route(struct coord *c, struct http_req *r, struct http_out *o)
         if (strcmp(sub, "") && strcmp(sub, "/stop") && strcmp(sub, "/output") &&
             strcmp(sub, "/events") && strcmp(sub, "/stalls") && strcmp(sub, "/snapshots") &&
             strcmp(sub, "/generations") && strcmp(sub, "/epochs") && strcmp(sub, "/steps") &&
-            strcmp(sub, "/ranks")) {
+            strcmp(sub, "/ranks") && strcmp(sub, "/timeline")) {
             out_json_error(o, 404, "no such route");
             return;
         }
@@ -879,10 +894,9 @@ static void route(struct coord *c, struct http_req *r, struct http_out *o)
             }
             if (strcmp(sub, "/output") == 0) {
                 uint64_t after = 0, limit = 1000;
-                query_u64(r->query, "after", &after);
-                query_u64(r->query, "limit", &limit);
-                if (limit > 10000)
-                    limit = 10000;
+                if (!query_param(r->query, "after", 0, INT64_MAX, &after, o) ||
+                    !query_param(r->query, "limit", 1, 10000, &limit, o))
+                    return;
                 struct output_ctx oc = {&w, after};
                 jw_obj_begin(&w);
                 jw_key(&w, "lines");
@@ -893,7 +907,8 @@ static void route(struct coord *c, struct http_req *r, struct http_out *o)
                 jw_obj_end(&w);
             } else if (strcmp(sub, "/stalls") == 0) {
                 uint64_t min_age = 1000;
-                query_u64(r->query, "min_age_ms", &min_age);
+                if (!query_param(r->query, "min_age_ms", 0, INT64_MAX, &min_age, o))
+                    return;
                 jw_obj_begin(&w);
                 jw_kuint(&w, "generation", j->generation);
                 jw_key(&w, "stalls");
@@ -923,12 +938,22 @@ static void route(struct coord *c, struct http_req *r, struct http_out *o)
                     out_json_error(o, status, why);
                     return;
                 }
+            } else if (strcmp(sub, "/timeline") == 0) {
+                char why[700];
+                buf_reset(&o->body);
+                int status = coord_timeline_serve(c, j, &o->body, why, sizeof why);
+                if (status != 200)
+                    out_json_error(o, status, why);
+                return;
             } else if (strcmp(sub, "/events") == 0) {
+                uint64_t limit = 1000;
+                if (!query_param(r->query, "limit", 1, 10000, &limit, o))
+                    return;
                 jw_obj_begin(&w);
                 jw_key(&w, "events");
                 jw_arr_begin(&w);
                 struct event_ctx ec = {&w};
-                store_events_each(c->store, j->id, -1, 1000, render_event_cb, &ec);
+                store_events_each(c->store, j->id, -1, (int)limit, render_event_cb, &ec);
                 jw_arr_end(&w);
                 jw_obj_end(&w);
             } else {

@@ -160,6 +160,7 @@ struct job {
     struct elastic *el;     /* NULL: fixed size */
     struct timeline *tl;    /* coord_timeline.c: HOROVOD_TIMELINE, or NULL */
     bool tl_checked;        /* the job's env was looked at for it */
+    char *tl_last;          /* the file of a timeline stopped at run time, or NULL */
 };
 
 enum work_kind { WORK_RPC, WORK_HTTP };
@@ -368,6 +369,13 @@ int coord_job_member(const struct job *j, uint64_t wid);
 /* coord_negot.c, for coord_elastic.c */
 void coord_negot_hosts_updated(struct coord *c, struct job *j, uint64_t stamp_ms, int kind);
 bool coord_negot_rank_joined(const struct job *j, int rank);
+/* Each rank's moving average of how late (seconds) its requests come in
+ * after the first rank's, for the current generation: fills up to max
+ * entries, returns how many (0 before the rendezvous completes). */
+int coord_negot_lags(const struct job *j, double *lag_s, int max);
+/* coord_report.c: slow[r] = rank r is a straggler given every rank's lag
+ * (seconds): at least 20 ms, and at least 3x the median of the others'. */
+void coord_straggler_flags(const double *lag_s, int n, bool *slow);
 /* The negotiation borrows j->tl: call after changing it. */
 void coord_negot_set_timeline(struct job *j);
 
@@ -414,6 +422,14 @@ bool coord_timeline_waiting(const struct timeline *tl);
 void coord_timeline_fetched(struct timeline *tl, uint64_t min_cursor);
 void coord_timeline_cron(struct timeline *tl, bool job_ended);
 void coord_timeline_free(struct timeline *tl);
+/* coord_timeline_serve puts the job's current timeline (else the last one
+ * it stopped, else, for a job started under an earlier coordinator, the
+ * file its HOROVOD_TIMELINE names) into out as a JSON array: unwritten
+ * events written out first, and an array the writer has not closed yet
+ * closed (a torn last event left out). Returns an HTTP status, with why
+ * set unless it is 200: 404 no timeline or no file, 413 a file over
+ * TL_MAX_SERVE, 500 unreadable. */
+int coord_timeline_serve(struct coord *c, struct job *j, struct buf *out, char *why, size_t whylen);
 
 /* coord_http.c */
 /* coord_http_query finds key in a query string ("a=1&b=2") and URL-decodes

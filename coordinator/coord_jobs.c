@@ -197,6 +197,7 @@ static void job_free(struct job *j)
     coord_negot_free(j->negot);
     coord_elastic_free(j->el);
     coord_timeline_free(j->tl);
+    free(j->tl_last);
     free(j);
 }
 

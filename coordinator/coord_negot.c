@@ -74,6 +74,7 @@ struct entry {
     uint8_t *borrowed;  /* [size]; 1 = reqs[r] is the cache template */
     int count;
     uint64_t first_mono;
+    uint64_t *arrive_us; /* [size]; when each rank's request came in */
     bool warned;
     struct entry *hnext;
     struct entry *prev, *next; /* pending list, arrival order */
@@ -118,6 +119,9 @@ struct negot {
     uint64_t *parked_deadline;
     bool *rank_joined;
     int njoined, last_joined;
+    /* stragglers: per rank, how long after the first rank its requests
+     * arrive (moving average over tensors, seconds) */
+    double *lag_s;
     bool shut;
     uint32_t calls_since_trim;
     struct timeline *tl; /* the job's (coord_timeline.c), borrowed; NULL: none */
@@ -215,6 +219,7 @@ static void entry_free(struct negot *n, struct entry *e)
             treq_free(e->reqs[r]);
     free(e->reqs);
     free(e->borrowed);
+    free(e->arrive_us);
     free(e->name);
     free(e);
 }
@@ -254,10 +259,12 @@ static struct entry *negot_add(struct negot *n, const char *name)
     e->name = strdup(name);
     e->reqs = calloc((size_t)n->size, sizeof(*e->reqs));
     e->borrowed = calloc((size_t)n->size, 1);
-    if (!e->name || !e->reqs || !e->borrowed) {
+    e->arrive_us = calloc((size_t)n->size, sizeof(*e->arrive_us));
+    if (!e->name || !e->reqs || !e->borrowed || !e->arrive_us) {
         free(e->name);
         free(e->reqs);
         free(e->borrowed);
+        free(e->arrive_us);
         free(e);
         return NULL;
     }
@@ -297,11 +304,12 @@ static struct negot *negot_new(uint64_t job, uint64_t gen, int size)
     n->parked = calloc((size_t)size, sizeof(*n->parked));
     n->parked_deadline = calloc((size_t)size, sizeof(*n->parked_deadline));
     n->rank_joined = calloc((size_t)size, sizeof(*n->rank_joined));
+    n->lag_s = calloc((size_t)size, sizeof(*n->lag_s));
     n->cache_name = calloc(NEGOT_CACHE_MAX, sizeof(*n->cache_name));
     n->cache_tmpl = calloc(NEGOT_CACHE_MAX, sizeof(*n->cache_tmpl));
     n->cache_pending = calloc(NEGOT_CACHE_MAX, sizeof(*n->cache_pending));
     n->ncache = 1; /* id 0 means "not cached" */
-    if (!n->peers || !n->cursor || !n->parked || !n->parked_deadline || !n->rank_joined ||
+    if (!n->peers || !n->cursor || !n->parked || !n->parked_deadline || !n->rank_joined || !n->lag_s ||
         !n->cache_name || !n->cache_tmpl || !n->cache_pending) {
         coord_negot_free(n);
         return NULL;
@@ -364,6 +372,7 @@ void coord_negot_free(struct negot *n)
     free(n->parked);
     free(n->parked_deadline);
     free(n->rank_joined);
+    free(n->lag_s);
     free(n->cache_name);
     free(n->cache_tmpl);
     free(n->cache_pending);
@@ -859,6 +868,34 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
     free(old);
 }
 
+/* A ready tensor's arrivals, into each rank's moving average of how long
+ * after the first rank it asked. The rank the others keep waiting for is
+ * the straggler, whatever the step times say (in a synchronous job every
+ * rank's step takes as long as the slowest one's). */
+#define LAG_ALPHA 0.05
+static void lag_update(struct negot *n, const struct entry *e)
+{
+    uint64_t first = UINT64_MAX;
+    for (int r = 0; r < n->size; r++)
+        if (e->arrive_us[r] && e->arrive_us[r] < first)
+            first = e->arrive_us[r];
+    for (int r = 0; r < n->size && first != UINT64_MAX; r++)
+        if (e->arrive_us[r]) {
+            double lag = (double)(e->arrive_us[r] - first) / 1e6;
+            n->lag_s[r] += LAG_ALPHA * (lag - n->lag_s[r]);
+        }
+}
+
+int coord_negot_lags(const struct job *j, double *lag_s, int max)
+{
+    const struct negot *n = j->negot;
+    if (!n || !n->complete)
+        return 0;
+    int k = n->size < max ? n->size : max;
+    memcpy(lag_s, n->lag_s, (size_t)k * sizeof(*lag_s));
+    return k;
+}
+
 /* Collects every pending entry that is now ready, in arrival order. */
 static void negot_progress(struct coord *c, struct negot *n)
 {
@@ -876,6 +913,7 @@ static void negot_progress(struct coord *c, struct negot *n)
                 ready = nr;
             }
             negot_unlink(n, e);
+            lag_update(n, e);
             ready[nready++] = e;
         }
         e = next;
@@ -1158,6 +1196,7 @@ static const char *submit_one(struct negot *n, int rank, const Kolo__TensorReque
     if (!e->reqs[rank])
         return "out of memory";
     e->count++;
+    e->arrive_us[rank] = now_mono_us();
     if (n->tl)
         coord_timeline_request(n->tl, e->name, cname(tr->coll), rank, e->count == 1);
     return NULL;
@@ -1396,6 +1435,7 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
             e->reqs[rank] = n->cache_tmpl[id];
             e->borrowed[rank] = 1;
             e->count++;
+            e->arrive_us[rank] = now_mono_us();
             if (n->tl)
                 coord_timeline_request(n->tl, e->name, cname(e->reqs[rank]->coll), rank,
                                        e->count == 1);

@@ -750,6 +750,44 @@ static bool parse_u64_param(const char *query, const char *key, uint64_t lo, uin
     return true;
 }
 
+/* ---- stragglers ----
+ *
+ * A rank is the straggler when the others keep waiting for it: its
+ * requests come in at least STRAGGLER_MIN_S after the first rank's, on
+ * average, and at least STRAGGLER_RATIO times as late as the median of the
+ * other ranks' lateness (coord_negot_lags). stragglers() fills lag[] and
+ * slow[] for the job's current ranks; false when nothing is known yet. */
+#define STRAGGLER_MIN_S 0.02
+#define STRAGGLER_RATIO 3.0
+
+void coord_straggler_flags(const double *lag, int n, bool *slow)
+{
+    for (int r = 0; r < n; r++)
+        slow[r] = false;
+    double *others = n >= 2 ? malloc((size_t)n * sizeof(*others)) : NULL;
+    if (!others)
+        return;
+    for (int r = 0; r < n; r++) {
+        int k = 0;
+        for (int q = 0; q < n; q++)
+            if (q != r)
+                others[k++] = lag[q];
+        qsort(others, (size_t)k, sizeof(*others), cmp_dbl);
+        double med = k % 2 ? others[k / 2] : (others[k / 2 - 1] + others[k / 2]) / 2;
+        slow[r] = lag[r] >= STRAGGLER_MIN_S && lag[r] >= STRAGGLER_RATIO * med;
+    }
+    free(others);
+}
+
+static bool stragglers(const struct job *j, double *lag, bool *slow)
+{
+    int n = j->nranks > 0 ? coord_negot_lags(j, lag, j->nranks) : 0;
+    for (int r = 0; r < j->nranks; r++)
+        slow[r] = false;
+    coord_straggler_flags(lag, n, slow);
+    return n > 0;
+}
+
 static const char *host_name_of(struct coord *c, const char *host_id)
 {
     struct host *h = host_id[0] ? coord_host_find(c, host_id) : NULL;
@@ -765,10 +803,22 @@ static int render_steps(struct coord *c, struct job *j, const char *query, struc
         !parse_u64_param(query, "since_ms", 0, (uint64_t)INT64_MAX, &since_ms, &given, err, errlen))
         return 400;
     struct step_rows sr = {.bucket_ms = bucket_s * 1000};
+    int nr = j->nranks > 0 ? j->nranks : 1;
+    double *lag = calloc((size_t)nr, sizeof(*lag));
+    bool *slow = calloc((size_t)nr, sizeof(*slow));
+    if (!lag || !slow) {
+        free(lag);
+        free(slow);
+        snprintf(err, errlen, "out of memory");
+        return 500;
+    }
+    bool known = stragglers(j, lag, slow);
     if (store_steps_each(c->store, j->id, since_ms, collect_step, &sr) != 0) {
         snprintf(err, errlen, "cannot read the step times: %s",
                  sr.oom ? "out of memory" : store_last_error(c->store));
         free(sr.v);
+        free(lag);
+        free(slow);
         return 500;
     }
     if (sr.n)
@@ -786,6 +836,24 @@ static int render_steps(struct coord *c, struct job *j, const char *query, struc
         jw_obj_begin(w);
         jw_kstr(w, "host_id", sr.v[i].host);
         jw_kstr(w, "host", host_name_of(c, sr.v[i].host));
+        /* the latest the others waited for this host's slowest rank, and
+         * which of its ranks (if any) are stragglers right now */
+        double hlag = NAN;
+        bool any = false;
+        for (int r = 0; known && r < j->nranks; r++)
+            if (strcmp(j->ranks[r].host_id, sr.v[i].host) == 0) {
+                if (isnan(hlag) || lag[r] > hlag)
+                    hlag = lag[r];
+                any = any || slow[r];
+            }
+        jw_kdouble_or_null(w, "lag_s", hlag);
+        jw_kbool(w, "straggler", any);
+        jw_key(w, "straggler_ranks");
+        jw_arr_begin(w);
+        for (int r = 0; any && r < j->nranks; r++)
+            if (slow[r] && strcmp(j->ranks[r].host_id, sr.v[i].host) == 0)
+                jw_int(w, r);
+        jw_arr_end(w);
         jw_key(w, "buckets");
         jw_arr_begin(w);
         for (size_t b = i; b < hk;) {
@@ -829,6 +897,8 @@ static int render_steps(struct coord *c, struct job *j, const char *query, struc
     jw_kbool(w, "truncated", buckets > REPORT_MAX_BUCKETS);
     jw_obj_end(w);
     free(sr.v);
+    free(lag);
+    free(slow);
     return 200;
 }
 
@@ -837,6 +907,10 @@ static int render_steps(struct coord *c, struct job *j, const char *query, struc
 static int render_ranks(struct coord *c, struct job *j, struct jw *w)
 {
     struct report_job *rj = rjob_get(c, j->id, false);
+    int nr = j->nranks > 0 ? j->nranks : 1;
+    double *lag = calloc((size_t)nr, sizeof(*lag));
+    bool *slow = calloc((size_t)nr, sizeof(*slow));
+    bool known = lag && slow && stragglers(j, lag, slow);
     jw_obj_begin(w);
     jw_kuint(w, "job", j->id);
     jw_kuint(w, "generation", j->generation);
@@ -862,10 +936,14 @@ static int render_ranks(struct coord *c, struct job *j, struct jw *w)
             jw_int(w, rr->epoch);
         else
             jw_null(w);
+        jw_kdouble_or_null(w, "lag_s", known ? lag[i] : NAN);
+        jw_kbool(w, "straggler", known && slow[i]);
         jw_obj_end(w);
     }
     jw_arr_end(w);
     jw_obj_end(w);
+    free(lag);
+    free(slow);
     return 200;
 }
 

@@ -29,23 +29,34 @@
  *
  * Timestamps are microseconds since the timeline was opened (the job's
  * first rendezvous); the header metadata holds that moment since the
- * epoch, as Horovod's start_time_since_epoch_in_micros.
+ * epoch, as Horovod's start_time_since_epoch_in_micros. *
+ * REST (GET /api/v1/jobs/{id}/timeline, coord_timeline_serve) reads the
+ * file back on the state thread, after writing out the buffer, and closes
+ * the array itself when the writer has not: events are separated by
+ * ",\n" and a string never holds a raw newline (put_str escapes it), so
+ * the text after the last newline is the last event, whole or torn.
  */
 #include "coord_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "errors.h"
+#include "json.h"
 #include "kolo.pb-c.h"
 #include "log.h"
 #include "util.h"
 
 #define TL_BUCKETS 1024
 #define TL_MAX_BUF (64u << 20)
+/* the largest file REST serves */
+#define TL_MAX_SERVE (64u << 20)
 
 struct tl_name {
     char *name;
@@ -73,13 +84,6 @@ struct timeline {
     struct tl_op *ops; /* FIFO by index: ops[head..len) */
     size_t ops_head, ops_len, ops_cap;
 };
-
-static uint64_t mono_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
 
 static void put_str(struct buf *b, const char *s)
 {
@@ -115,7 +119,7 @@ static bool ev_begin(struct timeline *tl)
 
 static uint64_t ts_now(const struct timeline *tl)
 {
-    return mono_us() - tl->t0_us;
+    return now_mono_us() - tl->t0_us;
 }
 
 /* The tensor's process id, announcing the process on first sight. */
@@ -147,15 +151,35 @@ static int tl_pid(struct timeline *tl, const char *name)
     return n->pid;
 }
 
+static const char *tl_env(const struct job *j);
+
 struct timeline *coord_timeline_open(const struct job *j)
+{
+    const char *val = tl_env(j);
+    return val ? coord_timeline_open_path(j, val) : NULL;
+}
+
+/* tl_resolve makes a timeline path absolute (relative ones are the
+ * job's cwd's); NULL when out of memory. */
+static char *tl_resolve(const struct job *j, const char *val)
+{
+    if (val[0] == '/' || !j->cwd || !j->cwd[0])
+        return strdup(val);
+    size_t len = strlen(j->cwd) + strlen(val) + 2;
+    char *path = malloc(len);
+    if (path)
+        snprintf(path, len, "%s/%s", j->cwd, val);
+    return path;
+}
+
+/* tl_env returns the job's HOROVOD_TIMELINE, or NULL. */
+static const char *tl_env(const struct job *j)
 {
     const char *val = NULL;
     for (int i = 0; i < j->nenv; i++)
         if (strncmp(j->env[i], "HOROVOD_TIMELINE=", 17) == 0)
             val = j->env[i] + 17;
-    if (!val || !val[0])
-        return NULL;
-    return coord_timeline_open_path(j, val);
+    return val && val[0] ? val : NULL;
 }
 
 struct timeline *coord_timeline_open_path(const struct job *j, const char *val)
@@ -164,14 +188,7 @@ struct timeline *coord_timeline_open_path(const struct job *j, const char *val)
     if (!tl)
         return NULL;
     buf_init(&tl->b);
-    if (val[0] == '/' || !j->cwd || !j->cwd[0]) {
-        tl->path = strdup(val);
-    } else {
-        size_t len = strlen(j->cwd) + strlen(val) + 2;
-        tl->path = malloc(len);
-        if (tl->path)
-            snprintf(tl->path, len, "%s/%s", j->cwd, val);
-    }
+    tl->path = tl_resolve(j, val);
     tl->f = tl->path ? fopen(tl->path, "w") : NULL;
     if (!tl->f) {
         LOGW("coord", "job %llu: cannot write the timeline %s: %s", (unsigned long long)j->id,
@@ -182,7 +199,7 @@ struct timeline *coord_timeline_open_path(const struct job *j, const char *val)
     }
     LOGI("coord", "job %llu: writing the timeline to %s", (unsigned long long)j->id, tl->path);
     tl->first = true;
-    tl->t0_us = mono_us();
+    tl->t0_us = now_mono_us();
     struct timespec wall;
     clock_gettime(CLOCK_REALTIME, &wall);
     uint64_t epoch_us = (uint64_t)wall.tv_sec * 1000000u + (uint64_t)wall.tv_nsec / 1000u;
@@ -374,6 +391,12 @@ void coord_rpc_timeline(struct coord *c, struct rpc_call *call)
     if (!same && j->tl) {
         struct timeline *old = j->tl;
         j->tl = NULL;
+        /* REST keeps serving the stopped file until another one starts */
+        char *last = old->path ? strdup(old->path) : NULL;
+        if (last) {
+            free(j->tl_last);
+            j->tl_last = last;
+        }
         coord_negot_set_timeline(j); /* the negotiation borrowed it */
         coord_timeline_free(old);
     }
@@ -392,4 +415,137 @@ void coord_rpc_timeline(struct coord *c, struct rpc_call *call)
     rep.path = j->tl && j->tl->path ? j->tl->path : "";
     coord_send_pb(call, &rep.base);
     kolo__timeline_request__free_unpacked(req, NULL);
+}
+
+/* ---------------------------------------------------------------- REST */
+
+/* tl_read appends the file at path to out, at most max bytes: 0, or an
+ * HTTP status with why set. */
+static int tl_read(const char *path, struct buf *out, size_t max, char *why, size_t whylen)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        snprintf(why, whylen, "cannot read the timeline %s: %s", path, strerror(e));
+        return e == ENOENT ? 404 : 500;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) == 0 && (uint64_t)sb.st_size > max) {
+        snprintf(why, whylen,
+                 "the timeline %s is %lld bytes, more than the %zu this route serves; read the "
+                 "file on the coordinator's host",
+                 path, (long long)sb.st_size, max);
+        close(fd);
+        return 413;
+    }
+    char chunk[65536];
+    size_t total = 0;
+    for (;;) {
+        ssize_t n = read(fd, chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            snprintf(why, whylen, "cannot read the timeline %s: %s", path, strerror(errno));
+            close(fd);
+            return 500;
+        }
+        if (n == 0)
+            break;
+        total += (size_t)n;
+        if (total > max) { /* it grew after the fstat */
+            snprintf(why, whylen,
+                     "the timeline %s is more than the %zu bytes this route serves; read the "
+                     "file on the coordinator's host",
+                     path, max);
+            close(fd);
+            return 413;
+        }
+        buf_append(out, chunk, (size_t)n);
+    }
+    close(fd);
+    if (out->oom) {
+        snprintf(why, whylen, "out of memory reading the timeline %s", path);
+        return 500;
+    }
+    return 0;
+}
+
+static bool is_space(char ch)
+{
+    return ch == ' ' || ch == '\n' || ch == '\r' || ch == '\t';
+}
+
+/* tl_close_array makes the trace text in b[from..] a JSON array: as it is
+ * when the writer closed it (its last line is "]"), else cut after its
+ * last whole event and closed. Returns false when the text is not a trace
+ * array at all. */
+static bool tl_close_array(struct buf *b, size_t from)
+{
+    const char *d = b->data ? b->data + from : "";
+    size_t n = b->len - from, start = 0;
+    while (start < n && is_space(d[start]))
+        start++;
+    if (start == n || d[start] != '[')
+        return false;
+    while (n > start && is_space(d[n - 1]))
+        n--;
+    size_t line = n; /* the start of the last line */
+    while (line > start && d[line - 1] != '\n')
+        line--;
+    if (line == start) {
+        n = start + 1; /* no event yet: keep the "[" */
+    } else if (n - line == 1 && d[line] == ']') {
+        return true; /* closed by the writer */
+    } else {
+        size_t end = n;
+        if (d[end - 1] == ',')
+            end--;
+        struct json *ev = NULL;
+        char err[64];
+        bool whole =
+            json_parse(d + line, end - line, &ev, err, sizeof err) == 0 && ev->type == JSON_OBJECT;
+        json_free(ev);
+        n = whole ? end : line;
+        while (n > start && (is_space(d[n - 1]) || d[n - 1] == ','))
+            n--;
+    }
+    b->len = from + n;
+    buf_puts(b, "\n]\n");
+    return !b->oom;
+}
+
+int coord_timeline_serve(struct coord *c, struct job *j, struct buf *out, char *why, size_t whylen)
+{
+    const char *path = NULL;
+    char *env_path = NULL;
+    if (j->tl) {
+        tl_write(j->tl); /* what the tick has not written yet */
+        path = j->tl->path;
+    } else if (j->tl_last) {
+        path = j->tl_last;
+    } else if (!j->tl_checked && j->started_ms && j->started_ms < c->started_ms && tl_env(j)) {
+        /* the job started under an earlier coordinator, and this one has
+         * not reopened the file (yet): what that one wrote. A job started
+         * here gets nothing before its rendezvous opens the file, not
+         * what an older job left at the same path. */
+        path = env_path = tl_resolve(j, tl_env(j));
+    }
+    if (!path) {
+        snprintf(why, whylen,
+                 "job %llu has no timeline (submit it with HOROVOD_TIMELINE in its environment, "
+                 "kolo run --timeline-filename, or call hvd.start_timeline)",
+                 (unsigned long long)j->id);
+        free(env_path);
+        return 404;
+    }
+    size_t from = out->len;
+    int status = tl_read(path, out, TL_MAX_SERVE, why, whylen);
+    if (status == 0 && !tl_close_array(out, from)) {
+        snprintf(why, whylen, "the timeline %s is not a JSON array of trace events", path);
+        status = 500;
+    }
+    if (status != 0)
+        out->len = from;
+    free(env_path);
+    return status ? status : 200;
 }

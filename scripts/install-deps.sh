@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages kolo needs to build, test and run.
+# With --test, also what the browser tests need: Debian's chromium, and
+# Node.js with npm where no node is on PATH (tests/browser then gets
+# playwright-core from npm: scripts/test.sh).
 # Idempotent: installs only what is missing, so running it twice is cheap.
 set -euo pipefail
 
@@ -9,6 +12,10 @@ packages=(
   sqlite3 curl procps iproute2 nftables python3
   python3-numpy python3-torch python3-pytest python3-sklearn
 )
+if [ "${1:-}" = "--test" ]; then
+  packages+=(chromium)
+  command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -236,11 +236,19 @@ static const char schema_v4[] =
     "CREATE INDEX steps_by_time ON steps(job_id, ts_ms);";
 /* ---- reports (issue 6): end ---- */
 
+/*
+ * Version 5: snapshots.duration_ms, how long the coordinator took from an
+ * upload's first chunk to its commit (0 in rows written before).
+ */
+static const char schema_v5[] =
+    "ALTER TABLE snapshots ADD COLUMN duration_ms INTEGER NOT NULL DEFAULT 0;";
+
 static const struct migration migrations[] = {
     {1, schema_v1},
     {2, schema_v2},
     {3, schema_v3},
     {4, schema_v4},
+    {5, schema_v5},
 };
 
 /* Versions are consecutive from 1, so the array's length is the newest. */
@@ -262,7 +270,7 @@ _Static_assert(sizeof migrations / sizeof migrations[0] == STORE_SCHEMA_VERSION,
 #define OUTPUT_COLUMNS "job_id, seq, rank, stream, text, ts_ms"
 #define SNAPSHOT_COLUMNS                                                                           \
     "id, job_id, generation, rank, upload_id, created_ms, meta_json, total_bytes, checksum, "      \
-    "chunks"
+    "chunks, duration_ms"
 
 /* Placeholders are positional and bound in the order they appear. */
 #define STORE_STATEMENTS(X)                                                                        \
@@ -326,8 +334,10 @@ _Static_assert(sizeof migrations / sizeof migrations[0] == STORE_SCHEMA_VERSION,
                    "WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?")                            \
     X(OUTPUT_MAX_SEQ, "SELECT IFNULL(MAX(seq), 0) FROM output WHERE job_id = ?")                   \
     X(SNAP_INSERT, "INSERT INTO snapshots(job_id, generation, rank, upload_id, created_ms, "       \
-                   "meta_json, total_bytes, checksum, chunks) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)") \
+                   "meta_json, total_bytes, checksum, chunks, duration_ms) "                       \
+                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")                                        \
     X(SNAP_CHUNK_INSERT, "INSERT INTO snapshot_chunks(snapshot_id, idx, data) VALUES (?, ?, ?)")   \
+    X(SNAP_SET_DURATION, "UPDATE snapshots SET duration_ms = ? WHERE job_id = ? AND id = ?")       \
     X(SNAP_LATEST, "SELECT " SNAPSHOT_COLUMNS " FROM snapshots "                                   \
                    "WHERE job_id = ? ORDER BY id DESC LIMIT 1")                                    \
     X(SNAP_GET, "SELECT " SNAPSHOT_COLUMNS " FROM snapshots WHERE job_id = ? AND id = ?")          \
@@ -1517,6 +1527,7 @@ static int snapshot_insert(struct store *st, struct store_snapshot *snap)
     bind_u64(&b, snap->total_bytes);
     bind_text(&b, snap->checksum);
     bind_i64(&b, snap->nchunks);
+    bind_u64(&b, snap->duration_ms);
     if (b.rc != SQLITE_OK)
         return bind_failed(st, STMT_SNAP_INSERT, s, b.rc, "snapshot insert");
     err = step_write(st, STMT_SNAP_INSERT, s, "snapshot insert");
@@ -1589,6 +1600,7 @@ static int snapshot_rows(struct store *st, enum stmt_id id, sqlite3_stmt *s, sto
             .total_bytes = col_u64(s, 7),
             .checksum = col_text(s, 8),
             .nchunks = (uint32_t)sqlite3_column_int64(s, 9),
+            .duration_ms = col_u64(s, 10),
         };
         result = fn(&snap, arg);
         if (result)
@@ -1709,6 +1721,27 @@ int store_snapshot_prune(struct store *st, uint64_t job_id, int keep, int *delet
     /* sqlite3_changes counts the snapshots, not the cascaded chunks */
     if (!err && deleted)
         *deleted = sqlite3_changes(st->db);
+    return err;
+}
+
+int store_snapshot_set_duration(struct store *st, uint64_t job_id, uint64_t id,
+                                uint64_t duration_ms)
+{
+    if (!st)
+        return KOLO_EINVAL;
+    sqlite3_stmt *s;
+    int err = stmt_data_get(st, STMT_SNAP_SET_DURATION, &s);
+    if (err)
+        return err;
+    struct binder b = {s, 0, SQLITE_OK};
+    bind_u64(&b, duration_ms);
+    bind_u64(&b, job_id);
+    bind_u64(&b, id);
+    if (b.rc != SQLITE_OK)
+        return bind_failed(st, STMT_SNAP_SET_DURATION, s, b.rc, "snapshot duration");
+    err = step_write(st, STMT_SNAP_SET_DURATION, s, "snapshot duration");
+    if (!err && sqlite3_changes(st->db) == 0)
+        err = store_reject(st, KOLO_ENOTFOUND, "store_snapshot_set_duration: no such snapshot");
     return err;
 }
 

@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define STORE_SCHEMA_VERSION 4
+#define STORE_SCHEMA_VERSION 5
 
 struct store;
 
@@ -193,6 +193,7 @@ struct store_snapshot {
     uint64_t total_bytes;
     const char *checksum; /* required: hex SHA-256 of the whole blob */
     uint32_t nchunks;
+    uint64_t duration_ms; /* first chunk received to commit; 0 if unknown */
 };
 
 struct store_blob {
@@ -224,6 +225,11 @@ typedef int (*store_blob_fn)(const void *data, size_t len, void *arg);
  * id (data valid during the call), or returns KOLO_ENOTFOUND. */
 int store_snapshot_chunk(struct store *st, uint64_t job_id, uint64_t id, uint32_t index,
                          store_blob_fn fn, void *arg);
+/* store_snapshot_set_duration replaces the duration_ms of the job's
+ * snapshot id (the coordinator knows the whole commit's duration only
+ * after its transaction), or returns KOLO_ENOTFOUND. */
+int store_snapshot_set_duration(struct store *st, uint64_t job_id, uint64_t id,
+                                uint64_t duration_ms);
 /* store_snapshot_prune deletes all but the newest `keep` (>= 1) snapshots
  * of the job, chunks included; *deleted (may be NULL) gets how many. */
 int store_snapshot_prune(struct store *st, uint64_t job_id, int keep, int *deleted);

@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #include "coord.h"
+#include "coord_internal.h"
+#include "coord_static.h"
 #include "errors.h"
 #include "json.h"
 #include "kolo.pb-c.h"
@@ -361,8 +363,61 @@ static void test_http_errors(void)
     free(body);
 }
 
+/* The straggler rule alone: >= 20 ms late and >= 3x the others' median. */
+static void test_straggler_rule(void)
+{
+    bool slow[5];
+    double none[] = {0.001, 0.002, 0.0015, 0.001};
+    coord_straggler_flags(none, 4, slow);
+    for (int i = 0; i < 4; i++)
+        CHECK(!slow[i]);
+    double one[] = {0.001, 0.002, 0.12, 0.001};
+    coord_straggler_flags(one, 4, slow);
+    CHECK(!slow[0] && !slow[1] && slow[2] && !slow[3]);
+    double two_ranks[] = {0.0, 0.05};
+    coord_straggler_flags(two_ranks, 2, slow);
+    CHECK(!slow[0] && slow[1]);
+    /* everyone equally late (a noisy host): nobody is singled out */
+    double even[] = {0.03, 0.035, 0.04, 0.03};
+    coord_straggler_flags(even, 4, slow);
+    for (int i = 0; i < 4; i++)
+        CHECK(!slow[i]);
+    /* late, but under the floor */
+    double small[] = {0.0, 0.0, 0.015};
+    coord_straggler_flags(small, 3, slow);
+    CHECK(!slow[2]);
+    /* two slow ranks of five are both named */
+    double pair[] = {0.001, 0.2, 0.001, 0.18, 0.002};
+    coord_straggler_flags(pair, 5, slow);
+    CHECK(!slow[0] && slow[1] && !slow[2] && slow[3] && !slow[4]);
+    /* one rank: nobody to wait for it */
+    double solo[] = {0.5};
+    coord_straggler_flags(solo, 1, slow);
+    CHECK(!slow[0]);
+}
+
+/* The dashboard is compiled in: index at / and its files, nothing else. */
+static void test_static_files(void)
+{
+    const struct static_file *f = static_file_find("/");
+    REQUIRE(f != NULL);
+    CHECK_EQ_STR(f->path, "/index.html");
+    CHECK(f->len > 100 && memmem(f->data, f->len, "app.js", 6) != NULL);
+    CHECK_EQ_STR(static_content_type(f->path), "text/html; charset=utf-8");
+    const char *want[] = {"/app.js", "/charts.js", "/style.css", "/favicon.svg"};
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        CHECK(static_file_find(want[i]) != NULL);
+    CHECK_EQ_STR(static_content_type("/app.js"), "text/javascript; charset=utf-8");
+    CHECK_EQ_STR(static_content_type("/x.bin"), "application/octet-stream");
+    CHECK(static_file_find("/nope.html") == NULL);
+    CHECK(static_file_find("/../index.html") == NULL);
+    CHECK(static_file_find("index.html") == NULL);
+}
+
 int main(void)
 {
+    test_straggler_rule();
+    test_static_files();
     REQUIRE(mkdtemp(dir) != NULL);
     snprintf(dbpath, sizeof dbpath, "%s/coord.db", dir);
     coord = start();

@@ -13,9 +13,15 @@ problem. Checked:
     counts in increasing `le` order, a +Inf bucket equal to _count, and
     _sum; a gauge or counter has no such suffixed samples;
   - the names kolo documents for the elastic and reporting features are there.
+Where Prometheus's own promtool is on PATH (Debian's prometheus package;
+scripts/test.sh does not install it, since on a machine with systemd the
+package also starts a Prometheus server), `promtool check metrics` must
+pass as well.
 """
 import math
 import re
+import shutil
+import subprocess
 import sys
 
 NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -71,11 +77,25 @@ def family_of(name, types):
     return name
 
 
+def promtool(text):
+    tool = shutil.which("promtool")
+    if not tool:
+        return
+    p = subprocess.run([tool, "check", "metrics"], input=text, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, universal_newlines=True, timeout=30)
+    if p.returncode != 0:
+        print("metrics: promtool check metrics failed:\n" + p.stdout)
+        sys.exit(1)
+    print("metrics: promtool check metrics ok")
+
+
 def main():
     helps, types, seen, order, done = {}, {}, set(), [], set()
     samples = {}
     current = None
-    for lineno, line in enumerate(sys.stdin.read().split("\n"), 1):
+    text = sys.stdin.read()
+    promtool(text)
+    for lineno, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         if line.startswith("#"):

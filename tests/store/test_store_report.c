@@ -203,12 +203,14 @@ static void raw_exec(const char *sql)
     REQUIRE(rc == SQLITE_OK);
 }
 
-/* A version 3 file (no report tables) is migrated to version 4. */
+/* A version 3 file (no report tables, and no snapshots.duration_ms of
+ * version 5) is migrated to the newest version. */
 static void test_migration(void)
 {
-    raw_exec("DROP TABLE epochs; DROP TABLE steps; PRAGMA user_version = 3;");
+    raw_exec("DROP TABLE epochs; DROP TABLE steps; "
+             "ALTER TABLE snapshots DROP COLUMN duration_ms; PRAGMA user_version = 3;");
     struct store *st = open_store();
-    CHECK_EQ_INT(store_schema_version(st), 4);
+    CHECK_EQ_INT(store_schema_version(st), STORE_SCHEMA_VERSION);
     uint64_t job = new_job(st);
     struct store_epoch e = {
         .job_id = job, .generation = 1, .rank = 0, .epoch = 0, .start_ms = 1, .end_ms = 2};
@@ -223,7 +225,7 @@ int main(void)
     REQUIRE(mkdtemp(dir) != NULL);
     snprintf(db_path, sizeof db_path, "%s/store.db", dir);
     struct store *st = open_store();
-    CHECK_EQ_INT(STORE_SCHEMA_VERSION, 4);
+    CHECK(STORE_SCHEMA_VERSION >= 4);
     test_epochs(st);
     test_steps(st);
     store_close(st);

@@ -1,8 +1,9 @@
 /*
  * test_store_snapshot.c - elastic-state snapshots in the store: put and
  * read back (record, chunks, latest, by upload id, listing), retention,
- * all-or-nothing writes, bad arguments, and the migration of a version 1
- * database to version 2.
+ * all-or-nothing writes, bad arguments, the migration of a version 1
+ * database, and the commit duration of schema version 5 (stored, and 0
+ * in rows from a version 4 file).
  */
 #include <inttypes.h>
 #include <stdint.h>
@@ -85,7 +86,8 @@ static int put_blob(struct store *st, uint64_t job, uint64_t upload, size_t len,
                                .meta_json = meta,
                                .total_bytes = len,
                                .checksum = sumhex,
-                               .nchunks = (uint32_t)n};
+                               .nchunks = (uint32_t)n,
+                               .duration_ms = 10 * seed};
     int rc = store_snapshot_put(st, &s, c, n);
     if (id)
         *id = s.id;
@@ -178,12 +180,23 @@ static void test_put_get(void)
     CHECK_EQ_INT(r.s.id, id0);
     CHECK_EQ_INT(r.s.generation, 3);
     CHECK_EQ_INT(r.s.created_ms, 1004);
+    CHECK_EQ_INT(r.s.duration_ms, 40);
     CHECK_EQ_STR(r.s.meta_json, "{\"seed\":4}");
 
     memset(&r, 0, sizeof r);
     CHECK_EQ_INT(store_snapshot_by_upload(st, job, 12, copy_rec, &r), 0);
     CHECK_EQ_INT(r.s.id, id2);
     CHECK_EQ_INT(r.s.nchunks, 3);
+    CHECK_EQ_INT(r.s.duration_ms, 20);
+    /* the duration is replaced once the commit's length is known */
+    CHECK_EQ_INT(store_snapshot_set_duration(st, job, id2, 12345), 0);
+    memset(&r, 0, sizeof r);
+    CHECK_EQ_INT(store_snapshot_get(st, job, id2, copy_rec, &r), 0);
+    CHECK_EQ_INT(r.s.duration_ms, 12345);
+    CHECK_EQ_INT(r.s.nchunks, 3);
+    CHECK_EQ_INT(store_snapshot_set_duration(st, other, id2, 1), KOLO_ENOTFOUND);
+    CHECK_EQ_INT(store_snapshot_set_duration(st, job, id2 + 1000, 1), KOLO_ENOTFOUND);
+    CHECK_EQ_INT(store_snapshot_set_duration(NULL, job, id2, 1), KOLO_EINVAL);
     CHECK_EQ_INT(store_snapshot_by_upload(st, job, 99, copy_rec, &r), KOLO_ENOTFOUND);
     /* A random 64-bit upload id survives the trip through a signed column. */
     uint64_t big = 0xF00DFACEDEADBEEFull, idb = 0;
@@ -217,14 +230,17 @@ static int first_job(const struct store_job *j, void *arg)
 
 struct ids {
     uint64_t id[16];
+    uint64_t duration[16];
     int n;
 };
 
 static int collect_id(const struct store_snapshot *s, void *arg)
 {
     struct ids *x = arg;
-    if (x->n < 16)
+    if (x->n < 16) {
+        x->duration[x->n] = s->duration_ms;
         x->id[x->n++] = s->id;
+    }
     return 0;
 }
 
@@ -256,8 +272,10 @@ static void test_list_and_prune(void)
     struct ids x = {0};
     CHECK_EQ_INT(store_snapshots_each(st, job, 0, collect_id, &x), 0);
     CHECK_EQ_INT(x.n, 6);
-    for (int i = 0; i < 6 && i < x.n; i++)
+    for (int i = 0; i < 6 && i < x.n; i++) {
         CHECK_EQ_INT(x.id[i], ids[5 - i]);
+        CHECK_EQ_INT(x.duration[i], 10 * (15 - i)); /* seeds 15 down to 10 */
+    }
     memset(&x, 0, sizeof x);
     CHECK_EQ_INT(store_snapshots_each(st, job, 2, collect_id, &x), 0);
     CHECK_EQ_INT(x.n, 2);
@@ -425,6 +443,43 @@ static void test_migration_from_v1(void)
     }
 }
 
+/* A version 4 file (snapshots without duration_ms) is migrated to version
+ * 5: its snapshots read a duration of 0 and keep everything else, and new
+ * ones store theirs. */
+static void test_migration_from_v4(void)
+{
+    struct store *st = open_store();
+    uint64_t job = new_job(st), old_id = 0;
+    CHECK_EQ_INT(put_blob(st, job, 1, 300, 100, 3, &old_id), 0);
+    store_close(st);
+    sqlite3 *db = NULL;
+    REQUIRE(sqlite3_open(db_path, &db) == SQLITE_OK);
+    REQUIRE(sqlite3_exec(db,
+                         "ALTER TABLE snapshots DROP COLUMN duration_ms; "
+                         "PRAGMA user_version = 4;",
+                         NULL, NULL, NULL) == SQLITE_OK);
+    sqlite3_close(db);
+    CHECK_EQ_INT(count_rows("PRAGMA user_version"), 4);
+
+    st = open_store();
+    CHECK_EQ_INT(store_schema_version(st), STORE_SCHEMA_VERSION);
+    struct rec r = {0};
+    CHECK_EQ_INT(store_snapshot_get(st, job, old_id, copy_rec, &r), 0);
+    CHECK_EQ_INT(r.s.duration_ms, 0);
+    CHECK_EQ_INT(r.s.created_ms, 1003);
+    CHECK_EQ_STR(r.s.meta_json, "{\"seed\":3}");
+    check_blob(st, job, old_id, 300, 3);
+    uint64_t new_id = 0;
+    CHECK_EQ_INT(put_blob(st, job, 2, 300, 100, 6, &new_id), 0);
+    memset(&r, 0, sizeof r);
+    CHECK_EQ_INT(store_snapshot_latest(st, job, copy_rec, &r), 0);
+    CHECK_EQ_INT(r.s.id, new_id);
+    CHECK_EQ_INT(r.s.duration_ms, 60);
+    char err[256];
+    CHECK_EQ_INT(store_integrity_check(st, err, sizeof err), 0);
+    store_close(st);
+}
+
 int main(void)
 {
     REQUIRE(mkdtemp(dir) != NULL);
@@ -434,6 +489,7 @@ int main(void)
     test_bad_arguments();
     test_nested_rollback();
     test_migration_from_v1();
+    test_migration_from_v4();
     struct store *st = open_store();
     char err[256];
     CHECK_EQ_INT(store_integrity_check(st, err, sizeof err), 0);

@@ -1,0 +1,398 @@
+/* app.js - the kolo dashboard: two pages over the coordinator's REST API
+ * (docs/api.md), polled while they are open.
+ *   #/          the cluster: hosts and jobs
+ *   #/jobs/ID   one job: epochs, step times and stragglers, membership,
+ *               commits, stalled ops, worker output
+ * Everything is built with DOM calls (no innerHTML with data), so worker
+ * output and job names are shown as text, never as markup. */
+'use strict';
+
+const POLL_MS = 2000, POLL_IDLE_MS = 10000, FETCH_TIMEOUT_MS = 5000, OUTPUT_KEEP = 500;
+
+/* ------------------------------------------------------------ helpers */
+
+function h(tag, attrs, ...kids) {
+  const e = document.createElement(tag);
+  for (const k in attrs || {}) {
+    const v = attrs[k];
+    if (v === null || v === undefined || v === false) continue;
+    if (k === 'class') e.className = v;
+    else if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v === true ? '' : v);
+  }
+  for (const k of kids.flat()) if (k !== null && k !== undefined && k !== false)
+    e.append(k instanceof Node ? k : String(k));
+  return e;
+}
+
+async function api(path) {
+  const ctl = new AbortController();
+  const timer = setTimeout(() => ctl.abort(), FETCH_TIMEOUT_MS);
+  try {
+    const r = await fetch(path, {signal: ctl.signal, cache: 'no-store'});
+    const body = await r.json().catch(() => ({}));
+    if (!r.ok) throw new Error(`${path}: ${body.error || r.status}`);
+    return body;
+  } catch (e) {
+    throw e.name === 'AbortError' ? new Error(`${path}: no answer in ${FETCH_TIMEOUT_MS / 1000} s`) : e;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+const fmt = {
+  secs(s) {
+    if (s === null || s === undefined) return '–';
+    if (s < 1) return (s * 1000).toFixed(s < 0.01 ? 2 : 0) + ' ms';
+    if (s < 120) return s.toFixed(s < 10 ? 2 : 1) + ' s';
+    if (s < 7200) return Math.floor(s / 60) + ' min ' + Math.round(s % 60) + ' s';
+    return (s / 3600).toFixed(1) + ' h';
+  },
+  num(v, digits) {
+    if (v === null || v === undefined) return '–';
+    return v.toLocaleString(undefined, {maximumFractionDigits: digits === undefined ? 1 : digits});
+  },
+  bytes(b) {
+    if (b === null || b === undefined) return '–';
+    const u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+    let i = 0;
+    while (b >= 1024 && i < u.length - 1) { b /= 1024; i++; }
+    return (i ? b.toFixed(1) : b) + ' ' + u[i];
+  },
+  time(ms) { return ms ? new Date(ms).toLocaleTimeString() : '–'; },
+  pct(v) { return v === null || v === undefined ? '–' : (v * 100).toFixed(0) + ' %'; },
+};
+
+/* A job or host state as a badge: a symbol and the word, so it reads
+ * without colour. */
+const STATE_MARK = {running: '▶', pending: '…', succeeded: '✓', failed: '✗', stopped: '■',
+                    alive: '●', lost: '✗', drained: '↓', exited: '✓', assigned: '…'};
+function badge(state) {
+  return h('span', {class: 'badge s-' + state}, (STATE_MARK[state] || '•') + ' ' + state);
+}
+
+function section(title, id, ...body) {
+  return h('section', {class: 'card', id}, h('h2', {}, title), ...body);
+}
+
+function table(cols, rows, empty) {
+  if (!rows.length) return h('p', {class: 'muted'}, empty);
+  return h('div', {class: 'scroll'}, h('table', {},
+    h('thead', {}, h('tr', {}, cols.map(c => h('th', {scope: 'col', class: c.num ? 'num' : null}, c.title)))),
+    h('tbody', {}, rows.map(r => h('tr', {class: r._class || null},
+      cols.map(c => h('td', {class: c.num ? 'num' : null}, c.get(r))))))));
+}
+
+function showBanner(msg) {
+  const b = document.getElementById('banner');
+  b.hidden = !msg;
+  b.textContent = msg || '';
+}
+
+/* ------------------------------------------------------------ polling */
+
+let page = null; // {stop()} of the page on screen
+
+function poller(refresh, interval) {
+  let timer = null, stopped = false;
+  async function tick() {
+    let next = POLL_MS;
+    try {
+      next = (await refresh()) || POLL_MS;
+      showBanner('');
+      document.getElementById('live').textContent = 'updated ' + new Date().toLocaleTimeString();
+    } catch (e) {
+      showBanner('Cannot reach the coordinator: ' + e.message + ' (retrying)');
+    }
+    if (!stopped) timer = setTimeout(tick, interval ? interval : next);
+  }
+  tick();
+  return {stop() { stopped = true; clearTimeout(timer); }};
+}
+
+/* ------------------------------------------------------------ cluster page */
+
+function clusterPage(root) {
+  const hostsBox = h('div'), jobsBox = h('div');
+  root.replaceChildren(
+    h('h1', {}, 'Cluster'),
+    section('Hosts', 'hosts', hostsBox),
+    section('Jobs', 'jobs', jobsBox));
+  return poller(async () => {
+    const [hosts, jobs] = await Promise.all([api('/api/v1/hosts'), api('/api/v1/jobs')]);
+    hostsBox.replaceChildren(table([
+      {title: 'Host', get: x => h('span', {title: x.id}, x.name)},
+      {title: 'Address', get: x => x.hostname && x.hostname !== x.name ? `${x.hostname} (${x.addr})` : x.addr},
+      {title: 'State', get: x => badge(x.state)},
+      {title: 'Slots used', num: true, get: x => `${x.slots_used} / ${x.slots}`},
+      {title: 'CPUs', num: true, get: x => x.cpus},
+      {title: 'GPUs', num: true, get: x => x.gpus},
+      {title: 'Lease age', num: true, get: x => fmt.secs(x.lease_age_ms / 1000)},
+      {title: 'Running ranks', get: x => (x.running_ranks || []).length ?
+        x.running_ranks.map(r => h('a', {href: `#/jobs/${r.job}`, class: 'chip'}, `job ${r.job} · rank ${r.rank}`)) : '–'},
+    ], hosts.hosts, 'No agent has registered. Start one with: kolo agent --coordinator tcp://…'));
+    const list = jobs.jobs.slice().sort((a, b) => b.id - a.id);
+    jobsBox.replaceChildren(table([
+      {title: 'Job', get: j => h('a', {href: `#/jobs/${j.id}`}, `${j.id} · ${j.name}`)},
+      {title: 'State', get: j => badge(j.state)},
+      {title: 'Workers', num: true, get: j => j.elastic && j.elastic_state ?
+        `${j.ranks_alive} (${j.elastic_state.min_np}–${j.elastic_state.max_np})` : `${j.ranks_alive} / ${j.np}`},
+      {title: 'Generation', num: true, get: j => j.generation},
+      {title: 'Started', get: j => fmt.time(j.started_ms)},
+      {title: 'Ran for', num: true, get: j => j.started_ms ? fmt.secs(((j.ended_ms || Date.now()) - j.started_ms) / 1000) : '–'},
+      {title: 'Reason', get: j => j.reason || ''},
+    ], list, 'No jobs yet. Submit one with kolo run or POST /api/v1/jobs.'));
+  });
+}
+
+/* ------------------------------------------------------------ job page */
+
+/* A bucket width (s) that shows the job's run in about 60 columns. */
+function bucketFor(seconds) {
+  const steps = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400];
+  return steps.find(s => seconds / s <= 60) || 86400;
+}
+
+function jobHeader(j, hostNames) {
+  const es = j.elastic_state;
+  const facts = [
+    ['State', badge(j.state)],
+    ['Workers', es ? `${es.size} now (min ${es.min_np}, max ${es.max_np})` : `${j.ranks_alive} alive of ${j.np}`],
+    ['Generation', j.generation],
+    ['Started', fmt.time(j.started_ms)],
+    ['Ran for', j.started_ms ? fmt.secs(((j.ended_ms || Date.now()) - j.started_ms) / 1000) : '–'],
+  ];
+  if (es) facts.push(['Resets', `${es.resets}${es.reset_limit ? ' of ' + es.reset_limit : ''}`]);
+  if (j.exit_code !== null && j.exit_code !== undefined) facts.push(['Exit code', j.exit_code]);
+  const kids = [h('dl', {class: 'facts'}, facts.map(([k, v]) => h('div', {}, h('dt', {}, k), h('dd', {}, v))))];
+  kids.push(h('p', {class: 'argv'}, h('code', {}, j.argv.join(' '))));
+  if (j.reason) kids.push(h('p', {class: 'reason'}, j.reason));
+  if (es && es.excluded && es.excluded.length)
+    kids.push(h('p', {class: 'reason'}, 'Excluded hosts: ' + es.excluded.map(x =>
+      `${hostNames.get(x.host) || x.host.slice(0, 8)} (${x.remaining_ms === 'forever' ? 'for good' : fmt.secs(x.remaining_ms / 1000) + ' left'})`).join(', ')));
+  return kids;
+}
+
+function epochsView(ep, chartsBox, tableBox) {
+  const done = ep.epochs.filter(e => e.wall_s !== null);
+  const timeBox = h('div', {class: 'chart'}), rateBox = h('div', {class: 'chart'});
+  chartsBox.replaceChildren(
+    h('figure', {}, h('figcaption', {}, 'Epoch wall time (s)'), timeBox),
+    h('figure', {}, h('figcaption', {}, 'Samples per second'), rateBox));
+  Charts.line(timeBox, done.map(e => ({x: e.epoch, y: e.wall_s, label: `epoch ${e.epoch}: ${fmt.secs(e.wall_s)}`})),
+              {name: 'epoch-time', xLabel: 'epoch', yLabel: 'seconds', unit: 's'});
+  Charts.line(rateBox, done.map(e => ({x: e.epoch, y: e.samples_per_s, label: `epoch ${e.epoch}: ${fmt.num(e.samples_per_s, 0)} samples/s`})),
+              {name: 'samples-per-s', xLabel: 'epoch', yLabel: 'samples/s', unit: 'samples/s'});
+  const keys = [];
+  for (const e of ep.epochs) for (const k in e.metrics || {}) if (!keys.includes(k) && keys.length < 4) keys.push(k);
+  const eff = ep.baseline_job ? `Scaling efficiency against job ${ep.baseline_job} ` +
+    `(same command on one worker, ${fmt.num(ep.baseline_samples_per_s, 0)} samples/s).`
+    : 'Scaling efficiency appears once the same command has run on one worker (kolo run -np 1).';
+  const cols = [
+    {title: 'Epoch', num: true, get: e => e.epoch},
+    {title: 'Wall time', num: true, get: e => fmt.secs(e.wall_s)},
+    {title: 'Samples/s', num: true, get: e => fmt.num(e.samples_per_s, 0)},
+    {title: 'Scaling eff.', num: true, get: e => fmt.pct(e.scaling_efficiency)},
+    {title: 'Ranks', num: true, get: e => `${e.ranks_reported}/${e.ranks_expected}${e.complete ? '' : ' …'}`},
+    {title: 'Gen.', num: true, get: e => e.generation},
+    ...keys.map(k => ({title: k, num: true, get: e => e.metrics && typeof e.metrics[k] === 'number' ? fmt.num(e.metrics[k], 4) : '–'})),
+  ];
+  const newest = ep.epochs.slice().reverse();
+  const kids = [h('p', {class: 'muted'}, eff),
+    table(cols, newest.slice(0, 10), 'No epoch reported yet (hvd.report_epoch in the training loop).')];
+  if (newest.length > 10) {
+    const open = tableBox.querySelector('details') && tableBox.querySelector('details').open;
+    kids.push(h('details', {open}, h('summary', {}, `${newest.length - 10} earlier epoch(s)`),
+                table(cols, newest.slice(10), '')));
+  }
+  tableBox.replaceChildren(...kids);
+}
+
+/* Step time per host and time bucket, as a grid of shaded cells with the
+ * value in each cell's title; a straggler host's row is labelled
+ * "▲ straggler" and hatched. */
+function heatmapView(steps, ranks, box) {
+  const hosts = steps.hosts;
+  if (!hosts.length) {
+    box.replaceChildren(h('p', {class: 'muted'}, 'No step times yet (DistributedOptimizer.step reports them).'));
+    return;
+  }
+  const all = new Set();
+  for (const x of hosts) for (const b of x.buckets) all.add(b.ts_ms);
+  const cols = [...all].sort((a, b) => a - b).slice(-60);
+  // a cell's shade: its mean step time against twice the median cell's,
+  // so a typical cell is mid-tone and one twice as slow is darkest
+  const vals = [];
+  for (const x of hosts) for (const b of x.buckets) if (cols.includes(b.ts_ms)) vals.push(b.mean_s);
+  vals.sort((a, b) => a - b);
+  const median = vals.length ? vals[Math.floor(vals.length / 2)] : 0;
+  const grid = h('div', {class: 'heatmap', role: 'table', 'aria-label': 'step time per host',
+                         style: `grid-template-columns: minmax(7em, max-content) repeat(${cols.length}, minmax(10px, 1fr)) max-content`});
+  grid.append(h('div', {class: 'hm-head', role: 'columnheader'}, 'host'));
+  cols.forEach(t => grid.append(h('div', {class: 'hm-head', role: 'columnheader', title: fmt.time(t)})));
+  grid.append(h('div', {class: 'hm-head hm-lag', role: 'columnheader'}, 'others wait'));
+  for (const x of hosts) {
+    const slow = x.straggler;
+    const row = h('div', {class: 'hm-row' + (slow ? ' straggler' : ''), role: 'row', 'data-host': x.host});
+    row.append(h('div', {class: 'hm-host', role: 'rowheader'}, x.host,
+      slow ? h('span', {class: 'straggler-mark', title: 'the other ranks wait for this host'},
+               ` ▲ straggler (rank ${x.straggler_ranks.join(', ')})`) : ''));
+    const by = new Map(x.buckets.map(b => [b.ts_ms, b]));
+    for (const t of cols) {
+      const b = by.get(t);
+      const level = b && median > 0 ? Math.min(1, b.mean_s / (2 * median)) : 0;
+      row.append(h('div', {class: 'hm-cell' + (b ? '' : ' hm-none'), role: 'cell',
+        style: b ? `--level:${level.toFixed(3)}` : null,
+        title: b ? `${x.host} at ${fmt.time(t)}: mean ${fmt.secs(b.mean_s)}, p50 ${fmt.secs(b.p50_s)}, ` +
+                   `slowest ${fmt.secs(b.max_s)}, ${b.steps} steps` : `${x.host}: no steps`}));
+    }
+    row.append(h('div', {class: 'hm-lag num', role: 'cell'}, x.lag_s === null ? '–' : fmt.secs(x.lag_s)));
+    grid.append(row);
+  }
+  const legend = h('p', {class: 'muted legend'},
+    `${fmt.time(cols[0])} to ${fmt.time(cols[cols.length - 1])}, ${fmt.secs(steps.bucket_s)} per column; `,
+    h('span', {class: 'hm-cell hm-swatch', style: '--level:0.5'}), ` the median step (${fmt.secs(median)}), `,
+    h('span', {class: 'hm-cell hm-swatch', style: '--level:1'}), ' twice as long or more. ',
+    '"Others wait" is how long after the first rank a host\'s slowest rank asks for each tensor; ',
+    'a straggler is marked ▲ and hatched.');
+  const rankTable = table([
+    {title: 'Rank', num: true, get: r => r.rank},
+    {title: 'Host', get: r => r.host},
+    {title: 'State', get: r => badge(r.state)},
+    {title: 'Last step', num: true, get: r => fmt.secs(r.last_step_s)},
+    {title: 'Others wait', num: true, get: r => r.lag_s === null ? '–' : fmt.secs(r.lag_s)},
+    {title: 'Straggler', get: r => r.straggler ? h('span', {class: 'straggler-mark'}, '▲ yes') : 'no'},
+    {title: 'Last epoch', num: true, get: r => r.last_epoch === null ? '–' : r.last_epoch},
+  ], ranks.ranks.map(r => Object.assign({_class: r.straggler ? 'straggler' : null}, r)), 'No ranks.');
+  box.replaceChildren(h('div', {class: 'scroll'}, grid), legend, rankTable);
+}
+
+/* The generations as bands along the job's time, each as wide as it
+ * lasted, labelled g<N>·<workers>; the cause is in the band's title and in
+ * the table below. */
+function generationBands(box, gens, endMs) {
+  if (!gens.length) { box.replaceChildren(); return; }
+  const t0 = gens[0].ts_ms, t1 = Math.max(endMs, gens[gens.length - 1].ts_ms + 1);
+  const bar = h('div', {class: 'genbar', role: 'list', 'aria-label': 'generations over time'});
+  gens.forEach((g, i) => {
+    const end = i + 1 < gens.length ? gens[i + 1].ts_ms : t1;
+    bar.append(h('div', {class: 'gen gen' + (i % 2), role: 'listitem', 'data-generation': g.generation,
+                         style: `flex-grow:${Math.max(end - g.ts_ms, 1)}`,
+                         title: `generation ${g.generation}, ${g.size} worker(s), from ${fmt.time(g.ts_ms)}: ${g.cause}`},
+                 `g${g.generation}·${g.size}`));
+  });
+  box.replaceChildren(bar, h('div', {class: 'genaxis muted'}, h('span', {}, fmt.time(t0)), h('span', {}, fmt.time(t1))));
+}
+
+function membershipView(gens, job, chartBox, listBox) {
+  const list = gens.generations.slice().sort((a, b) => a.generation - b.generation);
+  generationBands(chartBox, list, job.ended_ms || Date.now());
+  listBox.replaceChildren(table([
+    {title: 'Gen.', num: true, get: g => g.generation},
+    {title: 'Began', get: g => fmt.time(g.ts_ms)},
+    {title: 'Workers', num: true, get: g => g.size},
+    {title: 'Why it began', get: g => g.cause},
+  ], list.slice().reverse().map(g => Object.assign({_class: g.generation === gens.current ? 'current' : null}, g)),
+  'No generation yet.'));
+}
+
+function commitsView(snaps, box) {
+  const rows = snaps.snapshots;
+  const kids = [];
+  if (rows.length) {
+    const iv = rows.map(s => s.interval_ms).filter(v => typeof v === 'number');
+    kids.push(h('p', {class: 'muted'}, `Latest ${rows.length} kept (retention ${snaps.keep})` +
+      (iv.length ? `, about every ${fmt.secs(iv.reduce((a, b) => a + b, 0) / iv.length / 1000)}.` : '.')));
+  }
+  kids.push(table([
+    {title: 'Id', num: true, get: s => s.id},
+    {title: 'Committed', get: s => fmt.time(s.created_ms)},
+    {title: 'Gen.', num: true, get: s => s.generation},
+    {title: 'Size', num: true, get: s => fmt.bytes(s.bytes)},
+    {title: 'Took', num: true, get: s => typeof s.duration_ms === 'number' ? fmt.secs(s.duration_ms / 1000) : '–'},
+    {title: 'Since previous', num: true, get: s => typeof s.interval_ms === 'number' ? fmt.secs(s.interval_ms / 1000) : '–'},
+    {title: 'State', get: s => Object.entries(s.meta || {}).filter(([, v]) => typeof v !== 'object')
+      .map(([k, v]) => `${k} ${v}`).join(', ')},
+  ], rows, 'No commit yet (elastic jobs commit with state.commit()).'));
+  if (snaps.uploads && snaps.uploads.length)
+    kids.push(h('p', {}, 'Uploading: ' + snaps.uploads.map(u =>
+      `${fmt.bytes(u.bytes_received)} of ${fmt.bytes(u.bytes)} from rank ${u.rank}`).join('; ')));
+  box.replaceChildren(...kids);
+}
+
+function stallsView(st, box) {
+  box.replaceChildren(table([
+    {title: 'Tensor', get: s => h('code', {}, s.name)},
+    {title: 'Waiting', num: true, get: s => fmt.secs(s.waiting_ms / 1000)},
+    {title: 'Submitted by', num: true, get: s => s.submitted},
+    {title: 'Missing ranks', get: s => s.missing_ranks.join(', ')},
+  ], st.stalls, 'No op has been waiting for more than a second.'));
+}
+
+function eventsView(job, box) {
+  const ev = (job.events || []).slice(-15).reverse();
+  box.replaceChildren(ev.length ? h('ul', {class: 'events'}, ev.map(e =>
+    h('li', {}, h('time', {}, fmt.time(e.ts_ms)), ' ', h('span', {class: 'kind'}, e.kind), ' ', e.message)))
+    : h('p', {class: 'muted'}, 'No events.'));
+}
+
+function jobPage(root, id) {
+  const head = h('div'), chartsBox = h('div', {class: 'charts'}), epochTable = h('div'),
+        heat = h('div'), genChart = h('div'), genList = h('div'),
+        commits = h('div'), stalls = h('div'), events = h('div'),
+        out = h('pre', {class: 'output', tabindex: '0', 'aria-label': 'worker output'});
+  const title = h('h1', {}, `Job ${id}`);
+  root.replaceChildren(
+    h('p', {class: 'crumbs'}, h('a', {href: '#/'}, '← Cluster')),
+    title, head,
+    section('Epochs', 'epochs', chartsBox, epochTable),
+    section('Step time per host', 'steps', heat),
+    section('Membership', 'membership', genChart, genList),
+    h('div', {class: 'two'},
+      section('Commits', 'commits', commits),
+      section('Stalled ops', 'stalls', stalls)),
+    section('Worker output', 'output', out),
+    section('Events', 'events', events));
+  let after = 0, lines = [];
+  return poller(async () => {
+    const job = await api(`/api/v1/jobs/${id}`);
+    const span = job.started_ms ? ((job.ended_ms || Date.now()) - job.started_ms) / 1000 : 1;
+    const q = p => api(`/api/v1/jobs/${id}/${p}`);
+    const [ep, st, rk, gens, snaps, stl, o, hosts] = await Promise.all([
+      q('epochs'), q(`steps?downsample=${bucketFor(span)}`), q('ranks'), q('generations'),
+      q('snapshots'), q('stalls?min_age_ms=1000'), q(`output?after=${after}&limit=2000`), api('/api/v1/hosts')]);
+    document.title = `kolo · job ${id} (${job.state})`;
+    title.replaceChildren(`Job ${id} · ${job.name}`);
+    head.replaceChildren(...jobHeader(job, new Map(hosts.hosts.map(x => [x.id, x.name]))));
+    epochsView(ep, chartsBox, epochTable);
+    heatmapView(st, rk, heat);
+    membershipView(gens, job, genChart, genList);
+    commitsView(snaps, commits);
+    stallsView(stl, stalls);
+    eventsView(job, events);
+    if (o.lines.length) {
+      const stick = out.scrollTop + out.clientHeight >= out.scrollHeight - 4;
+      lines = lines.concat(o.lines.map(l => `[${l.rank}]${l.stream === 'stderr' ? '!' : ' '} ${l.text}`)).slice(-OUTPUT_KEEP);
+      out.textContent = lines.join('\n');
+      if (stick) out.scrollTop = out.scrollHeight;
+      after = o.next;
+    } else if (!lines.length) {
+      out.textContent = '(no output yet)';
+    }
+    return job.state === 'running' || job.state === 'pending' ? POLL_MS : POLL_IDLE_MS;
+  });
+}
+
+/* ------------------------------------------------------------ router */
+
+function route() {
+  if (page) page.stop();
+  showBanner('');
+  const root = document.getElementById('app');
+  const m = location.hash.match(/^#\/jobs\/(\d+)$/);
+  page = m ? jobPage(root, m[1]) : clusterPage(root);
+  window.scrollTo(0, 0);
+}
+
+window.addEventListener('hashchange', route);
+route();

@@ -1,0 +1,169 @@
+// test_dashboard.mjs - the dashboard in a real browser (Debian's chromium,
+// headless, driven by playwright-core) against a coordinator that runs a
+// real 4-worker elastic digits job (test_dashboard.sh starts them).
+//
+//   node test_dashboard.mjs HTTP_URL JOB_ID ARTIFACT_DIR
+//
+// Checks, each with a deadline:
+//   - the cluster and job pages load with no console error and no failed
+//     request, at 1280x800 and at a phone's 390x844 (no sideways scroll);
+//   - the epoch charts have one point per epoch the REST API reports done;
+//   - the worker slowed down on purpose (rank 2 at the start) is marked as
+//     the straggler, with a mark that is not colour alone (text "▲");
+//   - a worker killed with SIGKILL shows up as a new generation whose cause
+//     says so, in the membership band and table;
+//   - worker output and events are shown.
+// Screenshots go to ARTIFACT_DIR.
+import { chromium } from 'playwright-core';
+import fs from 'node:fs';
+import path from 'node:path';
+
+const [base, job, outDir] = process.argv.slice(2);
+if (!base || !job || !outDir) {
+  console.error('usage: node test_dashboard.mjs HTTP_URL JOB_ID ARTIFACT_DIR');
+  process.exit(2);
+}
+fs.mkdirSync(outDir, {recursive: true});
+
+const problems = [];
+let step = 'start';
+function check(ok, what) {
+  if (!ok) throw new Error(`${step}: ${what}`);
+  console.log(`ok - ${step}: ${what}`);
+}
+
+async function rest(p) {
+  const r = await fetch(base + p, {signal: AbortSignal.timeout(5000)});
+  if (!r.ok) throw new Error(`${p}: HTTP ${r.status}`);
+  return r.json();
+}
+
+// Polls fn until it returns a truthy value; fails after `seconds`.
+async function until(seconds, what, fn) {
+  const end = Date.now() + seconds * 1000;
+  let last;
+  for (;;) {
+    try {
+      last = await fn();
+      if (last) return last;
+    } catch (e) {
+      last = e.message;
+    }
+    if (Date.now() > end) throw new Error(`${step}: ${what} (not within ${seconds} s; last: ${last})`);
+    await new Promise(r => setTimeout(r, 250));
+  }
+}
+
+function watch(page, label) {
+  page.on('console', m => { if (m.type() === 'error') problems.push(`${label} console: ${m.text()}`); });
+  page.on('pageerror', e => problems.push(`${label} page error: ${e.message}`));
+  page.on('requestfailed', r => problems.push(`${label} request failed: ${r.url()} ${r.failure() && r.failure().errorText}`));
+  page.on('response', r => { if (r.status() >= 400) problems.push(`${label} HTTP ${r.status()}: ${r.url()}`); });
+}
+
+async function shot(page, name) {
+  const file = path.join(outDir, name + '.png');
+  await page.screenshot({path: file, fullPage: true});
+  console.log(`   screenshot ${file}`);
+}
+
+async function noSidewaysScroll(page) {
+  return page.evaluate(() => document.documentElement.scrollWidth <= window.innerWidth + 1);
+}
+
+const browser = await chromium.launch({executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+                                       args: ['--no-sandbox', '--disable-gpu']});
+let failed = null;
+try {
+  const ctx = await browser.newContext({viewport: {width: 1280, height: 800}});
+  const page = await ctx.newPage();
+  watch(page, 'desktop');
+
+  step = 'cluster page';
+  await page.goto(base + '/');
+  await page.waitForSelector('#hosts table', {timeout: 15000});
+  const hosts = (await rest('/api/v1/hosts')).hosts;
+  const rows = await page.locator('#hosts tbody tr').count();
+  check(rows === hosts.length && rows === 4, `${rows} host rows for ${hosts.length} registered hosts`);
+  for (const x of hosts)
+    check(await page.locator('#hosts').getByText(x.name, {exact: true}).count() === 1, `host ${x.name} listed`);
+  await until(10, 'the job is listed as running', async () =>
+    (await page.locator(`#jobs a[href="#/jobs/${job}"]`).count()) === 1 &&
+    (await page.locator('#jobs').textContent()).includes('running'));
+  check(true, 'job listed, running');
+  await shot(page, 'cluster-1280x800');
+
+  step = 'job page';
+  await page.click(`#jobs a[href="#/jobs/${job}"]`);
+  await page.waitForSelector('svg[data-chart="epoch-time"]', {timeout: 15000});
+  // one point per completed epoch: compare with REST once the page caught up
+  const points = await until(30, 'the epoch chart has one point per completed epoch (at least 3)', async () => {
+    const done = (await rest(`/api/v1/jobs/${job}/epochs`)).epochs.filter(e => e.wall_s !== null).length;
+    const n = await page.locator('svg[data-chart="epoch-time"] circle.pt').count();
+    const m = await page.locator('svg[data-chart="samples-per-s"] circle.pt').count();
+    return n >= 3 && n === done && m === done ? n : null;
+  });
+  check(true, `epoch charts have ${points} points, as many as epochs reported`);
+
+  step = 'straggler';
+  const ranks = (await rest(`/api/v1/jobs/${job}/ranks`)).ranks;
+  const slowHost = ranks.find(r => r.rank === 2).host;
+  const row = page.locator(`.hm-row[data-host="${slowHost}"]`);
+  await until(40, `host ${slowHost} (rank 2, slowed down) is marked as the straggler`, async () =>
+    (await row.count()) === 1 && (await row.getAttribute('class')).includes('straggler') &&
+    (await row.textContent()).includes('▲ straggler'));
+  const marked = await page.locator('.hm-row.straggler').count();
+  check(marked === 1, `exactly one host marked (${marked}), ${slowHost}, with a "▲ straggler" text mark`);
+  const rankRow = page.locator('#steps tbody tr', {hasText: '▲ yes'});
+  check(await rankRow.count() === 1 && (await rankRow.locator('td').first().textContent()).trim() === '2',
+        'the ranks table marks rank 2 "▲ yes"');
+  await shot(page, 'job-1280x800');
+
+  step = 'phone width';
+  const phone = await browser.newContext({viewport: {width: 390, height: 844}, isMobile: true, hasTouch: true});
+  const pp = await phone.newPage();
+  watch(pp, 'phone');
+  await pp.goto(`${base}/#/jobs/${job}`);
+  await pp.waitForSelector('svg[data-chart="epoch-time"] circle.pt', {timeout: 15000});
+  await pp.waitForSelector('.hm-row', {timeout: 15000});
+  check(await noSidewaysScroll(pp), 'the job page fits 390 px (wide tables scroll inside their box)');
+  await shot(pp, 'job-390x844');
+  await pp.goto(`${base}/#/`);
+  await pp.waitForSelector('#hosts table', {timeout: 15000});
+  check(await noSidewaysScroll(pp), 'the cluster page fits 390 px');
+  await phone.close();
+
+  step = 'killed worker';
+  const before = (await rest(`/api/v1/jobs/${job}/generations`)).current;
+  const victim = (await rest(`/api/v1/jobs/${job}`)).ranks.find(r => r.rank === 1);
+  check(victim && victim.pid > 0, `rank 1 runs as pid ${victim && victim.pid} on ${victim && victim.host_name}`);
+  process.kill(victim.pid, 'SIGKILL');
+  const band = page.locator(`.genbar [data-generation="${before + 1}"]`);
+  await until(30, `generation ${before + 1} appears in the membership band`, async () => (await band.count()) === 1);
+  const cause = await until(10, 'its cause names the kill', async () => {
+    const t = await page.locator('#membership tbody tr', {hasText: 'killed by signal 9'}).count();
+    return t >= 1 && (await band.getAttribute('title')).includes('killed by signal 9') ? t : null;
+  });
+  check(cause >= 1, `generation ${before + 1} shown with cause "… killed by signal 9" (band title and table)`);
+  await until(30, 'the job trains on: a new epoch point after the reset', async () =>
+    (await page.locator('svg[data-chart="epoch-time"] circle.pt').count()) > points);
+  check(true, 'epochs keep coming after the reset');
+
+  step = 'output and events';
+  check((await page.locator('pre.output').textContent()).includes('epoch'), 'worker output is shown');
+  check(await page.locator('#events li').count() > 0, 'events are listed');
+  await shot(page, 'job-after-kill-1280x800');
+
+  step = 'console';
+  check(problems.length === 0, `no console error, page error or failed request${problems.length ? ':\n  ' + problems.join('\n  ') : ''}`);
+} catch (e) {
+  failed = e;
+} finally {
+  await browser.close();
+}
+if (failed) {
+  console.error(`FAIL: ${failed.message}`);
+  if (problems.length) console.error('browser problems:\n  ' + problems.join('\n  '));
+  process.exit(1);
+}
+console.log('all dashboard checks passed');

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The dashboard in a real browser: a coordinator, four agents (one slot
+# each, so every worker is on its own "host"), and a 4-worker elastic
+# digits job (train_job.py) whose rank 2 sleeps in every step; then
+# test_dashboard.mjs drives Debian's chromium through the pages and kills
+# a worker. Screenshots land in $KOLO_ARTIFACTS (build/test-artifacts/
+# dashboard by default).
+#
+# Skips (77) without chromium, node or playwright-core (npm ci in
+# tests/browser), unless CI is set: CI installs them, so there it fails.
+HERE="$(cd "$(dirname "$0")" && pwd)"
+. "$HERE/../integration/lib.sh"
+PY=/usr/bin/python3
+ROOT="$(cd "$HERE/../.." && pwd)"
+ARTIFACTS="${KOLO_ARTIFACTS:-$ROOT/build/test-artifacts/dashboard}"
+
+missing=""
+[ -x "${CHROMIUM:-/usr/bin/chromium}" ] || missing="$missing chromium"
+command -v node >/dev/null || missing="$missing node"
+[ -d "$HERE/node_modules/playwright-core" ] || missing="$missing playwright-core(npm ci in tests/browser)"
+"$PY" -c 'import torch, sklearn' 2>/dev/null || missing="$missing torch/sklearn"
+if [ -n "$missing" ]; then
+  [ -n "${CI:-}" ] && fail "CI must have:$missing"
+  echo "skipped: no$missing"
+  trap - EXIT
+  rm -rf "$WORK"
+  exit 77
+fi
+
+export PYTHONPATH="$ROOT/python" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+start_coordinator coord
+for a in a b c d; do start_agent "$a" 1; done
+wait_hosts 4
+
+"$KOLO" run --coordinator "$RPC" -np 4 --min-np 2 --max-np 4 -- \
+    "$PY" "$HERE/train_job.py" --slow-rank 2 --slow-s 0.12 --stop-file "$WORK/stop" \
+    --tag "$SLEEP" >"$WORK/run.out" 2>"$WORK/run.err" &
+RUN_PID=$!
+PIDS+=("$RUN_PID")
+job_running() { curl -sf "$HTTP/api/v1/jobs" | has '"state":"running"'; }
+wait_for 30 job_running || fail "the job did not start"
+JOB=$(curl -sf "$HTTP/api/v1/jobs" | grep -o '"id":[0-9]*' | tail -n 1 | cut -d: -f2)
+note "job $JOB running, dashboard $HTTP/#/jobs/$JOB"
+
+rc=0
+node "$HERE/test_dashboard.mjs" "$HTTP" "$JOB" "$ARTIFACTS" || rc=$?
+[ $rc -eq 0 ] || fail "the browser checks failed (screenshots in $ARTIFACTS)"
+
+# the job ends cleanly at the stop file
+touch "$WORK/stop"
+gone() { ! kill -0 "$1" 2>/dev/null; }
+wait_for 60 gone "$RUN_PID" || fail "the job did not end after the stop file"
+wait "$RUN_PID" || fail "kolo run exited $?: $(tail -n 5 "$WORK/run.err")"
+note "screenshots in $ARTIFACTS"
