@@ -11,7 +11,16 @@
  *   kolo-bench-allreduce sizes [BYTES...]   one line of JSON per size
  *   kolo-bench-allreduce resnet FILE [STEPS] 161 named tensors submitted
  *                                           asynchronously, then waited
+ *   kolo-bench-allreduce resnet-toggle FILE STEPS BLOCK TIMELINE
+ *       the same step, the job's timeline switched on (kolo_timeline,
+ *       writing TIMELINE) and off by rank 0 every BLOCK steps, in the
+ *       order off, on, on, off (STEPS rounded up to a multiple of
+ *       4 x BLOCK); one line for the steps without it (resnet50_step_tl_off)
+ *       and one for those with it (resnet50_step_tl_on). The switch is a
+ *       round trip before the step's barrier, outside the timed region.
+ *       bench/timeline_overhead.sh uses it.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,40 +144,94 @@ static void bench_sizes(kolo_ctx *ctx, int argc, char **argv)
     }
 }
 
-static void bench_resnet(kolo_ctx *ctx, const char *file, int steps)
+/* Reads FILE's "name count" lines into the tensors of one ResNet-50 step,
+ * every element 1.0. Returns the number of tensors. */
+static int load_resnet(const char *file, char names[][96], size_t *counts, float **bufs,
+                       size_t *total)
 {
     FILE *f = fopen(file, "r");
     if (!f) {
         perror(file);
         exit(1);
     }
-    char names[200][96];
-    size_t counts[200];
     int n = 0;
-    size_t total = 0;
+    *total = 0;
     while (n < 200 && fscanf(f, "%95s %zu", names[n], &counts[n]) == 2)
-        total += counts[n++] * sizeof(float);
+        *total += counts[n++] * sizeof(float);
     fclose(f);
-    float *bufs[200];
     for (int i = 0; i < n; i++) {
         bufs[i] = malloc(counts[i] * sizeof(float) + 4);
         for (size_t k = 0; k < counts[i]; k++)
             bufs[i][k] = 1.0f;
     }
-    double *t = malloc(sizeof(double) * (size_t)steps);
+    return n;
+}
+
+/* One step: barrier, then the n tensors submitted and waited; returns the
+ * time from the first submission to the last completion, µs. */
+static double resnet_step(kolo_ctx *ctx, int n, char names[][96], const size_t *counts,
+                          float **bufs)
+{
     kolo_handle h[200];
+    barrier(ctx);
+    double t0 = now_us();
+    for (int i = 0; i < n; i++)
+        check(ctx, kolo_allreduce_async(ctx, names[i], bufs[i], bufs[i], counts[i], KOLO_FLOAT32,
+                                        KOLO_SUM, &h[i]),
+              "allreduce");
+    for (int i = 0; i < n; i++)
+        check(ctx, kolo_wait(ctx, h[i], 120000), "allreduce");
+    return now_us() - t0;
+}
+
+static void bench_resnet_toggle(kolo_ctx *ctx, const char *file, int steps, int block,
+                                const char *timeline)
+{
+    static char names[200][96];
+    size_t counts[200], total;
+    float *bufs[200];
+    int n = load_resnet(file, names, counts, bufs, &total);
+    if (block < 1)
+        block = 1;
+    steps = (steps + 4 * block - 1) / (4 * block) * (4 * block);
+    double *t_off = malloc(sizeof(double) * (size_t)steps / 2);
+    double *t_on = malloc(sizeof(double) * (size_t)steps / 2);
+    int n_off = 0, n_on = 0;
+    bool on = false;
     for (int s = -3; s < steps; s++) {
-        barrier(ctx);
-        double t0 = now_us();
-        for (int i = 0; i < n; i++)
-            check(ctx, kolo_allreduce_async(ctx, names[i], bufs[i], bufs[i], counts[i],
-                                            KOLO_FLOAT32, KOLO_SUM, &h[i]),
-                  "allreduce");
-        for (int i = 0; i < n; i++)
-            check(ctx, kolo_wait(ctx, h[i], 120000), "allreduce");
-        double t1 = now_us();
+        int phase = s < 0 ? 0 : (s / block) % 4;
+        bool want = phase == 1 || phase == 2;
+        if (want != on && kolo_rank(ctx) == 0)
+            check(ctx, kolo_timeline(ctx, want ? timeline : NULL), "timeline");
+        on = want;
+        double t = resnet_step(ctx, n, names, counts, bufs);
+        if (s < 0)
+            continue;
+        if (on)
+            t_on[n_on++] = t;
+        else
+            t_off[n_off++] = t;
+    }
+    /* both halves are steps / 2 long: "bench.times" keeps one shape */
+    report(ctx, "resnet50_step_tl_off", total, t_off, n_off);
+    report(ctx, "resnet50_step_tl_on", total, t_on, n_on);
+    for (int i = 0; i < n; i++)
+        free(bufs[i]);
+    free(t_off);
+    free(t_on);
+}
+
+static void bench_resnet(kolo_ctx *ctx, const char *file, int steps)
+{
+    static char names[200][96];
+    size_t counts[200], total;
+    float *bufs[200];
+    int n = load_resnet(file, names, counts, bufs, &total);
+    double *t = malloc(sizeof(double) * (size_t)steps);
+    for (int s = -3; s < steps; s++) {
+        double dt = resnet_step(ctx, n, names, counts, bufs);
         if (s >= 0)
-            t[s] = t1 - t0;
+            t[s] = dt;
     }
     report(ctx, "resnet50_step", total, t, steps);
     for (int i = 0; i < n; i++)
@@ -184,7 +247,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "kolo_init: %s\n", kolo_strerror(rv));
         return 1;
     }
-    if (argc >= 3 && strcmp(argv[1], "resnet") == 0)
+    if (argc >= 6 && strcmp(argv[1], "resnet-toggle") == 0)
+        bench_resnet_toggle(ctx, argv[2], atoi(argv[3]), atoi(argv[4]), argv[5]);
+    else if (argc >= 3 && strcmp(argv[1], "resnet") == 0)
         bench_resnet(ctx, argv[2], argc >= 4 ? atoi(argv[3]) : 20);
     else
         bench_sizes(ctx, argc - 2, argv + 2);

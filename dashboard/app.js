@@ -31,7 +31,11 @@ async function api(path) {
   try {
     const r = await fetch(path, {signal: ctl.signal, cache: 'no-store'});
     const body = await r.json().catch(() => ({}));
-    if (!r.ok) throw new Error(`${path}: ${body.error || r.status}`);
+    if (!r.ok) {
+      const e = new Error(`${path}: ${body.error || r.status}`);
+      e.status = r.status; // the coordinator answered: not a connection problem
+      throw e;
+    }
     return body;
   } catch (e) {
     throw e.name === 'AbortError' ? new Error(`${path}: no answer in ${FETCH_TIMEOUT_MS / 1000} s`) : e;
@@ -102,7 +106,8 @@ function poller(refresh, interval) {
       showBanner('');
       document.getElementById('live').textContent = 'updated ' + new Date().toLocaleTimeString();
     } catch (e) {
-      showBanner('Cannot reach the coordinator: ' + e.message + ' (retrying)');
+      showBanner(e.status ? `The coordinator answered ${e.status}: ${e.message}` :
+                 `Cannot reach the coordinator: ${e.message} (retrying)`);
     }
     if (!stopped) timer = setTimeout(tick, interval ? interval : next);
   }
