@@ -283,6 +283,7 @@ static void render_job(struct coord *c, struct jw *w, struct job *j)
 {
     jw_obj_begin(w);
     render_job_summary(w, j);
+    jw_kbool(w, "timeline", coord_timeline_available(c, j));
     jw_key(w, "ranks");
     jw_arr_begin(w);
     for (int r = 0; r < j->nranks; r++) {

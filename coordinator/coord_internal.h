@@ -430,6 +430,9 @@ void coord_timeline_free(struct timeline *tl);
  * set unless it is 200: 404 no timeline or no file, 413 a file over
  * TL_MAX_SERVE, 500 unreadable. */
 int coord_timeline_serve(struct coord *c, struct job *j, struct buf *out, char *why, size_t whylen);
+/* Whether coord_timeline_serve has a file to serve for the job (the job
+ * JSON's "timeline"). */
+bool coord_timeline_available(const struct coord *c, const struct job *j);
 
 /* coord_http.c */
 /* coord_http_query finds key in a query string ("a=1&b=2") and URL-decodes

@@ -514,22 +514,38 @@ static bool tl_close_array(struct buf *b, size_t from)
     return !b->oom;
 }
 
+/* The file GET /timeline serves: the timeline being written, else the
+ * last one stopped, else (*env_path, to free) the one HOROVOD_TIMELINE
+ * names if the job started under an earlier coordinator and this one has
+ * not reopened the file (yet): what that one wrote. A job started here
+ * gets nothing before its rendezvous opens the file, not what an older
+ * job left at the same path. NULL: none. */
+static const char *tl_serve_path(const struct coord *c, const struct job *j, char **env_path)
+{
+    *env_path = NULL;
+    if (j->tl)
+        return j->tl->path;
+    if (j->tl_last)
+        return j->tl_last;
+    if (!j->tl_checked && j->started_ms && j->started_ms < c->started_ms && tl_env(j))
+        return *env_path = tl_resolve(j, tl_env(j));
+    return NULL;
+}
+
+bool coord_timeline_available(const struct coord *c, const struct job *j)
+{
+    char *env_path;
+    bool yes = tl_serve_path(c, j, &env_path) != NULL;
+    free(env_path);
+    return yes;
+}
+
 int coord_timeline_serve(struct coord *c, struct job *j, struct buf *out, char *why, size_t whylen)
 {
-    const char *path = NULL;
-    char *env_path = NULL;
-    if (j->tl) {
+    char *env_path;
+    const char *path = tl_serve_path(c, j, &env_path);
+    if (j->tl)
         tl_write(j->tl); /* what the tick has not written yet */
-        path = j->tl->path;
-    } else if (j->tl_last) {
-        path = j->tl_last;
-    } else if (!j->tl_checked && j->started_ms && j->started_ms < c->started_ms && tl_env(j)) {
-        /* the job started under an earlier coordinator, and this one has
-         * not reopened the file (yet): what that one wrote. A job started
-         * here gets nothing before its rendezvous opens the file, not
-         * what an older job left at the same path. */
-        path = env_path = tl_resolve(j, tl_env(j));
-    }
     if (!path) {
         snprintf(why, whylen,
                  "job %llu has no timeline (submit it with HOROVOD_TIMELINE in its environment, "

@@ -171,6 +171,9 @@ function jobHeader(j, hostNames) {
   if (j.exit_code !== null && j.exit_code !== undefined) facts.push(['Exit code', j.exit_code]);
   const kids = [h('dl', {class: 'facts'}, facts.map(([k, v]) => h('div', {}, h('dt', {}, k), h('dd', {}, v))))];
   kids.push(h('p', {class: 'argv'}, h('code', {}, j.argv.join(' '))));
+  if (j.timeline)
+    kids.push(h('p', {}, h('a', {href: `/api/v1/jobs/${j.id}/timeline`, download: `kolo-job-${j.id}-timeline.json`},
+      'Timeline (Chrome trace JSON)'), h('span', {class: 'muted'}, ' — open it in chrome://tracing or ui.perfetto.dev')));
   if (j.reason) kids.push(h('p', {class: 'reason'}, j.reason));
   if (es && es.excluded && es.excluded.length)
     kids.push(h('p', {class: 'reason'}, 'Excluded hosts: ' + es.excluded.map(x =>

@@ -12,7 +12,7 @@
 //     the straggler, with a mark that is not colour alone (text "▲");
 //   - a worker killed with SIGKILL shows up as a new generation whose cause
 //     says so, in the membership band and table;
-//   - worker output and events are shown.
+//   - worker output and events are shown, and the timeline is linked.
 // Screenshots go to ARTIFACT_DIR.
 import { chromium } from 'playwright-core';
 import fs from 'node:fs';
@@ -117,6 +117,12 @@ try {
   const rankRow = page.locator('#steps tbody tr', {hasText: '▲ yes'});
   check(await rankRow.count() === 1 && (await rankRow.locator('td').first().textContent()).trim() === '2',
         'the ranks table marks rank 2 "▲ yes"');
+  step = 'timeline link';
+  const link = page.locator('a', {hasText: 'Timeline (Chrome trace JSON)'});
+  check(await link.count() === 1, 'the job page links its timeline');
+  const trace = await rest(await link.getAttribute('href'));
+  check(Array.isArray(trace) && trace.some(e => e.name === 'NEGOTIATE_ALLREDUCE'),
+        `the linked timeline is a trace array with NEGOTIATE_ALLREDUCE (${trace.length} events)`);
   await shot(page, 'job-1280x800');
 
   step = 'phone width';

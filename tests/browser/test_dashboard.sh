@@ -32,7 +32,8 @@ start_coordinator coord
 for a in a b c d; do start_agent "$a" 1; done
 wait_hosts 4
 
-"$KOLO" run --coordinator "$RPC" -np 4 --min-np 2 --max-np 4 -- \
+"$KOLO" run --coordinator "$RPC" -np 4 --min-np 2 --max-np 4 \
+    --timeline-filename "$WORK/timeline.json" -- \
     "$PY" "$HERE/train_job.py" --slow-rank 2 --slow-s 0.12 --stop-file "$WORK/stop" \
     --tag "$SLEEP" >"$WORK/run.out" 2>"$WORK/run.err" &
 RUN_PID=$!

@@ -429,6 +429,7 @@ def test_job_routes(cluster):
         assert not f.read().rstrip().endswith("]")
     st, tl = get(http, base + "/timeline")
     assert st == 200 and isinstance(tl, list), tl
+    assert get(http, base)[1]["timeline"] is True
     procs = {e["args"]["name"] for e in tl if e.get("name") == "process_name"}
     assert "job %d" % jid in procs and "rest.stall" in procs, procs
 
@@ -666,6 +667,7 @@ def test_stop(cluster):
         return j["state"] == "running" and j["ranks_alive"] == 1
     wait_until("the sleeper to run", running, timeout=15)
     expect_error(http, "GET", base + "/timeline", 404, text="no timeline")
+    assert get(http, base)[1]["timeline"] is False
     st, body = get(http, base + "/snapshots")
     assert st == 200 and body["snapshots"] == []
     st, body = get(http, base + "/epochs")
