@@ -11,6 +11,10 @@
 uint64_t now_mono_ms(void);
 /* now_mono_us: the same clock in microseconds, for short intervals. */
 uint64_t now_mono_us(void);
+/* mono_deadline sets *ts to ms milliseconds from now on CLOCK_MONOTONIC,
+ * for pthread_cond_timedwait on a condition set to that clock. */
+struct timespec;
+void mono_deadline(struct timespec *ts, uint64_t ms);
 /* now_wall_ms: CLOCK_REALTIME in ms since the epoch, for records. */
 uint64_t now_wall_ms(void);
 /* random_bytes fills buf from getrandom(2); 0 or KOLO_ESYS. */

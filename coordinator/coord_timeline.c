@@ -17,8 +17,10 @@
  *
  * Cost: a job without a timeline pays one pointer test per request. With
  * one, the negotiation handler only formats events into a memory buffer;
- * the tick (coord_jobs_cron, every COORD_CRON_MS) writes the buffer out.
- * So the handler never waits on the disk. The buffer is capped
+ * the tick (coord_jobs_cron, every COORD_CRON_MS) hands the buffer to the
+ * timeline's writer thread (struct tl_sink), which writes and closes the
+ * file. So neither the handlers nor the tick wait on the disk, and a slow
+ * disk cannot stall negotiation. What is buffered or queued is capped
  * (TL_MAX_BUF): past it events are dropped and counted, rather than
  * letting a stuck disk grow the coordinator without bound.
  *
@@ -31,7 +33,8 @@
  * first rendezvous); the header metadata holds that moment since the
  * epoch, as Horovod's start_time_since_epoch_in_micros. *
  * REST (GET /api/v1/jobs/{id}/timeline, coord_timeline_serve) reads the
- * file back on the state thread, after writing out the buffer, and closes
+ * file back on the state thread, after the writer wrote out what was
+ * buffered (waiting at most TL_SERVE_WAIT_MS for it), and closes
  * the array itself when the writer has not: events are separated by
  * ",\n" and a string never holds a raw newline (put_str escapes it), so
  * the text after the last newline is the last event, whole or torn.
@@ -40,6 +43,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +62,27 @@
 #define TL_MAX_BUF (64u << 20)
 /* the largest file REST serves */
 #define TL_MAX_SERVE (64u << 20)
+/* how long REST waits for the writer to catch up before reading */
+#define TL_SERVE_WAIT_MS 2000
+
+/* The writer side of a timeline: a thread that writes the chunks the
+ * state thread queues, in order, then closes the file and frees all this
+ * once told to close (nobody waits for it). */
+struct tl_chunk {
+    struct buf b;
+    struct tl_chunk *next;
+};
+
+struct tl_sink {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;     /* work queued, or a chunk written */
+    struct tl_chunk *head, *tail;
+    bool closing;          /* no more chunks: close the file and exit */
+    uint64_t queued, written; /* chunks */
+    atomic_size_t bytes;   /* queued, not yet written */
+    FILE *f;
+    char *path;
+};
 
 struct tl_name {
     char *name;
@@ -73,7 +99,7 @@ struct tl_op {
 
 struct timeline {
     char *path;
-    FILE *f;
+    struct tl_sink *sink; /* NULL once closed */
     bool first; /* no event written yet: no separator */
     bool closed;
     uint64_t t0_us; /* monotonic */
@@ -108,7 +134,7 @@ static bool ev_begin(struct timeline *tl)
 {
     if (tl->closed)
         return false;
-    if (tl->b.len >= TL_MAX_BUF) {
+    if (tl->b.len + atomic_load(&tl->sink->bytes) >= TL_MAX_BUF) {
         tl->dropped++;
         return false;
     }
@@ -182,6 +208,79 @@ static const char *tl_env(const struct job *j)
     return val && val[0] ? val : NULL;
 }
 
+static void *sink_main(void *arg)
+{
+    struct tl_sink *k = arg;
+    pthread_mutex_lock(&k->mu);
+    for (;;) {
+        while (!k->head && !k->closing)
+            pthread_cond_wait(&k->cv, &k->mu);
+        struct tl_chunk *list = k->head;
+        if (!list)
+            break; /* closing, and everything is written */
+        k->head = k->tail = NULL;
+        pthread_mutex_unlock(&k->mu);
+        uint64_t n = 0;
+        bool ok = true;
+        while (list) {
+            struct tl_chunk *next = list->next;
+            if (fwrite(list->b.data, 1, list->b.len, k->f) != list->b.len)
+                ok = false;
+            atomic_fetch_sub(&k->bytes, list->b.len);
+            buf_free(&list->b);
+            free(list);
+            list = next;
+            n++;
+        }
+        if (fflush(k->f) != 0)
+            ok = false;
+        if (!ok)
+            LOGW("coord", "timeline %s: write failed: %s", k->path, strerror(errno));
+        pthread_mutex_lock(&k->mu);
+        k->written += n;
+        pthread_cond_broadcast(&k->cv);
+    }
+    pthread_mutex_unlock(&k->mu);
+    fclose(k->f);
+    pthread_cond_destroy(&k->cv);
+    pthread_mutex_destroy(&k->mu);
+    free(k->path);
+    free(k);
+    return NULL;
+}
+
+/* A writer for the open file f (the sink owns it from here), or NULL. */
+static struct tl_sink *sink_start(FILE *f, const char *path)
+{
+    struct tl_sink *k = calloc(1, sizeof(*k));
+    if (!k || !(k->path = strdup(path))) {
+        free(k);
+        return NULL;
+    }
+    k->f = f;
+    atomic_init(&k->bytes, 0);
+    pthread_mutex_init(&k->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&k->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_t t;
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&t, &a, sink_main, k);
+    pthread_attr_destroy(&a);
+    if (rc != 0) {
+        pthread_cond_destroy(&k->cv);
+        pthread_mutex_destroy(&k->mu);
+        free(k->path);
+        free(k);
+        return NULL;
+    }
+    return k;
+}
+
 struct timeline *coord_timeline_open_path(const struct job *j, const char *val)
 {
     struct timeline *tl = calloc(1, sizeof(*tl));
@@ -189,8 +288,13 @@ struct timeline *coord_timeline_open_path(const struct job *j, const char *val)
         return NULL;
     buf_init(&tl->b);
     tl->path = tl_resolve(j, val);
-    tl->f = tl->path ? fopen(tl->path, "w") : NULL;
-    if (!tl->f) {
+    FILE *f = tl->path ? fopen(tl->path, "w") : NULL;
+    if (f && !(tl->sink = sink_start(f, tl->path))) {
+        fclose(f);
+        f = NULL;
+        errno = ENOMEM;
+    }
+    if (!f) {
         LOGW("coord", "job %llu: cannot write the timeline %s: %s", (unsigned long long)j->id,
              tl->path ? tl->path : val, strerror(errno));
         free(tl->path);
@@ -302,15 +406,52 @@ void coord_timeline_fetched(struct timeline *tl, uint64_t min_cursor)
         tl->ops_head = tl->ops_len = 0;
 }
 
-/* Writes out what the handlers buffered. The tick calls it (buffered
- * stdio into the page cache; no fsync). */
-static void tl_write(struct timeline *tl)
+/* Hands what the handlers buffered to the writer thread; returns the
+ * number of chunks queued so far (what tl_wait_written waits for). Never
+ * waits on the disk. */
+static uint64_t tl_write(struct timeline *tl)
 {
-    if (!tl->f || tl->b.len == 0)
-        return;
-    if (fwrite(tl->b.data, 1, tl->b.len, tl->f) != tl->b.len || fflush(tl->f) != 0)
-        LOGW("coord", "timeline %s: write failed: %s", tl->path, strerror(errno));
-    buf_reset(&tl->b);
+    struct tl_sink *k = tl->sink;
+    if (!k)
+        return 0;
+    struct tl_chunk *c = tl->b.len ? calloc(1, sizeof(*c)) : NULL;
+    pthread_mutex_lock(&k->mu);
+    if (c) {
+        c->b = tl->b; /* the chunk takes the buffer; the handlers start a new one */
+        buf_init(&tl->b);
+        atomic_fetch_add(&k->bytes, c->b.len);
+        if (k->tail)
+            k->tail->next = c;
+        else
+            k->head = c;
+        k->tail = c;
+        k->queued++;
+        pthread_cond_broadcast(&k->cv);
+    } else if (tl->b.len) {
+        tl->dropped++; /* out of memory: the events are lost, the file stays valid */
+        buf_reset(&tl->b);
+    }
+    uint64_t queued = k->queued;
+    pthread_mutex_unlock(&k->mu);
+    return queued;
+}
+
+/* Waits (at most TL_SERVE_WAIT_MS) until the writer wrote the first
+ * `upto` chunks; false on timeout. */
+static bool tl_wait_written(struct timeline *tl, uint64_t upto)
+{
+    struct tl_sink *k = tl->sink;
+    if (!k)
+        return true;
+    struct timespec dl;
+    mono_deadline(&dl, TL_SERVE_WAIT_MS);
+    pthread_mutex_lock(&k->mu);
+    int rc = 0;
+    while (k->written < upto && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&k->cv, &k->mu, &dl);
+    bool done = k->written >= upto;
+    pthread_mutex_unlock(&k->mu);
+    return done;
 }
 
 static void tl_close(struct timeline *tl)
@@ -322,10 +463,20 @@ static void tl_close(struct timeline *tl)
              (unsigned long long)tl->dropped);
     tl->closed = true;
     buf_puts(&tl->b, "\n]\n");
-    tl_write(tl);
-    if (tl->f)
-        fclose(tl->f);
-    tl->f = NULL;
+    /* stop_timeline returns with the file complete (as far as the disk
+     * takes it in TL_SERVE_WAIT_MS) */
+    if (!tl_wait_written(tl, tl_write(tl)))
+        LOGW("coord", "timeline %s: the disk is slow; the file is completed in the background",
+             tl->path);
+    struct tl_sink *k = tl->sink;
+    tl->sink = NULL;
+    if (k) {
+        /* the writer closes the file and frees itself */
+        pthread_mutex_lock(&k->mu);
+        k->closing = true;
+        pthread_cond_broadcast(&k->cv);
+        pthread_mutex_unlock(&k->mu);
+    }
 }
 
 void coord_timeline_cron(struct timeline *tl, bool job_ended)
@@ -544,8 +695,12 @@ int coord_timeline_serve(struct coord *c, struct job *j, struct buf *out, char *
 {
     char *env_path;
     const char *path = tl_serve_path(c, j, &env_path);
-    if (j->tl)
-        tl_write(j->tl); /* what the tick has not written yet */
+    if (j->tl && !tl_wait_written(j->tl, tl_write(j->tl))) {
+        /* what the tick has not written yet, written: else say so */
+        snprintf(why, whylen, "the timeline %s: the disk did not take the events in %d ms",
+                 path, TL_SERVE_WAIT_MS);
+        return 503;
+    }
     if (!path) {
         snprintf(why, whylen,
                  "job %llu has no timeline (submit it with HOROVOD_TIMELINE in its environment, "

@@ -430,15 +430,8 @@ int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
     if (!c)
         return KOLO_EINVAL;
     struct timespec ts;
-    if (timeout_ms >= 0) {
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_sec += timeout_ms / 1000;
-        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-    }
+    if (timeout_ms >= 0)
+        mono_deadline(&ts, (uint64_t)timeout_ms);
     pthread_mutex_lock(&c->mu);
     struct op *op = ops_lookup(c, h);
     if (!op) {

@@ -363,6 +363,57 @@ static void test_http_errors(void)
     free(body);
 }
 
+/* WorkerService.Timeline starts and stops a timeline at run time; its
+ * writer thread writes the file, REST serves it while open (after the
+ * writer caught up) and after the stop, and the stop leaves the file
+ * complete. Runs under the sanitizers with the writer thread. */
+static int timeline_call(struct rpc_client *cli, const char *path)
+{
+    Kolo__TimelineRequest req = KOLO__TIMELINE_REQUEST__INIT;
+    req.path = (char *)path;
+    uint8_t buf[1024];
+    size_t len = kolo__timeline_request__pack(&req, buf);
+    void *out = NULL;
+    size_t olen;
+    char err[256];
+    int rv = rpc_client_call(cli, "WorkerService.Timeline", buf, len, &out, &olen, 3000, err,
+                             sizeof err);
+    free(out);
+    return rv;
+}
+
+static void test_timeline(void)
+{
+    char path[300], url[128];
+    snprintf(path, sizeof path, "%s/tl.json", dir);
+    snprintf(url, sizeof url, "/api/v1/jobs/%llu/timeline", (unsigned long long)job_id);
+    struct rpc_client *r0 = client(job_id, 1, 0);
+    int status = 0;
+    char *body = http_get(url, &status);
+    CHECK_EQ_INT(status, 404);
+    free(body);
+    for (int round = 0; round < 3; round++) {
+        REQUIRE(timeline_call(r0, path) == 0);
+        for (int i = 0; i < 20; i++) { /* the writer and REST, interleaved */
+            struct json *tl = get_json(url, 200);
+            REQUIRE(tl != NULL && tl->type == JSON_ARRAY && tl->count >= 2);
+            json_free(tl);
+        }
+        REQUIRE(timeline_call(r0, "") == 0);
+        char *data = NULL;
+        size_t len = 0;
+        REQUIRE(read_file_all(path, &data, &len, 1u << 20) == 0);
+        CHECK(len > 2 && data[0] == '[' && memmem(data, len, "\n]\n", 3) != NULL);
+        CHECK(memmem(data, len, "start_time_since_epoch_in_micros", 32) != NULL);
+        free(data);
+        struct json *tl = get_json(url, 200); /* the stopped file */
+        CHECK(tl != NULL && tl->type == JSON_ARRAY);
+        json_free(tl);
+    }
+    unlink(path);
+    rpc_client_close(r0);
+}
+
 /* The straggler rule alone: >= 20 ms late and >= 3x the others' median. */
 static void test_straggler_rule(void)
 {
@@ -425,6 +476,7 @@ int main(void)
     test_epochs();
     test_refused();
     test_http_errors();
+    test_timeline();
     coord_stop(coord);
     const char *suffixes[] = {"", "-wal", "-shm"};
     for (int i = 0; i < 3; i++) {
