@@ -144,13 +144,21 @@ try {
   const victim = (await rest(`/api/v1/jobs/${job}`)).ranks.find(r => r.rank === 1);
   check(victim && victim.pid > 0, `rank 1 runs as pid ${victim && victim.pid} on ${victim && victim.host_name}`);
   process.kill(victim.pid, 'SIGKILL');
-  const band = page.locator(`.genbar [data-generation="${before + 1}"]`);
-  await until(30, `generation ${before + 1} appears in the membership band`, async () => (await band.count()) === 1);
-  const cause = await until(10, 'its cause names the kill', async () => {
+  // the generation whose cause names the kill (a survivor that saw the
+  // dead peer first may have asked for a reset of its own before it)
+  let gens = [];
+  const killed = await until(30, 'a new generation whose cause names the kill', async () => {
+    gens = (await rest(`/api/v1/jobs/${job}/generations`)).generations;
+    const g = gens.find(x => x.generation > before && x.cause.includes('killed by signal 9'));
+    return g ? g.generation : null;
+  }).catch(e => { throw new Error(`${e.message}; generations: ${JSON.stringify(gens)}`); });
+  const band = page.locator(`.genbar [data-generation="${killed}"]`);
+  const cause = await until(10, `generation ${killed} is on the page with its cause`, async () => {
     const t = await page.locator('#membership tbody tr', {hasText: 'killed by signal 9'}).count();
-    return t >= 1 && (await band.getAttribute('title')).includes('killed by signal 9') ? t : null;
+    return t >= 1 && (await band.count()) === 1 &&
+      (await band.getAttribute('title')).includes('killed by signal 9') ? t : null;
   });
-  check(cause >= 1, `generation ${before + 1} shown with cause "… killed by signal 9" (band title and table)`);
+  check(cause >= 1, `generation ${killed} shown with cause "… killed by signal 9" (band title and table)`);
   await until(30, 'the job trains on: a new epoch point after the reset', async () =>
     (await page.locator('svg[data-chart="epoch-time"] circle.pt').count()) > points);
   check(true, 'epochs keep coming after the reset');
