@@ -73,6 +73,12 @@
 
 #define ELASTIC_DEFAULT_TIMEOUT_MS 600000u
 #define ASSIGN_MAX_WAIT_MS         30000u
+/* A rank that resets on its own (its collective failed) usually does so
+ * because a peer died, a moment before that peer's agent reports the
+ * death. The coordinator waits this long for such a report before it
+ * forms a generation for the reset alone, so that one failure makes one
+ * new generation, without the dead worker and with the true cause. */
+#define RESET_GRACE_MS             250u
 
 struct disc_host {
     char name[PLACE_MAX_HOST_NAME];
@@ -85,6 +91,11 @@ struct parked_assign {
     struct rpc_call *call;
     uint64_t wid;
     uint64_t deadline; /* monotonic */
+    uint32_t wait_ms;  /* what the worker asked to wait at most */
+    /* a reset in its grace (RESET_GRACE_MS): the generation it left and
+     * its rank there; 0 for a plain wait for capacity */
+    uint64_t reset_gen;
+    int reset_rank;
 };
 
 
@@ -720,7 +731,24 @@ void coord_elastic_cron(struct coord *c, struct job *j, uint64_t now)
     struct parked_assign **pp = &el->assign;
     while (*pp) {
         struct parked_assign *p = *pp;
-        if (now >= p->deadline) {
+        if (p->reset_gen && now >= p->deadline) {
+            /* the grace passed and no death was reported: the reset the
+             * rank asked for. Forming answers every parked call; when
+             * the job must wait for capacity instead, they wait as any. */
+            char why[160];
+            snprintf(why, sizeof(why), "rank %d reset and asked for a new generation",
+                     p->reset_rank);
+            for (struct parked_assign *q = el->assign; q; q = q->next)
+                if (q->reset_gen) {
+                    q->reset_gen = 0;
+                    q->deadline = now + (q->wait_ms > ASSIGN_MAX_WAIT_MS ? ASSIGN_MAX_WAIT_MS
+                                                                         : q->wait_ms);
+                }
+            regroup(c, j, CAUSE_RESET, why);
+            if (j->state != JOB_RUNNING)
+                return;
+            pp = &el->assign;
+        } else if (!p->reset_gen && now >= p->deadline) {
             *pp = p->next;
             assign_answer(j, p->call, p->wid);
             free(p);
@@ -827,21 +855,22 @@ void coord_elastic_assign(struct coord *c, struct job *j, struct rpc_call *call,
                        (unsigned long long)j->generation);
         return;
     }
-    if (!j->el->waiting && coord_negot_rank_joined(j, idx)) {
+    bool grace = false;
+    if (!j->el->waiting && coord_negot_rank_joined(j, idx) && !j->el->update_kind) {
+        grace = true; /* see RESET_GRACE_MS */
+    } else if (!j->el->waiting && coord_negot_rank_joined(j, idx)) {
         char why[160];
         if (j->el->update_kind & 2)
             snprintf(why, sizeof(why), "capacity to grow into (rank %d reset to take it)", idx);
-        else if (j->el->update_kind & 1)
-            snprintf(why, sizeof(why), "hosts removed (rank %d reset to leave them)", idx);
         else
-            snprintf(why, sizeof(why), "rank %d reset and asked for a new generation", idx);
-        regroup(c, j, j->el->update_kind ? CAUSE_CAPACITY : CAUSE_RESET, why);
+            snprintf(why, sizeof(why), "hosts removed (rank %d reset to leave them)", idx);
+        regroup(c, j, CAUSE_CAPACITY, why);
         if (j->state != JOB_RUNNING || coord_job_member(j, wid) < 0) {
             assign_answer(j, call, wid);
             return;
         }
     }
-    if (!j->el->waiting) {
+    if (!j->el->waiting && !grace) {
         assign_answer(j, call, wid);
         return;
     }
@@ -852,7 +881,14 @@ void coord_elastic_assign(struct coord *c, struct job *j, struct rpc_call *call,
     }
     p->call = call;
     p->wid = wid;
-    p->deadline = now_mono_ms() + (wait_ms > ASSIGN_MAX_WAIT_MS ? ASSIGN_MAX_WAIT_MS : wait_ms);
+    p->wait_ms = wait_ms;
+    p->deadline = now_mono_ms() + (grace ? RESET_GRACE_MS
+                                         : wait_ms > ASSIGN_MAX_WAIT_MS ? ASSIGN_MAX_WAIT_MS
+                                                                        : wait_ms);
+    if (grace) {
+        p->reset_gen = j->generation;
+        p->reset_rank = idx;
+    }
     p->next = j->el->assign;
     j->el->assign = p;
 }
