@@ -337,10 +337,19 @@ function stallsView(st, box) {
   ], st.stalls, 'No op has been waiting for more than a second.'));
 }
 
+/* The newest 15 events, newest first; a run of snapshot.committed events
+ * (one per commit) is folded into its newest, with a count. */
 function eventsView(job, box) {
-  const ev = (job.events || []).slice(-15).reverse();
+  const folded = [];
+  for (const e of (job.events || []).slice().reverse()) {
+    const last = folded[folded.length - 1];
+    if (last && last.kind === 'snapshot.committed' && e.kind === last.kind) last.more++;
+    else folded.push(Object.assign({more: 0}, e));
+  }
+  const ev = folded.slice(0, 15);
   box.replaceChildren(ev.length ? h('ul', {class: 'events'}, ev.map(e =>
-    h('li', {}, h('time', {}, fmt.time(e.ts_ms)), ' ', h('span', {class: 'kind'}, e.kind), ' ', e.message)))
+    h('li', {}, h('time', {}, fmt.time(e.ts_ms)), ' ', h('span', {class: 'kind'}, e.kind), ' ', e.message,
+      e.more ? h('span', {class: 'muted'}, ` (and ${e.more} earlier commit(s))`) : '')))
     : h('p', {class: 'muted'}, 'No events.'));
 }
 
