@@ -6,7 +6,6 @@ library."""
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -53,8 +52,8 @@ sys.exit(1 if fails else 0)
 '''
 
 
-def test_gpu_request_without_gpu_is_a_clear_error():
-    tmp = tempfile.mkdtemp(prefix="kolo-gpu-err-")
+def test_gpu_request_without_gpu_is_a_clear_error(tmp_path):
+    tmp = str(tmp_path)
     path = os.path.join(tmp, "worker.py")
     with open(path, "w") as f:
         f.write(textwrap.dedent(WORKER))

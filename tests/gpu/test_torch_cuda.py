@@ -4,7 +4,9 @@ x dtype, scaling, groups, uneven shapes, DistributedOptimizer, and the
 CPU/GPU mismatch error. One rank uses NCCL; two ranks on one GPU use the
 staged backend (NCCL refuses two ranks on one GPU); a process started
 without `kolo run` computes alone, on the GPU."""
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -160,6 +162,7 @@ def _run(cmd, tmp, env_extra=None, timeout=400):
 
 def _worker():
     tmp = tempfile.mkdtemp(prefix="kolo-cuda-")
+    atexit.register(shutil.rmtree, tmp, True)
     path = os.path.join(tmp, "worker.py")
     with open(path, "w") as f:
         f.write(textwrap.dedent(WORKER))

@@ -6,6 +6,7 @@ The worker side of a test is a Python file (or source text) run with this
 interpreter; it reports failures through its exit code and output.
 """
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,6 +17,16 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYDIR = os.path.join(ROOT, "python")
 KOLO = os.environ.get("KOLO") or os.path.join(ROOT, "build", "bin", "kolo")
+# kolo_run's folders (script, state, the job's cwd): a test may still read
+# files there after the job, so they go when the session ends
+_SCRATCH = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_scratch():
+    yield
+    for d in _SCRATCH:
+        shutil.rmtree(d, ignore_errors=True)
 
 if PYDIR not in sys.path:
     sys.path.insert(0, PYDIR)
@@ -53,6 +64,7 @@ def kolo_run(np, script, args=(), timeout=120, env=None, kolo_args=(), state_dir
     the caller's environment sets it.
     """
     tmp = tempfile.mkdtemp(prefix="kolo-pytest-")
+    _SCRATCH.append(tmp)
     if "\n" in script:
         path = os.path.join(tmp, "worker.py")
         with open(path, "w") as f:

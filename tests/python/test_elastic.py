@@ -12,6 +12,7 @@ import json
 import os
 import random
 import re
+import shutil
 import statistics
 import tempfile
 
@@ -91,8 +92,11 @@ print("FINAL %d %s" % (state.step, json.dumps(w.tolist())), flush=True)
 
 def run(np, kills, steps=60, commit=5, kolo_args=(), timeout=240, delay=0.0):
     marks = tempfile.mkdtemp(prefix="kolo-kills-")
-    return kolo_run(np, WORKER, args=(steps, commit, json.dumps(kills), marks, delay),
-                    kolo_args=kolo_args, timeout=timeout)
+    try:
+        return kolo_run(np, WORKER, args=(steps, commit, json.dumps(kills), marks, delay),
+                        kolo_args=kolo_args, timeout=timeout)
+    finally:
+        shutil.rmtree(marks, ignore_errors=True)
 
 
 def finals(job):

@@ -7,6 +7,7 @@ ranks; kolo run printed one line per epoch; bad parameters give 400."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -103,6 +104,7 @@ def cluster():
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_epochs_steps_ranks(cluster):

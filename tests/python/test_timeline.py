@@ -6,7 +6,6 @@ job's cwd; hvd.start_timeline()/stop_timeline() start and stop it at run
 time."""
 import json
 import os
-import tempfile
 
 from conftest import kolo_run
 
@@ -40,8 +39,8 @@ print("done", flush=True)
 '''
 
 
-def test_start_and_stop_at_run_time():
-    path = os.path.join(tempfile.mkdtemp(prefix="kolo-tl-"), "run.json")
+def test_start_and_stop_at_run_time(tmp_path):
+    path = str(tmp_path / "run.json")
     job = kolo_run(2, RUNTIME, args=(path,))
     assert job.rc == 0, job
     evs = load(path)
@@ -87,9 +86,8 @@ def check(evs, tensor, steps, dtype, shape):
     assert [e["ph"] for e in first] == ["B", "X", "X", "E", "B", "E"], first
 
 
-def test_timeline_file():
-    tmp = tempfile.mkdtemp(prefix="kolo-tl-")
-    path = os.path.join(tmp, "timeline.json")
+def test_timeline_file(tmp_path):
+    path = str(tmp_path / "timeline.json")
     job = kolo_run(2, WORKER, kolo_args=("--timeline-filename", path))
     assert job.rc == 0, job.err
     assert len([l for l in job.lines() if l == "done"]) == 2
