@@ -525,6 +525,14 @@ static void bind_i64(struct binder *b, int64_t value)
     b->rc = sqlite3_bind_int64(b->s, b->index, value);
 }
 
+static void bind_double(struct binder *b, double value)
+{
+    if (b->rc != SQLITE_OK)
+        return;
+    b->index++;
+    b->rc = sqlite3_bind_double(b->s, b->index, value);
+}
+
 /* SQLite integers are signed 64-bit; the unsigned values stored here (ids,
  * timestamps, sequence numbers, byte counts) stay far below 2^63. */
 static void bind_u64(struct binder *b, uint64_t value)
@@ -1177,8 +1185,28 @@ int store_generations_each(struct store *st, uint64_t job_id, store_generation_f
     return result;
 }
 
-static int rank_put_one(struct store *st, const struct store_rank *r)
+/* Stores n items (size bytes apart) with one(st, item) in one
+ * transaction: all of them or none, one fsync for the batch. */
+static int put_all(struct store *st, const void *items, size_t n, size_t size,
+                   int (*one)(struct store *, const void *))
 {
+    if (n == 0)
+        return 0;
+    int err = store_begin(st);
+    if (err)
+        return err;
+    for (size_t i = 0; i < n && !err; i++)
+        err = one(st, (const char *)items + i * size);
+    if (err) {
+        store_rollback(st);
+        return err;
+    }
+    return store_commit(st);
+}
+
+static int rank_put_one(struct store *st, const void *item)
+{
+    const struct store_rank *r = item;
     if (r->job_id == 0 || !r->state)
         return store_reject(st, KOLO_EINVAL, "store_ranks_put: job_id and state are required");
     sqlite3_stmt *s;
@@ -1209,19 +1237,8 @@ int store_ranks_put(struct store *st, const struct store_rank *ranks, size_t n)
     if (!st || (!ranks && n > 0))
         return st ? store_reject(st, KOLO_EINVAL, "store_ranks_put: invalid argument")
                   : KOLO_EINVAL;
-    if (n == 0)
-        return 0;
     /* A generation's ranks are stored together or not at all. */
-    int err = store_begin(st);
-    if (err)
-        return err;
-    for (size_t i = 0; i < n && !err; i++)
-        err = rank_put_one(st, &ranks[i]);
-    if (err) {
-        store_rollback(st);
-        return err;
-    }
-    return store_commit(st);
+    return put_all(st, ranks, n, sizeof(*ranks), rank_put_one);
 }
 
 int store_rank_update(struct store *st, const struct store_rank *r)
@@ -1383,8 +1400,9 @@ int store_events_each(struct store *st, uint64_t job_id, int64_t after_id, int l
 
 /* ----------------------------------------------------------------- output */
 
-static int output_append_one(struct store *st, const struct store_output *o)
+static int output_append_one(struct store *st, const void *item)
 {
+    const struct store_output *o = item;
     if (o->job_id == 0 || (!o->text && o->text_len > 0))
         return store_reject(st, KOLO_EINVAL, "store_output_append: invalid line");
     sqlite3_stmt *s;
@@ -1408,20 +1426,9 @@ int store_output_append(struct store *st, const struct store_output *lines, size
     if (!st || (!lines && n > 0))
         return st ? store_reject(st, KOLO_EINVAL, "store_output_append: invalid argument")
                   : KOLO_EINVAL;
-    if (n == 0)
-        return 0;
     /* One transaction for the batch: one fsync instead of n, and a reader
      * never sees half of what an agent sent in one message. */
-    int err = store_begin(st);
-    if (err)
-        return err;
-    for (size_t i = 0; i < n && !err; i++)
-        err = output_append_one(st, &lines[i]);
-    if (err) {
-        store_rollback(st);
-        return err;
-    }
-    return store_commit(st);
+    return put_all(st, lines, n, sizeof(*lines), output_append_one);
 }
 
 int store_output_each(struct store *st, uint64_t job_id, uint64_t after_seq, int limit,
@@ -1815,8 +1822,9 @@ int store_epochs_each(struct store *st, uint64_t job_id, store_epoch_fn fn, void
     return result;
 }
 
-static int step_add_one(struct store *st, const struct store_step *p)
+static int step_add_one(struct store *st, const void *item)
 {
+    const struct store_step *p = item;
     if (p->job_id == 0 || p->rank < 0 || p->n == 0 || !(p->seconds >= 0))
         return store_reject(st, KOLO_EINVAL, "store_steps_add: invalid sample");
     sqlite3_stmt *s;
@@ -1828,10 +1836,7 @@ static int step_add_one(struct store *st, const struct store_step *p)
     bind_i64(&b, p->rank);
     bind_text(&b, p->host_id);
     bind_u64(&b, p->ts_ms);
-    if (b.rc == SQLITE_OK) {
-        b.index++;
-        b.rc = sqlite3_bind_double(s, b.index, p->seconds);
-    }
+    bind_double(&b, p->seconds);
     bind_i64(&b, p->n);
     if (b.rc != SQLITE_OK)
         return bind_failed(st, STMT_STEP_ADD, s, b.rc, "step add");
@@ -1843,18 +1848,7 @@ int store_steps_add(struct store *st, const struct store_step *steps, size_t n)
     if (!st || (!steps && n > 0))
         return st ? store_reject(st, KOLO_EINVAL, "store_steps_add: invalid argument")
                   : KOLO_EINVAL;
-    if (n == 0)
-        return 0;
-    int err = store_begin(st);
-    if (err)
-        return err;
-    for (size_t i = 0; i < n && !err; i++)
-        err = step_add_one(st, &steps[i]);
-    if (err) {
-        store_rollback(st);
-        return err;
-    }
-    return store_commit(st);
+    return put_all(st, steps, n, sizeof(*steps), step_add_one);
 }
 
 int store_steps_each(struct store *st, uint64_t job_id, uint64_t since_ms, store_step_fn fn,
