@@ -8,8 +8,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int test_failures;
+
+/* Removes a test's SQLite database with its -wal and -shm files, then its
+ * folder (empty by then). */
+static inline void test_remove_db(const char *db_path, const char *dir)
+{
+    const char *suffixes[] = {"", "-wal", "-shm"};
+    for (int i = 0; i < 3; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s%s", db_path, suffixes[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
 
 #define CHECK(cond)                                                                                \
     do {                                                                                           \

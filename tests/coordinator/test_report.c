@@ -23,6 +23,7 @@
 #include "kolo.pb-c.h"
 #include "rpc.h"
 #include "test.h"
+#include "coord_harness.h"
 #include "util.h"
 
 static char dir[] = "/tmp/kolo-test-coord-report-XXXXXX";
@@ -60,38 +61,7 @@ static struct rpc_client *client(uint64_t job, uint64_t gen, int rank)
 
 static void make_job(void)
 {
-    struct rpc_client *cli = client(0, 0, 0);
-    char err[512], inst[32];
-    random_hex(inst, 8);
-    Kolo__RegisterRequest reg = KOLO__REGISTER_REQUEST__INIT;
-    reg.host_id = "rep-host";
-    reg.name = "rep-host";
-    reg.hostname = "rep-host";
-    reg.addr = "127.0.0.1";
-    reg.slots = 2;
-    reg.agent_instance = inst;
-    uint8_t buf[512];
-    size_t len = kolo__register_request__pack(&reg, buf);
-    void *out;
-    size_t olen;
-    REQUIRE(rpc_client_call(cli, "AgentService.RegisterHost", buf, len, &out, &olen, 3000, err,
-                            sizeof err) == 0);
-    free(out);
-    Kolo__SubmitJobRequest sub = KOLO__SUBMIT_JOB_REQUEST__INIT;
-    char *argv[] = {"true"};
-    sub.argv = argv;
-    sub.n_argv = 1;
-    sub.np = 2;
-    sub.hosts = "rep-host:2";
-    len = kolo__submit_job_request__pack(&sub, buf);
-    REQUIRE(rpc_client_call(cli, "AdminService.SubmitJob", buf, len, &out, &olen, 3000, err,
-                            sizeof err) == 0);
-    Kolo__SubmitJobReply *rep = kolo__submit_job_reply__unpack(NULL, olen, out);
-    REQUIRE(rep);
-    job_id = rep->job_id;
-    kolo__submit_job_reply__free_unpacked(rep, NULL);
-    free(out);
-    rpc_client_close(cli);
+    job_id = harness_submit_job(coord_rpc_url(coord), "rep-host", 2);
 }
 
 /* report sends one batch: epochs as (epoch, phase, ts, start, samples,
@@ -478,12 +448,6 @@ int main(void)
     test_http_errors();
     test_timeline();
     coord_stop(coord);
-    const char *suffixes[] = {"", "-wal", "-shm"};
-    for (int i = 0; i < 3; i++) {
-        char path[300];
-        snprintf(path, sizeof path, "%s%s", dbpath, suffixes[i]);
-        unlink(path);
-    }
-    rmdir(dir);
+    test_remove_db(dbpath, dir);
     TEST_DONE();
 }

@@ -17,6 +17,7 @@
 #include "kolo.pb-c.h"
 #include "rpc.h"
 #include "test.h"
+#include "coord_harness.h"
 #include "util.h"
 
 static struct coord *job_coord;
@@ -49,44 +50,9 @@ static void job_coord_stop(void)
 /* Registers a host with np slots and submits an np-rank job on it. */
 static void job_make(int np)
 {
-    struct rpc_client *cli;
-    struct rpc_client_config cc = {.url = coord_rpc_url(job_coord), .identity = "gpu-test"};
-    REQUIRE(rpc_client_open(&cli, &cc) == 0);
-    char err[512], id[32], inst[32], hosts[64];
+    char id[32];
     snprintf(id, sizeof(id), "gpuhost-%d", ++job_seq);
-    random_hex(inst, 8);
-    Kolo__RegisterRequest reg = KOLO__REGISTER_REQUEST__INIT;
-    reg.host_id = id;
-    reg.name = id;
-    reg.hostname = id;
-    reg.addr = "127.0.0.1";
-    reg.slots = np;
-    reg.agent_instance = inst;
-    uint8_t buf[512];
-    size_t len = kolo__register_request__get_packed_size(&reg);
-    kolo__register_request__pack(&reg, buf);
-    void *out;
-    size_t olen;
-    REQUIRE(rpc_client_call(cli, "AgentService.RegisterHost", buf, len, &out, &olen, 3000, err,
-                            sizeof(err)) == 0);
-    free(out);
-    Kolo__SubmitJobRequest sub = KOLO__SUBMIT_JOB_REQUEST__INIT;
-    char *argv[] = {"true"};
-    sub.argv = argv;
-    sub.n_argv = 1;
-    sub.np = np;
-    snprintf(hosts, sizeof(hosts), "%s:%d", id, np);
-    sub.hosts = hosts;
-    len = kolo__submit_job_request__get_packed_size(&sub);
-    kolo__submit_job_request__pack(&sub, buf);
-    REQUIRE(rpc_client_call(cli, "AdminService.SubmitJob", buf, len, &out, &olen, 3000, err,
-                            sizeof(err)) == 0);
-    Kolo__SubmitJobReply *rep = kolo__submit_job_reply__unpack(NULL, olen, out);
-    REQUIRE(rep);
-    job_id = rep->job_id;
-    kolo__submit_job_reply__free_unpacked(rep, NULL);
-    free(out);
-    rpc_client_close(cli);
+    job_id = harness_submit_job(coord_rpc_url(job_coord), id, np);
     job_np = np;
 }
 

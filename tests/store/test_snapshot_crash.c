@@ -294,12 +294,6 @@ int main(void)
         run_round(round, job.id, k, 200 + (unsigned)(rand() % 301), &k);
     run_round(5, job.id, k, (unsigned)(rand() % 5), &k);
 
-    const char *suffixes[] = {"", "-wal", "-shm"};
-    for (int i = 0; i < 3; i++) {
-        char path[300];
-        snprintf(path, sizeof path, "%s%s", db_path, suffixes[i]);
-        unlink(path);
-    }
-    rmdir(dir);
+    test_remove_db(db_path, dir);
     TEST_DONE();
 }

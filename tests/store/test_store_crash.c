@@ -353,12 +353,6 @@ int main(void)
         run_round(round, job.id, 200 + (unsigned)(rand() % 301));
     run_round(5, job.id, (unsigned)(rand() % 5));
 
-    const char *suffixes[] = {"", "-wal", "-shm"};
-    for (int i = 0; i < 3; i++) {
-        char path[300];
-        snprintf(path, sizeof path, "%s%s", db_path, suffixes[i]);
-        unlink(path);
-    }
-    rmdir(dir);
+    test_remove_db(db_path, dir);
     TEST_DONE();
 }

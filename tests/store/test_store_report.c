@@ -230,12 +230,6 @@ int main(void)
     test_steps(st);
     store_close(st);
     test_migration();
-    const char *suffixes[] = {"", "-wal", "-shm"};
-    for (int i = 0; i < 3; i++) {
-        char path[300];
-        snprintf(path, sizeof path, "%s%s", db_path, suffixes[i]);
-        unlink(path);
-    }
-    rmdir(dir);
+    test_remove_db(db_path, dir);
     TEST_DONE();
 }

@@ -494,12 +494,6 @@ int main(void)
     char err[256];
     CHECK_EQ_INT(store_integrity_check(st, err, sizeof err), 0);
     store_close(st);
-    const char *suffixes[] = {"", "-wal", "-shm"};
-    for (int i = 0; i < 3; i++) {
-        char path[300];
-        snprintf(path, sizeof path, "%s%s", db_path, suffixes[i]);
-        unlink(path);
-    }
-    rmdir(dir);
+    test_remove_db(db_path, dir);
     TEST_DONE();
 }

@@ -17,6 +17,7 @@
 #include "kolo.pb-c.h"
 #include "rpc.h"
 #include "test.h"
+#include "coord_harness.h"
 #include "util.h"
 
 #define NP 2
@@ -41,31 +42,7 @@ static int call(const char *method, const ProtobufCMessage *req, void **out, siz
 
 static void make_job(void)
 {
-    char inst[32];
-    random_hex(inst, 8);
-    Kolo__RegisterRequest reg = KOLO__REGISTER_REQUEST__INIT;
-    reg.host_id = "report-host";
-    reg.name = "report-host";
-    reg.hostname = "report-host";
-    reg.addr = "127.0.0.1";
-    reg.slots = NP;
-    reg.agent_instance = inst;
-    void *out;
-    size_t olen;
-    REQUIRE(call("AgentService.RegisterHost", &reg.base, &out, &olen) == 0);
-    free(out);
-    Kolo__SubmitJobRequest sub = KOLO__SUBMIT_JOB_REQUEST__INIT;
-    char *argv[] = {"true"};
-    sub.argv = argv;
-    sub.n_argv = 1;
-    sub.np = NP;
-    sub.hosts = "report-host:2";
-    REQUIRE(call("AdminService.SubmitJob", &sub.base, &out, &olen) == 0);
-    Kolo__SubmitJobReply *rep = kolo__submit_job_reply__unpack(NULL, olen, out);
-    REQUIRE(rep);
-    job_id = rep->job_id;
-    kolo__submit_job_reply__free_unpacked(rep, NULL);
-    free(out);
+    job_id = harness_submit_job(coord_rpc_url(coord), "report-host", NP);
 }
 
 static uint64_t dropped[NP];
@@ -175,12 +152,6 @@ int main(void)
     kolo__get_epochs_reply__free_unpacked(rep, NULL);
     free(out);
     coord_stop(coord);
-    const char *suffixes[] = {"", "-wal", "-shm"};
-    for (int i = 0; i < 3; i++) {
-        char path[300];
-        snprintf(path, sizeof path, "%s%s", dbpath, suffixes[i]);
-        unlink(path);
-    }
-    rmdir(dir);
+    test_remove_db(dbpath, dir);
     TEST_DONE();
 }

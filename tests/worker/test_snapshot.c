@@ -17,6 +17,7 @@
 #include "kolo.pb-c.h"
 #include "rpc.h"
 #include "test.h"
+#include "coord_harness.h"
 #include "util.h"
 
 #define NP 2
@@ -46,42 +47,9 @@ static void start_coord(void)
 
 static void make_job(void)
 {
-    struct rpc_client *cli;
-    struct rpc_client_config cc = {.url = coord_rpc_url(coord), .identity = "test"};
-    REQUIRE(rpc_client_open(&cli, &cc) == 0);
-    char err[512], inst[32], hosts[48];
     static int jobs;
-    random_hex(inst, 8);
     snprintf(host_id, sizeof host_id, "snap-host-%d", ++jobs);
-    snprintf(hosts, sizeof hosts, "%s:%d", host_id, NP);
-    Kolo__RegisterRequest reg = KOLO__REGISTER_REQUEST__INIT;
-    reg.host_id = host_id;
-    reg.name = host_id;
-    reg.hostname = host_id;
-    reg.addr = "127.0.0.1";
-    reg.slots = NP;
-    reg.agent_instance = inst;
-    uint8_t buf[512];
-    size_t len = kolo__register_request__pack(&reg, buf);
-    void *out;
-    size_t olen;
-    REQUIRE(rpc_client_call(cli, "AgentService.RegisterHost", buf, len, &out, &olen, 3000, err,
-                            sizeof err) == 0);
-    free(out);
-    Kolo__SubmitJobRequest sub = KOLO__SUBMIT_JOB_REQUEST__INIT;
-    char *argv[] = {"true"};
-    sub.argv = argv;
-    sub.n_argv = 1;
-    sub.np = NP;
-    sub.hosts = hosts;
-    len = kolo__submit_job_request__pack(&sub, buf);
-    REQUIRE(rpc_client_call(cli, "AdminService.SubmitJob", buf, len, &out, &olen, 3000, err,
-                            sizeof err) == 0);
-    Kolo__SubmitJobReply *rep = kolo__submit_job_reply__unpack(NULL, olen, out);
-    job_id = rep->job_id;
-    kolo__submit_job_reply__free_unpacked(rep, NULL);
-    free(out);
-    rpc_client_close(cli);
+    job_id = harness_submit_job(coord_rpc_url(coord), host_id, NP);
 }
 
 static kolo_ctx *join(int rank)
@@ -312,12 +280,6 @@ int main(void)
     make_job();
     phase2_restart();
     coord_stop(coord);
-    const char *suffixes[] = {"", "-wal", "-shm"};
-    for (int i = 0; i < 3; i++) {
-        char path[300];
-        snprintf(path, sizeof path, "%s%s", dbpath, suffixes[i]);
-        unlink(path);
-    }
-    rmdir(dir);
+    test_remove_db(dbpath, dir);
     TEST_DONE();
 }
