@@ -45,6 +45,21 @@ uint64_t now_mono_us(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+int array_room(void *array, size_t n, size_t *cap, size_t elem, size_t first)
+{
+    if (n < *cap)
+        return 0;
+    void *v;
+    memcpy(&v, array, sizeof v); /* any T *, without aliasing it as void * */
+    size_t ncap = *cap ? *cap * 2 : first;
+    void *nv = realloc(v, ncap * elem);
+    if (!nv)
+        return -1;
+    memcpy(array, &nv, sizeof nv);
+    *cap = ncap;
+    return 0;
+}
+
 void mono_deadline(struct timespec *ts, uint64_t ms)
 {
     clock_gettime(CLOCK_MONOTONIC, ts);

@@ -33,6 +33,11 @@ int addr_is_loopback(const char *addr);
 int mkdir_p(const char *path);
 /* str_hash: FNV-1a of a NUL-terminated string, for hash tables. */
 uint64_t str_hash(const char *s);
+/* array_room makes room for one more element in the array whose pointer
+ * is at `array` (the address of a `T *`; n in use, *cap allocated, elem
+ * bytes each), doubling from `first`; 0, or -1 when out of memory (the
+ * array is then unchanged). */
+int array_room(void *array, size_t n, size_t *cap, size_t elem, size_t first);
 /* str_copy copies with truncation, always NUL-terminates; returns dst. */
 char *str_copy(char *dst, const char *src, size_t size);
 

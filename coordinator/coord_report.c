@@ -303,15 +303,9 @@ struct ep_rows {
 static int collect_row(const struct store_epoch *e, void *arg)
 {
     struct ep_rows *rs = arg;
-    if (rs->n == rs->cap) {
-        size_t cap = rs->cap ? rs->cap * 2 : 64;
-        struct ep_row *nv = realloc(rs->v, cap * sizeof *nv);
-        if (!nv) {
-            rs->oom = true;
-            return KOLO_ENOMEM;
-        }
-        rs->v = nv;
-        rs->cap = cap;
+    if (array_room(&rs->v, rs->n, &rs->cap, sizeof *rs->v, 64) != 0) {
+        rs->oom = true;
+        return KOLO_ENOMEM;
     }
     struct ep_row *r = &rs->v[rs->n];
     *r =
@@ -346,14 +340,8 @@ static int collect_gen(uint64_t generation, const char *cause, int size, uint64_
     (void)cause;
     (void)ts_ms;
     struct gen_sizes *gs = arg;
-    if (gs->n == gs->cap) {
-        size_t cap = gs->cap ? gs->cap * 2 : 16;
-        struct gen_size *nv = realloc(gs->v, cap * sizeof *nv);
-        if (!nv)
-            return KOLO_ENOMEM;
-        gs->v = nv;
-        gs->cap = cap;
-    }
+    if (array_room(&gs->v, gs->n, &gs->cap, sizeof *gs->v, 16) != 0)
+        return KOLO_ENOMEM;
     gs->v[gs->n++] = (struct gen_size){generation, size};
     return 0;
 }
@@ -701,15 +689,9 @@ struct step_rows {
 static int collect_step(const struct store_step *s, void *arg)
 {
     struct step_rows *sr = arg;
-    if (sr->n == sr->cap) {
-        size_t cap = sr->cap ? sr->cap * 2 : 256;
-        struct step_row *nv = realloc(sr->v, cap * sizeof *nv);
-        if (!nv) {
-            sr->oom = true;
-            return KOLO_ENOMEM;
-        }
-        sr->v = nv;
-        sr->cap = cap;
+    if (array_room(&sr->v, sr->n, &sr->cap, sizeof *sr->v, 256) != 0) {
+        sr->oom = true;
+        return KOLO_ENOMEM;
     }
     struct step_row *r = &sr->v[sr->n++];
     str_copy(r->host, s->host_id ? s->host_id : "", sizeof r->host);

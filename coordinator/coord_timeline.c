@@ -374,14 +374,8 @@ void coord_timeline_ready(struct timeline *tl, const char *name, const char *op,
             tl->ops_len -= tl->ops_head;
             tl->ops_head = 0;
         }
-        if (tl->ops_len == tl->ops_cap) {
-            size_t cap = tl->ops_cap ? tl->ops_cap * 2 : 64;
-            struct tl_op *no = realloc(tl->ops, cap * sizeof(*no));
-            if (!no)
-                return;
-            tl->ops = no;
-            tl->ops_cap = cap;
-        }
+        if (array_room(&tl->ops, tl->ops_len, &tl->ops_cap, sizeof(*tl->ops), 64) != 0)
+            return;
     }
     tl->ops[tl->ops_len++] = (struct tl_op){index, pid, args ? strdup(args) : NULL};
 }

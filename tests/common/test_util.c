@@ -200,10 +200,34 @@ static void cleanup(void)
         fprintf(stderr, "could not remove %s\n", tmpdir);
 }
 
+static void test_array_room(void)
+{
+    struct pair {
+        int a;
+        double b;
+    } *v = NULL;
+    size_t n = 0, cap = 0;
+    for (int i = 0; i < 1000; i++) {
+        REQUIRE(array_room(&v, n, &cap, sizeof *v, 4) == 0);
+        CHECK(cap > n && (cap == 4 || cap % 4 == 0));
+        v[n++] = (struct pair){i, i * 0.5};
+    }
+    CHECK(cap == 1024);
+    int bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += v[i].a != (int)i || v[i].b != (double)i * 0.5;
+    CHECK_EQ_INT(bad, 0);
+    struct pair *before = v;
+    REQUIRE(array_room(&v, 10, &cap, sizeof *v, 4) == 0); /* room already */
+    CHECK(v == before && cap == 1024);
+    free(v);
+}
+
 int main(void)
 {
     REQUIRE(mkdtemp(tmpdir) != NULL);
     test_clocks_and_random();
+    test_array_room();
     test_read_files();
     test_token_file();
     test_loopback();
