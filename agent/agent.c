@@ -350,11 +350,7 @@ int agent_start(struct agent **out, const struct agent_config *cfg, char *err, s
     pthread_mutex_init(&a->mu, NULL);
     /* Timed waits on the cond are deadlines: measure them on the
      * monotonic clock so a wall-clock step cannot stretch them. */
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&a->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    cond_init_monotonic(&a->cond);
     outbox_init(&a->outbox, AGENT_OUTBOX_CAP);
     a->pid = (int)getpid();
 

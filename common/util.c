@@ -60,6 +60,15 @@ int array_room(void *array, size_t n, size_t *cap, size_t elem, size_t first)
     return 0;
 }
 
+void cond_init_monotonic(pthread_cond_t *cond)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cond, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
 void mono_deadline(struct timespec *ts, uint64_t ms)
 {
     clock_gettime(CLOCK_MONOTONIC, ts);

@@ -4,6 +4,7 @@
 #ifndef KOLO_COMMON_UTIL_H
 #define KOLO_COMMON_UTIL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -11,6 +12,10 @@
 uint64_t now_mono_ms(void);
 /* now_mono_us: the same clock in microseconds, for short intervals. */
 uint64_t now_mono_us(void);
+/* cond_init_monotonic initialises a condition variable whose timed waits
+ * use CLOCK_MONOTONIC (deadlines from mono_deadline), so a step of the
+ * wall clock cannot stretch or cut them. */
+void cond_init_monotonic(pthread_cond_t *cond);
 /* mono_deadline sets *ts to ms milliseconds from now on CLOCK_MONOTONIC,
  * for pthread_cond_timedwait on a condition set to that clock. */
 struct timespec;

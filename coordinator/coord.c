@@ -306,11 +306,7 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
     if (c->cfg.stop_grace_ms <= 0)
         c->cfg.stop_grace_ms = 5000;
     pthread_mutex_init(&c->mtx, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    cond_init_monotonic(&c->cond);
     random_hex(c->instance, 8);
     c->started_ms = now_wall_ms();
 

@@ -260,11 +260,7 @@ static struct tl_sink *sink_start(FILE *f, const char *path)
     k->f = f;
     atomic_init(&k->bytes, 0);
     pthread_mutex_init(&k->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&k->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    cond_init_monotonic(&k->cv);
     pthread_t t;
     pthread_attr_t a;
     pthread_attr_init(&a);

@@ -855,12 +855,8 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
         return KOLO_ENOMEM;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->wake, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->done, &ca);
-    pthread_cond_init(&c->watch_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    cond_init_monotonic(&c->done);
+    cond_init_monotonic(&c->watch_cv);
     c->gpu_join_device = -1;
     c->job = cfg->job_id;
     c->generation = cfg->generation;

@@ -226,11 +226,7 @@ static struct gpu *gpu_new(const struct gpu_libs *g, int dev)
     gp->g = g;
     gp->device = dev;
     pthread_mutex_init(&gp->fmu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&gp->fcv, &ca);
-    pthread_condattr_destroy(&ca);
+    cond_init_monotonic(&gp->fcv);
     return gp;
 }
 

@@ -116,11 +116,7 @@ static struct report *report_get(struct kolo_ctx *c, int *code)
         return NULL;
     }
     pthread_mutex_init(&r->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&r->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    cond_init_monotonic(&r->cv);
     r->started_epoch = -1;
     /* Without a coordinator there is nobody to send to: reports are
      * accepted and dropped (solo programs need not check). */
