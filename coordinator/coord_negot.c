@@ -71,10 +71,10 @@ struct entry {
     char *name;
     uint32_t cache_id;
     struct treq **reqs; /* [size]; NULL = not yet submitted */
-    uint8_t *borrowed;  /* [size]; 1 = reqs[r] is the cache template */
+    uint8_t *borrowed;  /* [size]; 1 = reqs[r] is the cache template (in reqs' block) */
     int count;
     uint64_t first_mono;
-    uint64_t *arrive_us; /* [size]; when each rank's request came in */
+    uint64_t *arrive_us; /* [size]; when each rank's request came in (in reqs' block) */
     bool warned;
     struct entry *hnext;
     struct entry *prev, *next; /* pending list, arrival order */
@@ -217,9 +217,7 @@ static void entry_free(struct negot *n, struct entry *e)
     for (int r = 0; r < n->size; r++)
         if (!e->borrowed[r])
             treq_free(e->reqs[r]);
-    free(e->reqs);
-    free(e->borrowed);
-    free(e->arrive_us);
+    free(e->reqs); /* and arrive_us, borrowed: one block */
     free(e->name);
     free(e);
 }
@@ -257,17 +255,17 @@ static struct entry *negot_add(struct negot *n, const char *name)
     if (!e)
         return NULL;
     e->name = strdup(name);
-    e->reqs = calloc((size_t)n->size, sizeof(*e->reqs));
-    e->borrowed = calloc((size_t)n->size, 1);
-    e->arrive_us = calloc((size_t)n->size, sizeof(*e->arrive_us));
-    if (!e->name || !e->reqs || !e->borrowed || !e->arrive_us) {
+    /* the per-rank arrays in one block: requests, arrival times, flags */
+    size_t per_rank = sizeof(*e->reqs) + sizeof(*e->arrive_us) + sizeof(*e->borrowed);
+    e->reqs = calloc((size_t)n->size, per_rank);
+    if (!e->name || !e->reqs) {
         free(e->name);
         free(e->reqs);
-        free(e->borrowed);
-        free(e->arrive_us);
         free(e);
         return NULL;
     }
+    e->arrive_us = (uint64_t *)(e->reqs + n->size);
+    e->borrowed = (uint8_t *)(e->arrive_us + n->size);
     e->first_mono = now_mono_ms();
     uint64_t b = str_hash(name) % NEGOT_BUCKETS;
     e->hnext = n->buckets[b];
