@@ -746,19 +746,30 @@ void coord_straggler_flags(const double *lag, int n, bool *slow)
 {
     for (int r = 0; r < n; r++)
         slow[r] = false;
-    double *others = n >= 2 ? malloc((size_t)n * sizeof(*others)) : NULL;
-    if (!others)
+    double *sorted = n >= 2 ? malloc((size_t)n * sizeof(*sorted)) : NULL;
+    if (!sorted)
         return;
+    memcpy(sorted, lag, (size_t)n * sizeof(*sorted));
+    qsort(sorted, (size_t)n, sizeof(*sorted), cmp_dbl);
+    int k = n - 1; /* the others */
     for (int r = 0; r < n; r++) {
-        int k = 0;
-        for (int q = 0; q < n; q++)
-            if (q != r)
-                others[k++] = lag[q];
-        qsort(others, (size_t)k, sizeof(*others), cmp_dbl);
-        double med = k % 2 ? others[k / 2] : (others[k / 2 - 1] + others[k / 2]) / 2;
+        /* the others, sorted, are `sorted` without one copy of lag[r]:
+         * their i-th is sorted[i] before that copy, sorted[i + 1] after */
+        int pos = 0;
+        for (int lo = 0, hi = n - 1; lo <= hi;) {
+            int mid = (lo + hi) / 2;
+            if (sorted[mid] < lag[r]) {
+                lo = mid + 1;
+            } else {
+                pos = mid;
+                hi = mid - 1;
+            }
+        }
+        int a = k / 2 - (k % 2 == 0), b = k / 2;
+        double med = (sorted[a < pos ? a : a + 1] + sorted[b < pos ? b : b + 1]) / 2;
         slow[r] = lag[r] >= STRAGGLER_MIN_S && lag[r] >= STRAGGLER_RATIO * med;
     }
-    free(others);
+    free(sorted);
 }
 
 static bool stragglers(const struct job *j, double *lag, bool *slow)
