@@ -838,3 +838,25 @@ bool jw_json_text(struct jw *w, const char *text)
     json_free(v);
     return true;
 }
+
+bool json_object_ok(const char *text, size_t max, const char *field, char *why, size_t whylen)
+{
+    size_t len = strlen(text);
+    if (len == 0)
+        return true;
+    if (len > max) {
+        snprintf(why, whylen, "%s of %zu bytes exceeds %zu", field, len, max);
+        return false;
+    }
+    struct json *root = NULL;
+    char err[200];
+    if (json_parse(text, len, &root, err, sizeof err) != 0) {
+        snprintf(why, whylen, "%s is not JSON: %s", field, err);
+        return false;
+    }
+    bool ok = root->type == JSON_OBJECT;
+    json_free(root);
+    if (!ok)
+        snprintf(why, whylen, "%s must be a JSON object", field);
+    return ok;
+}

@@ -70,6 +70,9 @@ struct json {
 /* json_parse returns 0 and *out, or an error with a message in err. */
 int json_parse(const char *text, size_t len, struct json **out, char *err, size_t errlen);
 void json_free(struct json *v);
+/* json_object_ok accepts "" or a JSON object of at most max bytes; else
+ * false with a message naming `field` in why. */
+bool json_object_ok(const char *text, size_t max, const char *field, char *why, size_t whylen);
 /* json_get returns the member named key of an object, or NULL. */
 const struct json *json_get(const struct json *obj, const char *key);
 /* json_at returns element i of an array, or NULL. */

@@ -128,29 +128,6 @@ static void report_fail(struct coord *c, struct rpc_call *call, int code, const 
     rpc_call_error(call, code, "%s", msg);
 }
 
-/* valid_metrics accepts "" or a JSON object of bounded size. */
-static bool valid_metrics(const char *text, char *why, size_t whylen)
-{
-    size_t len = strlen(text);
-    if (len == 0)
-        return true;
-    if (len > REPORT_MAX_METRICS) {
-        snprintf(why, whylen, "metrics_json of %zu bytes exceeds %d", len, REPORT_MAX_METRICS);
-        return false;
-    }
-    struct json *root = NULL;
-    char err[160];
-    if (json_parse(text, len, &root, err, sizeof err) != 0) {
-        snprintf(why, whylen, "metrics_json is not JSON: %s", err);
-        return false;
-    }
-    bool ok = root->type == JSON_OBJECT;
-    json_free(root);
-    if (!ok)
-        snprintf(why, whylen, "metrics_json must be a JSON object");
-    return ok;
-}
-
 /* check_report validates the whole batch before anything is stored. */
 static bool check_report(const Kolo__WorkerReportRequest *m, char *why, size_t whylen)
 {
@@ -171,7 +148,7 @@ static bool check_report(const Kolo__WorkerReportRequest *m, char *why, size_t w
                      i, e->epoch, e->phase, e->samples, e->ts_ms, e->start_ms);
             return false;
         }
-        if (!valid_metrics(e->metrics_json, why, whylen))
+        if (!json_object_ok(e->metrics_json, REPORT_MAX_METRICS, "metrics_json", why, whylen))
             return false;
     }
     for (size_t i = 0; i < m->n_steps; i++) {

@@ -257,30 +257,6 @@ static int copy_found(const struct store_snapshot *s, void *arg)
     return f->meta_json ? 0 : KOLO_ENOMEM;
 }
 
-/* valid_meta accepts "" (as {}) or a JSON object of bounded size. */
-static bool valid_meta(const char *text, char *why, size_t whylen)
-{
-    size_t len = strlen(text);
-    if (len == 0)
-        return true;
-    if (len > SNAP_MAX_META) {
-        snprintf(why, whylen, "meta_json of %zu bytes exceeds %u", len, SNAP_MAX_META);
-        return false;
-    }
-    struct json *root = NULL;
-    char err[200];
-    if (json_parse(text, len, &root, err, sizeof err) != 0) {
-        snprintf(why, whylen, "meta_json is not JSON: %s", err);
-        return false;
-    }
-    bool ok = root->type == JSON_OBJECT;
-    json_free(root);
-    if (!ok)
-        snprintf(why, whylen, "meta_json must be a JSON object");
-    return ok;
-}
-
-
 /* ---------------------------------------------------------------- commit */
 
 /* The snapshot writer: one thread, its own store connection, a queue of
@@ -532,7 +508,7 @@ static struct snap_upload *upload_start(struct coord *c, struct rpc_call *call,
 {
     const struct rpc_frame *f = rpc_call_frame(call);
     char why[300];
-    if (!valid_meta(m->meta_json, why, sizeof why)) {
+    if (!json_object_ok(m->meta_json, SNAP_MAX_META, "meta_json", why, sizeof why)) {
         put_fail(c, call, true, KOLO_EPROTO, "%s", why);
         return NULL;
     }

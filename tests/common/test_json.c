@@ -371,8 +371,22 @@ static void test_round_trip(void)
     buf_free(&two);
 }
 
+static void test_object_ok(void)
+{
+    char why[256] = "";
+    CHECK(json_object_ok("", 10, "meta", why, sizeof why));
+    CHECK(json_object_ok("{\"a\":1}", 10, "meta", why, sizeof why));
+    CHECK(!json_object_ok("{\"a\":12345678}", 10, "meta", why, sizeof why));
+    CHECK(strstr(why, "meta of 14 bytes exceeds 10") != NULL);
+    CHECK(!json_object_ok("[1]", 10, "meta", why, sizeof why));
+    CHECK(strstr(why, "meta must be a JSON object") != NULL);
+    CHECK(!json_object_ok("{nope", 10, "meta", why, sizeof why));
+    CHECK(strstr(why, "meta is not JSON") != NULL);
+}
+
 int main(void)
 {
+    test_object_ok();
     test_writer();
     test_parse_valid();
     test_parse_invalid();
