@@ -13,6 +13,17 @@
 #include "rpc.h"
 #include "util.h"
 
+/* A client speaking as rank `rank` of generation `gen` of job `job`. */
+static inline struct rpc_client *harness_client(const char *url, uint64_t job, uint64_t gen,
+                                                int rank)
+{
+    struct rpc_client *cli = NULL;
+    struct rpc_client_config cc = {
+        .url = url, .identity = "test", .job_id = job, .generation = gen, .rank = rank};
+    REQUIRE(rpc_client_open(&cli, &cc) == 0);
+    return cli;
+}
+
 static inline void harness_call(struct rpc_client *cli, const char *method,
                                 const ProtobufCMessage *req, void **out, size_t *olen)
 {
@@ -30,9 +41,7 @@ static inline void harness_call(struct rpc_client *cli, const char *method,
  * it; returns the job's id. */
 static inline uint64_t harness_submit_job(const char *url, const char *host_id, int np)
 {
-    struct rpc_client *cli;
-    struct rpc_client_config cc = {.url = url, .identity = "test"};
-    REQUIRE(rpc_client_open(&cli, &cc) == 0);
+    struct rpc_client *cli = harness_client(url, 0, 0, 0);
     char inst[32], hosts[160];
     random_hex(inst, 8);
     Kolo__RegisterRequest reg = KOLO__REGISTER_REQUEST__INIT;

@@ -49,14 +49,7 @@ static struct coord *start(void)
 
 static struct rpc_client *client(uint64_t job, uint64_t gen, int rank)
 {
-    struct rpc_client *cli = NULL;
-    struct rpc_client_config cc = {.url = coord_rpc_url(coord),
-                                   .identity = "report-test",
-                                   .job_id = job,
-                                   .generation = gen,
-                                   .rank = rank};
-    REQUIRE(rpc_client_open(&cli, &cc) == 0);
-    return cli;
+    return harness_client(coord_rpc_url(coord), job, gen, rank);
 }
 
 static void make_job(void)

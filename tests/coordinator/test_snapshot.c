@@ -55,14 +55,7 @@ static struct coord *start(void)
 
 static struct rpc_client *client(uint64_t job, uint64_t gen, int rank)
 {
-    struct rpc_client *cli = NULL;
-    struct rpc_client_config cc = {.url = coord_rpc_url(coord),
-                                   .identity = "snap-test",
-                                   .job_id = job,
-                                   .generation = gen,
-                                   .rank = rank};
-    REQUIRE(rpc_client_open(&cli, &cc) == 0);
-    return cli;
+    return harness_client(coord_rpc_url(coord), job, gen, rank);
 }
 
 /* make_job registers a host and submits a running 2-rank job. */
