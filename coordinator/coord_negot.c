@@ -46,12 +46,14 @@
 #include "json.h"
 #include "kolo.pb-c.h"
 #include "log.h"
+#include "round.h"
 #include "util.h"
 
 #define NEGOT_BUCKETS 4096
 #define NEGOT_MAX_WAIT_MS 30000
 #define NEGOT_MAX_REPLY_BYTES (8u << 20)
-#define NEGOT_CACHE_MAX 65536
+/* ids 1..ROUND_MAX_ID: the ranks' readiness bitmaps cover them (round.h) */
+#define NEGOT_CACHE_MAX (ROUND_MAX_ID + 1)
 #define NEGOT_DEFAULT_FUSION (64ll << 20)
 #define STALL_WARN_MS 60000
 
@@ -279,6 +281,14 @@ static struct entry *negot_add(struct negot *n, const char *name)
     return e;
 }
 
+/* Only named tensors get a cache id: an auto-named op ("allreduce.noname.7",
+ * "kolo.barrier.3") never repeats its name, so an id for it would only
+ * grow every rank's readiness bitmap. */
+static bool cacheable(const char *name)
+{
+    return strstr(name, ".noname.") == NULL && strncmp(name, "kolo.barrier.", 13) != 0;
+}
+
 static uint32_t cache_lookup(struct negot *n, const char *name)
 {
     for (struct cname *c = n->cbuckets[str_hash(name) % NEGOT_BUCKETS]; c; c = c->next)
@@ -494,6 +504,17 @@ static int64_t elems(const struct treq *t, int from_dim)
     for (int i = from_dim; i < t->ndim; i++)
         n *= t->shape[i];
     return n;
+}
+
+static struct fusion_item fusion_of(const struct treq *t, int64_t bytes)
+{
+    struct fusion_item f = {.dtype = t->dtype,
+                            .op = t->op,
+                            .prescale = t->prescale,
+                            .postscale = t->postscale,
+                            .gpu = t->device >= 0,
+                            .bytes = bytes};
+    return f;
 }
 
 static bool same_shape(const struct treq *a, const struct treq *b)
@@ -766,13 +787,16 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
                 const struct treq *b = NULL;
                 for (int r = 0; r < n->size && !b; r++)
                     b = f->reqs[r];
-                if (!b || b->coll != KOLO_COLL_ALLREDUCE || b->dtype != a->dtype ||
-                    b->op != a->op || b->prescale != a->prescale ||
-                    b->postscale != a->postscale || (b->device < 0) != (a->device < 0))
+                if (!b || b->coll != KOLO_COLL_ALLREDUCE)
+                    break;
+                /* the rule the ranks' own rounds apply too (negotiation/round.h) */
+                int64_t fb = elems(b, 0) * (int64_t)dtype_sizes[b->dtype];
+                struct fusion_item fa = fusion_of(a, bytes), fi = fusion_of(b, fb);
+                if (!fusion_compatible(&fa, &fi) || n->fusion_threshold < 0 ||
+                    bytes + fb > n->fusion_threshold)
                     break;
                 check_entry(n, f, ferr, sizeof(ferr));
-                int64_t fb = elems(b, 0) * (int64_t)dtype_sizes[b->dtype];
-                if (ferr[0] || (n->fusion_threshold >= 0 && bytes + fb > n->fusion_threshold))
+                if (ferr[0])
                     break;
                 bytes += fb;
                 j++;
@@ -805,7 +829,7 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
             if (k > 1 && sizes)
                 sizes[x] = elems(b, 0);
             /* Cache clean allreduces run by every rank. */
-            if (b->coll == KOLO_COLL_ALLREDUCE && n->njoined == 0) {
+            if (b->coll == KOLO_COLL_ALLREDUCE && n->njoined == 0 && cacheable(f->name)) {
                 uint32_t id = f->cache_id ? f->cache_id : cache_lookup(n, f->name);
                 if (!id && n->ncache < NEGOT_CACHE_MAX) {
                     struct cname *cn = calloc(1, sizeof(*cn));
@@ -1034,6 +1058,7 @@ static void rendezvous_answer(struct negot *n, struct rpc_call *call)
         }
         rep.peers = ptrs;
         rep.n_peers = (size_t)n->size;
+        rep.fusion_threshold = n->fusion_threshold;
     }
     rep.nccl_id.data = n->nccl_id;
     rep.nccl_id.len = n->nccl_id_len;
@@ -1365,6 +1390,11 @@ static void negotiate_resume(struct coord *c, struct job *j, struct rpc_call *ca
         n->nresumed++;
     in->req = req;
     in->call = call;
+    /* The ranks keep the ids the old coordinator gave for their own
+     * readiness rounds: new ids start above all of them, so no id ever
+     * means two tensors. */
+    if (req->max_cache_id >= n->ncache && req->max_cache_id < NEGOT_CACHE_MAX)
+        n->ncache = req->max_cache_id + 1;
     LOGI("coord", "job %llu generation %llu: rank %d resumes at log index %llu (%d of %d)",
          (unsigned long long)j->id, (unsigned long long)n->generation, rank,
          (unsigned long long)req->cursor, n->nresumed, n->size);

@@ -23,6 +23,7 @@
 #ifndef KOLO_WORKER_COLL_H
 #define KOLO_WORKER_COLL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -57,6 +58,29 @@ struct coll_ops {
      * the generation: a peer is gone or partitioned). The coll is unusable
      * afterwards, except for destroy. */
     void (*interrupt)(struct coll *c);
+
+    /* ---- readiness rounds (the fast path, worker/fastpath.c) ----
+     * Optional: a backend without them leaves every op to the coordinator.
+     *
+     * round reduces vec (nwords 64-bit words, negotiation/round.h's
+     * layout) over the ranks in one exchange, in place; like every
+     * collective, each rank calls it in the same sequence. A rank that is
+     * idle learns that a peer started one through idle_wait. */
+    int (*round)(struct coll *c, uint64_t *vec, size_t nwords, uint64_t deadline);
+    /* peer_started: a peer began the next collective while this rank is
+     * between collectives (it can only be a round). Cheap: no system call
+     * on shared memory. */
+    bool (*peer_started)(struct coll *c);
+    /* The bell: bell_ring (any thread) makes idle_wait return; bell_seen
+     * is the value to hand idle_wait, taken before the caller looks at its
+     * own state, so a ring in between is never lost. One thread at a time
+     * may idle_wait. */
+    uint64_t (*bell_seen)(struct coll *c);
+    void (*bell_ring)(struct coll *c);
+    /* idle_wait returns 1 when the bell rang after seen or a peer started
+     * a round, 0 after timeout_ms (spinning briefly first where that is
+     * cheap), or a KOLO_E* code (negated) once the backend failed. */
+    int (*idle_wait)(struct coll *c, uint64_t seen, int timeout_ms);
 };
 
 struct coll {
@@ -64,6 +88,7 @@ struct coll {
     int rank, size;
     int failed;     /* sticky KOLO_E* */
     char why[160];  /* e.g. "rank 3 (pid 4242) exited" */
+    bool can_round; /* the readiness-round ops work on this instance */
 };
 
 /* ---- shmcoll: all ranks on one host ---- */

@@ -67,7 +67,7 @@ void ctx_wake(struct kolo_ctx *c)
 }
 
 /* Sets the sticky error and fails everything pending (mu held). */
-static void ctx_fail(struct kolo_ctx *c, int code, const char *msg)
+void ctx_fail(struct kolo_ctx *c, int code, const char *msg)
 {
     if (!c->sticky) {
         c->sticky = code;
@@ -229,6 +229,9 @@ static int rendezvous(struct kolo_ctx *c, const kolo_config *cfg, struct rdv *rv
             continue; /* the coordinator may be starting or restarting */
         if (rep->complete && rep->n_peers == (size_t)c->size) {
             rv->reply = rep;
+            /* rank 0's (0 from an older coordinator: ours) */
+            c->fused_threshold = rep->fusion_threshold ? rep->fusion_threshold
+                                                       : c->fusion_threshold;
             return 0;
         }
         kolo__rendezvous_reply__free_unpacked(rep, NULL);
@@ -442,13 +445,17 @@ static void hold_response(struct kolo_ctx *c, const Kolo__Response *x)
 static void resume_send(struct kolo_ctx *c)
 {
     c->resume = false;
-    /* Cache ids the old coordinator gave are void, also in the responses
-     * that arrived before it died and have not run yet. */
-    ops_cache_clear(c);
-    for (size_t i = 0; i < c->resp_cap; i++)
-        for (size_t k = 0; c->resp[i] && k < c->resp[i]->n_cache_ids; k++)
-            c->resp[i]->cache_ids[k] = 0;
-    c->exec_stale = c->executing;
+    /* Without readiness rounds, cache ids the old coordinator gave are
+     * void, also in the responses that arrived before it died and have not
+     * run yet. With them, the ranks keep their (identical) caches and the
+     * new coordinator's ids start above ours (max_cache_id). */
+    if (!c->fast) {
+        ops_cache_clear(c);
+        for (size_t i = 0; i < c->resp_cap; i++)
+            for (size_t k = 0; c->resp[i] && k < c->resp[i]->n_cache_ids; k++)
+                c->resp[i]->cache_ids[k] = 0;
+        c->exec_stale = c->executing;
+    }
     size_t nops = 0, nheld = 0;
     for (uint32_t s = 0; s < c->nslots; s++)
         nops += c->slots[s] && c->slots[s]->state != OP_DONE;
@@ -467,6 +474,15 @@ static void resume_send(struct kolo_ctx *c)
         struct op *o = c->slots[s];
         if (!o || o->state == OP_DONE)
             continue;
+        if (c->fast && o->cache_id && c->pending[o->cache_id] == o)
+            continue; /* the rounds agree on it */
+        if (c->fast && o->req.coll == KOLO_COLL_BARRIER && o->state == OP_SENT && !o->answered) {
+            bool fast_barrier = false;
+            for (struct op *b = c->bar_head; b && !fast_barrier; b = b->next)
+                fast_barrier = b == o;
+            if (fast_barrier)
+                continue;
+        }
         o->cache_id = 0;
         if (o->state == OP_QUEUED) {
             o->state = OP_SENT;
@@ -492,6 +508,7 @@ static void resume_send(struct kolo_ctx *c)
     req.requests = ptrs;
     req.n_requests = nr;
     req.resume = true;
+    req.max_cache_id = c->fast ? c->max_id : 0;
     req.held = held;
     req.n_held = nheld;
     req.wait_ms = WORKER_NEGOTIATE_WAIT_MS;
@@ -551,8 +568,10 @@ static void negotiate_done(void *arg, int code, const void *rep, size_t len, con
                 pthread_cond_signal(&c->watch_cv);
             }
             r->n_responses = 0;
-            if (r->next_cursor > c->cursor)
+            if (r->next_cursor > c->cursor) {
                 c->cursor = r->next_cursor;
+                fast_news(c); /* the rounds gate the log by the ranks' cursors */
+            }
             c->update_ms = r->hosts_updated_ms;
             c->update_kind = (int)r->hosts_update_kind;
             kolo__negotiate_reply__free_unpacked(r, NULL);
@@ -684,25 +703,32 @@ static void negotiate_send(struct kolo_ctx *c, bool shutdown, const char *reason
  */
 bool ctx_try_execute(struct kolo_ctx *c)
 {
+    if (c->fast)
+        return fast_try(c);
     if (c->executing || !c->resp_cap || !c->resp[0])
         return false;
-    Kolo__Response *r = c->resp[0];
-    memmove(c->resp, c->resp + 1, (c->resp_cap - 1) * sizeof(*c->resp));
-    c->resp[c->resp_cap - 1] = NULL;
-    c->resp_base++;
     c->executing = true;
-    c->exec_since = now_mono_ms();
-    c->exec_stale = false;
-    pthread_mutex_unlock(&c->mu);
-    exec_response(c, r);
-    kolo__response__free_unpacked(r, NULL);
-    pthread_mutex_lock(&c->mu);
+    ctx_run_log_entry(c);
     c->executing = false;
     c->exec_since = 0;
     /* the next response may be waiting for the token */
     pthread_cond_signal(&c->wake);
     pthread_cond_broadcast(&c->done);
     return true;
+}
+
+void ctx_run_log_entry(struct kolo_ctx *c)
+{
+    Kolo__Response *r = c->resp[0];
+    memmove(c->resp, c->resp + 1, (c->resp_cap - 1) * sizeof(*c->resp));
+    c->resp[c->resp_cap - 1] = NULL;
+    c->resp_base++;
+    c->exec_since = now_mono_ms();
+    c->exec_stale = false;
+    pthread_mutex_unlock(&c->mu);
+    exec_response(c, r);
+    kolo__response__free_unpacked(r, NULL);
+    pthread_mutex_lock(&c->mu);
 }
 
 static void *bg_main(void *arg)
@@ -729,6 +755,17 @@ static void *bg_main(void *arg)
         if (!c->sticky && !c->resume &&
             (c->q_head || (c->inflight > 0 && c->calls == 0 && !in_hand))) {
             negotiate_send(c, false, NULL);
+            continue;
+        }
+        if (c->fast && !c->sticky) {
+            /* Answer the peers' rounds while no user thread waits; while one
+             * does, it answers them and this thread only looks again every
+             * millisecond (no wake-up per operation). */
+            if (c->drivers == 0 && fast_idle(c, 100))
+                continue;
+            struct timespec ts;
+            mono_deadline(&ts, 1);
+            pthread_cond_timedwait(&c->wake, &c->mu, &ts);
             continue;
         }
         pthread_cond_wait(&c->wake, &c->mu);
@@ -783,6 +820,7 @@ static void ctx_free(struct kolo_ctx *c)
         free(c->history[i].bytes);
     free(c->fusion);
     free(c->zeros);
+    fast_free(c);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->wake);
     pthread_cond_destroy(&c->done);
@@ -900,7 +938,7 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
     } else if ((code = setup_data_plane(c, cfg, err, sizeof(err))) != 0) {
         LOGE("kolo", "rank %d: %s", c->rank, err);
     }
-    if (code) {
+    if (code || (code = fast_init(c)) != 0) {
         ctx_free(c);
         return code;
     }
@@ -911,8 +949,9 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
     c->bg_running = true;
     if (pthread_create(&c->watch, NULL, watch_main, c) == 0)
         c->watch_running = true;
-    LOGI("kolo", "rank %d of %d joined job %llu generation %llu (%s)", c->rank, c->size,
-         (unsigned long long)c->job, (unsigned long long)c->generation, c->coll->ops->name);
+    LOGI("kolo", "rank %d of %d joined job %llu generation %llu (%s, %s)", c->rank, c->size,
+         (unsigned long long)c->job, (unsigned long long)c->generation, c->coll->ops->name,
+         c->fast ? "readiness rounds" : "coordinator only");
     *out = c;
     return 0;
 }

@@ -293,6 +293,7 @@ void exec_response(struct kolo_ctx *c, const Kolo__Response *r)
             }
         }
         c->joined = false;
+        c->join_mode = false; /* the same log entry on every rank: rounds resume */
         c->gpu_join_device = -1;
         pthread_mutex_unlock(&c->mu);
         free(ops);

@@ -15,6 +15,7 @@
 
 #include "errors.h"
 #include "gpu.h"
+#include "round.h"
 #include "util.h"
 
 /* ---------------------------------------------------------------- handles */
@@ -148,6 +149,8 @@ void ops_free_all(struct kolo_ctx *c)
 
 void ops_cache_clear(struct kolo_ctx *c)
 {
+    if (c->by_id)
+        memset(c->by_id, 0, (ROUND_MAX_ID + 1) * sizeof(*c->by_id));
     for (int b = 0; b < NAME_BUCKETS; b++) {
         struct cache_sig *s = c->cache[b];
         while (s) {
@@ -170,6 +173,30 @@ static bool sig_matches(const struct cache_sig *s, const struct op *op)
            s->op == (uint32_t)r->op && s->ndim == r->ndim &&
            memcmp(s->shape, r->shape, (size_t)r->ndim * sizeof(int64_t)) == 0 &&
            s->prescale == r->prescale && s->postscale == r->postscale && s->device == r->device;
+}
+
+uint32_t ops_cache_id_of(struct kolo_ctx *c, const char *name)
+{
+    for (struct cache_sig *s = c->cache[str_hash(name) % NAME_BUCKETS]; s; s = s->next)
+        if (strcmp(s->name, name) == 0)
+            return s->id;
+    return 0;
+}
+
+void ops_cache_forget_id(struct kolo_ctx *c, uint32_t id)
+{
+    struct cache_sig *sig = c->by_id && id <= ROUND_MAX_ID ? c->by_id[id] : NULL;
+    if (!sig)
+        return;
+    struct cache_sig **pp = &c->cache[str_hash(sig->name) % NAME_BUCKETS];
+    while (*pp && *pp != sig)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = sig->next;
+    c->by_id[id] = NULL;
+    free(sig->name);
+    free(sig->shape);
+    free(sig);
 }
 
 uint32_t ops_cache_lookup(struct kolo_ctx *c, const struct op *op)
@@ -202,6 +229,15 @@ void ops_cache_put(struct kolo_ctx *c, const struct op *op, uint32_t id)
     memcpy(shape, op->req.shape, (size_t)op->req.ndim * sizeof(int64_t));
     free(s->shape);
     s->shape = shape;
+    if (c->by_id) {
+        if (s->id && s->id <= ROUND_MAX_ID && c->by_id[s->id] == s)
+            c->by_id[s->id] = NULL;
+        if (id <= ROUND_MAX_ID) {
+            c->by_id[id] = s;
+            if (id > c->max_id)
+                c->max_id = id;
+        }
+    }
     s->id = id;
     s->coll = op->req.coll;
     s->dtype = op->req.dtype;
@@ -393,17 +429,24 @@ int ops_submit(kolo_ctx *c, const kolo_request *reqs, int n, void *stream, kolo_
         op->group_size = (uint32_t)n;
         if (op->req.coll != KOLO_COLL_JOIN)
             name_add(c, op);
-        if (op->req.coll == KOLO_COLL_ALLREDUCE && !c->joined)
+        handles[i] = op->handle;
+        /* A cached allreduce or a barrier: agreed by the ranks' rounds. */
+        if (fast_submit(c, op))
+            continue;
+        /* Otherwise the coordinator negotiates it; a cached allreduce goes
+         * by its id where the coordinator's cache path applies. */
+        if (op->req.coll == KOLO_COLL_ALLREDUCE && !c->joined && (!c->fast || c->join_mode))
             op->cache_id = ops_cache_lookup(c, op);
-        if (op->req.coll == KOLO_COLL_JOIN)
+        if (op->req.coll == KOLO_COLL_JOIN) {
             c->joined = true;
+            fast_news(c); /* the JOIN flag goes out at the next round */
+        }
         op->state = OP_QUEUED;
         if (c->q_tail)
             c->q_tail->next = op;
         else
             c->q_head = op;
         c->q_tail = op;
-        handles[i] = op->handle;
     }
     ctx_send_queued(c);
 out:
@@ -438,15 +481,37 @@ int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
         pthread_mutex_unlock(&c->mu);
         return KOLO_ENOTFOUND;
     }
+    c->drivers++;
     while (op->state != OP_DONE) {
         if (ctx_try_execute(c))
             continue;
+        /* Fast path: wait for a peer's round or local news right here, so
+         * the round runs on this thread without a hand-off. */
+        if (c->fast) {
+            uint64_t now = now_mono_ms(), end = (uint64_t)ts.tv_sec * 1000 +
+                                                  (uint64_t)ts.tv_nsec / 1000000;
+            if (timeout_ms >= 0 && now >= end)
+                break;
+            int slice = timeout_ms >= 0 && end - now < 100 ? (int)(end - now) : 100;
+            if (fast_idle(c, slice))
+                continue;
+            if (c->idling) /* the background thread: hand the place over */
+                c->coll->ops->bell_ring(c->coll);
+            /* it broadcasts done when it leaves; the bound is a safety net */
+            struct timespec brief;
+            mono_deadline(&brief, 50);
+            pthread_cond_timedwait(&c->done, &c->mu, &brief);
+            continue;
+        }
         int rv = timeout_ms >= 0 ? pthread_cond_timedwait(&c->done, &c->mu, &ts)
                                  : pthread_cond_wait(&c->done, &c->mu);
-        if (rv == ETIMEDOUT && op->state != OP_DONE) {
-            pthread_mutex_unlock(&c->mu);
-            return KOLO_ETIMEDOUT;
-        }
+        if (rv == ETIMEDOUT && op->state != OP_DONE)
+            break;
+    }
+    c->drivers--;
+    if (op->state != OP_DONE) {
+        pthread_mutex_unlock(&c->mu);
+        return KOLO_ETIMEDOUT;
     }
     int status = op->status;
     if (status)

@@ -60,6 +60,9 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <stdatomic.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +71,7 @@
 
 #include "coll.h"
 #include "reduce.h"
+#include "round.h"
 #include "transport.h"
 #include "util.h"
 
@@ -99,6 +103,10 @@ struct ring {
     size_t *off, *len;    /* per-rank segment layout of the current call, bytes */
     unsigned char *scratch;
     size_t scratch_cap;
+    /* the bell (coll.h): an eventfd next to the peers' fds in idle_wait */
+    int bell_fd;
+    _Atomic uint64_t bell;
+    struct pollfd *pfd; /* size: the bell and every peer */
 };
 
 static const struct coll_ops ring_ops;
@@ -595,11 +603,30 @@ static int flow_ring_init(struct flow *f, struct ring *rg, enum flow_kind kind, 
  * higher run" from the same two operands: the same bits on both sides.
  * After log2(p) rounds every virtual rank holds the total, and the odd
  * ranks of the fold hand it back to their even partners. */
-static int allreduce_rd(struct ring *rg, kolo_dtype dtype, kolo_op op, unsigned char *out,
-                        size_t count, uint64_t deadline)
+/* What recursive doubling reduces: elements of a dtype with an op, or
+ * (round set) a readiness round's vector of count 64-bit words with
+ * round_reduce, whose fields are exact and commutative. */
+struct rd_op {
+    kolo_dtype dtype;
+    kolo_op op;
+    bool round;
+};
+
+/* out = lower OP higher, where one of them is out. */
+static void rd_combine(const struct rd_op *o, unsigned char *out, const unsigned char *lower,
+                       const unsigned char *higher, size_t count)
+{
+    if (o->round)
+        round_reduce((uint64_t *)out, (const uint64_t *)(lower == out ? higher : lower), count);
+    else
+        reduce_two(o->dtype, o->op, out, lower, higher, count);
+}
+
+static int allreduce_rd(struct ring *rg, const struct rd_op *o, unsigned char *out, size_t count,
+                        uint64_t deadline)
 {
     int n = rg->c.size, r = rg->c.rank, err;
-    size_t bytes = count * kolo_dtype_size(dtype);
+    size_t bytes = count * (o->round ? sizeof(uint64_t) : kolo_dtype_size(o->dtype));
     unsigned char *tmp = ring_scratch(rg, bytes);
     if (!tmp)
         return ring_fail(rg, KOLO_ENOMEM, -1, "scratch");
@@ -609,14 +636,28 @@ static int allreduce_rd(struct ring *rg, kolo_dtype dtype, kolo_op op, unsigned 
     int rem = n - p, vr;
 
     if (r < 2 * rem) {
-        if (r % 2 == 0) {
+        if (r % 2 == 0 && o->round) {
+            /* A round may find the odd partner idle, and only a message
+             * wakes it: both sides of the fold send (the odd one keeps
+             * what it received, the even one drops it). */
+            struct xport *x = rg->peers[r + 1];
+            if ((err = xport_sendrecv(x, out, bytes, x, tmp, bytes, deadline)))
+                return ring_fail(rg, err, r + 1, "round exchanging with");
+            vr = -1;
+        } else if (r % 2 == 0) {
             if ((err = xport_send(rg->peers[r + 1], out, bytes, deadline)))
                 return ring_fail(rg, err, r + 1, "allreduce sending to");
             vr = -1;
+        } else if (o->round) {
+            struct xport *x = rg->peers[r - 1];
+            if ((err = xport_sendrecv(x, out, bytes, x, tmp, bytes, deadline)))
+                return ring_fail(rg, err, r - 1, "round exchanging with");
+            rd_combine(o, out, tmp, out, count);
+            vr = r / 2;
         } else {
             if ((err = xport_recv(rg->peers[r - 1], tmp, bytes, deadline)))
                 return ring_fail(rg, err, r - 1, "allreduce receiving from");
-            reduce_two(dtype, op, out, tmp, out, count);
+            rd_combine(o, out, tmp, out, count);
             vr = r / 2;
         }
     } else {
@@ -630,9 +671,9 @@ static int allreduce_rd(struct ring *rg, kolo_dtype dtype, kolo_op op, unsigned 
         if ((err = xport_sendrecv(x, out, bytes, x, tmp, bytes, deadline)))
             return ring_fail(rg, err, peer, "allreduce exchanging with");
         if (vpeer < vr)
-            reduce_two(dtype, op, out, tmp, out, count);
+            rd_combine(o, out, tmp, out, count);
         else
-            reduce_two(dtype, op, out, out, tmp, count);
+            rd_combine(o, out, out, tmp, count);
     }
 
     if (r < 2 * rem) {
@@ -706,7 +747,8 @@ static int ring_allreduce(struct coll *c, kolo_dtype dtype, kolo_op op, const vo
     if (rg->mesh && bytes <= allreduce_small_max(c->size)) {
         if (in != out)
             memcpy(out, in, bytes);
-        err = allreduce_rd(rg, dtype, op, out, count, deadline);
+        struct rd_op o = {.dtype = dtype, .op = op};
+        err = allreduce_rd(rg, &o, out, count, deadline);
     } else {
         err = allreduce_ring(rg, dtype, op, in, out, count, deadline);
     }
@@ -953,6 +995,110 @@ static int ring_barrier(struct coll *c, uint64_t deadline)
     return ring_done(rg, err);
 }
 
+/* ------------------------------------------------------------ readiness rounds */
+
+/* A readiness round is recursive doubling of the vector with
+ * round_reduce. An idle peer learns of it from the first round message
+ * that reaches it (idle_wait polls every connection): it joins the round
+ * and runs the schedule from its first step, which is the message it was
+ * woken by. Between collectives nothing else can arrive, because every
+ * rank runs the same sequence of rounds and operations. */
+static int ring_round(struct coll *c, uint64_t *vec, size_t nwords, uint64_t deadline)
+{
+    struct ring *rg = (struct ring *)c;
+    if (!vec || nwords < ROUND_HDR || !rg->mesh)
+        return KOLO_EINVAL;
+    int err = ring_start(rg, deadline);
+    if (err || c->size == 1)
+        return ring_done(rg, err);
+    struct rd_op o = {.round = true};
+    return ring_done(rg, allreduce_rd(rg, &o, (unsigned char *)vec, nwords, deadline));
+}
+
+/* Arms every peer connection for reading into rg->pfd[1..]; returns how
+ * many pollfds (the bell first) are set. */
+static int ring_arm_all(struct ring *rg)
+{
+    int m = 0;
+    rg->pfd[m].fd = rg->bell_fd;
+    rg->pfd[m].events = POLLIN;
+    rg->pfd[m++].revents = 0;
+    for (int r = 0; r < rg->c.size; r++) {
+        struct xport *x = rg->peers[r];
+        if (!x)
+            continue;
+        short ev = POLLIN;
+        int fd = x->ops->arm(x, false, true, &ev);
+        if (fd < 0)
+            continue;
+        rg->pfd[m].fd = fd;
+        rg->pfd[m].events = ev;
+        rg->pfd[m++].revents = 0;
+    }
+    return m;
+}
+
+static void ring_disarm_all(struct ring *rg)
+{
+    for (int r = 0; r < rg->c.size; r++) {
+        struct xport *x = rg->peers[r];
+        if (x && x->ops->disarm)
+            x->ops->disarm(x);
+    }
+}
+
+/* idle_wait's poll: 1 when a peer connection has something (data, or a
+ * close: the round that follows fails and names it), 2 when the bell
+ * rang, 0 on timeout. */
+static int ring_poll(struct ring *rg, int timeout_ms)
+{
+    int m = ring_arm_all(rg);
+    int n = poll(rg->pfd, (nfds_t)m, timeout_ms);
+    ring_disarm_all(rg);
+    if (n <= 0)
+        return 0;
+    for (int i = 1; i < m; i++)
+        if (rg->pfd[i].revents)
+            return 1;
+    return rg->pfd[0].revents ? 2 : 0;
+}
+
+static bool ring_peer_started(struct coll *c)
+{
+    struct ring *rg = (struct ring *)c;
+    return !c->failed && c->size > 1 && ring_poll(rg, 0) == 1;
+}
+
+static uint64_t ring_bell_seen(struct coll *c)
+{
+    struct ring *rg = (struct ring *)c;
+    uint64_t drain;
+    /* Only the one idle waiter reads the eventfd, so draining it here
+     * cannot steal another waiter's wake-up. */
+    while (read(rg->bell_fd, &drain, sizeof drain) > 0) {
+    }
+    return atomic_load(&rg->bell);
+}
+
+static void ring_bell_ring(struct coll *c)
+{
+    struct ring *rg = (struct ring *)c;
+    uint64_t one = 1;
+    atomic_fetch_add(&rg->bell, 1);
+    ssize_t w = write(rg->bell_fd, &one, sizeof one);
+    (void)w; /* EAGAIN: the counter is already non-zero, which is all that matters */
+}
+
+static int ring_idle_wait(struct coll *c, uint64_t seen, int timeout_ms)
+{
+    struct ring *rg = (struct ring *)c;
+    if (c->failed)
+        return -c->failed;
+    if (atomic_load(&rg->bell) != seen)
+        return 1;
+    return ring_poll(rg, timeout_ms) ? 1 : 0;
+}
+
 /* -------------------------------------------------------------------- setup */
 
 static void ring_destroy(struct coll *c)
@@ -961,6 +1107,9 @@ static void ring_destroy(struct coll *c)
     if (!rg)
         return;
     ring_close_all(rg);
+    if (rg->bell_fd >= 0)
+        close(rg->bell_fd);
+    free(rg->pfd);
     free(rg->peers);
     free(rg->off);
     free(rg->len);
@@ -986,6 +1135,11 @@ static const struct coll_ops ring_ops = {
     .reducescatter = ring_reducescatter,
     .barrier = ring_barrier,
     .destroy = ring_destroy,
+    .round = ring_round,
+    .peer_started = ring_peer_started,
+    .bell_seen = ring_bell_seen,
+    .bell_ring = ring_bell_ring,
+    .idle_wait = ring_idle_wait,
 };
 
 /* ring_create needs at least the ring neighbours; with every other rank
@@ -1005,7 +1159,12 @@ int ring_create(int rank, int size, struct xport **peers, struct coll **out)
     rg->peers = calloc((size_t)size, sizeof *rg->peers);
     rg->off = calloc((size_t)size, sizeof *rg->off);
     rg->len = calloc((size_t)size, sizeof *rg->len);
-    if (!rg->peers || !rg->off || !rg->len) {
+    rg->pfd = calloc((size_t)size + 1, sizeof *rg->pfd);
+    rg->bell_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (!rg->peers || !rg->off || !rg->len || !rg->pfd || rg->bell_fd < 0) {
+        if (rg->bell_fd >= 0)
+            close(rg->bell_fd);
+        free(rg->pfd);
         free(rg->peers);
         free(rg->off);
         free(rg->len);
@@ -1021,6 +1180,7 @@ int ring_create(int rank, int size, struct xport **peers, struct coll **out)
         if (r != rank && !peers[r])
             rg->mesh = false;
     }
+    rg->c.can_round = rg->mesh; /* rounds use recursive doubling */
     *out = &rg->c;
     return 0;
 }

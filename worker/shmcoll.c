@@ -87,6 +87,7 @@
 #include <unistd.h>
 
 #include "reduce.h"
+#include "round.h"
 #include "util.h"
 
 #define SHM_MAGIC   0x314c4f434d48534bULL /* "KSHMCOL1" */
@@ -138,7 +139,11 @@ struct shm_ctrl {
     _Atomic uint32_t state;    /* SHM_STATE_* */
     int32_t pid;
     unsigned char inl[2][SHM_INLINE];
-    unsigned char pad[SHM_CTRL_BYTES - 16 - 2 * SHM_INLINE];
+    /* The rank's bell (coll.h: idle_wait): peers ring it when they start a
+     * readiness round, its own threads when they have news; futex word. */
+    _Atomic uint32_t bell;
+    _Atomic uint32_t bell_sleepers;
+    unsigned char pad[SHM_CTRL_BYTES - 24 - 2 * SHM_INLINE];
 };
 
 _Static_assert(sizeof(struct shm_ctrl) == SHM_CTRL_BYTES, "control block size");
@@ -995,6 +1000,121 @@ static int shm_reducescatter(struct coll *c, kolo_dtype dtype, kolo_op op, const
     return 0;
 }
 
+/* ------------------------------------------------------------------ readiness rounds */
+
+static void bell_ring_rank(struct shmcoll *s, int r)
+{
+    struct shm_ctrl *cr = ctrl_of(s, r);
+    atomic_fetch_add_explicit(&cr->bell, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&cr->bell_sleepers, memory_order_seq_cst) != 0)
+        futex_wake_all(&cr->bell);
+}
+
+/*
+ * A readiness round is the flat allreduce of a vector of 64-bit words,
+ * with round_reduce (negotiation/round.h) for the reduction: one post,
+ * one wait for every peer, every rank reducing all slots itself. After
+ * its post a rank rings every peer's bell, so a peer that sits idle (no
+ * collective of its own to run) wakes up and takes part at once; the
+ * bell costs a FUTEX_WAKE only when the peer sleeps on it.
+ */
+static int shm_round(struct coll *c, uint64_t *vec, size_t nwords, uint64_t deadline)
+{
+    struct shmcoll *s = (struct shmcoll *)c;
+    int erc = shm_enter(s);
+    if (erc)
+        return erc;
+    size_t bytes = nwords * sizeof(uint64_t);
+    if (!vec || nwords < ROUND_HDR || bytes > s->small)
+        return KOLO_EINVAL;
+    if (s->n == 1)
+        return 0;
+    int p = (int)(s->smallseq++ & 1);
+    bool inl = bytes <= SHM_INLINE;
+    int rc = shm_wait_all(s, s->small_free_at[p], deadline);
+    if (rc)
+        return rc;
+    memcpy(inl ? ctrl_of(s, s->me)->inl[p] : small_of(s, s->me, p), vec, bytes);
+    shm_post(s);
+    uint64_t e = s->ev;
+    s->small_free_at[p] = e + 1;
+    for (int j = 0; j < s->n; j++)
+        if (j != s->me)
+            bell_ring_rank(s, j);
+    if ((rc = shm_wait_all(s, e, deadline)) != 0)
+        return rc;
+    for (int j = 0; j < s->n; j++)
+        if (j != s->me)
+            round_reduce(vec, (const uint64_t *)(inl ? ctrl_of(s, j)->inl[p] : small_of(s, j, p)),
+                         nwords);
+    return 0;
+}
+
+/* Between collectives every rank has posted the same number of events, so
+ * a peer that posted more has started the next one. */
+static bool shm_peer_started(struct coll *c)
+{
+    struct shmcoll *s = (struct shmcoll *)c;
+    uint32_t next = (uint32_t)(s->ev + 1);
+    for (int j = 0; j < s->n; j++)
+        if (j != s->me &&
+            reached(atomic_load_explicit(&ctrl_of(s, j)->events, memory_order_acquire), next))
+            return true;
+    return false;
+}
+
+static uint64_t shm_bell_seen(struct coll *c)
+{
+    struct shmcoll *s = (struct shmcoll *)c;
+    return atomic_load_explicit(&ctrl_of(s, s->me)->bell, memory_order_seq_cst);
+}
+
+static void shm_bell_ring(struct coll *c)
+{
+    struct shmcoll *s = (struct shmcoll *)c;
+    bell_ring_rank(s, s->me);
+}
+
+static bool idle_news(struct shmcoll *s, uint32_t seen)
+{
+    return atomic_load_explicit(&ctrl_of(s, s->me)->bell, memory_order_acquire) != seen ||
+           shm_peer_started(&s->c);
+}
+
+/* Spins like shm_wait_peer (not at all when ranks outnumber CPUs), then
+ * sleeps on this rank's bell. A failure of the group shows at the next
+ * collective, as without rounds. */
+static int shm_idle_wait(struct coll *c, uint64_t seen64, int timeout_ms)
+{
+    struct shmcoll *s = (struct shmcoll *)c;
+    struct shm_ctrl *me = ctrl_of(s, s->me);
+    uint32_t seen = (uint32_t)seen64;
+    if (s->c.failed)
+        return -s->c.failed;
+    if (idle_news(s, seen))
+        return 1;
+    if (s->spin_ns) {
+        uint64_t t0 = now_ns();
+        for (unsigned i = 1;; i++) {
+            cpu_relax();
+            if (idle_news(s, seen))
+                return 1;
+            if ((i & 63) == 0 && now_ns() - t0 >= s->spin_ns)
+                break;
+        }
+    }
+    if (timeout_ms <= 0)
+        return 0;
+    atomic_fetch_add_explicit(&me->bell_sleepers, 1, memory_order_seq_cst);
+    int news = idle_news(s, seen);
+    if (!news) {
+        futex_wait(&me->bell, seen, (uint64_t)timeout_ms);
+        news = idle_news(s, seen);
+    }
+    atomic_fetch_sub_explicit(&me->bell_sleepers, 1, memory_order_seq_cst);
+    return news;
+}
+
 /* ------------------------------------------------------------------ barrier */
 
 static int shm_barrier(struct coll *c, uint64_t deadline)
@@ -1059,6 +1179,11 @@ static const struct coll_ops shm_ops = {
     .reducescatter = shm_reducescatter,
     .barrier = shm_barrier,
     .destroy = shm_destroy,
+    .round = shm_round,
+    .peer_started = shm_peer_started,
+    .bell_seen = shm_bell_seen,
+    .bell_ring = shm_bell_ring,
+    .idle_wait = shm_idle_wait,
 };
 
 /* The segment's layout for n ranks, computed by the creator and stored in
@@ -1086,6 +1211,7 @@ static int shm_new(const char *name, int rank, int size, struct shmcoll **out)
     if (!s)
         return KOLO_ENOMEM;
     s->c.ops = &shm_ops;
+    s->c.can_round = true;
     s->c.rank = s->me = rank;
     s->c.size = s->n = size;
     if (name[0] == '/')

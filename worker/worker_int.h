@@ -40,6 +40,7 @@ struct op {
     int64_t *shape;
     int32_t *splits;
     uint32_t cache_id; /* submitted by cache id */
+    uint64_t fast_since; /* monotonic ms it began waiting in rounds */
     bool answered;     /* its response has arrived (it may not have run yet) */
     uint64_t group;
     uint32_t group_size;
@@ -152,6 +153,26 @@ struct kolo_ctx {
     /* ---- report.c (issue 6): its own lock; created on the first report ---- */
     struct report *report;
 
+    /* ---- the fast path (fastpath.c): readiness rounds; under mu ---- */
+    bool fast;         /* rounds on: KOLO_FAST_PATH != 0 and the backend has them */
+    bool fast_dirty;   /* something new to contribute since the last round */
+    bool join_mode;    /* a rank joined: every op goes through the coordinator */
+    bool idling;       /* a thread sits in coll->idle_wait (one at a time) */
+    int drivers;       /* user threads inside kolo_wait */
+    uint64_t round;    /* rounds completed */
+    uint64_t cache_epoch;
+    uint32_t max_id;             /* largest cache id held */
+    struct cache_sig **by_id;    /* [ROUND_MAX_ID + 1] */
+    struct op **pending;         /* [ROUND_MAX_ID + 1]: the op waiting under each id */
+    uint64_t ready_bits[64];     /* ids pending here (bit 0: a barrier) */
+    uint64_t invalid_bits[64];   /* ids to drop everywhere at the next round */
+    struct op *bar_head, *bar_tail; /* barriers waiting for the barrier bit */
+    int64_t fast_stall_ms;       /* a cached op pending this long is invalidated */
+    uint64_t fast_last_stall_check;
+    uint64_t *vec;               /* the round vector (executor only) */
+    int64_t fused_threshold;     /* rank 0's, from the rendezvous */
+    uint64_t fast_rounds, fast_agreed; /* counters, for tests and debugging */
+
     /* ---- background thread only ---- */
     void *fusion;
     size_t fusion_cap;
@@ -166,6 +187,11 @@ void ctx_set_error(struct kolo_ctx *c, const char *fmt, ...) __attribute__((form
 int ctx_error(struct kolo_ctx *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void ctx_wake(struct kolo_ctx *c);
+/* ctx_fail sets the sticky error and fails everything pending (mu held). */
+void ctx_fail(struct kolo_ctx *c, int code, const char *msg);
+/* ctx_run_log_entry executes the next response of the log, which must
+ * have arrived (mu and the executor token held; mu released meanwhile). */
+void ctx_run_log_entry(struct kolo_ctx *c);
 void ctx_send_queued(struct kolo_ctx *c);
 bool ctx_try_execute(struct kolo_ctx *c);
 
@@ -179,6 +205,10 @@ uint32_t ops_cache_lookup(struct kolo_ctx *c, const struct op *op);
 void ops_cache_put(struct kolo_ctx *c, const struct op *op, uint32_t id);
 /* ops_cache_clear forgets every cache id (the coordinator lost its cache). */
 void ops_cache_clear(struct kolo_ctx *c);
+/* ops_cache_id_of: the id name is cached under, whatever its signature (0: none). */
+uint32_t ops_cache_id_of(struct kolo_ctx *c, const char *name);
+/* ops_cache_forget_id drops the signature cached under id. */
+void ops_cache_forget_id(struct kolo_ctx *c, uint32_t id);
 
 /* ops.c: kolo_submit with the stream GPU requests wait on (gpu.h) */
 int ops_submit(struct kolo_ctx *c, const kolo_request *reqs, int n, void *stream,
@@ -193,6 +223,25 @@ void snapshot_ctx_free(struct kolo_ctx *c);
  * (mu not held); ctx_free frees it. */
 void report_ctx_stop(struct kolo_ctx *c);
 void report_ctx_free(struct kolo_ctx *c);
+
+/* fastpath.c: readiness rounds among the ranks (docs/design.md) */
+int fast_init(struct kolo_ctx *c);   /* after the data plane is up */
+void fast_free(struct kolo_ctx *c);
+/* fast_submit classifies a new op (mu held): true when the fast path took
+ * it (a cached allreduce, or a barrier); false: it goes to the
+ * coordinator, with op->cache_id set where the coordinator's cache path
+ * applies (join mode). */
+bool fast_submit(struct kolo_ctx *c, struct op *op);
+/* fast_try runs one round and its outcome if there is a reason to (mu
+ * held; takes the executor token); false when there was nothing to do. */
+bool fast_try(struct kolo_ctx *c);
+/* fast_idle waits in the backend's idle_wait for up to ms (mu held,
+ * released meanwhile), if no other thread does; false if it did not. */
+bool fast_idle(struct kolo_ctx *c, int ms);
+/* fast_news: a local event worth a round (mu held). */
+void fast_news(struct kolo_ctx *c);
+/* fast_cache_drop forgets an id's signature (mu held). */
+void fast_cache_drop(struct kolo_ctx *c, uint32_t id);
 
 /* exec.c (background thread, mu not held) */
 void exec_response(struct kolo_ctx *c, const Kolo__Response *r);

@@ -1,0 +1,145 @@
+/*
+ * test_round.c - the readiness round's reduction and the fusion rule
+ * (negotiation/round.h), as tables of cases.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "round.h"
+#include "test.h"
+
+/* Ranks' contributions reduced in every order of a few permutations give
+ * the same bits, and each field is reduced by its own rule. */
+static void test_reduce_fields(void)
+{
+    enum { N = 4, W = 3 };
+    uint64_t v[N][ROUND_HDR + 2 * W];
+    uint64_t cursors[N] = {17, 9, 12, 9};
+    uint64_t flags[N] = {0, ROUND_F_JOIN, 0, ROUND_F_LEFT};
+    for (int r = 0; r < N; r++) {
+        round_init(v[r], 5, 2, W, cursors[r], flags[r]);
+        /* id 3 and id 70 ready everywhere; id 130 everywhere but rank 2;
+         * the barrier bit on all; rank 1 invalidates id 64. */
+        round_set(round_ready(v[r]), 0);
+        round_set(round_ready(v[r]), 3);
+        round_set(round_ready(v[r]), 70);
+        if (r != 2)
+            round_set(round_ready(v[r]), 130);
+        if (r == 1)
+            round_set(round_invalid(v[r]), 64);
+    }
+    int orders[3][N] = {{0, 1, 2, 3}, {3, 2, 1, 0}, {2, 0, 3, 1}};
+    uint64_t first[ROUND_HDR + 2 * W];
+    for (int o = 0; o < 3; o++) {
+        uint64_t acc[ROUND_HDR + 2 * W];
+        memcpy(acc, v[orders[o][0]], sizeof acc);
+        for (int i = 1; i < N; i++)
+            round_reduce(acc, v[orders[o][i]], ROUND_HDR + 2 * W);
+        char why[256];
+        CHECK_EQ_INT(round_check(acc, 5, 2, W, why, sizeof why), 0);
+        CHECK_EQ_INT(acc[ROUND_CURSOR], 9);
+        CHECK_EQ_INT(acc[ROUND_FLAGS], ROUND_F_JOIN | ROUND_F_LEFT);
+        uint64_t *ready = round_ready(acc), *invalid = round_invalid(acc);
+        CHECK(round_test(ready, 0));
+        CHECK(round_test(ready, 3));
+        CHECK(round_test(ready, 70));
+        CHECK(!round_test(ready, 130));
+        CHECK(round_test(invalid, 64));
+        CHECK(!round_test(invalid, 3));
+        if (o == 0)
+            memcpy(first, acc, sizeof acc);
+        else
+            CHECK(memcmp(first, acc, sizeof acc) == 0);
+    }
+}
+
+/* Ranks out of step: a different round, cache epoch or bitmap size is
+ * caught by the MIN/MAX pairs, whichever rank is the odd one. */
+static void test_check_out_of_step(void)
+{
+    struct {
+        uint64_t k, epoch;
+        uint32_t w;
+        int ok;
+    } odd[] = {
+        {7, 1, 2, 1}, /* the same as the others */
+        {8, 1, 2, 0}, /* one round ahead */
+        {6, 1, 2, 0}, /* one behind */
+        {7, 2, 2, 0}, /* another cache epoch */
+    };
+    for (size_t c = 0; c < sizeof odd / sizeof odd[0]; c++) {
+        uint64_t a[ROUND_HDR + 4], b[ROUND_HDR + 4];
+        round_init(a, 7, 1, 2, 0, 0);
+        round_init(b, odd[c].k, odd[c].epoch, odd[c].w, 0, 0);
+        round_reduce(a, b, ROUND_HDR + 4);
+        char why[256] = "";
+        int rc = round_check(a, 7, 1, 2, why, sizeof why);
+        CHECK_EQ_INT(rc == 0, odd[c].ok);
+        if (!odd[c].ok)
+            CHECK(strstr(why, "out of step") != NULL);
+    }
+    /* Another bitmap size: the header says so even when the words differ. */
+    uint64_t a[ROUND_HDR + 4], b[ROUND_HDR + 4];
+    round_init(a, 7, 1, 2, 0, 0);
+    round_init(b, 7, 1, 1, 0, 0);
+    round_reduce(a, b, ROUND_HDR + 4);
+    char why[256];
+    CHECK(round_check(a, 7, 1, 2, why, sizeof why) != 0);
+}
+
+static void test_sizes(void)
+{
+    CHECK_EQ_INT(round_bitmap_words(0), 1);
+    CHECK_EQ_INT(round_bitmap_words(63), 1);
+    CHECK_EQ_INT(round_bitmap_words(64), 2);
+    CHECK_EQ_INT(round_bitmap_words(ROUND_MAX_ID), 64);
+    CHECK_EQ_INT(round_words(3), ROUND_HDR + 6);
+}
+
+/* The fusion rule: the table of cases Horovod's fusion follows. */
+static void test_fusion(void)
+{
+    struct fusion_item f32 = {.dtype = 7, .op = 0, .prescale = 1, .postscale = 1, .bytes = 400};
+    struct fusion_item f64 = f32, avg = f32, pre = f32, gpu = f32, big = f32;
+    f64.dtype = 8;
+    avg.op = 1;
+    pre.prescale = 0.5;
+    gpu.gpu = true;
+    big.bytes = 1000;
+    struct {
+        const char *what;
+        struct fusion_item items[4];
+        size_t n;
+        int64_t threshold;
+        size_t want;
+    } cases[] = {
+        {"all alike", {f32, f32, f32, f32}, 4, 1 << 20, 4},
+        {"threshold stops", {f32, f32, f32, f32}, 4, 1000, 2},
+        {"exactly the threshold", {f32, f32, f32}, 3, 1200, 3},
+        {"other dtype stops", {f32, f32, f64, f32}, 4, 1 << 20, 2},
+        {"other op stops", {f32, avg}, 2, 1 << 20, 1},
+        {"other prescale stops", {f32, pre}, 2, 1 << 20, 1},
+        {"device stops", {f32, gpu}, 2, 1 << 20, 1},
+        {"one bigger than the threshold", {big, f32}, 2, 500, 1},
+        {"fusion off", {f32, f32}, 2, -1, 1},
+        {"threshold 0 still runs one", {f32, f32}, 2, 0, 1},
+        {"nothing", {f32}, 0, 100, 0},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        size_t got = fusion_run(cases[c].items, cases[c].n, cases[c].threshold);
+        if (got != cases[c].want)
+            fprintf(stderr, "fusion case '%s': %zu, want %zu\n", cases[c].what, got,
+                    cases[c].want);
+        CHECK_EQ_INT(got, cases[c].want);
+    }
+}
+
+int main(void)
+{
+    test_reduce_fields();
+    test_check_out_of_step();
+    test_sizes();
+    test_fusion();
+    TEST_DONE();
+}

@@ -1,0 +1,425 @@
+/*
+ * fastpath.c - readiness rounds: the ranks agree among themselves on
+ * which cached tensors are ready, without the coordinator.
+ *
+ * DESIGN (docs/design.md, "Negotiation"; the rules are negotiation/round.h)
+ *
+ * Once the coordinator's log gave an allreduce a cache id, submitting it
+ * again with the same signature only sets its bit in this rank's ready
+ * bitmap. A round reduces every rank's vector in one exchange over the
+ * data plane (coll.h: round); from the same reduced vector every rank
+ * derives the same outcome, in this order:
+ *   1. ids whose bit some rank set in invalid are dropped from every
+ *      cache; an op waiting under such an id goes to the coordinator in
+ *      full (a changed signature then meets check_entry's error text, a
+ *      stalled one the stall inspector);
+ *   2. with the JOIN flag, join mode starts: every waiting op goes to the
+ *      coordinator, which handles joined ranks as before;
+ *   3. ready_AND & ~invalid_OR runs in ascending id order, fused by the
+ *      coordinator's rule and rank 0's threshold;
+ *   4. the barrier bit completes one barrier on every rank;
+ *   5. the coordinator's log entries below cursor_MIN run.
+ * Caches change only in steps 1 and 5, at the same point of the same round
+ * on every rank, so a tensor is a hit on every rank or on none.
+ *
+ * Rounds are event-driven: a rank starts one when it has something new
+ * (a submission, log entries, an invalid bit, the JOIN flag) or when a
+ * peer started one; an idle rank learns that through the backend's
+ * idle_wait (shared memory: a bell word and the peers' event counters;
+ * TCP: the first round message on a socket). There is no cycle and no
+ * traffic while nothing happens.
+ *
+ * Threads: whoever holds the executor token (ctx.c) runs rounds: a user
+ * thread blocked in kolo_wait (no thread hand-off on the path of a small
+ * op), or the background thread when nobody waits. One thread at a time
+ * sits in idle_wait (c->idling); the background thread gives the place up
+ * to a user thread that waits.
+ */
+#include "worker_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "log.h"
+#include "round.h"
+#include "util.h"
+
+#define FAST_STALL_MAX_MS 10000
+/* How long a rank whose round failed because a peer left waits for the
+ * coordinator's shutdown entry, whose text (Horovod's) it then reports. */
+#define FAST_LEFT_WAIT_MS 1000
+
+int fast_init(struct kolo_ctx *c)
+{
+    const char *v = getenv("KOLO_FAST_PATH");
+    bool want = !(v && v[0] == '0');
+    c->by_id = calloc(ROUND_MAX_ID + 1, sizeof(*c->by_id));
+    c->pending = calloc(ROUND_MAX_ID + 1, sizeof(*c->pending));
+    c->vec = calloc(round_words(64), sizeof(uint64_t));
+    if (!c->by_id || !c->pending || !c->vec)
+        return KOLO_ENOMEM;
+    c->fast = want && c->coll && c->coll->can_round && c->coll->ops->round;
+    /* One barrier first: it also reads what set-up left on the data plane
+     * (TCP's in-band answer to the hello), which idle_wait would take for
+     * a peer's round. */
+    if (c->size > 1 && c->coll) {
+        int rc = c->coll->ops->barrier(c->coll, now_mono_ms() + (uint64_t)c->timeout_ms);
+        if (rc) {
+            LOGE("kolo", "rank %d: the first barrier failed: %s", c->rank,
+                 c->coll->why[0] ? c->coll->why : kolo_strerror(rc));
+            return rc;
+        }
+    }
+    /* Horovod invalidates a cached tensor pending longer than the stall
+     * warning; half of it (at most 10 s) leaves the coordinator's
+     * inspector time to name the missing ranks before it warns. */
+    int64_t warn = c->stall_warning_ms == 0 ? 60000 : c->stall_warning_ms;
+    c->fast_stall_ms = warn < 0 ? -1 : (warn / 2 < FAST_STALL_MAX_MS ? warn / 2 : FAST_STALL_MAX_MS);
+    return 0;
+}
+
+void fast_free(struct kolo_ctx *c)
+{
+    free(c->by_id);
+    free(c->pending);
+    free(c->vec);
+    c->by_id = NULL;
+    c->pending = NULL;
+    c->vec = NULL;
+}
+
+void fast_news(struct kolo_ctx *c)
+{
+    if (!c->fast)
+        return;
+    c->fast_dirty = true;
+    if (c->idling)
+        c->coll->ops->bell_ring(c->coll);
+}
+
+void fast_cache_drop(struct kolo_ctx *c, uint32_t id)
+{
+    if (c->by_id && id && id <= ROUND_MAX_ID)
+        c->by_id[id] = NULL;
+}
+
+/* ---------------------------------------------------------------- classify */
+
+static void ready_clear(struct kolo_ctx *c, uint32_t id)
+{
+    c->ready_bits[id / 64] &= ~(1ull << (id % 64));
+}
+
+/* Sends a waiting op to the coordinator: in full, or by its cache id in
+ * join mode (the coordinator's cache path handles joined ranks). */
+static void to_slow_path(struct kolo_ctx *c, struct op *op, bool keep_id)
+{
+    if (op->cache_id && c->pending[op->cache_id] == op) {
+        c->pending[op->cache_id] = NULL;
+        ready_clear(c, op->cache_id);
+    }
+    if (!keep_id)
+        op->cache_id = 0;
+    if (op->state == OP_SENT)
+        c->inflight--;
+    op->state = OP_QUEUED;
+    op->next = NULL;
+    if (c->q_tail)
+        c->q_tail->next = op;
+    else
+        c->q_head = op;
+    c->q_tail = op;
+}
+
+bool fast_submit(struct kolo_ctx *c, struct op *op)
+{
+    if (!c->fast || c->join_mode || c->joined)
+        return false;
+    if (op->req.coll == KOLO_COLL_BARRIER) {
+        op->next = NULL;
+        if (c->bar_tail)
+            c->bar_tail->next = op;
+        else
+            c->bar_head = op;
+        c->bar_tail = op;
+        c->ready_bits[0] |= 1;
+    } else if (op->req.coll == KOLO_COLL_ALLREDUCE) {
+        uint32_t id = ops_cache_lookup(c, op);
+        if (!id) {
+            /* Known under another signature: drop the id everywhere at the
+             * next round; this op goes to the coordinator in full. */
+            uint32_t old = ops_cache_id_of(c, op->name);
+            if (old) {
+                round_set(c->invalid_bits, old);
+                fast_news(c);
+            }
+            return false;
+        }
+        if (id > ROUND_MAX_ID || c->pending[id])
+            return false;
+        op->cache_id = id;
+        op->fast_since = now_mono_ms();
+        c->pending[id] = op;
+        round_set(c->ready_bits, id);
+    } else {
+        return false;
+    }
+    op->state = OP_SENT;
+    c->inflight++;
+    fast_news(c);
+    return true;
+}
+
+/* ---------------------------------------------------------------- the round */
+
+/* Cached ops pending longer than the stall limit: invalid at the next
+ * round, so the coordinator's stall inspector sees them (mu held). */
+static void check_stalls(struct kolo_ctx *c)
+{
+    if (c->fast_stall_ms < 0)
+        return;
+    uint64_t now = now_mono_ms();
+    if (now - c->fast_last_stall_check < 100)
+        return;
+    c->fast_last_stall_check = now;
+    for (uint32_t id = 1; id <= c->max_id; id++) {
+        struct op *op = c->pending[id];
+        if (op && now - op->fast_since > (uint64_t)c->fast_stall_ms &&
+            !round_test(c->invalid_bits, id)) {
+            LOGI("kolo", "rank %d: %s waited %llu ms for the other ranks; asking the "
+                 "coordinator", c->rank, op->name, (unsigned long long)(now - op->fast_since));
+            round_set(c->invalid_bits, id);
+            c->fast_dirty = true;
+        }
+    }
+}
+
+/* A round failed: the generation is over for this rank. When a peer left
+ * or died, the coordinator's log is about to say why in Horovod's words
+ * (a shutdown entry); wait a moment for it and report that. */
+static void round_failed(struct kolo_ctx *c, int rc)
+{
+    char why[512];
+    snprintf(why, sizeof(why), "%s", c->coll->why[0] ? c->coll->why : kolo_strerror(rc));
+    struct timespec ts;
+    mono_deadline(&ts, FAST_LEFT_WAIT_MS);
+    for (;;) {
+        for (size_t i = 0; i < c->resp_cap; i++) {
+            Kolo__Response *r = c->resp[i];
+            if (r && r->shutdown) {
+                ctx_fail(c, r->error_code ? r->error_code : KOLO_ESHUTDOWN, r->error);
+                return;
+            }
+        }
+        if (c->sticky || c->stopping ||
+            pthread_cond_timedwait(&c->done, &c->mu, &ts) != 0)
+            break;
+    }
+    ctx_fail(c, rc, why);
+}
+
+/* One fused response of agreed ids, run like a log entry (mu not held). */
+static void run_agreed(struct kolo_ctx *c, struct op **ops, size_t n)
+{
+    char **names = calloc(n, sizeof(*names));
+    int64_t *sizes = calloc(n, sizeof(*sizes));
+    if (!names || !sizes) {
+        free(names);
+        free(sizes);
+        exec_finish(c, ops, n, KOLO_ENOMEM, "out of memory", NULL, 0);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        names[i] = ops[i]->name;
+        int64_t count = 1;
+        for (int d = 0; d < ops[i]->req.ndim; d++)
+            count *= ops[i]->req.shape[d];
+        sizes[i] = count;
+    }
+    Kolo__Response r = KOLO__RESPONSE__INIT;
+    r.coll = KOLO_COLL_ALLREDUCE;
+    r.names = names;
+    r.n_names = n;
+    r.dtype = (uint32_t)ops[0]->req.dtype;
+    r.op = (uint32_t)ops[0]->req.op;
+    r.prescale = ops[0]->req.prescale;
+    r.postscale = ops[0]->req.postscale;
+    r.sizes = sizes;
+    r.n_sizes = n;
+    exec_response(c, &r);
+    free(names);
+    free(sizes);
+}
+
+static struct fusion_item fusion_of(const struct op *op)
+{
+    int64_t count = 1;
+    for (int d = 0; d < op->req.ndim; d++)
+        count *= op->req.shape[d];
+    struct fusion_item f = {.dtype = (uint32_t)op->req.dtype,
+                            .op = (uint32_t)op->req.op,
+                            .prescale = op->req.prescale,
+                            .postscale = op->req.postscale,
+                            .gpu = op->req.device >= 0,
+                            .bytes = count * (int64_t)kolo_dtype_size(op->req.dtype)};
+    return f;
+}
+
+/*
+ * One round and its outcome (mu and the token held; mu released during the
+ * exchange and while ops run). See DESIGN above for the order.
+ */
+static void fast_round(struct kolo_ctx *c)
+{
+    check_stalls(c);
+    uint32_t w = round_bitmap_words(c->max_id);
+    size_t nwords = round_words(w);
+    uint64_t k = c->round + 1, flags = c->joined ? ROUND_F_JOIN : 0;
+    uint64_t *v = c->vec;
+    round_init(v, k, c->cache_epoch, w, c->cursor, flags);
+    memcpy(round_ready(v), c->ready_bits, w * sizeof(uint64_t));
+    memcpy(round_invalid(v), c->invalid_bits, w * sizeof(uint64_t));
+    c->fast_dirty = false;
+    uint64_t deadline = now_mono_ms() + (uint64_t)c->timeout_ms;
+    pthread_mutex_unlock(&c->mu);
+    int rc = c->coll->ops->round(c->coll, v, nwords, deadline);
+    pthread_mutex_lock(&c->mu);
+    if (rc) {
+        round_failed(c, rc);
+        return;
+    }
+    char why[300];
+    if (round_check(v, k, c->cache_epoch, w, why, sizeof(why)) != 0) {
+        ctx_fail(c, KOLO_EPROTO, why);
+        return;
+    }
+    c->round = k;
+    c->fast_rounds++;
+    uint64_t *ready = round_ready(v), *invalid = round_invalid(v);
+
+    /* 1. invalidated ids leave every cache; their ops go in full */
+    for (uint32_t i = 0; i < w; i++) {
+        for (uint64_t bits = invalid[i]; bits; bits &= bits - 1) {
+            uint32_t id = i * 64 + (uint32_t)__builtin_ctzll(bits);
+            c->invalid_bits[i] &= ~(1ull << (id % 64));
+            struct op *op = c->pending[id];
+            ops_cache_forget_id(c, id);
+            if (op)
+                to_slow_path(c, op, false);
+        }
+    }
+    /* 2. join mode: everything waiting goes to the coordinator */
+    if ((v[ROUND_FLAGS] & ROUND_F_JOIN) && !c->join_mode) {
+        c->join_mode = true;
+        for (uint32_t id = 1; id <= c->max_id; id++)
+            if (c->pending[id] && !round_test(ready, id))
+                to_slow_path(c, c->pending[id], true);
+        while (c->bar_head && !round_test(ready, 0)) {
+            struct op *b = c->bar_head;
+            c->bar_head = b->next;
+            to_slow_path(c, b, false);
+        }
+        if (!c->bar_head)
+            c->bar_tail = NULL;
+        c->ready_bits[0] &= ~1ull;
+    }
+    /* 3. the agreed ids, in id order */
+    size_t nagreed = 0;
+    for (uint32_t i = 0; i < w; i++)
+        nagreed += (size_t)__builtin_popcountll(ready[i] & ~invalid[i] & (i ? ~0ull : ~1ull));
+    struct op **agreed = nagreed ? malloc(nagreed * sizeof(*agreed)) : NULL;
+    struct fusion_item *items = nagreed ? malloc(nagreed * sizeof(*items)) : NULL;
+    size_t na = 0;
+    if (nagreed && (!agreed || !items)) {
+        free(agreed);
+        free(items);
+        ctx_fail(c, KOLO_ENOMEM, "out of memory in a readiness round");
+        return;
+    }
+    for (uint32_t i = 0; i < w; i++) {
+        for (uint64_t bits = ready[i] & ~invalid[i] & (i ? ~0ull : ~1ull); bits; bits &= bits - 1) {
+            uint32_t id = i * 64 + (uint32_t)__builtin_ctzll(bits);
+            struct op *op = c->pending[id];
+            if (!op) { /* cannot happen: our own bit was in the AND */
+                free(agreed);
+                free(items);
+                ctx_fail(c, KOLO_EINTERNAL, "readiness round agreed on an id this rank lacks");
+                return;
+            }
+            c->pending[id] = NULL;
+            ready_clear(c, id);
+            items[na] = fusion_of(op);
+            agreed[na++] = op;
+        }
+    }
+    c->fast_agreed += na;
+    /* 4. the barrier bit */
+    struct op *barrier = NULL;
+    if (round_test(ready, 0) && c->bar_head) {
+        barrier = c->bar_head;
+        c->bar_head = barrier->next;
+        if (!c->bar_head) {
+            c->bar_tail = NULL;
+            c->ready_bits[0] &= ~1ull;
+        }
+    }
+    uint64_t log_end = v[ROUND_CURSOR];
+    /* slow-path ops that changed hands go out now */
+    ctx_send_queued(c);
+    pthread_mutex_unlock(&c->mu);
+    for (size_t i = 0; i < na;) {
+        size_t run = fusion_run(items + i, na - i, c->fused_threshold);
+        run_agreed(c, agreed + i, run);
+        i += run;
+    }
+    free(agreed);
+    free(items);
+    pthread_mutex_lock(&c->mu);
+    if (barrier)
+        ops_complete(c, barrier, 0, NULL);
+    /* 5. the log, up to the agreed cursor */
+    while (!c->sticky && c->resp_base < log_end && c->resp_cap && c->resp[0])
+        ctx_run_log_entry(c);
+}
+
+static bool fast_work(struct kolo_ctx *c)
+{
+    return c->fast_dirty || c->coll->ops->peer_started(c->coll);
+}
+
+bool fast_try(struct kolo_ctx *c)
+{
+    if (c->executing || c->sticky || c->stopping)
+        return false;
+    if (!fast_work(c)) {
+        check_stalls(c);
+        if (!c->fast_dirty)
+            return false;
+    }
+    c->executing = true;
+    c->exec_since = now_mono_ms();
+    fast_round(c);
+    c->executing = false;
+    c->exec_since = 0;
+    pthread_cond_signal(&c->wake);
+    pthread_cond_broadcast(&c->done);
+    return true;
+}
+
+bool fast_idle(struct kolo_ctx *c, int ms)
+{
+    if (c->idling || c->executing || c->sticky)
+        return false;
+    c->idling = true;
+    uint64_t seen = c->coll->ops->bell_seen(c->coll);
+    if (!fast_work(c)) {
+        pthread_mutex_unlock(&c->mu);
+        c->coll->ops->idle_wait(c->coll, seen, ms);
+        pthread_mutex_lock(&c->mu);
+    }
+    c->idling = false;
+    pthread_cond_broadcast(&c->done); /* a waiter may take the place now */
+    return true;
+}
