@@ -109,7 +109,8 @@ def rank_main(args):
         print(json.dumps({
             "impl": "gloo", "kind": kind, "np": size, "bytes": nbytes, "iters": n,
             "median_us": round(med, 2), "min_us": round(v[0], 2),
-            "p90_us": round(v[(n * 9) // 10], 2), "algbw_gbs": round(algbw, 3),
+            "p90_us": round(v[(n * 9) // 10], 2), "p99_us": round(v[(n * 99) // 100], 2),
+            "algbw_gbs": round(algbw, 3),
             "busbw_gbs": round(algbw * 2.0 * (size - 1) / size, 3),
         }, separators=(",", ":")), flush=True)
 

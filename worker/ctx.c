@@ -474,15 +474,8 @@ static void resume_send(struct kolo_ctx *c)
         struct op *o = c->slots[s];
         if (!o || o->state == OP_DONE)
             continue;
-        if (c->fast && o->cache_id && c->pending[o->cache_id] == o)
-            continue; /* the rounds agree on it */
-        if (c->fast && o->req.coll == KOLO_COLL_BARRIER && o->state == OP_SENT && !o->answered) {
-            bool fast_barrier = false;
-            for (struct op *b = c->bar_head; b && !fast_barrier; b = b->next)
-                fast_barrier = b == o;
-            if (fast_barrier)
-                continue;
-        }
+        if (o->fast)
+            continue; /* the readiness rounds own it */
         o->cache_id = 0;
         if (o->state == OP_QUEUED) {
             o->state = OP_SENT;
@@ -583,6 +576,7 @@ static void negotiate_done(void *arg, int code, const void *rep, size_t len, con
         interrupt = code == KOLO_ESTALE || code == KOLO_EPEER;
     } else if (!c->stopping) {
         LOGD("kolo", "rank %d: negotiation call failed (%s); retrying", c->rank, err);
+        c->poll_retry_at = now_mono_ms() + 200; /* the long-poll backs off */
     }
     /* A collective running now with a peer that is gone or cut off would
      * wait for its data-plane deadline; the coordinator already knows, so
@@ -688,7 +682,12 @@ static void negotiate_send(struct kolo_ctx *c, bool shutdown, const char *reason
     req.shutdown = shutdown;
     req.reason = (char *)(reason ? reason : "");
     req.wait_ms = shutdown ? 0 : WORKER_NEGOTIATE_WAIT_MS;
-    int code = negotiate_call(c, &req, WORKER_NEGOTIATE_WAIT_MS + c->timeout_ms, reqs, ptrs,
+    /* With readiness rounds this call is often the only one, parked: if the
+     * coordinator dies under it, give up on it soon (it is parked for
+     * WORKER_NEGOTIATE_WAIT_MS at most), so the next one finds the new
+     * coordinator and the resume starts. */
+    int call_ms = c->fast ? WORKER_NEGOTIATE_WAIT_MS + 4000 : WORKER_NEGOTIATE_WAIT_MS + c->timeout_ms;
+    int code = negotiate_call(c, &req, call_ms, reqs, ptrs,
                               cached);
     if (code && code != KOLO_ENOMEM && !c->stopping)
         ctx_fail(c, code, "cannot send to the coordinator");
@@ -752,8 +751,12 @@ static void *bg_main(void *arg)
         /* Ask again only for operations that are still waiting for their
          * response: not while one is in hand or being executed. */
         bool in_hand = c->executing || (c->resp_cap && c->resp[0]);
+        /* With readiness rounds one long-poll stays parked all the time: it
+         * brings log entries, host updates, the generation's close and a
+         * restarted coordinator's call for a resume. */
+        bool long_poll = c->fast && c->calls == 0 && now_mono_ms() >= c->poll_retry_at;
         if (!c->sticky && !c->resume &&
-            (c->q_head || (c->inflight > 0 && c->calls == 0 && !in_hand))) {
+            (c->q_head || long_poll || (c->inflight > 0 && c->calls == 0 && !in_hand))) {
             negotiate_send(c, false, NULL);
             continue;
         }

@@ -53,8 +53,10 @@
 
 int fast_init(struct kolo_ctx *c)
 {
+    /* Off unless asked for while the elastic, restart and telemetry parts
+     * are finished (docs/libkolo.md, "Readiness rounds"). */
     const char *v = getenv("KOLO_FAST_PATH");
-    bool want = !(v && v[0] == '0');
+    bool want = v && v[0] && v[0] != '0';
     c->by_id = calloc(ROUND_MAX_ID + 1, sizeof(*c->by_id));
     c->pending = calloc(ROUND_MAX_ID + 1, sizeof(*c->pending));
     c->vec = calloc(round_words(64), sizeof(uint64_t));
@@ -64,7 +66,7 @@ int fast_init(struct kolo_ctx *c)
     /* One barrier first: it also reads what set-up left on the data plane
      * (TCP's in-band answer to the hello), which idle_wait would take for
      * a peer's round. */
-    if (c->size > 1 && c->coll) {
+    if (c->fast && c->size > 1) {
         int rc = c->coll->ops->barrier(c->coll, now_mono_ms() + (uint64_t)c->timeout_ms);
         if (rc) {
             LOGE("kolo", "rank %d: the first barrier failed: %s", c->rank,
@@ -122,6 +124,7 @@ static void to_slow_path(struct kolo_ctx *c, struct op *op, bool keep_id)
     }
     if (!keep_id)
         op->cache_id = 0;
+    op->fast = false;
     if (op->state == OP_SENT)
         c->inflight--;
     op->state = OP_QUEUED;
@@ -167,6 +170,7 @@ bool fast_submit(struct kolo_ctx *c, struct op *op)
         return false;
     }
     op->state = OP_SENT;
+    op->fast = true;
     c->inflight++;
     fast_news(c);
     return true;

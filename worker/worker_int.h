@@ -41,6 +41,7 @@ struct op {
     int32_t *splits;
     uint32_t cache_id; /* submitted by cache id */
     uint64_t fast_since; /* monotonic ms it began waiting in rounds */
+    bool fast;           /* the readiness rounds own it (not the coordinator) */
     bool answered;     /* its response has arrived (it may not have run yet) */
     uint64_t group;
     uint32_t group_size;
@@ -169,6 +170,7 @@ struct kolo_ctx {
     struct op *bar_head, *bar_tail; /* barriers waiting for the barrier bit */
     int64_t fast_stall_ms;       /* a cached op pending this long is invalidated */
     uint64_t fast_last_stall_check;
+    uint64_t poll_retry_at;      /* monotonic ms: no long-poll before (it failed) */
     uint64_t *vec;               /* the round vector (executor only) */
     int64_t fused_threshold;     /* rank 0's, from the rendezvous */
     uint64_t fast_rounds, fast_agreed; /* counters, for tests and debugging */

@@ -16,6 +16,7 @@
 #include "rpc.h"
 #include "test.h"
 #include "util.h"
+#include "worker_int.h"
 
 static struct coord *coord;
 static uint64_t job_id;
@@ -397,6 +398,108 @@ static void t_join(kolo_ctx *ctx, int rank, int size)
     CHECK(last >= 0 && last < size);
 }
 
+/* Readiness rounds: 200 named tensors of mixed dtypes, submitted in a
+ * different random order on every rank with random pauses, over several
+ * steps; every result exact, and after the first step the ranks agreed on
+ * them among themselves (the coordinator saw none of them again). A few
+ * tensors are new every step (slow path mixed in), and barriers run back
+ * to back with the allreduces. */
+static void t_fast_order(kolo_ctx *ctx, int rank, int size)
+{
+    enum { NT = 200, STEPS = 4 };
+    static __thread double vals[NT][3];
+    static __thread int32_t ivals[NT][5];
+    unsigned seed = (unsigned)(rank * 7919 + 17);
+    for (int s = 0; s < STEPS; s++) {
+        int order[NT];
+        for (int i = 0; i < NT; i++)
+            order[i] = i;
+        for (int i = NT - 1; i > 0; i--) {
+            int j = (int)(rand_r(&seed) % (unsigned)(i + 1)), t = order[i];
+            order[i] = order[j];
+            order[j] = t;
+        }
+        kolo_handle h[NT + 2];
+        for (int i = 0; i < NT; i++) {
+            int t = order[i];
+            char name[32];
+            snprintf(name, sizeof(name), "ord.%d", t);
+            if (t % 2) {
+                for (int k = 0; k < 3; k++)
+                    vals[t][k] = rank + t + s + k;
+                REQUIRE(kolo_allreduce_async(ctx, name, vals[t], vals[t], 3, KOLO_FLOAT64,
+                                             KOLO_SUM, &h[t]) == 0);
+            } else {
+                for (int k = 0; k < 5; k++)
+                    ivals[t][k] = rank * 3 + t + s - k;
+                REQUIRE(kolo_allreduce_async(ctx, name, ivals[t], ivals[t], 5, KOLO_INT32,
+                                             KOLO_MAX, &h[t]) == 0);
+            }
+            if (rand_r(&seed) % 50 == 0)
+                usleep(rand_r(&seed) % 2000);
+        }
+        /* a first-time tensor every step, and a barrier */
+        char fresh[32];
+        snprintf(fresh, sizeof(fresh), "fresh.%d", s);
+        float f = 1.0f;
+        REQUIRE(kolo_allreduce_async(ctx, fresh, &f, &f, 1, KOLO_FLOAT32, KOLO_SUM, &h[NT]) == 0);
+        REQUIRE(kolo_barrier_async(ctx, &h[NT + 1]) == 0);
+        int bad = 0;
+        for (int t = 0; t < NT + 2; t++)
+            CHECK_EQ_INT(kolo_wait(ctx, h[t], 20000), 0);
+        for (int t = 0; t < NT; t++) {
+            if (t % 2) {
+                for (int k = 0; k < 3; k++)
+                    bad += vals[t][k] != (double)(size * (size - 1) / 2 + size * (t + s + k));
+            } else {
+                for (int k = 0; k < 5; k++)
+                    bad += ivals[t][k] != (size - 1) * 3 + t + s - k;
+            }
+        }
+        bad += f != (float)size;
+        CHECK_EQ_INT(bad, 0);
+    }
+    if (size > 1 && ctx->fast) {
+        /* steps 1..3 were agreed by the ranks: at least 3 x 200 tensors */
+        CHECK(ctx->fast_agreed >= 3 * NT);
+        CHECK(ctx->fast_rounds > 0);
+    }
+}
+
+/* Readiness rounds: a cached tensor whose signature changes on one rank
+ * gets the coordinator's mismatch text on every rank; the same change on
+ * every rank renegotiates it and it runs. */
+static void t_fast_mismatch(kolo_ctx *ctx, int rank, int size)
+{
+    float f[4] = {1, 1, 1, 1};
+    kolo_handle h;
+    for (int s = 0; s < 3; s++) {
+        REQUIRE(kolo_allreduce_async(ctx, "cached", f, f, 4, KOLO_FLOAT32, KOLO_SUM, &h) == 0);
+        CHECK_EQ_INT(kolo_wait(ctx, h, 20000), 0);
+        for (int i = 0; i < 4; i++)
+            f[i] = 1;
+    }
+    if (size > 1) {
+        REQUIRE(kolo_allreduce_async(ctx, "cached", f, f, rank == 0 ? 3 : 4, KOLO_FLOAT32,
+                                     KOLO_SUM, &h) == 0);
+        CHECK_EQ_INT(kolo_wait(ctx, h, 20000), KOLO_EMISMATCH);
+        CHECK(strstr(kolo_last_error(ctx), "Mismatched ALLREDUCE tensor shapes") != NULL);
+    }
+    /* the same change everywhere: renegotiated, then cached again */
+    for (int s = 0; s < 3; s++) {
+        for (int i = 0; i < 4; i++)
+            f[i] = 2;
+        REQUIRE(kolo_allreduce_async(ctx, "cached", f, f, 2, KOLO_FLOAT32, KOLO_SUM, &h) == 0);
+        CHECK_EQ_INT(kolo_wait(ctx, h, 20000), 0);
+        CHECK(f[0] == 2.0f * (float)size && f[1] == 2.0f * (float)size && f[2] == 2.0f);
+    }
+    /* barriers back to back */
+    for (int s = 0; s < 20; s++) {
+        REQUIRE(kolo_barrier_async(ctx, &h) == 0);
+        CHECK_EQ_INT(kolo_wait(ctx, h, 20000), 0);
+    }
+}
+
 /* Stall inspector: rank 1 never submits "stuck"; with a 1 s warning and a
  * 2 s shutdown time the others fail with a message naming rank 1. */
 static void t_stall(kolo_ctx *ctx, int rank, int size)
@@ -433,21 +536,35 @@ int main(int argc, char **argv)
     REQUIRE(coord_start(&coord, &cfg, err, sizeof(err)) == 0);
     int sizes[] = {1, 2, 3, 5};
     const char *only = getenv("KOLO_TEST_TRANSPORT"); /* "shm" or "tcp" to run one */
-    for (use_tcp = 0; use_tcp < 2; use_tcp++) {
-        if (only && strcmp(only, use_tcp ? "tcp" : "shm") != 0)
-            continue;
-        for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-            int np = sizes[i];
-            fprintf(stderr, "-- %s, %d rank(s)\n", use_tcp ? "tcp" : "shm", np);
-            run_ranks(np, t_allreduce);
-            run_ranks(np, t_others);
-            run_ranks(np, t_errors);
-            run_ranks(np, t_join);
-            if (np <= 3)
-                run_ranks(np, t_fused_steps);
+    /* Every case with the coordinator alone, or (argument "rounds", the
+     * ctest kolo.worker.api_rounds) with readiness rounds. */
+    int rounds = argc > 1 && strcmp(argv[1], "rounds") == 0;
+    for (int fast = rounds; fast < 1 + rounds; fast++) {
+        setenv("KOLO_FAST_PATH", fast ? "1" : "0", 1);
+        for (use_tcp = 0; use_tcp < 2; use_tcp++) {
+            if (only && strcmp(only, use_tcp ? "tcp" : "shm") != 0)
+                continue;
+            for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+                int np = sizes[i];
+                if (fast && np > 3)
+                    continue; /* docs/design.md: rounds with more ranks than cores can stall (issue 13, open) */
+                fprintf(stderr, "-- %s, %s, %d rank(s)\n", fast ? "rounds" : "coordinator",
+                        use_tcp ? "tcp" : "shm", np);
+                run_ranks(np, t_allreduce);
+                run_ranks(np, t_others);
+                run_ranks(np, t_errors);
+                run_ranks(np, t_join);
+                if (np <= 3)
+                    run_ranks(np, t_fused_steps);
+                if (fast) {
+                    run_ranks(np, t_fast_order);
+                    run_ranks(np, t_fast_mismatch);
+                }
+            }
         }
     }
-    if (!only) {
+    unsetenv("KOLO_FAST_PATH");
+    if (!only && !rounds) {
         fprintf(stderr, "-- stall inspector\n");
         setenv("HOROVOD_STALL_CHECK_TIME_SECONDS", "1", 1);
         setenv("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "2", 1);
