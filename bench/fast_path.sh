@@ -25,7 +25,7 @@ for rep in $(seq 1 "$REPS"); do
   for fast in 1 0; do
     KOLO_FAST_PATH=$fast timeout 300 build/bin/kolo run -np "$NP" -- \
       build/bin/kolo-bench-allreduce sizes $SIZES 2>/dev/null |
-      grep '^{' | sed "s/\"impl\":\"kolo\"/\"impl\":\"kolo-fast$fast\"/" >>"$out/all.jsonl"
+      grep -o '{.*' | sed "s/\"impl\":\"kolo\"/\"impl\":\"kolo-fast$fast\"/" >>"$out/all.jsonl"
   done
   if [ -x "$bb/mpi_allreduce" ]; then
     timeout 300 mpirun --oversubscribe --allow-run-as-root -np "$NP" --mca btl vader,self \
