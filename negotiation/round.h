@@ -40,7 +40,6 @@
 
 /* flags */
 #define ROUND_F_JOIN  1u /* a rank joined: everything goes through the coordinator */
-#define ROUND_F_LEFT  2u /* a rank is leaving (kolo_fini) */
 
 enum { ROUND_K = 0, ROUND_NK, ROUND_EPOCH, ROUND_NEPOCH, ROUND_W, ROUND_NW, ROUND_CURSOR,
        ROUND_FLAGS };

@@ -708,12 +708,17 @@ bool ctx_try_execute(struct kolo_ctx *c)
         return false;
     c->executing = true;
     ctx_run_log_entry(c);
+    ctx_token_release(c);
+    return true;
+}
+
+void ctx_token_release(struct kolo_ctx *c)
+{
     c->executing = false;
     c->exec_since = 0;
     /* the next response may be waiting for the token */
     pthread_cond_signal(&c->wake);
     pthread_cond_broadcast(&c->done);
-    return true;
 }
 
 void ctx_run_log_entry(struct kolo_ctx *c)

@@ -101,12 +101,6 @@ void fast_news(struct kolo_ctx *c)
         c->coll->ops->bell_ring(c->coll);
 }
 
-void fast_cache_drop(struct kolo_ctx *c, uint32_t id)
-{
-    if (c->by_id && id && id <= ROUND_MAX_ID)
-        c->by_id[id] = NULL;
-}
-
 /* ---------------------------------------------------------------- classify */
 
 static void ready_clear(struct kolo_ctx *c, uint32_t id)
@@ -128,12 +122,7 @@ static void to_slow_path(struct kolo_ctx *c, struct op *op, bool keep_id)
     if (op->state == OP_SENT)
         c->inflight--;
     op->state = OP_QUEUED;
-    op->next = NULL;
-    if (c->q_tail)
-        c->q_tail->next = op;
-    else
-        c->q_head = op;
-    c->q_tail = op;
+    op_queue_push(&c->q_head, &c->q_tail, op);
 }
 
 bool fast_submit(struct kolo_ctx *c, struct op *op)
@@ -141,12 +130,7 @@ bool fast_submit(struct kolo_ctx *c, struct op *op)
     if (!c->fast || c->join_mode || c->joined)
         return false;
     if (op->req.coll == KOLO_COLL_BARRIER) {
-        op->next = NULL;
-        if (c->bar_tail)
-            c->bar_tail->next = op;
-        else
-            c->bar_head = op;
-        c->bar_tail = op;
+        op_queue_push(&c->bar_head, &c->bar_tail, op);
         c->ready_bits[0] |= 1;
     } else if (op->req.coll == KOLO_COLL_ALLREDUCE) {
         uint32_t id = ops_cache_lookup(c, op);
@@ -237,10 +221,7 @@ static void run_agreed(struct kolo_ctx *c, struct op **ops, size_t n)
     }
     for (size_t i = 0; i < n; i++) {
         names[i] = ops[i]->name;
-        int64_t count = 1;
-        for (int d = 0; d < ops[i]->req.ndim; d++)
-            count *= ops[i]->req.shape[d];
-        sizes[i] = count;
+        sizes[i] = request_elems(&ops[i]->req);
     }
     Kolo__Response r = KOLO__RESPONSE__INIT;
     r.coll = KOLO_COLL_ALLREDUCE;
@@ -259,15 +240,13 @@ static void run_agreed(struct kolo_ctx *c, struct op **ops, size_t n)
 
 static struct fusion_item fusion_of(const struct op *op)
 {
-    int64_t count = 1;
-    for (int d = 0; d < op->req.ndim; d++)
-        count *= op->req.shape[d];
     struct fusion_item f = {.dtype = (uint32_t)op->req.dtype,
                             .op = (uint32_t)op->req.op,
                             .prescale = op->req.prescale,
                             .postscale = op->req.postscale,
                             .gpu = op->req.device >= 0,
-                            .bytes = count * (int64_t)kolo_dtype_size(op->req.dtype)};
+                            .bytes = request_elems(&op->req) *
+                                     (int64_t)kolo_dtype_size(op->req.dtype)};
     return f;
 }
 
@@ -277,7 +256,6 @@ static struct fusion_item fusion_of(const struct op *op)
  */
 static void fast_round(struct kolo_ctx *c)
 {
-    check_stalls(c);
     uint32_t w = round_bitmap_words(c->max_id);
     size_t nwords = round_words(w);
     uint64_t k = c->round + 1, flags = c->joined ? ROUND_F_JOIN : 0;
@@ -397,18 +375,13 @@ bool fast_try(struct kolo_ctx *c)
 {
     if (c->executing || c->sticky || c->stopping)
         return false;
-    if (!fast_work(c)) {
-        check_stalls(c);
-        if (!c->fast_dirty)
-            return false;
-    }
+    check_stalls(c); /* may make the rank dirty */
+    if (!fast_work(c))
+        return false;
     c->executing = true;
     c->exec_since = now_mono_ms();
     fast_round(c);
-    c->executing = false;
-    c->exec_since = 0;
-    pthread_cond_signal(&c->wake);
-    pthread_cond_broadcast(&c->done);
+    ctx_token_release(c);
     return true;
 }
 

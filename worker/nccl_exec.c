@@ -205,10 +205,7 @@ int gpu_validate(struct kolo_ctx *c, const kolo_request *r)
                      "this process already uses GPU %d and kolo, like Horovod, runs one GPU per "
                      "process: put every tensor on GPU %d (torch.cuda.set_device(local_rank))",
                      c->gpu->device, c->gpu->device);
-    int64_t count = 1;
-    for (int i = 0; i < r->ndim; i++)
-        count *= r->shape[i];
-    if (count == 0)
+    if (request_elems(r) == 0)
         return 0;
     int rc = 0;
     if (r->sendbuf)

@@ -108,6 +108,24 @@ static void name_remove(struct kolo_ctx *c, struct op *op)
         *pp = op->name_next;
 }
 
+int64_t request_elems(const kolo_request *r)
+{
+    int64_t count = 1;
+    for (int i = 0; i < r->ndim; i++)
+        count *= r->shape[i];
+    return count;
+}
+
+void op_queue_push(struct op **head, struct op **tail, struct op *op)
+{
+    op->next = NULL;
+    if (*tail)
+        (*tail)->next = op;
+    else
+        *head = op;
+    *tail = op;
+}
+
 /* ---------------------------------------------------------------- completion */
 
 void ops_complete(struct kolo_ctx *c, struct op *op, int status, const char *error)
@@ -269,9 +287,7 @@ static int validate(struct kolo_ctx *c, const kolo_request *r)
         if (rc)
             return rc;
     }
-    int64_t count = 1;
-    for (int i = 0; i < r->ndim; i++)
-        count *= r->shape[i];
+    int64_t count = request_elems(r);
     if (count > 0 && !r->sendbuf && r->coll != KOLO_COLL_BROADCAST)
         return ctx_error(c, KOLO_EINVAL, "sendbuf is NULL");
     switch (r->coll) {
@@ -442,11 +458,7 @@ int ops_submit(kolo_ctx *c, const kolo_request *reqs, int n, void *stream, kolo_
             fast_news(c); /* the JOIN flag goes out at the next round */
         }
         op->state = OP_QUEUED;
-        if (c->q_tail)
-            c->q_tail->next = op;
-        else
-            c->q_head = op;
-        c->q_tail = op;
+        op_queue_push(&c->q_head, &c->q_tail, op);
     }
     ctx_send_queued(c);
 out:

@@ -196,8 +196,15 @@ void ctx_fail(struct kolo_ctx *c, int code, const char *msg);
 void ctx_run_log_entry(struct kolo_ctx *c);
 void ctx_send_queued(struct kolo_ctx *c);
 bool ctx_try_execute(struct kolo_ctx *c);
+/* ctx_token_release gives the executor token back and wakes whoever waits
+ * for it or for an op it completed (mu held). */
+void ctx_token_release(struct kolo_ctx *c);
 
 /* ops.c (caller holds mu unless noted) */
+/* request_elems: the number of elements of r's tensor (product of its shape). */
+int64_t request_elems(const kolo_request *r);
+/* op_queue_push appends op to the singly linked list head..tail (op->next). */
+void op_queue_push(struct op **head, struct op **tail, struct op *op);
 struct op *ops_lookup(struct kolo_ctx *c, kolo_handle h);
 struct op *ops_by_name(struct kolo_ctx *c, const char *name);
 void ops_complete(struct kolo_ctx *c, struct op *op, int status, const char *error);
@@ -242,8 +249,6 @@ bool fast_try(struct kolo_ctx *c);
 bool fast_idle(struct kolo_ctx *c, int ms);
 /* fast_news: a local event worth a round (mu held). */
 void fast_news(struct kolo_ctx *c);
-/* fast_cache_drop forgets an id's signature (mu held). */
-void fast_cache_drop(struct kolo_ctx *c, uint32_t id);
 
 /* exec.c (background thread, mu not held) */
 void exec_response(struct kolo_ctx *c, const Kolo__Response *r);
