@@ -60,7 +60,9 @@ int fast_init(struct kolo_ctx *c)
     c->by_id = calloc(ROUND_MAX_ID + 1, sizeof(*c->by_id));
     c->pending = calloc(ROUND_MAX_ID + 1, sizeof(*c->pending));
     c->vec = calloc(round_words(64), sizeof(uint64_t));
-    if (!c->by_id || !c->pending || !c->vec)
+    c->agreed = calloc(ROUND_MAX_ID, sizeof(*c->agreed));
+    c->agreed_items = calloc(ROUND_MAX_ID, sizeof(*c->agreed_items));
+    if (!c->by_id || !c->pending || !c->vec || !c->agreed || !c->agreed_items)
         return KOLO_ENOMEM;
     c->fast = want && c->coll && c->coll->can_round && c->coll->ops->round;
     /* One barrier first: it also reads what set-up left on the data plane
@@ -87,6 +89,10 @@ void fast_free(struct kolo_ctx *c)
     free(c->by_id);
     free(c->pending);
     free(c->vec);
+    free(c->agreed);
+    free(c->agreed_items);
+    c->agreed = NULL;
+    c->agreed_items = NULL;
     c->by_id = NULL;
     c->pending = NULL;
     c->vec = NULL;
@@ -298,35 +304,19 @@ static void fast_round(struct kolo_ctx *c)
         for (uint32_t id = 1; id <= c->max_id; id++)
             if (c->pending[id] && !round_test(ready, id))
                 to_slow_path(c, c->pending[id], true);
-        while (c->bar_head && !round_test(ready, 0)) {
-            struct op *b = c->bar_head;
-            c->bar_head = b->next;
-            to_slow_path(c, b, false);
-        }
-        if (!c->bar_head)
-            c->bar_tail = NULL;
+        while (c->bar_head && !round_test(ready, 0))
+            to_slow_path(c, op_queue_pop(&c->bar_head, &c->bar_tail), false);
         c->ready_bits[0] &= ~1ull;
     }
-    /* 3. the agreed ids, in id order */
-    size_t nagreed = 0;
-    for (uint32_t i = 0; i < w; i++)
-        nagreed += (size_t)__builtin_popcountll(ready[i] & ~invalid[i] & (i ? ~0ull : ~1ull));
-    struct op **agreed = nagreed ? malloc(nagreed * sizeof(*agreed)) : NULL;
-    struct fusion_item *items = nagreed ? malloc(nagreed * sizeof(*items)) : NULL;
+    /* 3. the agreed ids, in id order (the arrays hold every id) */
+    struct op **agreed = c->agreed;
+    struct fusion_item *items = c->agreed_items;
     size_t na = 0;
-    if (nagreed && (!agreed || !items)) {
-        free(agreed);
-        free(items);
-        ctx_fail(c, KOLO_ENOMEM, "out of memory in a readiness round");
-        return;
-    }
     for (uint32_t i = 0; i < w; i++) {
         for (uint64_t bits = ready[i] & ~invalid[i] & (i ? ~0ull : ~1ull); bits; bits &= bits - 1) {
             uint32_t id = i * 64 + (uint32_t)__builtin_ctzll(bits);
             struct op *op = c->pending[id];
             if (!op) { /* cannot happen: our own bit was in the AND */
-                free(agreed);
-                free(items);
                 ctx_fail(c, KOLO_EINTERNAL, "readiness round agreed on an id this rank lacks");
                 return;
             }
@@ -339,14 +329,9 @@ static void fast_round(struct kolo_ctx *c)
     c->fast_agreed += na;
     /* 4. the barrier bit */
     struct op *barrier = NULL;
-    if (round_test(ready, 0) && c->bar_head) {
-        barrier = c->bar_head;
-        c->bar_head = barrier->next;
-        if (!c->bar_head) {
-            c->bar_tail = NULL;
-            c->ready_bits[0] &= ~1ull;
-        }
-    }
+    if (round_test(ready, 0) && (barrier = op_queue_pop(&c->bar_head, &c->bar_tail)) &&
+        !c->bar_head)
+        c->ready_bits[0] &= ~1ull;
     uint64_t log_end = v[ROUND_CURSOR];
     /* slow-path ops that changed hands go out now */
     ctx_send_queued(c);
@@ -356,8 +341,6 @@ static void fast_round(struct kolo_ctx *c)
         run_agreed(c, agreed + i, run);
         i += run;
     }
-    free(agreed);
-    free(items);
     pthread_mutex_lock(&c->mu);
     if (barrier)
         ops_complete(c, barrier, 0, NULL);

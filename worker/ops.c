@@ -126,6 +126,17 @@ void op_queue_push(struct op **head, struct op **tail, struct op *op)
     *tail = op;
 }
 
+struct op *op_queue_pop(struct op **head, struct op **tail)
+{
+    struct op *op = *head;
+    if (op) {
+        *head = op->next;
+        if (!*head)
+            *tail = NULL;
+    }
+    return op;
+}
+
 /* ---------------------------------------------------------------- completion */
 
 void ops_complete(struct kolo_ctx *c, struct op *op, int status, const char *error)

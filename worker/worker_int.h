@@ -22,6 +22,7 @@
 #include "coll.h"
 #include "kolo.h"
 #include "kolo.pb-c.h"
+#include "round.h"
 #include "rpc.h"
 
 #define WORKER_NEGOTIATE_WAIT_MS 1000
@@ -172,6 +173,8 @@ struct kolo_ctx {
     uint64_t fast_last_stall_check;
     uint64_t poll_retry_at;      /* monotonic ms: no long-poll before (it failed) */
     uint64_t *vec;               /* the round vector (executor only) */
+    struct op **agreed;          /* [ROUND_MAX_ID]: a round's agreed ops (executor only) */
+    struct fusion_item *agreed_items; /* [ROUND_MAX_ID]: their fusion keys */
     int64_t fused_threshold;     /* rank 0's, from the rendezvous */
     uint64_t fast_rounds, fast_agreed; /* counters, for tests and debugging */
 
@@ -205,6 +208,8 @@ void ctx_token_release(struct kolo_ctx *c);
 int64_t request_elems(const kolo_request *r);
 /* op_queue_push appends op to the singly linked list head..tail (op->next). */
 void op_queue_push(struct op **head, struct op **tail, struct op *op);
+/* op_queue_pop takes the first op off head..tail (NULL when empty). */
+struct op *op_queue_pop(struct op **head, struct op **tail);
 struct op *ops_lookup(struct kolo_ctx *c, kolo_handle h);
 struct op *ops_by_name(struct kolo_ctx *c, const char *name);
 void ops_complete(struct kolo_ctx *c, struct op *op, int status, const char *error);
