@@ -304,9 +304,15 @@ static void fast_round(struct kolo_ctx *c)
         for (uint32_t id = 1; id <= c->max_id; id++)
             if (c->pending[id] && !round_test(ready, id))
                 to_slow_path(c, c->pending[id], true);
-        while (c->bar_head && !round_test(ready, 0))
+        /* one barrier may be agreed in this very round (step 4); every
+         * other one goes to the coordinator */
+        struct op *keep = round_test(ready, 0) ? op_queue_pop(&c->bar_head, &c->bar_tail) : NULL;
+        while (c->bar_head)
             to_slow_path(c, op_queue_pop(&c->bar_head, &c->bar_tail), false);
-        c->ready_bits[0] &= ~1ull;
+        if (keep)
+            op_queue_push(&c->bar_head, &c->bar_tail, keep);
+        else
+            c->ready_bits[0] &= ~1ull;
     }
     /* 3. the agreed ids, in id order (the arrays hold every id) */
     struct op **agreed = c->agreed;
