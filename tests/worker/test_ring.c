@@ -809,7 +809,11 @@ static void test_deadline(int n, size_t count)
     bool ok = true;
     for (int r = 0; r < n - 1; r++) {
         ok = ok && (fail_run.rc[r] == KOLO_ETIMEDOUT || fail_run.rc[r] == KOLO_EPEER);
-        ok = ok && fail_run.ms[r] >= 250 && fail_run.ms[r] < 5000;
+        ok = ok && fail_run.ms[r] < 5000;
+        /* Only a rank that ran out its own deadline must have waited for
+         * it; one that started late (a loaded or sanitized run) may see
+         * its neighbour's close, KOLO_EPEER, before its own 300 ms. */
+        ok = ok && (fail_run.rc[r] != KOLO_ETIMEDOUT || fail_run.ms[r] >= 250);
         timed_out = timed_out || fail_run.rc[r] == KOLO_ETIMEDOUT;
     }
     ok = ok && timed_out && fail_run.rc[n - 1] == KOLO_EPEER && fail_run.ms[n - 1] < 5000;
