@@ -333,6 +333,13 @@ static int connect_mesh(struct kolo_ctx *c, struct rdv *rv, char *err, size_t er
         }
         peers[x->peer] = x;
     }
+    /* Every rank is past its connects once its higher peers reached it:
+     * the answers to our own hellos are due now. Reading them here leaves
+     * nothing but data on the sockets (a refusal surfaces here too). */
+    for (int r = 0; r < c->rank && !code; r++)
+        if ((code = tcp_settle(peers[r], deadline)) != 0)
+            snprintf(err, errlen, "connecting to rank %d: %s", r,
+                     peers[r]->why[0] ? peers[r]->why : kolo_strerror(code));
     if (code) {
         for (int r = 0; r < c->size; r++)
             if (peers[r])
@@ -747,6 +754,16 @@ static void *bg_main(void *arg)
         }
         if (c->stopping)
             break;
+        /* With readiness rounds one long-poll stays parked all the time: it
+         * brings log entries, host updates, the generation's close and a
+         * restarted coordinator's call for a resume. It goes out before
+         * any round, so that a stream of rounds cannot starve it (the
+         * peers' rounds then wait on our log cursor). */
+        if (c->fast && !c->sticky && !c->resume && c->calls == 0 &&
+            now_mono_ms() >= c->poll_retry_at) {
+            negotiate_send(c, false, NULL);
+            continue;
+        }
         if (ctx_try_execute(c))
             continue;
         if (c->resume && c->calls == 0 && !c->sticky) {
@@ -756,12 +773,8 @@ static void *bg_main(void *arg)
         /* Ask again only for operations that are still waiting for their
          * response: not while one is in hand or being executed. */
         bool in_hand = c->executing || (c->resp_cap && c->resp[0]);
-        /* With readiness rounds one long-poll stays parked all the time: it
-         * brings log entries, host updates, the generation's close and a
-         * restarted coordinator's call for a resume. */
-        bool long_poll = c->fast && c->calls == 0 && now_mono_ms() >= c->poll_retry_at;
         if (!c->sticky && !c->resume &&
-            (c->q_head || long_poll || (c->inflight > 0 && c->calls == 0 && !in_hand))) {
+            (c->q_head || (c->inflight > 0 && c->calls == 0 && !in_hand))) {
             negotiate_send(c, false, NULL);
             continue;
         }

@@ -65,17 +65,6 @@ int fast_init(struct kolo_ctx *c)
     if (!c->by_id || !c->pending || !c->vec || !c->agreed || !c->agreed_items)
         return KOLO_ENOMEM;
     c->fast = want && c->coll && c->coll->can_round && c->coll->ops->round;
-    /* One barrier first: it also reads what set-up left on the data plane
-     * (TCP's in-band answer to the hello), which idle_wait would take for
-     * a peer's round. */
-    if (c->fast && c->size > 1) {
-        int rc = c->coll->ops->barrier(c->coll, now_mono_ms() + (uint64_t)c->timeout_ms);
-        if (rc) {
-            LOGE("kolo", "rank %d: the first barrier failed: %s", c->rank,
-                 c->coll->why[0] ? c->coll->why : kolo_strerror(rc));
-            return rc;
-        }
-    }
     /* Horovod invalidates a cached tensor pending longer than the stall
      * warning; half of it (at most 10 s) leaves the coordinator's
      * inspector time to name the missing ranks before it warns. */
@@ -269,6 +258,9 @@ static void fast_round(struct kolo_ctx *c)
     round_init(v, k, c->cache_epoch, w, c->cursor, flags);
     memcpy(round_ready(v), c->ready_bits, w * sizeof(uint64_t));
     memcpy(round_invalid(v), c->invalid_bits, w * sizeof(uint64_t));
+    LOGD("kolo", "rank %d: round %llu starts (%s, cursor %llu)", c->rank,
+         (unsigned long long)k, c->fast_dirty ? "news here" : "a peer started it",
+         (unsigned long long)c->cursor);
     c->fast_dirty = false;
     uint64_t deadline = now_mono_ms() + (uint64_t)c->timeout_ms;
     pthread_mutex_unlock(&c->mu);
@@ -333,6 +325,9 @@ static void fast_round(struct kolo_ctx *c)
         }
     }
     c->fast_agreed += na;
+    LOGD("kolo", "rank %d: round %llu agreed %zu op(s)%s, log to %llu", c->rank,
+         (unsigned long long)k, na, round_test(ready, 0) ? " and a barrier" : "",
+         (unsigned long long)v[ROUND_CURSOR]);
     /* 4. the barrier bit */
     struct op *barrier = NULL;
     if (round_test(ready, 0) && (barrier = op_queue_pop(&c->bar_head, &c->bar_tail)) &&

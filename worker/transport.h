@@ -113,6 +113,13 @@ int tcp_connect(const char *addr, int port, uint64_t job, uint64_t generation, i
                 int to_rank, uint64_t deadline, struct xport **out);
 int tcp_accept(int listen_fd, uint64_t job, uint64_t generation, int my_rank, uint64_t deadline,
                struct xport **out);
+/* tcp_settle waits (to the deadline) for the acceptor's answer on a
+ * connection made by tcp_connect and checks it: 0, or the refusal's code.
+ * Call it once every rank is past its connects (the mesh's accepts then
+ * answer without waiting on anyone). Afterwards the socket carries only
+ * the peer's data, so readable means a message (or a close): what an
+ * idle rank waits for (coll.h: idle_wait). */
+int tcp_settle(struct xport *x, uint64_t deadline);
 
 /* ---- shm ---- */
 

@@ -335,6 +335,22 @@ static ssize_t tcp_try_recv(struct xport *x, void *buf, size_t len)
     return sock_fail(c, errno, "receiving");
 }
 
+int tcp_settle(struct xport *x, uint64_t deadline)
+{
+    struct tcp_conn *c = (struct tcp_conn *)x;
+    while (!x->failed && c->answer_pending) {
+        ssize_t rc = pump_answer(c);
+        if (rc < 0)
+            return (int)-rc;
+        if (!c->answer_pending)
+            break;
+        int err = io_wait(c->fd, POLLIN, deadline);
+        if (err)
+            return (int)-xport_fail(x, err, "rank %d did not answer the hello in time", x->peer);
+    }
+    return x->failed;
+}
+
 static int tcp_arm(struct xport *x, bool want_send, bool want_recv, short *events)
 {
     struct tcp_conn *c = (struct tcp_conn *)x;

@@ -534,8 +534,9 @@ int main(int argc, char **argv)
     struct coord_config cfg = {
         .listen = "tcp://127.0.0.1:0", .db_path = db, .lease_ms = 3600000, .heartbeat_ms = 1000};
     REQUIRE(coord_start(&coord, &cfg, err, sizeof(err)) == 0);
-    int sizes[] = {1, 2, 3, 5};
+    int sizes[] = {1, 2, 3, 4, 5};
     const char *only = getenv("KOLO_TEST_TRANSPORT"); /* "shm" or "tcp" to run one */
+    int only_np = getenv("KOLO_TEST_NP") ? atoi(getenv("KOLO_TEST_NP")) : 0; /* one size */
     /* Every case with the coordinator alone, or (argument "rounds", the
      * ctest kolo.worker.api_rounds) with readiness rounds. */
     int rounds = argc > 1 && strcmp(argv[1], "rounds") == 0;
@@ -546,7 +547,9 @@ int main(int argc, char **argv)
                 continue;
             for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
                 int np = sizes[i];
-                if (fast && np > 3)
+                if (only_np && np != only_np)
+                    continue;
+                if (fast && np > 4)
                     continue; /* docs/design.md: rounds with more ranks than cores can stall (issue 13, open) */
                 fprintf(stderr, "-- %s, %s, %d rank(s)\n", fast ? "rounds" : "coordinator",
                         use_tcp ? "tcp" : "shm", np);
