@@ -30,20 +30,6 @@
 #include "log.h"
 #include "util.h"
 
-static int count_cpus(void)
-{
-    /* The affinity mask, not the machine's CPU count: an agent started
-     * under taskset or a cpuset should offer what it may use. */
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-        int n = CPU_COUNT(&set);
-        if (n > 0)
-            return n;
-    }
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
 static void *dlopen_first(const char *const *names)
 {
     for (size_t i = 0; names[i]; i++) {
@@ -103,7 +89,7 @@ static void gpu_names(struct inventory *inv)
 void inventory_probe(struct inventory *inv)
 {
     memset(inv, 0, sizeof(*inv));
-    inv->cpus = count_cpus();
+    inv->cpus = usable_cpus();
     inv->gpus = count_gpus();
     if (inv->gpus > 0)
         gpu_names(inv);

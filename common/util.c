@@ -4,6 +4,7 @@
 #include "util.h"
 
 #include <arpa/inet.h>
+#include <sched.h>
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -396,4 +397,13 @@ uint64_t str_hash(const char *s)
     for (; *s; s++)
         h = (h ^ (unsigned char)*s) * 1099511628211ull;
     return h;
+}
+
+int usable_cpus(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
 }

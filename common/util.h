@@ -12,6 +12,9 @@
 uint64_t now_mono_ms(void);
 /* now_mono_us: the same clock in microseconds, for short intervals. */
 uint64_t now_mono_us(void);
+/* usable_cpus: the CPUs this process may run on (its affinity mask, so a
+ * taskset or cpuset counts, not the machine's total); at least 1. */
+int usable_cpus(void);
 /* cond_init_monotonic initialises a condition variable whose timed waits
  * use CLOCK_MONOTONIC (deadlines from mono_deadline), so a step of the
  * wall clock cannot stretch or cut them. */

@@ -26,13 +26,18 @@
 static const double hist_bounds[COORD_HIST_BUCKETS] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                                        1,    2.5,   5,    10,  30,   60};
 
-void coord_hist_observe(struct coord_hist *h, double seconds)
+void coord_hist_observe_n(struct coord_hist *h, double seconds, uint64_t n)
 {
     int i = 0;
     while (i < COORD_HIST_BUCKETS && seconds > hist_bounds[i])
         i++;
-    h->counts[i]++;
-    h->sum += seconds;
+    h->counts[i] += n;
+    h->sum += seconds * (double)n;
+}
+
+void coord_hist_observe(struct coord_hist *h, double seconds)
+{
+    coord_hist_observe_n(h, seconds, 1);
 }
 
 void coord_hist_render(struct buf *b, const char *name, const char *help,

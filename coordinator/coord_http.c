@@ -480,12 +480,19 @@ static void render_metrics(struct coord *c, struct buf *b)
                "# TYPE kolo_elastic_jobs_waiting gauge\nkolo_elastic_jobs_waiting %d\n"
                "# HELP kolo_negotiation_resumes_total Generations whose negotiation was rebuilt "
                "after a coordinator restart.\n# TYPE kolo_negotiation_resumes_total counter\n"
-               "kolo_negotiation_resumes_total %llu\n",
+               "kolo_negotiation_resumes_total %llu\n"
+               "# HELP kolo_negotiation_rounds_total Readiness rounds the ranks ran among "
+               "themselves (reported by the ranks).\n# TYPE kolo_negotiation_rounds_total "
+               "counter\nkolo_negotiation_rounds_total %llu\n"
+               "# HELP kolo_negotiation_round_ops_total Operations agreed by readiness rounds, "
+               "without a call to the coordinator.\n# TYPE kolo_negotiation_round_ops_total "
+               "counter\nkolo_negotiation_round_ops_total %llu\n",
                members, (unsigned long long)c->m.resets_by_cause[CAUSE_FAILURE],
                (unsigned long long)c->m.resets_by_cause[CAUSE_HOST_LOST],
                (unsigned long long)c->m.resets_by_cause[CAUSE_RESET],
                (unsigned long long)c->m.resets_by_cause[CAUSE_CAPACITY],
-               (unsigned long long)c->m.exclusions, waiting, (unsigned long long)c->m.resumes);
+               (unsigned long long)c->m.exclusions, waiting, (unsigned long long)c->m.resumes,
+               (unsigned long long)c->m.rounds, (unsigned long long)c->m.round_ops);
     coord_hist_render(b, "kolo_negotiation_wait_seconds",
                       "Time from the first rank's request for a tensor to every rank's (the "
                       "slowest rank's lateness).",

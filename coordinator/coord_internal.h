@@ -207,6 +207,8 @@ struct coord_hist {
     double sum;
 };
 void coord_hist_observe(struct coord_hist *h, double seconds);
+/* coord_hist_observe_n: n observations of the same value. */
+void coord_hist_observe_n(struct coord_hist *h, double seconds, uint64_t n);
 void coord_hist_render(struct buf *b, const char *name, const char *help,
                        const struct coord_hist *h);
 
@@ -247,6 +249,7 @@ struct coord_metrics {
     uint64_t exclusions;
     uint64_t resumes; /* negotiations rebuilt after a restart */
     struct coord_hist negotiation_wait; /* first rank's request to ready, per tensor */
+    uint64_t rounds, round_ops; /* readiness rounds the ranks reported, and ops they agreed */
     struct coord_hist reset_duration;   /* generation closed to the next one joined */
     uint64_t last_store_error_ms;       /* wall clock; the degraded flag */
     struct coord_snap_metrics snap;
@@ -373,6 +376,9 @@ bool coord_negot_rank_joined(const struct job *j, int rank);
  * after the first rank's, for the current generation: fills up to max
  * entries, returns how many (0 before the rendezvous completes). */
 int coord_negot_lags(const struct job *j, double *lag_s, int max);
+/* Readiness rounds' telemetry from one rank (coord_report.c): its moving
+ * average wait per agreed op, which the lags use once any rank sent one. */
+void coord_negot_round_wait(struct job *j, int rank, double wait_avg_s);
 /* coord_report.c: slow[r] = rank r is a straggler given every rank's lag
  * (seconds): at least 20 ms, and at least 3x the median of the others'. */
 void coord_straggler_flags(const double *lag_s, int n, bool *slow);

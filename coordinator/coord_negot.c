@@ -124,6 +124,10 @@ struct negot {
     /* stragglers: per rank, how long after the first rank its requests
      * arrive (moving average over tensors, seconds) */
     double *lag_s;
+    /* with readiness rounds: per rank, its moving average wait per agreed
+     * op (telemetry); round_waits once any rank reported one */
+    double *round_wait_s;
+    bool round_waits;
     bool shut;
     uint32_t calls_since_trim;
     struct timeline *tl; /* the job's (coord_timeline.c), borrowed; NULL: none */
@@ -313,11 +317,12 @@ static struct negot *negot_new(uint64_t job, uint64_t gen, int size)
     n->parked_deadline = calloc((size_t)size, sizeof(*n->parked_deadline));
     n->rank_joined = calloc((size_t)size, sizeof(*n->rank_joined));
     n->lag_s = calloc((size_t)size, sizeof(*n->lag_s));
+    n->round_wait_s = calloc((size_t)size, sizeof(*n->round_wait_s));
     n->cache_name = calloc(NEGOT_CACHE_MAX, sizeof(*n->cache_name));
     n->cache_tmpl = calloc(NEGOT_CACHE_MAX, sizeof(*n->cache_tmpl));
     n->cache_pending = calloc(NEGOT_CACHE_MAX, sizeof(*n->cache_pending));
     n->ncache = 1; /* id 0 means "not cached" */
-    if (!n->peers || !n->cursor || !n->parked || !n->parked_deadline || !n->rank_joined || !n->lag_s ||
+    if (!n->peers || !n->cursor || !n->parked || !n->parked_deadline || !n->rank_joined || !n->lag_s || !n->round_wait_s ||
         !n->cache_name || !n->cache_tmpl || !n->cache_pending) {
         coord_negot_free(n);
         return NULL;
@@ -381,6 +386,7 @@ void coord_negot_free(struct negot *n)
     free(n->parked_deadline);
     free(n->rank_joined);
     free(n->lag_s);
+    free(n->round_wait_s);
     free(n->cache_name);
     free(n->cache_tmpl);
     free(n->cache_pending);
@@ -451,7 +457,7 @@ static void negot_answer(struct negot *n, struct rpc_call *call, uint64_t cursor
         total += n->log[last].len + 12;
         last++;
     }
-    total += 24; /* fields 3 and 4 */
+    total += 26; /* fields 3, 4 and 6 */
     uint8_t *buf = malloc(total), *p = buf;
     if (!buf) {
         rpc_call_error(call, KOLO_ENOMEM, "out of memory");
@@ -471,8 +477,25 @@ static void negot_answer(struct negot *n, struct rpc_call *call, uint64_t cursor
         *p++ = (4 << 3) | 0;
         put_varint(&p, n->update_kind);
     }
+    if (n->tl) {
+        *p++ = (6 << 3) | 0;
+        *p++ = 1;
+    }
     rpc_call_reply(call, buf, (size_t)(p - buf));
     free(buf);
+}
+
+/* Answers every parked call now: something every rank must hear at once
+ * (a membership update, the timeline starting or stopping). */
+static void negot_wake_all(struct negot *n)
+{
+    for (int r = 0; r < n->size; r++) {
+        if (n->parked[r]) {
+            struct rpc_call *call = n->parked[r];
+            n->parked[r] = NULL;
+            negot_answer(n, call, n->cursor[r]);
+        }
+    }
 }
 
 static void negot_wake(struct negot *n)
@@ -914,8 +937,28 @@ int coord_negot_lags(const struct job *j, double *lag_s, int max)
     if (!n || !n->complete)
         return 0;
     int k = n->size < max ? n->size : max;
-    memcpy(lag_s, n->lag_s, (size_t)k * sizeof(*lag_s));
+    if (!n->round_waits) {
+        memcpy(lag_s, n->lag_s, (size_t)k * sizeof(*lag_s));
+        return k;
+    }
+    /* Rounds: every rank waits for the same ops to be agreed, so the one
+     * the others wait for waits least; its lag is how much less. */
+    double most = 0;
+    for (int r = 0; r < n->size; r++)
+        if (n->round_wait_s[r] > most)
+            most = n->round_wait_s[r];
+    for (int r = 0; r < k; r++)
+        lag_s[r] = most - n->round_wait_s[r];
     return k;
+}
+
+void coord_negot_round_wait(struct job *j, int rank, double wait_avg_s)
+{
+    struct negot *n = j->negot;
+    if (!n || rank < 0 || rank >= n->size)
+        return;
+    n->round_wait_s[rank] = wait_avg_s;
+    n->round_waits = true;
 }
 
 /* Collects every pending entry that is now ready, in arrival order. */
@@ -1555,19 +1598,17 @@ void coord_negot_hosts_updated(struct coord *c, struct job *j, uint64_t stamp_ms
         return;
     n->update_ms = stamp_ms;
     n->update_kind = (uint32_t)kind;
-    for (int r = 0; r < n->size; r++) {
-        if (n->parked[r]) {
-            struct rpc_call *call = n->parked[r];
-            n->parked[r] = NULL;
-            negot_answer(n, call, n->cursor[r]);
-        }
-    }
+    negot_wake_all(n);
 }
 
 void coord_negot_set_timeline(struct job *j)
 {
-    if (j->negot)
-        j->negot->tl = j->tl;
+    if (!j->negot)
+        return;
+    bool was = j->negot->tl != NULL;
+    j->negot->tl = j->tl;
+    if (was != (j->tl != NULL))
+        negot_wake_all(j->negot); /* the ranks' rounds pause or resume */
 }
 
 bool coord_negot_rank_joined(const struct job *j, int rank)

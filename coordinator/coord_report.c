@@ -44,6 +44,7 @@
 
 #define REPORT_MAX_EPOCHS  1024 /* per batch */
 #define REPORT_MAX_STEPS   4096 /* per batch */
+#define REPORT_MAX_WAITS   4096 /* rounds' wait samples per batch */
 #define REPORT_MAX_METRICS 4096
 #define REPORT_MAX_EPOCH   1000000000LL
 #define REPORT_MAX_SAMPLES (1LL << 48) /* per rank and epoch: sums cannot overflow */
@@ -151,6 +152,15 @@ static bool check_report(const Kolo__WorkerReportRequest *m, char *why, size_t w
         if (!json_object_ok(e->metrics_json, REPORT_MAX_METRICS, "metrics_json", why, whylen))
             return false;
     }
+    const Kolo__RoundTelemetry *t = m->rounds;
+    if (t && (t->n_wait_us != t->n_wait_ops || t->n_wait_us > REPORT_MAX_WAITS ||
+              !(t->wait_avg_s >= 0 && t->wait_avg_s < 1e6))) {
+        snprintf(why, whylen,
+                 "round telemetry is invalid (%zu waits, %zu op counts, at most %d; average "
+                 "wait %g s)",
+                 t->n_wait_us, t->n_wait_ops, REPORT_MAX_WAITS, t->wait_avg_s);
+        return false;
+    }
     for (size_t i = 0; i < m->n_steps; i++) {
         const Kolo__StepSample *s = m->steps[i];
         if (!(s->seconds >= 0 && s->seconds < 1e6) || s->count == 0 || s->ts_ms > INT64_MAX) {
@@ -195,8 +205,21 @@ static void rpc_report(struct coord *c, struct rpc_call *call)
                                       .ts_ms = m->steps[i]->ts_ms / 1000 * 1000,
                                       .seconds = m->steps[i]->seconds,
                                       .n = m->steps[i]->count};
-    /* One transaction for the batch: one fsync, all or nothing. */
-    int err = store_begin(c->store);
+    /* Rounds' telemetry: in memory only (the histogram, the lags). */
+    if (m->rounds) {
+        const Kolo__RoundTelemetry *t = m->rounds;
+        if (f->rank == 0) { /* every rank runs the same rounds: count them once */
+            c->m.rounds += t->rounds;
+            c->m.round_ops += t->agreed;
+        }
+        for (size_t i = 0; i < t->n_wait_us; i++)
+            coord_hist_observe_n(&c->m.negotiation_wait, (double)t->wait_us[i] / 1e6,
+                                 t->wait_ops[i]);
+        coord_negot_round_wait(j, (int)f->rank, t->wait_avg_s);
+    }
+    /* One transaction for the batch: one fsync, all or nothing; none
+     * when only telemetry came. */
+    int err = m->n_epochs || m->n_steps ? store_begin(c->store) : 0;
     for (size_t i = 0; i < m->n_epochs && !err; i++) {
         const Kolo__EpochReport *e = m->epochs[i];
         struct store_epoch se = {.job_id = j->id,
@@ -209,9 +232,11 @@ static void rpc_report(struct coord *c, struct rpc_call *call)
                                  .metrics_json = e->metrics_json[0] ? e->metrics_json : NULL};
         err = store_epoch_report(c->store, &se, e->phase);
     }
-    if (!err)
+    if (!err && m->n_steps)
         err = store_steps_add(c->store, rows, m->n_steps);
-    if (!err) {
+    if (!m->n_epochs && !m->n_steps) {
+        /* nothing to store */
+    } else if (!err) {
         err = store_commit(c->store);
     } else {
         store_rollback(c->store);

@@ -17,6 +17,7 @@ void round_init(uint64_t *v, uint64_t k, uint64_t epoch, uint32_t w, uint64_t cu
     v[ROUND_NW] = ~(uint64_t)w;
     v[ROUND_CURSOR] = cursor;
     v[ROUND_FLAGS] = flags;
+    v[ROUND_WAIT] = 0;
     memset(v + ROUND_HDR, 0, 2u * (size_t)w * sizeof(uint64_t));
 }
 
@@ -32,6 +33,8 @@ void round_reduce(uint64_t *restrict dst, const uint64_t *restrict src, size_t n
     for (size_t i = 0; i <= ROUND_CURSOR; i++)
         dst[i] = min_u64(dst[i], src[i]);
     dst[ROUND_FLAGS] |= src[ROUND_FLAGS];
+    if (src[ROUND_WAIT] > dst[ROUND_WAIT])
+        dst[ROUND_WAIT] = src[ROUND_WAIT];
     size_t w = (nwords - ROUND_HDR) / 2u;
     uint64_t *ready = dst + ROUND_HDR, *invalid = ready + w;
     const uint64_t *sready = src + ROUND_HDR, *sinvalid = sready + w;

@@ -18,8 +18,12 @@
  *   4, 5   W, ~W      MIN, MIN   rank sent the same k, cache epoch and W
  *   6      cursor     MIN        how far each rank has received the log
  *   7      flags      OR         ROUND_F_*
- *   8..    ready[W]   AND        bit id: this rank has cache id `id` pending
- *   8+W..  invalid[W] OR         bit id: drop id from every cache
+ *   8      wait       MAX        microseconds this rank's oldest pending op
+ *                                had waited when the round began: reduced,
+ *                                the longest any rank waited (telemetry;
+ *                                a duration, so no clock needs to agree)
+ *   9..    ready[W]   AND        bit id: this rank has cache id `id` pending
+ *   9+W..  invalid[W] OR         bit id: drop id from every cache
  *
  * Bit 0 of ready is the barrier bit (cache ids start at 1). W, the number
  * of bitmap words, follows from the largest cache id, which is the same on
@@ -36,13 +40,14 @@
 /* Cache ids go from 1 to ROUND_MAX_ID; the bitmaps then take at most
  * 2 x 64 words (1 KiB per rank per round). */
 #define ROUND_MAX_ID 4095u
-#define ROUND_HDR 8u
+#define ROUND_HDR 9u
 
 /* flags */
 #define ROUND_F_JOIN  1u /* a rank joined: everything goes through the coordinator */
+#define ROUND_F_SLOW  2u /* while any rank sets it (the job's timeline is on), too */
 
 enum { ROUND_K = 0, ROUND_NK, ROUND_EPOCH, ROUND_NEPOCH, ROUND_W, ROUND_NW, ROUND_CURSOR,
-       ROUND_FLAGS };
+       ROUND_FLAGS, ROUND_WAIT };
 
 /* round_words: the vector's length for bitmaps of w words. */
 static inline size_t round_words(uint32_t w)
@@ -57,8 +62,8 @@ static inline uint32_t round_bitmap_words(uint32_t max_id)
     return max_id / 64u + 1u;
 }
 
-/* round_init writes the header of this rank's vector and clears both
- * bitmaps; v has round_words(w) words. */
+/* round_init writes the header of this rank's vector (wait 0) and clears
+ * both bitmaps; v has round_words(w) words. */
 void round_init(uint64_t *v, uint64_t k, uint64_t epoch, uint32_t w, uint64_t cursor,
                 uint64_t flags);
 

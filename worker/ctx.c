@@ -574,6 +574,10 @@ static void negotiate_done(void *arg, int code, const void *rep, size_t len, con
             }
             c->update_ms = r->hosts_updated_ms;
             c->update_kind = (int)r->hosts_update_kind;
+            if (r->timeline != c->timeline_heard) {
+                c->timeline_heard = r->timeline;
+                fast_news(c); /* the rounds pause (or resume) for the timeline */
+            }
             kolo__negotiate_reply__free_unpacked(r, NULL);
         }
     } else if (!c->stopping && code != KOLO_ETIMEDOUT && code != KOLO_ECONNREFUSED &&

@@ -51,12 +51,22 @@
  * coordinator's shutdown entry, whose text (Horovod's) it then reports. */
 #define FAST_LEFT_WAIT_MS 1000
 
+/* KOLO_FAST_PATH: unset or "auto" = rounds when every rank of this host
+ * has a CPU of its own, "0" = never (the coordinator for every op, for
+ * A/B comparison and debugging), anything else = always. Ranks that share
+ * CPUs wait on each other's time slices inside every round (measured on 2
+ * CPUs at np 4: 8.6 ms per 4-byte allreduce against 2.5 ms through the
+ * coordinator), so crowded hosts keep the coordinator by default. */
+static bool fast_wanted(const struct kolo_ctx *c)
+{
+    const char *v = getenv("KOLO_FAST_PATH");
+    if (!v || !v[0] || strcmp(v, "auto") == 0)
+        return c->local_size <= usable_cpus();
+    return strcmp(v, "0") != 0;
+}
+
 int fast_init(struct kolo_ctx *c)
 {
-    /* Off unless asked for while the elastic, restart and telemetry parts
-     * are finished (docs/libkolo.md, "Readiness rounds"). */
-    const char *v = getenv("KOLO_FAST_PATH");
-    bool want = v && v[0] && v[0] != '0';
     c->by_id = calloc(ROUND_MAX_ID + 1, sizeof(*c->by_id));
     c->pending = calloc(ROUND_MAX_ID + 1, sizeof(*c->pending));
     c->vec = calloc(round_words(64), sizeof(uint64_t));
@@ -64,7 +74,27 @@ int fast_init(struct kolo_ctx *c)
     c->agreed_items = calloc(ROUND_MAX_ID, sizeof(*c->agreed_items));
     if (!c->by_id || !c->pending || !c->vec || !c->agreed || !c->agreed_items)
         return KOLO_ENOMEM;
-    c->fast = want && c->coll && c->coll->can_round && c->coll->ops->round;
+    bool can = c->coll && c->coll->can_round && c->coll->ops->round;
+    int32_t on = can && fast_wanted(c);
+    /* Every rank must take the same path: one MIN over the data plane (the
+     * generation's first collective) settles it, whatever each rank's
+     * environment or CPU count said. */
+    if (can && c->size > 1) {
+        int rc = c->coll->ops->allreduce(c->coll, KOLO_INT32, KOLO_MIN, &on, &on, 1,
+                                         now_mono_ms() + (uint64_t)c->timeout_ms);
+        if (rc) {
+            LOGE("kolo", "rank %d: agreeing on readiness rounds failed: %s", c->rank,
+                 c->coll->why[0] ? c->coll->why : kolo_strerror(rc));
+            return rc;
+        }
+    }
+    c->fast = on != 0;
+    /* the rounds' telemetry goes out with the reports (report.c) */
+    if (c->fast) {
+        int rc = report_start(c);
+        if (rc)
+            return rc;
+    }
     /* Horovod invalidates a cached tensor pending longer than the stall
      * warning; half of it (at most 10 s) leaves the coordinator's
      * inspector time to name the missing ranks before it warns. */
@@ -122,7 +152,7 @@ static void to_slow_path(struct kolo_ctx *c, struct op *op, bool keep_id)
 
 bool fast_submit(struct kolo_ctx *c, struct op *op)
 {
-    if (!c->fast || c->join_mode || c->joined)
+    if (!c->fast || c->join_mode || c->joined || c->slow_mode)
         return false;
     if (op->req.coll == KOLO_COLL_BARRIER) {
         op_queue_push(&c->bar_head, &c->bar_tail, op);
@@ -142,7 +172,7 @@ bool fast_submit(struct kolo_ctx *c, struct op *op)
         if (id > ROUND_MAX_ID || c->pending[id])
             return false;
         op->cache_id = id;
-        op->fast_since = now_mono_ms();
+        op->fast_since_us = now_mono_us();
         c->pending[id] = op;
         round_set(c->ready_bits, id);
     } else {
@@ -167,12 +197,13 @@ static void check_stalls(struct kolo_ctx *c)
     if (now - c->fast_last_stall_check < 100)
         return;
     c->fast_last_stall_check = now;
+    uint64_t now_us = now_mono_us();
     for (uint32_t id = 1; id <= c->max_id; id++) {
         struct op *op = c->pending[id];
-        if (op && now - op->fast_since > (uint64_t)c->fast_stall_ms &&
-            !round_test(c->invalid_bits, id)) {
+        uint64_t waited_ms = op ? (now_us - op->fast_since_us) / 1000 : 0;
+        if (op && waited_ms > (uint64_t)c->fast_stall_ms && !round_test(c->invalid_bits, id)) {
             LOGI("kolo", "rank %d: %s waited %llu ms for the other ranks; asking the "
-                 "coordinator", c->rank, op->name, (unsigned long long)(now - op->fast_since));
+                 "coordinator", c->rank, op->name, (unsigned long long)waited_ms);
             round_set(c->invalid_bits, id);
             c->fast_dirty = true;
         }
@@ -245,6 +276,24 @@ static struct fusion_item fusion_of(const struct op *op)
     return f;
 }
 
+/* How long this rank's oldest pending cached op has waited, in µs (mu
+ * held): the round's telemetry field, reduced by MAX. */
+static uint64_t oldest_wait_us(struct kolo_ctx *c, uint32_t w)
+{
+    uint64_t now = now_mono_us(), oldest = now;
+    for (uint32_t i = 0; i < w; i++)
+        for (uint64_t bits = c->ready_bits[i] & (i ? ~0ull : ~1ull); bits; bits &= bits - 1) {
+            const struct op *op = c->pending[i * 64 + (uint32_t)__builtin_ctzll(bits)];
+            if (op && op->fast_since_us < oldest)
+                oldest = op->fast_since_us;
+        }
+    return now - oldest;
+}
+
+/* The moving average of this rank's own wait per agreed op: the rank the
+ * others wait for waits least (coordinator: stragglers, /ranks lag). */
+#define WAIT_AVG_ALPHA 0.05
+
 /*
  * One round and its outcome (mu and the token held; mu released during the
  * exchange and while ops run). See DESIGN above for the order.
@@ -253,11 +302,13 @@ static void fast_round(struct kolo_ctx *c)
 {
     uint32_t w = round_bitmap_words(c->max_id);
     size_t nwords = round_words(w);
-    uint64_t k = c->round + 1, flags = c->joined ? ROUND_F_JOIN : 0;
+    uint64_t k = c->round + 1;
+    uint64_t flags = (c->joined ? ROUND_F_JOIN : 0) | (c->timeline_heard ? ROUND_F_SLOW : 0);
     uint64_t *v = c->vec;
     round_init(v, k, c->cache_epoch, w, c->cursor, flags);
     memcpy(round_ready(v), c->ready_bits, w * sizeof(uint64_t));
     memcpy(round_invalid(v), c->invalid_bits, w * sizeof(uint64_t));
+    v[ROUND_WAIT] = oldest_wait_us(c, w);
     LOGD("kolo", "rank %d: round %llu starts (%s, cursor %llu)", c->rank,
          (unsigned long long)k, c->fast_dirty ? "news here" : "a peer started it",
          (unsigned long long)c->cursor);
@@ -290,9 +341,14 @@ static void fast_round(struct kolo_ctx *c)
                 to_slow_path(c, op, false);
         }
     }
-    /* 2. join mode: everything waiting goes to the coordinator */
-    if ((v[ROUND_FLAGS] & ROUND_F_JOIN) && !c->join_mode) {
-        c->join_mode = true;
+    /* 2. join mode, or slow mode for a timeline: everything waiting goes
+     * to the coordinator (slow mode ends at the first round without the
+     * flag, on every rank at once) */
+    bool to_join = (v[ROUND_FLAGS] & ROUND_F_JOIN) && !c->join_mode;
+    bool to_slow = (v[ROUND_FLAGS] & ROUND_F_SLOW) && !c->slow_mode;
+    c->slow_mode = (v[ROUND_FLAGS] & ROUND_F_SLOW) != 0;
+    if (to_join || to_slow) {
+        c->join_mode = c->join_mode || to_join;
         for (uint32_t id = 1; id <= c->max_id; id++)
             if (c->pending[id] && !round_test(ready, id))
                 to_slow_path(c, c->pending[id], true);
@@ -325,6 +381,12 @@ static void fast_round(struct kolo_ctx *c)
         }
     }
     c->fast_agreed += na;
+    uint64_t now_us = now_mono_us();
+    for (size_t i = 0; i < na; i++) {
+        double waited = (double)(now_us - agreed[i]->fast_since_us) / 1e6;
+        c->fast_wait_avg_s += WAIT_AVG_ALPHA * (waited - c->fast_wait_avg_s);
+    }
+    report_round(c, (uint32_t)na, c->fast_wait_avg_s, v[ROUND_WAIT]);
     LOGD("kolo", "rank %d: round %llu agreed %zu op(s)%s, log to %llu", c->rank,
          (unsigned long long)k, na, round_test(ready, 0) ? " and a barrier" : "",
          (unsigned long long)v[ROUND_CURSOR]);

@@ -47,6 +47,7 @@
 #define REPORT_MAX_STEPS   4096
 #define REPORT_MAX_METRICS 4096
 #define REPORT_MAX_SECONDS 1e6
+#define REPORT_MAX_WAITS   4096 /* rounds' wait samples per report */
 
 struct epoch_rec {
     int64_t epoch;
@@ -62,6 +63,14 @@ struct step_rec {
     uint32_t count;
 };
 
+/* Readiness rounds' telemetry since the last report (proto RoundTelemetry). */
+struct round_tel {
+    uint64_t rounds, agreed;
+    double wait_avg_s;
+    uint32_t *wait_us, *wait_ops; /* REPORT_MAX_WAITS each */
+    int nwaits;
+};
+
 struct report {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -75,6 +84,7 @@ struct report {
     uint64_t dropped;
     uint64_t last_end_ms;   /* the previous epoch end reported here, 0: none */
     int64_t started_epoch;  /* the last epoch with a phase 0 here, -1: none */
+    struct round_tel tel;
     struct rpc_client *rpc; /* the sender's, opened on its first send */
 };
 
@@ -104,11 +114,15 @@ static struct report *report_get(struct kolo_ctx *c, int *code)
     if (r) {
         r->epochs = calloc(REPORT_MAX_EPOCHS, sizeof *r->epochs);
         r->steps = calloc(REPORT_MAX_STEPS, sizeof *r->steps);
+        r->tel.wait_us = calloc(REPORT_MAX_WAITS, sizeof *r->tel.wait_us);
+        r->tel.wait_ops = calloc(REPORT_MAX_WAITS, sizeof *r->tel.wait_ops);
     }
-    if (!r || !r->epochs || !r->steps) {
+    if (!r || !r->epochs || !r->steps || !r->tel.wait_us || !r->tel.wait_ops) {
         if (r) {
             free(r->epochs);
             free(r->steps);
+            free(r->tel.wait_us);
+            free(r->tel.wait_ops);
         }
         free(r);
         pthread_mutex_unlock(&c->mu);
@@ -126,6 +140,30 @@ static struct report *report_get(struct kolo_ctx *c, int *code)
     pthread_mutex_unlock(&c->mu);
     *code = 0;
     return r;
+}
+
+int report_start(struct kolo_ctx *c)
+{
+    int code;
+    return report_get(c, &code) ? 0 : code;
+}
+
+void report_round(struct kolo_ctx *c, uint32_t agreed, double wait_avg_s, uint64_t wait_us)
+{
+    struct report *r = __atomic_load_n(&c->report, __ATOMIC_ACQUIRE);
+    if (!r)
+        return;
+    pthread_mutex_lock(&r->mu);
+    struct round_tel *t = &r->tel;
+    t->rounds++;
+    t->agreed += agreed;
+    t->wait_avg_s = wait_avg_s;
+    /* every rank knows the same reduced wait: rank 0 speaks for them */
+    if (c->rank == 0 && agreed > 0 && t->nwaits < REPORT_MAX_WAITS) {
+        t->wait_us[t->nwaits] = wait_us > UINT32_MAX ? UINT32_MAX : (uint32_t)wait_us;
+        t->wait_ops[t->nwaits++] = agreed;
+    }
+    pthread_mutex_unlock(&r->mu);
 }
 
 void report_ctx_stop(struct kolo_ctx *c)
@@ -161,6 +199,8 @@ void report_ctx_free(struct kolo_ctx *c)
         free(r->epochs[i].metrics);
     free(r->epochs);
     free(r->steps);
+    free(r->tel.wait_us);
+    free(r->tel.wait_ops);
     rpc_client_close(r->rpc);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
@@ -307,6 +347,7 @@ struct batch {
     int nepochs;
     struct step_rec *steps;
     int nsteps;
+    struct round_tel tel; /* sent once, never put back: telemetry */
 };
 
 static void batch_free(struct batch *b)
@@ -315,6 +356,8 @@ static void batch_free(struct batch *b)
         free(b->epochs[i].metrics);
     free(b->epochs);
     free(b->steps);
+    free(b->tel.wait_us);
+    free(b->tel.wait_ops);
     memset(b, 0, sizeof *b);
 }
 
@@ -322,16 +365,25 @@ static void batch_free(struct batch *b)
 static bool take(struct report *r, struct batch *b)
 {
     memset(b, 0, sizeof *b);
-    if (!r->nepochs && !r->nsteps)
+    if (!r->nepochs && !r->nsteps && !r->tel.rounds)
         return false;
+    size_t nw = (size_t)(r->tel.nwaits ? r->tel.nwaits : 1);
     b->epochs = malloc((size_t)(r->nepochs ? r->nepochs : 1) * sizeof *b->epochs);
     b->steps = malloc((size_t)(r->nsteps ? r->nsteps : 1) * sizeof *b->steps);
-    if (!b->epochs || !b->steps) {
-        free(b->epochs);
-        free(b->steps);
-        memset(b, 0, sizeof *b);
+    b->tel.wait_us = malloc(nw * sizeof *b->tel.wait_us);
+    b->tel.wait_ops = malloc(nw * sizeof *b->tel.wait_ops);
+    if (!b->epochs || !b->steps || !b->tel.wait_us || !b->tel.wait_ops) {
+        batch_free(b);
         return false; /* tried again next period */
     }
+    b->tel.rounds = r->tel.rounds;
+    b->tel.agreed = r->tel.agreed;
+    b->tel.wait_avg_s = r->tel.wait_avg_s;
+    b->tel.nwaits = r->tel.nwaits;
+    memcpy(b->tel.wait_us, r->tel.wait_us, (size_t)r->tel.nwaits * sizeof *b->tel.wait_us);
+    memcpy(b->tel.wait_ops, r->tel.wait_ops, (size_t)r->tel.nwaits * sizeof *b->tel.wait_ops);
+    r->tel.rounds = r->tel.agreed = 0;
+    r->tel.nwaits = 0;
     memcpy(b->epochs, r->epochs, (size_t)r->nepochs * sizeof *b->epochs);
     memcpy(b->steps, r->steps, (size_t)r->nsteps * sizeof *b->steps);
     b->nepochs = r->nepochs;
@@ -425,6 +477,17 @@ static int send_batch(struct kolo_ctx *c, struct report *r, struct batch *b, int
     req.steps = stp;
     req.n_steps = (size_t)b->nsteps;
     req.dropped = dropped;
+    Kolo__RoundTelemetry tel = KOLO__ROUND_TELEMETRY__INIT;
+    if (b->tel.rounds) {
+        tel.rounds = b->tel.rounds;
+        tel.agreed = b->tel.agreed;
+        tel.wait_avg_s = b->tel.wait_avg_s;
+        tel.wait_us = b->tel.wait_us;
+        tel.n_wait_us = (size_t)b->tel.nwaits;
+        tel.wait_ops = b->tel.wait_ops;
+        tel.n_wait_ops = (size_t)b->tel.nwaits;
+        req.rounds = &tel;
+    }
     size_t len = kolo__worker_report_request__get_packed_size(&req);
     if (!(buf = malloc(len ? len : 1)))
         goto out;

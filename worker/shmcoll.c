@@ -238,16 +238,6 @@ static long env_long(const char *name, long def, long lo, long hi)
     return x;
 }
 
-/* CPUs this process may run on: ranks beyond that share CPUs. */
-static int usable_cpus(void)
-{
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0)
-        return CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
 static inline struct shm_ctrl *ctrl_of(const struct shmcoll *s, int r)
 {
     return (struct shm_ctrl *)(s->base + s->hdr->off_ctrl + (size_t)r * SHM_CTRL_BYTES);

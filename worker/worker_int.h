@@ -41,7 +41,7 @@ struct op {
     int64_t *shape;
     int32_t *splits;
     uint32_t cache_id; /* submitted by cache id */
-    uint64_t fast_since; /* monotonic ms it began waiting in rounds */
+    uint64_t fast_since_us; /* monotonic µs it began waiting in rounds */
     bool fast;           /* the readiness rounds own it (not the coordinator) */
     bool answered;     /* its response has arrived (it may not have run yet) */
     uint64_t group;
@@ -159,6 +159,8 @@ struct kolo_ctx {
     bool fast;         /* rounds on: KOLO_FAST_PATH != 0 and the backend has them */
     bool fast_dirty;   /* something new to contribute since the last round */
     bool join_mode;    /* a rank joined: every op goes through the coordinator */
+    bool timeline_heard; /* the coordinator writes a timeline: ask for ROUND_F_SLOW */
+    bool slow_mode;      /* some rank asked for ROUND_F_SLOW in the last round */
     bool idling;       /* a thread sits in coll->idle_wait (one at a time) */
     int drivers;       /* user threads inside kolo_wait */
     uint64_t round;    /* rounds completed */
@@ -177,6 +179,7 @@ struct kolo_ctx {
     struct fusion_item *agreed_items; /* [ROUND_MAX_ID]: their fusion keys */
     int64_t fused_threshold;     /* rank 0's, from the rendezvous */
     uint64_t fast_rounds, fast_agreed; /* counters, for tests and debugging */
+    double fast_wait_avg_s; /* moving average of this rank's wait per agreed op */
 
     /* ---- background thread only ---- */
     void *fusion;
@@ -236,6 +239,12 @@ void snapshot_ctx_free(struct kolo_ctx *c);
 /* report.c (issue 6): kolo_fini flushes and stops the report sender
  * (mu not held); ctx_free frees it. */
 void report_ctx_stop(struct kolo_ctx *c);
+/* report_start starts the sender before any report (readiness rounds send
+ * telemetry from the first round; call it without c->mu). report_round
+ * queues one round's telemetry: ops agreed, this rank's moving average
+ * wait per op, and the round's reduced longest wait in microseconds. */
+int report_start(struct kolo_ctx *c);
+void report_round(struct kolo_ctx *c, uint32_t agreed, double wait_avg_s, uint64_t wait_us);
 void report_ctx_free(struct kolo_ctx *c);
 
 /* fastpath.c: readiness rounds among the ranks (docs/design.md) */

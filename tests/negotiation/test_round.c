@@ -20,8 +20,11 @@ static void test_reduce_fields(void)
     uint64_t v[N][ROUND_HDR + 2 * W];
     uint64_t cursors[N] = {17, 9, 12, 9};
     uint64_t flags[N] = {0, ROUND_F_JOIN, 0, FLAG_OTHER};
+    uint64_t waits[N] = {40, 0, 900, 7};
     for (int r = 0; r < N; r++) {
         round_init(v[r], 5, 2, W, cursors[r], flags[r]);
+        CHECK_EQ_INT(v[r][ROUND_WAIT], 0);
+        v[r][ROUND_WAIT] = waits[r];
         /* id 3 and id 70 ready everywhere; id 130 everywhere but rank 2;
          * the barrier bit on all; rank 1 invalidates id 64. */
         round_set(round_ready(v[r]), 0);
@@ -43,6 +46,7 @@ static void test_reduce_fields(void)
         CHECK_EQ_INT(round_check(acc, 5, 2, W, why, sizeof why), 0);
         CHECK_EQ_INT(acc[ROUND_CURSOR], 9);
         CHECK_EQ_INT(acc[ROUND_FLAGS], ROUND_F_JOIN | FLAG_OTHER);
+        CHECK_EQ_INT(acc[ROUND_WAIT], 900);
         uint64_t *ready = round_ready(acc), *invalid = round_invalid(acc);
         CHECK(round_test(ready, 0));
         CHECK(round_test(ready, 3));
