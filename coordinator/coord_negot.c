@@ -937,18 +937,20 @@ int coord_negot_lags(const struct job *j, double *lag_s, int max)
     if (!n || !n->complete)
         return 0;
     int k = n->size < max ? n->size : max;
-    if (!n->round_waits) {
-        memcpy(lag_s, n->lag_s, (size_t)k * sizeof(*lag_s));
+    memcpy(lag_s, n->lag_s, (size_t)k * sizeof(*lag_s));
+    if (!n->round_waits)
         return k;
-    }
     /* Rounds: every rank waits for the same ops to be agreed, so the one
-     * the others wait for waits least; its lag is how much less. */
+     * the others wait for waits least; its lag is how much less. The ops
+     * that still came here (first-time, stalled) keep their say: the
+     * larger of the two. */
     double most = 0;
     for (int r = 0; r < n->size; r++)
         if (n->round_wait_s[r] > most)
             most = n->round_wait_s[r];
     for (int r = 0; r < k; r++)
-        lag_s[r] = most - n->round_wait_s[r];
+        if (most - n->round_wait_s[r] > lag_s[r])
+            lag_s[r] = most - n->round_wait_s[r];
     return k;
 }
 

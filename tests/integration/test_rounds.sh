@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Readiness rounds (issue 13) as a user runs them: a 2-rank job on a
+# standalone coordinator, 12 named tensors a step and a barrier every 10.
+#  - after the first step the ranks agree among themselves: the coordinator
+#    sees no Negotiate call per step (only each rank's parked long-poll),
+#    and /metrics counts the rounds' ops from the ranks' telemetry;
+#  - a rank that sleeps 50 ms before every step is flagged as the
+#    straggler by REST (/ranks), from the ranks' reported waits;
+#  - the coordinator stopped (SIGSTOP) for 5 s: training goes on meanwhile;
+#  - KOLO_FAST_PATH=0 runs the same job through the coordinator alone.
+. "$(dirname "$0")/lib.sh"
+/usr/bin/python3 -c "import numpy" 2>/dev/null || { echo "SKIP: no /usr/bin/python3 with numpy"; exit 77; }
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+export PYTHONPATH="$ROOT/python"
+PY=/usr/bin/python3
+STEPS_PY="$ROOT/tests/integration/data/rounds_steps.py"
+
+# a lease longer than the 5 s the coordinator is stopped for
+LEASE=30s start_coordinator coord
+start_agent a 2
+wait_hosts 1
+
+metric() { curl -sf "$HTTP/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
+negotiates() { metric 'kolo_rpc_requests_total{method="WorkerService.Negotiate"}'; }
+steps_of() { grep -c "<stdout>:step" "$1" 2>/dev/null || true; }
+
+# ---- 1. rounds: no coordinator call per step; the straggler; SIGSTOP
+"$KOLO" run -np 2 --coordinator "$RPC" -- "$PY" "$STEPS_PY" --steps 400 --slow-rank 1 \
+  --slow-s 0.05 --progress "$WORK/progress" >"$WORK/run.out" 2>"$WORK/run.err" &
+RUN_PID=$!
+PIDS+=("$RUN_PID")
+wait_for 30 eval '[ "$(steps_of "$WORK/run.out")" -ge 40 ]' || fail "training did not start: $(tail "$WORK/run.err")"
+s0=$(( $(steps_of "$WORK/run.out") / 2 )); n0=$(negotiates)
+wait_for 30 eval '[ "$(steps_of "$WORK/run.out")" -ge $(( s0 * 2 + 80 )) ]' || fail "no progress"
+s1=$(( $(steps_of "$WORK/run.out") / 2 )); n1=$(negotiates)
+note "steps $s0 -> $s1: Negotiate calls $n0 -> $n1 (12 tensors and 2 ranks a step)"
+# the coordinator path would make 24 calls a step; the long-polls re-park
+# about once a second per rank
+[ $(( (n1 - n0) * 4 )) -lt $(( s1 - s0 )) ] || fail "$((n1 - n0)) Negotiate calls in $((s1 - s0)) steps"
+ops=$(metric kolo_negotiation_round_ops_total)
+[ "${ops:-0}" -ge $(( 12 * 40 )) ] || fail "the rounds' telemetry counts $ops ops"
+metric kolo_negotiation_wait_seconds_count | has '^[1-9]' || fail "no negotiation waits from the rounds"
+
+straggler() {
+  curl -sf "$HTTP/api/v1/jobs/1/ranks" | "$PY" -c '
+import json, sys
+r = json.load(sys.stdin)["ranks"]
+sys.exit(0 if r[1]["straggler"] and not r[0]["straggler"] and r[1]["lag_s"] >= 0.02 else 1)'
+}
+wait_for 15 straggler || fail "rank 1 is not flagged: $(curl -sf "$HTTP/api/v1/jobs/1/ranks")"
+
+progress() { cat "$WORK/progress" 2>/dev/null || echo 0; }
+before=$(progress)
+kill -STOP "$COORD_PID"
+sleep 5
+during=$(progress)
+kill -CONT "$COORD_PID"
+note "coordinator stopped for 5 s: steps $before -> $during meanwhile"
+[ $(( during - before )) -ge 10 ] || fail "training stopped with the coordinator (steps $before -> $during)"
+
+set +e
+wait "$RUN_PID"
+rc=$?
+set -e
+[ $rc -eq 0 ] || fail "the job failed ($rc): $(tail -20 "$WORK/run.err")"
+[ "$(grep -c '<stdout>:done 400' "$WORK/run.out")" -eq 2 ] || fail "not every rank finished"
+! grep -q WRONG "$WORK/run.out" || fail "a wrong result"
+
+# ---- 2. KOLO_FAST_PATH=0: every op through the coordinator
+n0=$(negotiates)
+KOLO_FAST_PATH=0 "$KOLO" run -np 2 --coordinator "$RPC" -- "$PY" "$STEPS_PY" --steps 20 \
+  >"$WORK/slow.out" 2>"$WORK/slow.err" || fail "the slow-path job failed: $(tail "$WORK/slow.err")"
+n1=$(negotiates)
+[ "$(grep -c '<stdout>:done 20' "$WORK/slow.out")" -eq 2 ] || fail "slow path: not every rank finished"
+[ $(( n1 - n0 )) -ge $(( 20 * 2 )) ] || fail "KOLO_FAST_PATH=0 made only $((n1 - n0)) Negotiate calls in 20 steps"
+note "KOLO_FAST_PATH=0: $((n1 - n0)) Negotiate calls in 20 steps"
+curl -sf "$HTTP/metrics" | "$PY" "$(dirname "$0")/check_metrics.py" || fail "/metrics is not valid exposition text"
+echo PASS
