@@ -419,7 +419,10 @@ static bool fast_work(struct kolo_ctx *c)
 
 bool fast_try(struct kolo_ctx *c)
 {
-    if (c->executing || c->sticky || c->stopping)
+    /* Not while another thread sits in idle_wait: it reads the backend's
+     * state (event counters, poll set) that a round changes. Its bell was
+     * rung with the news; it leaves at once and broadcasts done. */
+    if (c->executing || c->sticky || c->stopping || c->idling)
         return false;
     check_stalls(c); /* may make the rank dirty */
     if (!fast_work(c))
