@@ -814,9 +814,9 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
                     break;
                 /* the rule the ranks' own rounds apply too (negotiation/round.h) */
                 int64_t fb = elems(b, 0) * (int64_t)dtype_sizes[b->dtype];
-                struct fusion_item fa = fusion_of(a, bytes), fi = fusion_of(b, fb);
-                if (!fusion_compatible(&fa, &fi) || n->fusion_threshold < 0 ||
-                    bytes + fb > n->fusion_threshold)
+                struct fusion_item fa = fusion_of(a, elems(a, 0) * (int64_t)dtype_sizes[a->dtype]),
+                                   fi = fusion_of(b, fb);
+                if (!fusion_fits(&fa, bytes, &fi, n->fusion_threshold))
                     break;
                 check_entry(n, f, ferr, sizeof(ferr));
                 if (ferr[0])

@@ -66,15 +66,25 @@ bool fusion_compatible(const struct fusion_item *a, const struct fusion_item *b)
            a->postscale == b->postscale && a->gpu == b->gpu;
 }
 
+static bool runs_alone(const struct fusion_item *f)
+{
+    return !f->gpu && f->bytes >= FUSION_ALONE_BYTES;
+}
+
+bool fusion_fits(const struct fusion_item *first, int64_t bytes, const struct fusion_item *next,
+                 int64_t threshold)
+{
+    return threshold >= 0 && fusion_compatible(first, next) && !runs_alone(first) &&
+           !runs_alone(next) && bytes + next->bytes <= threshold;
+}
+
 size_t fusion_run(const struct fusion_item *items, size_t n, int64_t threshold)
 {
     if (n == 0)
         return 0;
-    if (threshold < 0)
-        return 1;
     int64_t bytes = items[0].bytes;
     size_t j = 1;
-    while (j < n && fusion_compatible(&items[0], &items[j]) && bytes + items[j].bytes <= threshold) {
+    while (j < n && fusion_fits(&items[0], bytes, &items[j], threshold)) {
         bytes += items[j].bytes;
         j++;
     }

@@ -108,7 +108,12 @@ static void test_sizes(void)
 static void test_fusion(void)
 {
     struct fusion_item f32 = {.dtype = 7, .op = 0, .prescale = 1, .postscale = 1, .bytes = 400};
-    struct fusion_item f64 = f32, avg = f32, pre = f32, gpu = f32, big = f32;
+    struct fusion_item f64 = f32, avg = f32, pre = f32, gpu = f32, big = f32, huge = f32,
+                       huge_gpu = f32, gpu_small = f32;
+    huge.bytes = FUSION_ALONE_BYTES;
+    huge_gpu.bytes = FUSION_ALONE_BYTES;
+    huge_gpu.gpu = true;
+    gpu_small.gpu = true;
     f64.dtype = 8;
     avg.op = 1;
     pre.prescale = 0.5;
@@ -132,6 +137,10 @@ static void test_fusion(void)
         {"fusion off", {f32, f32}, 2, -1, 1},
         {"threshold 0 still runs one", {f32, f32}, 2, 0, 1},
         {"nothing", {f32}, 0, 100, 0},
+        {"a large host tensor runs alone", {huge, f32, f32}, 3, 64 << 20, 1},
+        {"a large host tensor ends a run", {f32, f32, huge, f32}, 4, 64 << 20, 2},
+        {"just below the size still fuses", {f32, f32}, 2, 64 << 20, 2},
+        {"large device tensors keep Horovod's rule", {huge_gpu, gpu_small}, 2, 64 << 20, 2},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         size_t got = fusion_run(cases[c].items, cases[c].n, cases[c].threshold);
