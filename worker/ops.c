@@ -462,7 +462,8 @@ int ops_submit(kolo_ctx *c, const kolo_request *reqs, int n, void *stream, kolo_
             continue;
         /* Otherwise the coordinator negotiates it; a cached allreduce goes
          * by its id where the coordinator's cache path applies. */
-        if (op->req.coll == KOLO_COLL_ALLREDUCE && !c->joined && (!c->fast || c->join_mode))
+        if (op->req.coll == KOLO_COLL_ALLREDUCE && !c->joined &&
+            (!c->fast || c->join_mode || c->slow_mode))
             op->cache_id = ops_cache_lookup(c, op);
         if (op->req.coll == KOLO_COLL_JOIN) {
             c->joined = true;
@@ -531,7 +532,9 @@ int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
         if (rv == ETIMEDOUT && op->state != OP_DONE)
             break;
     }
-    c->drivers--;
+    /* the background thread answers the peers' rounds from now on */
+    if (--c->drivers == 0 && c->fast)
+        pthread_cond_signal(&c->wake);
     if (op->state != OP_DONE) {
         pthread_mutex_unlock(&c->mu);
         return KOLO_ETIMEDOUT;
