@@ -49,6 +49,8 @@ def ratio(a, b):
     if a is None or b is None or b == 0:
         return "—"
     r = a / b
+    if r < 0.01:
+        return f"{r:.2g}×"
     if r >= 100:
         return f"{r:,.0f}×"
     if r >= 10:
@@ -83,11 +85,13 @@ def main():
         scenario, impl, kind, np_, nbytes = key
         meds = [r["median_us"] for r in rs]
         med = statistics.median(meds)
+        p99s = [r["p99_us"] for r in rs if r.get("p99_us") is not None]
         algbw = nbytes / med / 1e3 if med > 0 else None
         s = {
             "scenario": scenario, "impl": impl, "kind": kind, "np": np_, "bytes": nbytes,
             "median_us": round(med, 2), "min_us": round(min(meds), 2),
             "max_us": round(max(meds), 2), "launches": len(meds),
+            "p99_us": round(statistics.median(p99s), 2) if p99s else None,
             "algbw_gbs": round(algbw, 4) if algbw else None,
             "busbw_gbs": round(algbw * 2 * (np_ - 1) / np_, 4) if algbw else None,
             "mean_load1": round(statistics.mean(r.get("load1", 0) for r in rs), 2),
@@ -153,6 +157,22 @@ def main():
             md.append(f"| {fmt_size(b)} | {c(k)} | {c(o)} | {c(g)} | "
                       f"{ratio(k and k['median_us'], o and o['median_us'])} | "
                       f"{ratio(k and k['median_us'], g and g['median_us'])} | {spread} |")
+        md.append("")
+        # the tail: each launch's p99 over its iterations, median over launches
+        md.append("p99, µs (median over launches of each launch's p99):")
+        md.append("")
+        md.append("| size | kolo | Open MPI (vader) | Gloo (TCP lo) | kolo/MPI | kolo/Gloo |")
+        md.append("|---:|---:|---:|---:|---:|---:|")
+        for b in local_sizes:
+            k = get("local", "kolo", "allreduce", np_, b)
+            o = get("local", "openmpi", "allreduce", np_, b)
+            g = get("local", "gloo", "allreduce", np_, b)
+
+            def p(x):
+                return x and x.get("p99_us")
+
+            md.append(f"| {fmt_size(b)} | {fmt_num(p(k))} | {fmt_num(p(o))} | {fmt_num(p(g))} | "
+                      f"{ratio(p(k), p(o))} | {ratio(p(k), p(g))} |")
         md.append("")
 
     # 2. ResNet-50
