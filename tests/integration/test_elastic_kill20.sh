@@ -31,7 +31,11 @@ mkdir -p "$WORK/marks"
 
 start_job -np 4 --min-np 2 --max-np 4 --blacklist-cooldown-range 1 2 -- \
     --steps "$steps" --commit $COMMIT --delay 0.02 --kills "$plan" --marks "$WORK/marks"
-wait_for 170 gone "$RUN_PID" || fail "the job did not end within 170 s ($(ls "$WORK/marks" | wc -l) kills done, step $(last_step))"
+# Alone on 2 CPUs: ~60 s through the coordinator, ~95 s with readiness
+# rounds (a survivor blocked in a round sees the dead peer first, resets on
+# its own and adds a generation: recovery 0.3-0.4 s instead of 0.1 s); up
+# to ~170 s with the rest of the suite running beside it.
+wait_for 230 gone "$RUN_PID" || fail "the job did not end within 230 s ($(ls "$WORK/marks" | wc -l) kills done, step $(last_step))"
 rc=0
 wait "$RUN_PID" || rc=$?
 [ $rc -eq 0 ] || fail "kolo run exited $rc: $(tail -n 5 "$WORK/run.err")"
