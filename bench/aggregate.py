@@ -142,10 +142,13 @@ def main():
         md.append("| size | kolo | Open MPI (vader) | Gloo (TCP lo) | kolo/MPI | kolo/Gloo "
                   "| kolo launches min..max |")
         md.append("|---:|---:|---:|---:|---:|---:|---|")
+        # the tail: each launch's p99 over its iterations, median over launches
+        tail = ["p99, µs (median over launches of each launch's p99):", "",
+                "| size | kolo | Open MPI (vader) | Gloo (TCP lo) | kolo/MPI | kolo/Gloo |",
+                "|---:|---:|---:|---:|---:|---:|"]
         for b in local_sizes:
-            k = get("local", "kolo", "allreduce", np_, b)
-            o = get("local", "openmpi", "allreduce", np_, b)
-            g = get("local", "gloo", "allreduce", np_, b)
+            k, o, g = (get("local", impl, "allreduce", np_, b)
+                       for impl in ("kolo", "openmpi", "gloo"))
 
             def c(x):
                 if not x:
@@ -153,26 +156,17 @@ def main():
                 bw = f" ({fmt_bw(x['busbw_gbs'])})" if b >= 4096 else ""
                 return fmt_num(x["median_us"]) + bw
 
+            def p(x):
+                return x and x.get("p99_us")
+
             spread = f"{fmt_num(k['min_us'])}..{fmt_num(k['max_us'])}" if k else "—"
             md.append(f"| {fmt_size(b)} | {c(k)} | {c(o)} | {c(g)} | "
                       f"{ratio(k and k['median_us'], o and o['median_us'])} | "
                       f"{ratio(k and k['median_us'], g and g['median_us'])} | {spread} |")
+            tail.append(f"| {fmt_size(b)} | {fmt_num(p(k))} | {fmt_num(p(o))} | "
+                        f"{fmt_num(p(g))} | {ratio(p(k), p(o))} | {ratio(p(k), p(g))} |")
         md.append("")
-        # the tail: each launch's p99 over its iterations, median over launches
-        md.append("p99, µs (median over launches of each launch's p99):")
-        md.append("")
-        md.append("| size | kolo | Open MPI (vader) | Gloo (TCP lo) | kolo/MPI | kolo/Gloo |")
-        md.append("|---:|---:|---:|---:|---:|---:|")
-        for b in local_sizes:
-            k = get("local", "kolo", "allreduce", np_, b)
-            o = get("local", "openmpi", "allreduce", np_, b)
-            g = get("local", "gloo", "allreduce", np_, b)
-
-            def p(x):
-                return x and x.get("p99_us")
-
-            md.append(f"| {fmt_size(b)} | {fmt_num(p(k))} | {fmt_num(p(o))} | {fmt_num(p(g))} | "
-                      f"{ratio(p(k), p(o))} | {ratio(p(k), p(g))} |")
+        md.extend(tail)
         md.append("")
 
     # 2. ResNet-50
