@@ -219,7 +219,8 @@ static void rpc_report(struct coord *c, struct rpc_call *call)
     }
     /* One transaction for the batch: one fsync, all or nothing; none
      * when only telemetry came. */
-    int err = m->n_epochs || m->n_steps ? store_begin(c->store) : 0;
+    bool store = m->n_epochs || m->n_steps;
+    int err = store ? store_begin(c->store) : 0;
     for (size_t i = 0; i < m->n_epochs && !err; i++) {
         const Kolo__EpochReport *e = m->epochs[i];
         struct store_epoch se = {.job_id = j->id,
@@ -234,13 +235,10 @@ static void rpc_report(struct coord *c, struct rpc_call *call)
     }
     if (!err && m->n_steps)
         err = store_steps_add(c->store, rows, m->n_steps);
-    if (!m->n_epochs && !m->n_steps) {
-        /* nothing to store */
-    } else if (!err) {
+    if (store && !err)
         err = store_commit(c->store);
-    } else {
+    else if (store)
         store_rollback(c->store);
-    }
     free(rows);
     if (err) {
         coord_store_failed(c, "report");
