@@ -247,13 +247,15 @@ static void on_kill_timeout(uv_timer_t *t)
     signal_group(w, SIGKILL);
 }
 
-static void worker_stop(struct worker *w)
+/* why ends the log line: what an operator reads to tell a fenced
+ * generation from an agent going down. */
+static void worker_stop(struct worker *w, const char *why)
 {
     if (!w->spawned || w->exited || w->stopping)
         return;
     w->stopping = true;
-    LOGI("agent", "job %" PRIu64 " rank %d: stopping (SIGTERM, SIGKILL after %lld ms)", w->key.job_id,
-         w->key.rank, (long long)w->a->grace_ms);
+    LOGI("agent", "job %" PRIu64 " gen %" PRIu64 " rank %d: stopping (SIGTERM, SIGKILL after %lld ms): %s",
+         w->key.job_id, w->key.generation, w->key.rank, (long long)w->a->grace_ms, why);
     signal_group(w, SIGTERM);
     uv_timer_start(&w->timer, on_kill_timeout, (uint64_t)(w->a->grace_ms > 0 ? w->a->grace_ms : 0),
                    0);
@@ -515,7 +517,9 @@ void supervise_reconcile(struct agent *a, const Kolo__HeartbeatReply *rep)
         if (w->handles_open == 0)
             worker_unlink(a, w); /* finished earlier; forget the key */
         else
-            worker_stop(w); /* frees itself once its handles are closed */
+            /* frees itself once its handles are closed */
+            worker_stop(w, "not in the coordinator's plan any more (its generation is over, "
+                           "or the job ended)");
     }
 }
 
@@ -528,7 +532,7 @@ void supervise_stop_all(struct agent *a)
         if (w->handles_open == 0)
             worker_unlink(a, w);
         else
-            worker_stop(w);
+            worker_stop(w, "the agent is stopping");
     }
 }
 

@@ -736,11 +736,15 @@ static bool parse_u64_param(const char *query, const char *key, uint64_t lo, uin
  *
  * A rank is the straggler when the others keep waiting for it: its
  * requests come in at least STRAGGLER_MIN_S after the first rank's, on
- * average, and at least STRAGGLER_RATIO times as late as the median of the
- * other ranks' lateness (coord_negot_lags). stragglers() fills lag[] and
- * slow[] for the job's current ranks; false when nothing is known yet. */
+ * average, at least STRAGGLER_RATIO times as late as the median of the
+ * other ranks' lateness (coord_negot_lags), and at least STRAGGLER_NEAR of
+ * the largest lateness: the job waits for its slowest ranks, not for one
+ * that a busy CPU made 20 ms late beside a 120 ms straggler. stragglers()
+ * fills lag[] and slow[] for the job's current ranks; false when nothing
+ * is known yet. */
 #define STRAGGLER_MIN_S 0.02
 #define STRAGGLER_RATIO 3.0
+#define STRAGGLER_NEAR 0.5
 
 void coord_straggler_flags(const double *lag, int n, bool *slow)
 {
@@ -751,6 +755,7 @@ void coord_straggler_flags(const double *lag, int n, bool *slow)
         return;
     memcpy(sorted, lag, (size_t)n * sizeof(*sorted));
     qsort(sorted, (size_t)n, sizeof(*sorted), cmp_dbl);
+    double most = sorted[n - 1];
     int k = n - 1; /* the others */
     for (int r = 0; r < n; r++) {
         /* the others, sorted, are `sorted` without one copy of lag[r]:
@@ -767,7 +772,8 @@ void coord_straggler_flags(const double *lag, int n, bool *slow)
         }
         int a = k / 2 - (k % 2 == 0), b = k / 2;
         double med = (sorted[a < pos ? a : a + 1] + sorted[b < pos ? b : b + 1]) / 2;
-        slow[r] = lag[r] >= STRAGGLER_MIN_S && lag[r] >= STRAGGLER_RATIO * med;
+        slow[r] = lag[r] >= STRAGGLER_MIN_S && lag[r] >= STRAGGLER_RATIO * med &&
+                  lag[r] >= STRAGGLER_NEAR * most;
     }
     free(sorted);
 }

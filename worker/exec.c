@@ -263,6 +263,68 @@ static void exec_reducescatter(struct kolo_ctx *c, const Kolo__Response *r, stru
     finish(c, &op, 1, rc, rc ? why_of(c, rc) : NULL);
 }
 
+/* Runs response r on the ops found for it (mu held on entry, released on
+ * return). */
+static void exec_locked(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops,
+                        uint64_t deadline)
+{
+    size_t k = r->n_names;
+    bool on_gpu = gpu_response_is_gpu(c, r, ops, k);
+    /* Pinned while the data plane has them: a failure on another thread
+     * (the generation closed, an abort) leaves them to this executor,
+     * which completes every op it runs. Allreduce and barrier run all k
+     * ops, the others ops[0]. GPU ops are completed by their finaliser. */
+    size_t run = r->coll == KOLO_COLL_ALLREDUCE || r->coll == KOLO_COLL_BARRIER ? k : 1;
+    for (size_t i = 0; i < k; i++)
+        if (ops[i])
+            ops[i]->pinned = !on_gpu && i < run;
+    pthread_mutex_unlock(&c->mu);
+
+    /* GPU tensors: the NCCL backend queues the work and returns; the
+     * finaliser completes the ops (gpu.h). */
+    if (on_gpu) {
+        gpu_exec_response(c, r, ops, deadline);
+        return;
+    }
+
+    switch (r->coll) {
+    case KOLO_COLL_ALLREDUCE:
+        exec_allreduce(c, r, ops, deadline);
+        break;
+    case KOLO_COLL_ALLGATHER:
+        if (ops[0])
+            exec_allgather(c, r, ops[0], deadline);
+        break;
+    case KOLO_COLL_ALLTOALL:
+        if (ops[0])
+            exec_alltoall(c, r, ops[0], deadline);
+        break;
+    case KOLO_COLL_REDUCESCATTER:
+        if (ops[0])
+            exec_reducescatter(c, r, ops[0], deadline);
+        break;
+    case KOLO_COLL_BROADCAST: {
+        struct op *op = ops[0];
+        size_t bytes = (size_t)(r->n_sizes ? r->sizes[0] : 0) * kolo_dtype_size(r->dtype);
+        if (!op)
+            break;
+        if (c->rank == r->root && op->req.sendbuf != op->req.recvbuf && bytes)
+            memcpy(op->req.recvbuf, op->req.sendbuf, bytes);
+        int rc = c->coll->ops->broadcast(c->coll, op->req.recvbuf, bytes, r->root, deadline);
+        finish(c, &op, 1, rc, rc ? why_of(c, rc) : NULL);
+        break;
+    }
+    case KOLO_COLL_BARRIER: {
+        int rc = c->coll->ops->barrier(c->coll, deadline);
+        finish(c, ops, k, rc, rc ? why_of(c, rc) : NULL);
+        break;
+    }
+    default:
+        finish(c, ops, k, KOLO_EPROTO, "unknown collective in the response log");
+        break;
+    }
+}
+
 void exec_response(struct kolo_ctx *c, const Kolo__Response *r)
 {
     uint64_t deadline = now_mono_ms() + (uint64_t)c->timeout_ms;
@@ -307,52 +369,13 @@ void exec_response(struct kolo_ctx *c, const Kolo__Response *r)
         free(ops);
         return;
     }
-    bool on_gpu = gpu_response_is_gpu(c, r, ops, k);
-    pthread_mutex_unlock(&c->mu);
-
-    /* GPU tensors: the NCCL backend queues the work and returns; the
-     * finaliser completes the ops (gpu.h). */
-    if (on_gpu) {
-        gpu_exec_response(c, r, ops, deadline);
-        free(ops);
-        return;
-    }
-
-    switch (r->coll) {
-    case KOLO_COLL_ALLREDUCE:
-        exec_allreduce(c, r, ops, deadline);
-        break;
-    case KOLO_COLL_ALLGATHER:
-        if (ops[0])
-            exec_allgather(c, r, ops[0], deadline);
-        break;
-    case KOLO_COLL_ALLTOALL:
-        if (ops[0])
-            exec_alltoall(c, r, ops[0], deadline);
-        break;
-    case KOLO_COLL_REDUCESCATTER:
-        if (ops[0])
-            exec_reducescatter(c, r, ops[0], deadline);
-        break;
-    case KOLO_COLL_BROADCAST: {
-        struct op *op = ops[0];
-        size_t bytes = (size_t)(r->n_sizes ? r->sizes[0] : 0) * kolo_dtype_size(r->dtype);
-        if (!op)
-            break;
-        if (c->rank == r->root && op->req.sendbuf != op->req.recvbuf && bytes)
-            memcpy(op->req.recvbuf, op->req.sendbuf, bytes);
-        int rc = c->coll->ops->broadcast(c->coll, op->req.recvbuf, bytes, r->root, deadline);
-        finish(c, &op, 1, rc, rc ? why_of(c, rc) : NULL);
-        break;
-    }
-    case KOLO_COLL_BARRIER: {
-        int rc = c->coll->ops->barrier(c->coll, deadline);
-        finish(c, ops, k, rc, rc ? why_of(c, rc) : NULL);
-        break;
-    }
-    default:
-        finish(c, ops, k, KOLO_EPROTO, "unknown collective in the response log");
-        break;
-    }
+    exec_locked(c, r, ops, deadline);
     free(ops);
+}
+
+void exec_pinned(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops)
+{
+    uint64_t deadline = now_mono_ms() + (uint64_t)c->timeout_ms;
+    pthread_mutex_lock(&c->mu);
+    exec_locked(c, r, ops, deadline);
 }

@@ -234,7 +234,8 @@ static void round_failed(struct kolo_ctx *c, int rc)
     ctx_fail(c, rc, why);
 }
 
-/* One fused response of agreed ids, run like a log entry (mu not held). */
+/* One fused response of agreed ids, run like a log entry (mu not held;
+ * the ops are pinned, so they outlive a failure on another thread). */
 static void run_agreed(struct kolo_ctx *c, struct op **ops, size_t n)
 {
     char **names = calloc(n, sizeof(*names));
@@ -259,7 +260,7 @@ static void run_agreed(struct kolo_ctx *c, struct op **ops, size_t n)
     r.postscale = ops[0]->req.postscale;
     r.sizes = sizes;
     r.n_sizes = n;
-    exec_response(c, &r);
+    exec_pinned(c, &r, ops);
     free(names);
     free(sizes);
 }
@@ -321,6 +322,10 @@ static void fast_round(struct kolo_ctx *c)
         round_failed(c, rc);
         return;
     }
+    /* Failed meanwhile (the generation closed, an abort): every pending op
+     * was completed, and may be gone already. */
+    if (c->sticky)
+        return;
     char why[300];
     if (round_check(v, k, c->cache_epoch, w, why, sizeof(why)) != 0) {
         ctx_fail(c, KOLO_EPROTO, why);
@@ -380,6 +385,10 @@ static void fast_round(struct kolo_ctx *c)
             agreed[na++] = op;
         }
     }
+    /* run with mu released below: from here only their executor completes
+     * them (exec.c unpins what runs on a GPU) */
+    for (size_t i = 0; i < na; i++)
+        agreed[i]->pinned = true;
     c->fast_agreed += na;
     uint64_t now_us = now_mono_us();
     for (size_t i = 0; i < na; i++) {
@@ -392,9 +401,11 @@ static void fast_round(struct kolo_ctx *c)
          (unsigned long long)v[ROUND_CURSOR]);
     /* 4. the barrier bit */
     struct op *barrier = NULL;
-    if (round_test(ready, 0) && (barrier = op_queue_pop(&c->bar_head, &c->bar_tail)) &&
-        !c->bar_head)
-        c->ready_bits[0] &= ~1ull;
+    if (round_test(ready, 0) && (barrier = op_queue_pop(&c->bar_head, &c->bar_tail))) {
+        barrier->pinned = true; /* every rank reached it: it completes below */
+        if (!c->bar_head)
+            c->ready_bits[0] &= ~1ull;
+    }
     uint64_t log_end = v[ROUND_CURSOR];
     /* slow-path ops that changed hands go out now */
     ctx_send_queued(c);

@@ -146,6 +146,7 @@ void ops_complete(struct kolo_ctx *c, struct op *op, int status, const char *err
     if (op->state == OP_SENT)
         c->inflight--;
     op->state = OP_DONE;
+    op->pinned = false;
     op->status = status;
     if (status && error)
         op->error = strdup(error);
@@ -155,9 +156,11 @@ void ops_complete(struct kolo_ctx *c, struct op *op, int status, const char *err
 
 void ops_fail_all(struct kolo_ctx *c, int status, const char *error)
 {
+    /* A pinned op is in the data plane's hands on another thread: its
+     * executor completes it (soon: a failure interrupts the collective). */
     for (uint32_t s = 0; s < c->nslots; s++) {
         struct op *op = c->slots[s];
-        if (op && op->state != OP_DONE)
+        if (op && op->state != OP_DONE && !op->pinned)
             ops_complete(c, op, status, error);
     }
     c->q_head = c->q_tail = NULL;

@@ -44,6 +44,10 @@ struct op {
     uint64_t fast_since_us; /* monotonic µs it began waiting in rounds */
     bool fast;           /* the readiness rounds own it (not the coordinator) */
     bool answered;     /* its response has arrived (it may not have run yet) */
+    /* An executor is running it with mu released: only that executor
+     * completes it (a failure elsewhere does not), so its buffers and the
+     * struct stay alive until the data plane is done with them. */
+    bool pinned;
     uint64_t group;
     uint32_t group_size;
     /* results (allgather, alltoall, join) */
@@ -266,6 +270,9 @@ void fast_news(struct kolo_ctx *c);
 
 /* exec.c (background thread, mu not held) */
 void exec_response(struct kolo_ctx *c, const Kolo__Response *r);
+/* Runs a response on ops the caller already holds (the agreed ops of a
+ * readiness round), pinned by the caller under mu (op.pinned). */
+void exec_pinned(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops);
 /* Completes ops[0..n) with rc (recording cache ids on success); a
  * failure becomes the context's sticky error. Takes mu. */
 void exec_finish(struct kolo_ctx *c, struct op **ops, size_t n, int rc, const char *why,

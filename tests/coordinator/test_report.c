@@ -395,10 +395,11 @@ static bool straggler_brute(const double *lag, int n, int r)
         return false;
     qsort(others, (size_t)k, sizeof(*others), cmp_double);
     double med = k % 2 ? others[k / 2] : (others[k / 2 - 1] + others[k / 2]) / 2;
-    return lag[r] >= 0.02 && lag[r] >= 3.0 * med;
+    return lag[r] >= 0.02 && lag[r] >= 3.0 * med && lag[r] >= 0.5 * others[k - 1];
 }
 
-/* The straggler rule alone: >= 20 ms late and >= 3x the others' median. */
+/* The straggler rule alone: >= 20 ms late, >= 3x the others' median and
+ * >= half the largest lag. */
 static void test_straggler_rule(void)
 {
     /* against the brute force, on random lags with ties */
@@ -440,6 +441,11 @@ static void test_straggler_rule(void)
     double pair[] = {0.001, 0.2, 0.001, 0.18, 0.002};
     coord_straggler_flags(pair, 5, slow);
     CHECK(!slow[0] && slow[1] && !slow[2] && slow[3] && !slow[4]);
+    /* a busy CPU made one rank 30 ms late beside a 120 ms straggler: the
+     * job waits for the straggler alone */
+    double busy[] = {0.001, 0.003, 0.12, 0.03};
+    coord_straggler_flags(busy, 4, slow);
+    CHECK(!slow[0] && !slow[1] && slow[2] && !slow[3]);
     /* one rank: nobody to wait for it */
     double solo[] = {0.5};
     coord_straggler_flags(solo, 1, slow);

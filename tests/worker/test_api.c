@@ -523,6 +523,68 @@ static void t_stall(kolo_ctx *ctx, int rank, int size)
     (void)size;
 }
 
+/* kolo_abort from another thread while a collective runs: the waiter must
+ * not get its op back before the data plane is done with its buffers (it
+ * frees or reuses them at once, as Python does). The sentinel written after
+ * kolo_wait returns must survive: a late write of the result would show. */
+struct abort_arg {
+    kolo_ctx *ctx;
+    bool fired;
+};
+
+static void *abort_when_running(void *p)
+{
+    struct abort_arg *a = p;
+    for (int i = 0; i < 5000 && !a->fired; i++) {
+        pthread_mutex_lock(&a->ctx->mu);
+        bool running = a->ctx->executing;
+        pthread_mutex_unlock(&a->ctx->mu);
+        if (running) {
+            usleep(1000);
+            kolo_abort(a->ctx, "test: abort while a collective runs");
+            a->fired = true;
+        } else {
+            usleep(200);
+        }
+    }
+    return NULL;
+}
+
+static void t_abort_running(kolo_ctx *ctx, int rank, int size)
+{
+    const size_t n = 4u << 20; /* 16 MiB: the collective takes milliseconds */
+    float *in = malloc(n * sizeof(float)), *out = malloc(n * sizeof(float));
+    REQUIRE(in && out);
+    for (size_t i = 0; i < n; i++)
+        in[i] = 1.0f;
+    kolo_handle h;
+    REQUIRE(kolo_allreduce_async(ctx, "abort.big", in, out, n, KOLO_FLOAT32, KOLO_SUM, &h) == 0);
+    if (rank != 0) {
+        (void)kolo_wait(ctx, h, 20000); /* done or failed: both are fine */
+        free(in);
+        free(out);
+        return;
+    }
+    struct abort_arg a = {.ctx = ctx};
+    pthread_t t;
+    pthread_create(&t, NULL, abort_when_running, &a);
+    int rc = kolo_wait(ctx, h, 20000);
+    CHECK(rc != KOLO_ETIMEDOUT);
+    memset(out, 0x7f, n * sizeof(float));
+    pthread_join(t, NULL);
+    usleep(200 * 1000);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += ((const unsigned char *)out)[i * sizeof(float)] != 0x7f;
+    if (bad)
+        fprintf(stderr, "abort while running: %zu element(s) written after kolo_wait (%s)\n",
+                bad, a.fired ? "aborted" : "no abort");
+    CHECK(bad == 0);
+    free(in);
+    free(out);
+    (void)size;
+}
+
 int main(int argc, char **argv)
 {
     char dir[] = "/tmp/kolo-test-api-XXXXXX", db[128];
@@ -575,6 +637,15 @@ int main(int argc, char **argv)
         run_ranks(3, t_stall);
         unsetenv("HOROVOD_STALL_CHECK_TIME_SECONDS");
         unsetenv("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS");
+    }
+    if (!only) {
+        fprintf(stderr, "-- abort while a collective runs\n");
+        use_tcp = 0;
+        for (int i = 0; i < 4; i++) {
+            setenv("KOLO_FAST_PATH", i % 2 ? "1" : "0", 1);
+            run_ranks(2, t_abort_running);
+        }
+        unsetenv("KOLO_FAST_PATH");
     }
     coord_stop(coord);
     char cmd[200];
