@@ -926,7 +926,7 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
     if (!c)
         return KOLO_ENOMEM;
     pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->wake, NULL);
+    cond_init_monotonic(&c->wake); /* its timed waits take mono_deadline */
     cond_init_monotonic(&c->done);
     cond_init_monotonic(&c->watch_cv);
     c->gpu_join_device = -1;
