@@ -51,17 +51,17 @@
  * coordinator's shutdown entry, whose text (Horovod's) it then reports. */
 #define FAST_LEFT_WAIT_MS 1000
 
-/* KOLO_FAST_PATH: unset or "auto" = rounds when every rank of this host
- * has a CPU of its own, "0" = never (the coordinator for every op, for
- * A/B comparison and debugging), anything else = always. Ranks that share
- * CPUs wait on each other's time slices inside every round (measured on 2
- * CPUs at np 4: 8.6 ms per 4-byte allreduce against 2.5 ms through the
- * coordinator), so crowded hosts keep the coordinator by default. */
-static bool fast_wanted(const struct kolo_ctx *c)
+/* KOLO_FAST_PATH: unset or "auto" = rounds wherever the backend can run
+ * them, "0" = never (the coordinator for every op, for A/B comparison and
+ * debugging), anything else = always. Crowded hosts take rounds too: at
+ * np 4 on 2 CPUs a 4-byte allreduce takes ~0.24 ms in rounds against
+ * ~2.6 ms through the coordinator, a ResNet-50 step 58 ms against 198 ms
+ * (docs/libkolo.md). */
+static bool fast_wanted(void)
 {
     const char *v = getenv("KOLO_FAST_PATH");
     if (!v || !v[0] || strcmp(v, "auto") == 0)
-        return c->local_size <= usable_cpus();
+        return true;
     return strcmp(v, "0") != 0;
 }
 
@@ -75,7 +75,7 @@ int fast_init(struct kolo_ctx *c)
     if (!c->by_id || !c->pending || !c->vec || !c->agreed || !c->agreed_items)
         return KOLO_ENOMEM;
     bool can = c->coll && c->coll->can_round && c->coll->ops->round;
-    int32_t on = can && fast_wanted(c);
+    int32_t on = can && fast_wanted();
     /* Every rank must take the same path: one MIN over the data plane (the
      * generation's first collective) settles it, whatever each rank's
      * environment or CPU count said. */
@@ -133,6 +133,14 @@ static void ready_clear(struct kolo_ctx *c, uint32_t id)
     c->ready_bits[id / 64] &= ~(1ull << (id % 64));
 }
 
+static void moded_set(struct kolo_ctx *c, struct op *op)
+{
+    if (!op->moded) {
+        op->moded = true;
+        c->moded_ops++;
+    }
+}
+
 /* Sends a waiting op to the coordinator: in full, or by its cache id in
  * join mode (the coordinator's cache path handles joined ranks). */
 static void to_slow_path(struct kolo_ctx *c, struct op *op, bool keep_id)
@@ -143,6 +151,8 @@ static void to_slow_path(struct kolo_ctx *c, struct op *op, bool keep_id)
     }
     if (!keep_id)
         op->cache_id = 0;
+    else
+        moded_set(c, op); /* moved by a mode: it holds the mode up */
     op->fast = false;
     if (op->state == OP_SENT)
         c->inflight--;
@@ -152,8 +162,21 @@ static void to_slow_path(struct kolo_ctx *c, struct op *op, bool keep_id)
 
 bool fast_submit(struct kolo_ctx *c, struct op *op)
 {
-    if (!c->fast || c->join_mode || c->joined || c->slow_mode)
+    if (!c->fast ||
+        (op->req.coll != KOLO_COLL_BARRIER && op->req.coll != KOLO_COLL_ALLREDUCE))
         return false;
+    if (c->round_busy) {
+        /* placed by fast_round once this round's outcome is known */
+        op->state = OP_SENT;
+        op->fast = true;
+        c->inflight++;
+        op_queue_push(&c->defer_head, &c->defer_tail, op);
+        return true;
+    }
+    if (c->join_mode || c->joined || c->slow_mode) {
+        moded_set(c, op);
+        return false;
+    }
     if (op->req.coll == KOLO_COLL_BARRIER) {
         op_queue_push(&c->bar_head, &c->bar_tail, op);
         c->ready_bits[0] |= 1;
@@ -175,8 +198,6 @@ bool fast_submit(struct kolo_ctx *c, struct op *op)
         op->fast_since_us = now_mono_us();
         c->pending[id] = op;
         round_set(c->ready_bits, id);
-    } else {
-        return false;
     }
     op->state = OP_SENT;
     op->fast = true;
@@ -304,7 +325,8 @@ static void fast_round(struct kolo_ctx *c)
     uint32_t w = round_bitmap_words(c->max_id);
     size_t nwords = round_words(w);
     uint64_t k = c->round + 1;
-    uint64_t flags = (c->joined ? ROUND_F_JOIN : 0) | (c->timeline_heard ? ROUND_F_SLOW : 0);
+    uint64_t flags = (c->joined ? ROUND_F_JOIN : 0) |
+                     (c->timeline_heard || c->moded_ops ? ROUND_F_SLOW : 0);
     uint64_t *v = c->vec;
     round_init(v, k, c->cache_epoch, w, c->cursor, flags);
     memcpy(round_ready(v), c->ready_bits, w * sizeof(uint64_t));
@@ -315,9 +337,11 @@ static void fast_round(struct kolo_ctx *c)
          (unsigned long long)c->cursor);
     c->fast_dirty = false;
     uint64_t deadline = now_mono_ms() + (uint64_t)c->timeout_ms;
+    c->round_busy = true;
     pthread_mutex_unlock(&c->mu);
     int rc = c->coll->ops->round(c->coll, v, nwords, deadline);
     pthread_mutex_lock(&c->mu);
+    c->round_busy = false;
     if (rc) {
         round_failed(c, rc);
         return;
@@ -366,6 +390,16 @@ static void fast_round(struct kolo_ctx *c)
             op_queue_push(&c->bar_head, &c->bar_tail, keep);
         else
             c->ready_bits[0] &= ~1ull;
+    }
+    /* ops submitted during the exchange, placed by this round's outcome,
+     * in their order (for the next round or the coordinator) */
+    while (c->defer_head) {
+        struct op *op = op_queue_pop(&c->defer_head, &c->defer_tail);
+        op->fast = false;
+        op->state = OP_QUEUED;
+        c->inflight--;
+        if (!fast_submit(c, op))
+            ops_queue_slow(c, op);
     }
     /* 3. the agreed ids, in id order (the arrays hold every id) */
     struct op **agreed = c->agreed;

@@ -147,6 +147,11 @@ void ops_complete(struct kolo_ctx *c, struct op *op, int status, const char *err
         c->inflight--;
     op->state = OP_DONE;
     op->pinned = false;
+    if (op->moded) {
+        op->moded = false;
+        if (--c->moded_ops == 0)
+            fast_news(c); /* the next round may end the mode */
+    }
     op->status = status;
     if (status && error)
         op->error = strdup(error);
@@ -164,6 +169,7 @@ void ops_fail_all(struct kolo_ctx *c, int status, const char *error)
             ops_complete(c, op, status, error);
     }
     c->q_head = c->q_tail = NULL;
+    c->defer_head = c->defer_tail = NULL;
 }
 
 void ops_free_all(struct kolo_ctx *c)
@@ -404,6 +410,17 @@ static struct op *op_new(struct kolo_ctx *c, const kolo_request *r)
     return op;
 }
 
+void ops_queue_slow(struct kolo_ctx *c, struct op *op)
+{
+    /* a cached allreduce goes by its id where the coordinator's cache path
+     * applies */
+    if (op->req.coll == KOLO_COLL_ALLREDUCE && !c->joined &&
+        (!c->fast || c->join_mode || c->slow_mode))
+        op->cache_id = ops_cache_lookup(c, op);
+    op->state = OP_QUEUED;
+    op_queue_push(&c->q_head, &c->q_tail, op);
+}
+
 int kolo_submit(kolo_ctx *c, const kolo_request *reqs, int n, kolo_handle *handles)
 {
     return ops_submit(c, reqs, n, NULL, handles);
@@ -463,17 +480,11 @@ int ops_submit(kolo_ctx *c, const kolo_request *reqs, int n, void *stream, kolo_
         /* A cached allreduce or a barrier: agreed by the ranks' rounds. */
         if (fast_submit(c, op))
             continue;
-        /* Otherwise the coordinator negotiates it; a cached allreduce goes
-         * by its id where the coordinator's cache path applies. */
-        if (op->req.coll == KOLO_COLL_ALLREDUCE && !c->joined &&
-            (!c->fast || c->join_mode || c->slow_mode))
-            op->cache_id = ops_cache_lookup(c, op);
         if (op->req.coll == KOLO_COLL_JOIN) {
             c->joined = true;
             fast_news(c); /* the JOIN flag goes out at the next round */
         }
-        op->state = OP_QUEUED;
-        op_queue_push(&c->q_head, &c->q_tail, op);
+        ops_queue_slow(c, op);
     }
     ctx_send_queued(c);
 out:

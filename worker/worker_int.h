@@ -48,6 +48,7 @@ struct op {
      * completes it (a failure elsewhere does not), so its buffers and the
      * struct stay alive until the data plane is done with them. */
     bool pinned;
+    bool moded; /* at the coordinator because of a mode (counted in moded_ops) */
     uint64_t group;
     uint32_t group_size;
     /* results (allgather, alltoall, join) */
@@ -165,6 +166,15 @@ struct kolo_ctx {
     bool join_mode;    /* a rank joined: every op goes through the coordinator */
     bool timeline_heard; /* the coordinator writes a timeline: ask for ROUND_F_SLOW */
     bool slow_mode;      /* some rank asked for ROUND_F_SLOW in the last round */
+    /* Where a cached allreduce or a barrier goes (rounds or coordinator)
+     * must be decided from the same round's outcome on every rank:
+     * submitted while a round is in flight, it waits for that outcome
+     * (defer_*); sent to the coordinator because of a mode (join, slow),
+     * it keeps ROUND_F_SLOW up until it is done (moded_ops), so the ranks
+     * that submit it later send it there too. */
+    bool round_busy;
+    struct op *defer_head, *defer_tail;
+    uint32_t moded_ops;
     bool idling;       /* a thread sits in coll->idle_wait (one at a time) */
     int drivers;       /* user threads inside kolo_wait */
     uint64_t round;    /* rounds completed */
@@ -221,6 +231,8 @@ struct op *ops_lookup(struct kolo_ctx *c, kolo_handle h);
 struct op *ops_by_name(struct kolo_ctx *c, const char *name);
 void ops_complete(struct kolo_ctx *c, struct op *op, int status, const char *error);
 void ops_fail_all(struct kolo_ctx *c, int status, const char *error);
+/* Queues op for the coordinator (mu held; the caller sends the queue). */
+void ops_queue_slow(struct kolo_ctx *c, struct op *op);
 void ops_free_all(struct kolo_ctx *c);
 uint32_t ops_cache_lookup(struct kolo_ctx *c, const struct op *op);
 void ops_cache_put(struct kolo_ctx *c, const struct op *op, uint32_t id);

@@ -7,6 +7,10 @@
 #  - a rank that sleeps 50 ms before every step is flagged as the
 #    straggler by REST (/ranks), from the ranks' reported waits;
 #  - the coordinator stopped (SIGSTOP) for 5 s: training goes on meanwhile;
+#  - the timeline started and stopped at run time, ranks submitting with
+#    random delays (so they fall on different sides of the round that
+#    switches): every step completes, and once it stopped the steps are
+#    agreed by rounds again;
 #  - KOLO_FAST_PATH=0 runs the same job through the coordinator alone.
 . "$(dirname "$0")/lib.sh"
 /usr/bin/python3 -c "import numpy" 2>/dev/null || { echo "SKIP: no /usr/bin/python3 with numpy"; exit 77; }
@@ -66,7 +70,28 @@ set -e
 [ "$(grep -c '<stdout>:done 400' "$WORK/run.out")" -eq 2 ] || fail "not every rank finished"
 ! grep -q WRONG "$WORK/run.out" || fail "a wrong result"
 
-# ---- 2. KOLO_FAST_PATH=0: every op through the coordinator
+# ---- 2. the timeline on from step 20 to 40, jittered submissions
+rm -f "$WORK/progress"
+"$KOLO" run -np 2 --coordinator "$RPC" -- "$PY" "$STEPS_PY" --steps 200 --jitter 0.002 \
+  --timeline "$WORK/tl.json" --timeline-steps 20,40 --progress "$WORK/progress" \
+  >"$WORK/tl.out" 2>"$WORK/tl.err" &
+RUN_PID=$!
+PIDS+=("$RUN_PID")
+wait_for 60 eval '[ "$(progress)" -ge 100 ]' || fail "timeline job: stuck at step $(progress): $(tail "$WORK/tl.err")"
+s0=$(progress); n0=$(negotiates)
+wait_for 60 eval '[ "$(progress)" -ge 160 ]' || fail "timeline job: stuck at step $(progress) after the timeline"
+s1=$(progress); n1=$(negotiates)
+note "after the timeline stopped: steps $s0 -> $s1, Negotiate calls $n0 -> $n1"
+[ $(( (n1 - n0) * 4 )) -lt $(( s1 - s0 )) ] || fail "rounds did not resume after the timeline: $((n1 - n0)) Negotiate calls in $((s1 - s0)) steps"
+set +e
+wait "$RUN_PID"
+rc=$?
+set -e
+[ $rc -eq 0 ] || fail "the timeline job failed ($rc): $(tail -20 "$WORK/tl.err")"
+[ "$(grep -c '<stdout>:done 200' "$WORK/tl.out")" -eq 2 ] || fail "timeline job: not every rank finished"
+grep -q '"grad.3"' "$WORK/tl.json" || fail "the timeline has no span of grad.3"
+
+# ---- 3. KOLO_FAST_PATH=0: every op through the coordinator
 n0=$(negotiates)
 KOLO_FAST_PATH=0 "$KOLO" run -np 2 --coordinator "$RPC" -- "$PY" "$STEPS_PY" --steps 20 \
   >"$WORK/slow.out" 2>"$WORK/slow.err" || fail "the slow-path job failed: $(tail "$WORK/slow.err")"

@@ -3,10 +3,15 @@ TENSORS named gradients (mixed dtypes, non-blocking, like a backward pass),
 a barrier every 10 steps, and checks every sum. --slow-rank R sleeps
 --slow-s before each of R's steps (a straggler); --progress FILE: rank 0
 keeps its last step there (its output reaches kolo run through the
-coordinator, which a test may stop). Prints "step N t T" every
-step and "done N" at the end; exits 1 at the first wrong value."""
+coordinator, which a test may stop); --timeline FILE --timeline-steps A,B:
+every rank starts the job's timeline before step A and stops it before
+step B (rounds pause while it is written, then resume); --jitter S: each
+rank sleeps up to S before each tensor, so ranks submit on different
+sides of a round. Prints "step N t T" every step and "done N" at the end;
+exits 1 at the first wrong value."""
 import argparse
 import os
+import random
 import sys
 import time
 
@@ -21,16 +26,37 @@ p.add_argument("--slow-rank", type=int, default=-1)
 p.add_argument("--slow-s", type=float, default=0.05)
 p.add_argument("--pause", type=float, default=0.0)
 p.add_argument("--progress", default="", help="rank 0 writes its step here (output goes through the coordinator)")
+p.add_argument("--timeline", default="")
+p.add_argument("--timeline-steps", default="-1,-1")
+p.add_argument("--jitter", type=float, default=0.0)
 a = p.parse_args()
+tl_on, tl_off = (int(x) for x in a.timeline_steps.split(","))
+
+
+def timeline(path):
+    """kolo_timeline on this rank (the C API: the numpy module has no
+    wrapper; kolo.torch's start_timeline calls the same)."""
+    with kolo._eng().borrow() as (lib, ctx):
+        rc = lib.kolo_timeline(ctx, path.encode() if path else None)
+        if rc:
+            print("TIMELINE FAILED %d" % rc, flush=True)
+            sys.exit(1)
+
 
 kolo.init()
 r, n = kolo.rank(), kolo.size()
+random.seed(r)
 dtypes = [np.float32, np.float64, np.int32, np.int64]
 for step in range(a.steps):
     if r == a.slow_rank:
         time.sleep(a.slow_s)
+    if step in (tl_on, tl_off):  # as Horovod scripts do: switch, then a barrier
+        timeline(a.timeline if step == tl_on else None)
+        kolo.barrier()
     hs = []
     for t in range(a.tensors):
+        if a.jitter:
+            time.sleep(random.uniform(0, a.jitter))
         dt = dtypes[t % len(dtypes)]
         x = np.full(16 + 7 * t, r + step + t, dtype=dt)
         hs.append((t, kolo.allreduce_async(x, op=kolo.Sum, name="grad.%d" % t)))
