@@ -11,7 +11,8 @@
  *   gcc -O3 -march=native -D_GNU_SOURCE -Iinclude -Iworker -Icommon \
  *       bench/shmcoll_bench.c worker/shmcoll.c worker/reduce.c \
  *       worker/errors_api.c common/util.c common/errors.c -lm -o /tmp/shmcoll_bench
- *   /tmp/shmcoll_bench [-n 2,4] [-s 4,4096,...] [-x iteration-multiplier]
+ *   /tmp/shmcoll_bench [-o] [-n 2,4] [-s 4,4096,...] [-x iteration-multiplier]
+ *   (-o: out of place, into a separate output buffer)
  *
  * Built with mpicc and -DKOLO_BENCH_MPI, the same program measures Open
  * MPI's MPI_Allreduce (in place) the same way when started by mpirun
@@ -37,6 +38,9 @@
 #endif
 
 #define MAX_RANKS 16
+
+/* -o: out of place (a separate output buffer, allocated and touched once) */
+static int out_of_place;
 #define MAX_ITERS 4000
 
 struct shared {
@@ -100,20 +104,24 @@ static void rank_main(struct shared *sh, const char *name, int rank, int n, size
         _exit(1);
     }
     size_t count = bytes / sizeof(float);
-    float *buf = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    size_t alloc = (bytes + 4095) / 4096 * 4096;
+    float *buf = aligned_alloc(4096, alloc);
+    float *out = out_of_place ? aligned_alloc(4096, alloc) : buf;
     for (size_t i = 0; i < count; i++)
         buf[i] = (float)(rank + 1);
-    /* One checked run, then warm-up and timed runs on the same buffer. */
-    rc = c->ops->allreduce(c, KOLO_FLOAT32, KOLO_SUM, buf, buf, count, 0);
+    if (out != buf)
+        memset(out, 0, bytes);
+    /* One checked run, then warm-up and timed runs on the same buffers. */
+    rc = c->ops->allreduce(c, KOLO_FLOAT32, KOLO_SUM, buf, out, count, 0);
     float want = (float)n * (n + 1) / 2;
-    if (rc || (count && (buf[0] != want || buf[count - 1] != want || buf[count / 2] != want)))
+    if (rc || (count && (out[0] != want || out[count - 1] != want || out[count / 2] != want)))
         atomic_store(&sh->bad, 1);
     for (size_t i = 0; i < count; i++)
         buf[i] = 1.0f / 1024;
     for (int it = -warm; it < iters && !rc; it++) {
         rc = c->ops->barrier(c, 0);
         double t0 = now_us();
-        rc = rc ? rc : c->ops->allreduce(c, KOLO_FLOAT32, KOLO_SUM, buf, buf, count, 0);
+        rc = rc ? rc : c->ops->allreduce(c, KOLO_FLOAT32, KOLO_SUM, buf, out, count, 0);
         double t1 = now_us();
         if (it >= 0)
             sh->t[rank][it] = t1 - t0;
@@ -124,6 +132,8 @@ static void rank_main(struct shared *sh, const char *name, int rank, int n, size
     }
     c->ops->barrier(c, 0);
     c->ops->destroy(c);
+    if (out != buf)
+        free(out);
     free(buf);
     _exit(0);
 }
@@ -179,16 +189,23 @@ static void mpi_bench(const size_t *sizes, int nsizes, double mult)
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     for (int b = 0; b < nsizes; b++) {
         size_t bytes = sizes[b], count = bytes / sizeof(float);
-        float *buf = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+        size_t alloc = (bytes + 4095) / 4096 * 4096;
+        float *buf = aligned_alloc(4096, alloc);
+        float *out = out_of_place ? aligned_alloc(4096, alloc) : NULL;
         for (size_t i = 0; i < count; i++)
             buf[i] = 1.0f / 1024;
+        if (out)
+            memset(out, 0, bytes);
         int iters = (int)(iterations_for(bytes) * mult);
         iters = iters < 3 ? 3 : iters > MAX_ITERS ? MAX_ITERS : iters;
         static double t[MAX_ITERS], worst[MAX_ITERS];
         for (int it = -(iters / 10 + 2); it < iters; it++) {
             MPI_Barrier(MPI_COMM_WORLD);
             double t0 = now_us();
-            MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            if (out)
+                MPI_Allreduce(buf, out, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            else
+                MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
             double t1 = now_us();
             if (it >= 0)
                 t[it] = t1 - t0;
@@ -197,10 +214,11 @@ static void mpi_bench(const size_t *sizes, int nsizes, double mult)
         if (rank == 0) {
             qsort(worst, (size_t)iters, sizeof worst[0], cmp_double);
             double us = worst[iters / 2];
-            printf("%5d %12zu %14.2f %12.3f  (MPI)\n", n, bytes, us,
+            printf("%5d %12zu %14.2f %12.3f  (MPI%s)\n", n, bytes, us, out ? ", out of place" : "",
                    bytes / (us * 1e-6) * 2 * (n - 1) / n / 1e9);
             fflush(stdout);
         }
+        free(out);
         free(buf);
     }
 }
@@ -224,7 +242,7 @@ int main(int argc, char **argv)
     int nranks = 2, nsizes = 7;
     double mult = 1;
     int opt, mpi = 0;
-    while ((opt = getopt(argc, argv, "mn:s:x:")) != -1) {
+    while ((opt = getopt(argc, argv, "mon:s:x:")) != -1) {
         if (opt == 'n')
             nranks = parse_list(optarg, ranks, 8);
         else if (opt == 's')
@@ -233,8 +251,10 @@ int main(int argc, char **argv)
             mult = atof(optarg);
         else if (opt == 'm')
             mpi = 1;
+        else if (opt == 'o')
+            out_of_place = 1;
         else {
-            fprintf(stderr, "usage: %s [-m] [-n 2,4] [-s bytes,...] [-x mult]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-m] [-o] [-n 2,4] [-s bytes,...] [-x mult]\n", argv[0]);
             return 2;
         }
     }

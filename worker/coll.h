@@ -78,9 +78,11 @@ struct coll_ops {
     uint64_t (*bell_seen)(struct coll *c);
     void (*bell_ring)(struct coll *c);
     /* idle_wait returns 1 when the bell rang after seen or a peer started
-     * a round, 0 after timeout_ms (spinning briefly first where that is
-     * cheap), or a KOLO_E* code (negated) once the backend failed. */
-    int (*idle_wait)(struct coll *c, uint64_t seen, int timeout_ms);
+     * a round, 0 after timeout_ms, or a KOLO_E* code (negated) once the
+     * backend failed. With spin it first spins briefly where that is cheap
+     * (a waiting user thread); the background thread passes false, since
+     * its spin would take the CPU of a rank that computes. */
+    int (*idle_wait)(struct coll *c, uint64_t seen, int timeout_ms, bool spin);
 };
 
 struct coll {

@@ -793,7 +793,7 @@ static void *bg_main(void *arg)
              * kolo_wait) or the long-poll may be retried: never per
              * operation, since a wake-up here would preempt the rank's
              * own spinning waiter on a busy CPU (that was a 1.2 ms p99). */
-            if (c->drivers == 0 && fast_idle(c, 100))
+            if (c->drivers == 0 && fast_idle(c, 100, false))
                 continue;
             uint64_t now = now_mono_ms();
             uint64_t ms = c->poll_retry_at > now ? c->poll_retry_at - now : BG_NAP_MS;

@@ -479,7 +479,7 @@ bool fast_try(struct kolo_ctx *c)
     return true;
 }
 
-bool fast_idle(struct kolo_ctx *c, int ms)
+bool fast_idle(struct kolo_ctx *c, int ms, bool spin)
 {
     if (c->idling || c->executing || c->sticky)
         return false;
@@ -487,7 +487,7 @@ bool fast_idle(struct kolo_ctx *c, int ms)
     uint64_t seen = c->coll->ops->bell_seen(c->coll);
     if (!fast_work(c)) {
         pthread_mutex_unlock(&c->mu);
-        c->coll->ops->idle_wait(c->coll, seen, ms);
+        c->coll->ops->idle_wait(c->coll, seen, ms, spin);
         pthread_mutex_lock(&c->mu);
     }
     c->idling = false;

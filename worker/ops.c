@@ -531,7 +531,7 @@ int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
             if (timeout_ms >= 0 && now >= end)
                 break;
             int slice = timeout_ms >= 0 && end - now < 100 ? (int)(end - now) : 100;
-            if (fast_idle(c, slice))
+            if (fast_idle(c, slice, true))
                 continue;
             if (c->idling) /* the background thread: hand the place over */
                 c->coll->ops->bell_ring(c->coll);

@@ -1089,8 +1089,9 @@ static void ring_bell_ring(struct coll *c)
     (void)w; /* EAGAIN: the counter is already non-zero, which is all that matters */
 }
 
-static int ring_idle_wait(struct coll *c, uint64_t seen, int timeout_ms)
+static int ring_idle_wait(struct coll *c, uint64_t seen, int timeout_ms, bool spin)
 {
+    (void)spin; /* poll(2) only */
     struct ring *rg = (struct ring *)c;
     if (c->failed)
         return -c->failed;

@@ -1074,7 +1074,7 @@ static bool idle_news(struct shmcoll *s, uint32_t seen)
 /* Spins like shm_wait_peer (not at all when ranks outnumber CPUs), then
  * sleeps on this rank's bell. A failure of the group shows at the next
  * collective, as without rounds. */
-static int shm_idle_wait(struct coll *c, uint64_t seen64, int timeout_ms)
+static int shm_idle_wait(struct coll *c, uint64_t seen64, int timeout_ms, bool spin)
 {
     struct shmcoll *s = (struct shmcoll *)c;
     struct shm_ctrl *me = ctrl_of(s, s->me);
@@ -1083,7 +1083,7 @@ static int shm_idle_wait(struct coll *c, uint64_t seen64, int timeout_ms)
         return -s->c.failed;
     if (idle_news(s, seen))
         return 1;
-    if (s->spin_ns) {
+    if (spin && s->spin_ns) {
         uint64_t t0 = now_ns();
         for (unsigned i = 1;; i++) {
             cpu_relax();

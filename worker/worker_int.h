@@ -276,7 +276,7 @@ bool fast_submit(struct kolo_ctx *c, struct op *op);
 bool fast_try(struct kolo_ctx *c);
 /* fast_idle waits in the backend's idle_wait for up to ms (mu held,
  * released meanwhile), if no other thread does; false if it did not. */
-bool fast_idle(struct kolo_ctx *c, int ms);
+bool fast_idle(struct kolo_ctx *c, int ms, bool spin);
 /* fast_news: a local event worth a round (mu held). */
 void fast_news(struct kolo_ctx *c);
 
