@@ -8,9 +8,10 @@
  *   iteration; busbw = size / time * 2(n-1)/n.
  *
  * Ranks are forked processes. Not a test: build it by hand, e.g.
- *   gcc -O3 -march=native -D_GNU_SOURCE -Iinclude -Iworker -Icommon \
- *       bench/shmcoll_bench.c worker/shmcoll.c worker/reduce.c \
- *       worker/errors_api.c common/util.c common/errors.c -lm -o /tmp/shmcoll_bench
+ *   gcc -O3 -march=native -D_GNU_SOURCE -Iinclude -Iworker -Icommon -Inegotiation \
+ *       bench/shmcoll_bench.c worker/shmcoll.c worker/coll.c worker/reduce.c \
+ *       worker/errors_api.c common/util.c common/errors.c negotiation/round.c -lm \
+ *       -o /tmp/shmcoll_bench
  *   /tmp/shmcoll_bench [-o] [-n 2,4] [-s 4,4096,...] [-x iteration-multiplier]
  *   (-o: out of place, into a separate output buffer)
  *

@@ -23,6 +23,7 @@
 #ifndef KOLO_WORKER_COLL_H
 #define KOLO_WORKER_COLL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -91,7 +92,19 @@ struct coll {
     int failed;     /* sticky KOLO_E* */
     char why[160];  /* e.g. "rank 3 (pid 4242) exited" */
     bool can_round; /* the readiness-round ops work on this instance */
+    /* Whom this rank sleeps on right now, for "waiting on rank j since T"
+     * (read by any thread): peer + 1, 0 = nobody; since when (monotonic
+     * ms). Backends call coll_waiting before they sleep on a peer and
+     * coll_moved once they got on. */
+    _Atomic int waiting_on;
+    _Atomic uint64_t waiting_since_ms;
 };
+
+void coll_waiting(struct coll *c, int peer);
+static inline void coll_moved(struct coll *c)
+{
+    atomic_store_explicit(&c->waiting_on, 0, memory_order_relaxed);
+}
 
 /* ---- shmcoll: all ranks on one host ---- */
 

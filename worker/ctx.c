@@ -810,6 +810,30 @@ static void *bg_main(void *arg)
 
 #define WATCH_PERIOD_MS 200
 
+/* A rank that has slept on one peer for the stall limit (min(stall
+ * warning / 2, 10 s), at least 1 s) says so, once per wait: in a round the
+ * coordinator cannot see it (mu held). */
+static void watch_waiting(struct kolo_ctx *c)
+{
+    if (!c->coll || !c->executing || c->sticky || c->fast_stall_ms < 0)
+        return;
+    int who = atomic_load_explicit(&c->coll->waiting_on, memory_order_acquire) - 1;
+    uint64_t since = atomic_load_explicit(&c->coll->waiting_since_ms, memory_order_relaxed);
+    uint64_t now = now_mono_ms(), limit = c->fast_stall_ms > 1000 ? (uint64_t)c->fast_stall_ms : 1000;
+    if (who < 0 || since > now || now - since < limit || since == c->wait_reported)
+        return;
+    c->wait_reported = since;
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    time_t t = wall.tv_sec - (time_t)((now - since) / 1000);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    char at[32];
+    strftime(at, sizeof(at), "%H:%M:%S UTC", &tm);
+    LOGW("kolo", "rank %d: waiting on rank %d since %s (%.1f s) in %s", c->rank, who, at,
+         (double)(now - since) / 1e3, c->round_busy ? "a readiness round" : "a collective");
+}
+
 static void *watch_main(void *arg)
 {
     struct kolo_ctx *c = arg;
@@ -823,6 +847,7 @@ static void *watch_main(void *arg)
             ts.tv_nsec -= 1000000000L;
         }
         pthread_cond_timedwait(&c->watch_cv, &c->mu, &ts);
+        watch_waiting(c);
         if (c->stopping || c->sticky || !c->executing || c->calls > 0 ||
             now_mono_ms() - c->exec_since < WATCH_PERIOD_MS)
             continue;

@@ -497,6 +497,7 @@ static int flow_sleep(struct flow *f, uint64_t deadline)
     if (!err)
         err = flow_pull(f, &moved);
     if (!err && !moved) {
+        coll_waiting(&f->rg->c, wr ? f->rx_rank : f->tx_rank);
         int timeout = RING_POLL_MAX_MS;
         if (deadline) {
             uint64_t now = now_mono_ms();
@@ -536,6 +537,8 @@ static int flow_run(struct flow *f, uint64_t deadline)
             return ring_fail(f->rg, KOLO_ETIMEDOUT, f->rx ? f->rx_rank : f->tx_rank,
                              "deadline passed, waiting for");
         if (moved) {
+            if (idle_since || atomic_load_explicit(&f->rg->c.waiting_on, memory_order_relaxed))
+                coll_moved(&f->rg->c);
             idle_since = 0;
             continue;
         }
@@ -550,6 +553,7 @@ static int flow_run(struct flow *f, uint64_t deadline)
             return err;
         idle_since = 0;
     }
+    coll_moved(&f->rg->c);
     return 0;
 }
 

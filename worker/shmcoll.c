@@ -385,6 +385,7 @@ static int shm_wait_slow(struct shmcoll *s, int j, uint64_t target, uint64_t dea
     int rc = 0;
     uint64_t next_check = now_mono_ms() + SHM_SLICE_MS;
 
+    coll_waiting(&s->c, j);
     atomic_fetch_add_explicit(&cj->sleepers, 1, memory_order_seq_cst);
     for (;;) {
         uint32_t v = atomic_load_explicit(&cj->events, memory_order_seq_cst);
@@ -411,6 +412,7 @@ static int shm_wait_slow(struct shmcoll *s, int j, uint64_t target, uint64_t dea
         futex_wait(&cj->events, v, slice ? slice : 1);
     }
     atomic_fetch_sub_explicit(&cj->sleepers, 1, memory_order_seq_cst);
+    coll_moved(&s->c);
     return rc;
 }
 

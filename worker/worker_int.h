@@ -173,6 +173,7 @@ struct kolo_ctx {
      * it keeps ROUND_F_SLOW up until it is done (moded_ops), so the ranks
      * that submit it later send it there too. */
     bool round_busy;
+    uint64_t wait_reported; /* the waiting_since_ms already logged (ctx.c) */
     struct op *defer_head, *defer_tail;
     uint32_t moded_ops;
     bool idling;       /* a thread sits in coll->idle_wait (one at a time) */

@@ -11,6 +11,8 @@
 #    random delays (so they fall on different sides of the round that
 #    switches): every step completes, and once it stopped the steps are
 #    agreed by rounds again;
+#  - one rank frozen (SIGSTOP) for 3 s: its peer, blocked in a round,
+#    says "waiting on rank 1 since T", and training goes on after SIGCONT;
 #  - KOLO_FAST_PATH=0 runs the same job through the coordinator alone.
 . "$(dirname "$0")/lib.sh"
 /usr/bin/python3 -c "import numpy" 2>/dev/null || { echo "SKIP: no /usr/bin/python3 with numpy"; exit 77; }
@@ -27,6 +29,16 @@ wait_hosts 1
 metric() { curl -sf "$HTTP/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
 negotiates() { metric 'kolo_rpc_requests_total{method="WorkerService.Negotiate"}'; }
 steps_of() { grep -c "<stdout>:step" "$1" 2>/dev/null || true; }
+# job_done NAME STEPS: the job started in the background ($RUN_PID, output in
+# $WORK/NAME.out and .err) succeeded, both ranks finished STEPS steps, and
+# every sum was right.
+job_done() {
+  local rc=0
+  wait "$RUN_PID" || rc=$?
+  [ $rc -eq 0 ] || fail "job $1 failed ($rc): $(tail -20 "$WORK/$1.err")"
+  [ "$(grep -c "<stdout>:done $2" "$WORK/$1.out")" -eq 2 ] || fail "job $1: not every rank finished"
+  ! grep -q WRONG "$WORK/$1.out" || fail "job $1: a wrong result"
+}
 
 # ---- 1. rounds: no coordinator call per step; the straggler; SIGSTOP
 "$KOLO" run -np 2 --coordinator "$RPC" -- "$PY" "$STEPS_PY" --steps 400 --slow-rank 1 \
@@ -62,13 +74,7 @@ kill -CONT "$COORD_PID"
 note "coordinator stopped for 5 s: steps $before -> $during meanwhile"
 [ $(( during - before )) -ge 10 ] || fail "training stopped with the coordinator (steps $before -> $during)"
 
-set +e
-wait "$RUN_PID"
-rc=$?
-set -e
-[ $rc -eq 0 ] || fail "the job failed ($rc): $(tail -20 "$WORK/run.err")"
-[ "$(grep -c '<stdout>:done 400' "$WORK/run.out")" -eq 2 ] || fail "not every rank finished"
-! grep -q WRONG "$WORK/run.out" || fail "a wrong result"
+job_done run 400
 
 # ---- 2. the timeline on from step 20 to 40, jittered submissions
 rm -f "$WORK/progress"
@@ -83,15 +89,30 @@ wait_for 60 eval '[ "$(progress)" -ge 160 ]' || fail "timeline job: stuck at ste
 s1=$(progress); n1=$(negotiates)
 note "after the timeline stopped: steps $s0 -> $s1, Negotiate calls $n0 -> $n1"
 [ $(( (n1 - n0) * 4 )) -lt $(( s1 - s0 )) ] || fail "rounds did not resume after the timeline: $((n1 - n0)) Negotiate calls in $((s1 - s0)) steps"
-set +e
-wait "$RUN_PID"
-rc=$?
-set -e
-[ $rc -eq 0 ] || fail "the timeline job failed ($rc): $(tail -20 "$WORK/tl.err")"
-[ "$(grep -c '<stdout>:done 200' "$WORK/tl.out")" -eq 2 ] || fail "timeline job: not every rank finished"
+job_done tl 200
 grep -q '"grad.3"' "$WORK/tl.json" || fail "the timeline has no span of grad.3"
 
-# ---- 3. KOLO_FAST_PATH=0: every op through the coordinator
+# ---- 3. a frozen rank: its peer names it (stall limit 1 s: warning 2 s / 2)
+rm -f "$WORK/progress"
+HOROVOD_STALL_CHECK_TIME_SECONDS=2 "$KOLO" run -np 2 --log-level warn --coordinator "$RPC" -- "$PY" "$STEPS_PY" \
+  --steps 600 --pause 0.02 --progress "$WORK/progress" >"$WORK/frz.out" 2>"$WORK/frz.err" &
+RUN_PID=$!
+PIDS+=("$RUN_PID")
+wait_for 60 eval '[ "$(progress)" -ge 20 ]' || fail "frozen-rank job did not start: $(tail "$WORK/frz.err")"
+rank1=""
+for p in $(pgrep -f "$STEPS_PY --steps 600 --pause"); do
+  tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx 'KOLO_RANK=1' && rank1=$p
+done
+[ -n "$rank1" ] || fail "no rank 1 process found"
+kill -STOP "$rank1"
+sleep 3
+kill -CONT "$rank1"
+wait_for 20 eval 'grep -q "\[0\]<stderr>:.*rank 0: waiting on rank 1 since .* in a readiness round" "$WORK/frz.err"' ||
+  fail "rank 0 did not say it waits on rank 1: $(tail -5 "$WORK/frz.err")"
+note "$(grep -o 'rank 0: waiting on rank 1 since .*' "$WORK/frz.err" | head -1)"
+job_done frz 600
+
+# ---- 4. KOLO_FAST_PATH=0: every op through the coordinator
 n0=$(negotiates)
 KOLO_FAST_PATH=0 "$KOLO" run -np 2 --coordinator "$RPC" -- "$PY" "$STEPS_PY" --steps 20 \
   >"$WORK/slow.out" 2>"$WORK/slow.err" || fail "the slow-path job failed: $(tail "$WORK/slow.err")"

@@ -1,0 +1,18 @@
+/*
+ * coll.c - what every collective backend shares: the note of whom a rank
+ * sleeps on (coll.h, struct coll), which libkolo's watch thread turns
+ * into "waiting on rank j since T".
+ */
+#include "coll.h"
+
+#include "util.h"
+
+void coll_waiting(struct coll *c, int peer)
+{
+    /* the start time stays while it is the same peer: one long wait in
+     * many short sleeps is still one wait */
+    if (atomic_load_explicit(&c->waiting_on, memory_order_relaxed) == peer + 1)
+        return;
+    atomic_store_explicit(&c->waiting_since_ms, now_mono_ms(), memory_order_relaxed);
+    atomic_store_explicit(&c->waiting_on, peer + 1, memory_order_release);
+}
