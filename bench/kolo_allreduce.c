@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "kolo.h"
@@ -57,8 +58,18 @@ static void barrier(kolo_ctx *ctx)
     check(ctx, kolo_wait(ctx, h, 60000), "barrier");
 }
 
-/* Per-iteration maxima over ranks, then the median and spread on rank 0. */
-static void report(kolo_ctx *ctx, const char *kind, size_t bytes, double *t, int iters)
+/* Context switches of this process so far, every thread, voluntary or not. */
+static long ctx_switches(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_nvcsw + ru.ru_nivcsw : 0;
+}
+
+/* Per-iteration maxima over ranks, then the median and spread on rank 0;
+ * csw >= 0: rank 0's context switches per iteration (a barrier and the
+ * op), as "ctxsw_per_iter". */
+static void report(kolo_ctx *ctx, const char *kind, size_t bytes, double *t, int iters,
+                   double csw)
 {
     kolo_handle h;
     check(ctx, kolo_allreduce_async(ctx, "bench.times", t, t, (size_t)iters, KOLO_FLOAT64,
@@ -73,9 +84,12 @@ static void report(kolo_ctx *ctx, const char *kind, size_t bytes, double *t, int
     double algbw = (double)bytes / med / 1e3; /* GB/s */
     printf("{\"impl\":\"kolo\",\"kind\":\"%s\",\"np\":%d,\"bytes\":%zu,\"iters\":%d,"
            "\"median_us\":%.2f,\"min_us\":%.2f,\"p90_us\":%.2f,\"p99_us\":%.2f,"
-           "\"algbw_gbs\":%.3f,\"busbw_gbs\":%.3f}\n",
+           "\"algbw_gbs\":%.3f,\"busbw_gbs\":%.3f",
            kind, n, bytes, iters, med, t[0], t[(iters * 9) / 10], t[(iters * 99) / 100], algbw,
            algbw * 2.0 * (n - 1) / n);
+    if (csw >= 0)
+        printf(",\"ctxsw_per_iter\":%.2f", csw);
+    printf("}\n");
     fflush(stdout);
 }
 
@@ -127,7 +141,10 @@ static void bench_sizes(kolo_ctx *ctx, int argc, char **argv)
         }
         for (size_t i = 0; i < count; i++)
             buf[i] = 1.0f;
+        long csw0 = 0;
         for (int i = -warm; i < iters; i++) {
+            if (i == 0)
+                csw0 = ctx_switches();
             barrier(ctx);
             kolo_handle h;
             double t0 = now_us();
@@ -138,7 +155,8 @@ static void bench_sizes(kolo_ctx *ctx, int argc, char **argv)
             if (i >= 0)
                 t[i] = t1 - t0;
         }
-        report(ctx, "allreduce", bytes, t, iters);
+        double csw = (double)(ctx_switches() - csw0) / iters;
+        report(ctx, "allreduce", bytes, t, iters, csw);
         free(t);
         free(buf);
     }
@@ -213,8 +231,8 @@ static void bench_resnet_toggle(kolo_ctx *ctx, const char *file, int steps, int 
             t_off[n_off++] = t;
     }
     /* both halves are steps / 2 long: "bench.times" keeps one shape */
-    report(ctx, "resnet50_step_tl_off", total, t_off, n_off);
-    report(ctx, "resnet50_step_tl_on", total, t_on, n_on);
+    report(ctx, "resnet50_step_tl_off", total, t_off, n_off, -1);
+    report(ctx, "resnet50_step_tl_on", total, t_on, n_on, -1);
     for (int i = 0; i < n; i++)
         free(bufs[i]);
     free(t_off);
@@ -233,7 +251,7 @@ static void bench_resnet(kolo_ctx *ctx, const char *file, int steps)
         if (s >= 0)
             t[s] = dt;
     }
-    report(ctx, "resnet50_step", total, t, steps);
+    report(ctx, "resnet50_step", total, t, steps, -1);
     for (int i = 0; i < n; i++)
         free(bufs[i]);
     free(t);
