@@ -265,9 +265,9 @@ static void exec_reducescatter(struct kolo_ctx *c, const Kolo__Response *r, stru
 
 /* Runs response r on the ops found for it (mu held on entry, released on
  * return). */
-static void exec_locked(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops,
-                        uint64_t deadline)
+static void exec_locked(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops)
 {
+    uint64_t deadline = now_mono_ms() + (uint64_t)c->timeout_ms;
     size_t k = r->n_names;
     bool on_gpu = gpu_response_is_gpu(c, r, ops, k);
     /* Pinned while the data plane has them: a failure on another thread
@@ -327,7 +327,6 @@ static void exec_locked(struct kolo_ctx *c, const Kolo__Response *r, struct op *
 
 void exec_response(struct kolo_ctx *c, const Kolo__Response *r)
 {
-    uint64_t deadline = now_mono_ms() + (uint64_t)c->timeout_ms;
     if (r->shutdown) {
         pthread_mutex_lock(&c->mu);
         if (!c->sticky) {
@@ -369,13 +368,12 @@ void exec_response(struct kolo_ctx *c, const Kolo__Response *r)
         free(ops);
         return;
     }
-    exec_locked(c, r, ops, deadline);
+    exec_locked(c, r, ops);
     free(ops);
 }
 
 void exec_pinned(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops)
 {
-    uint64_t deadline = now_mono_ms() + (uint64_t)c->timeout_ms;
     pthread_mutex_lock(&c->mu);
-    exec_locked(c, r, ops, deadline);
+    exec_locked(c, r, ops);
 }

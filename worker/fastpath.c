@@ -167,9 +167,6 @@ bool fast_submit(struct kolo_ctx *c, struct op *op)
         return false;
     if (c->round_busy) {
         /* placed by fast_round once this round's outcome is known */
-        op->state = OP_SENT;
-        op->fast = true;
-        c->inflight++;
         op_queue_push(&c->defer_head, &c->defer_tail, op);
         return true;
     }
@@ -259,21 +256,16 @@ static void round_failed(struct kolo_ctx *c, int rc)
  * the ops are pinned, so they outlive a failure on another thread). */
 static void run_agreed(struct kolo_ctx *c, struct op **ops, size_t n)
 {
-    char **names = calloc(n, sizeof(*names));
     int64_t *sizes = calloc(n, sizeof(*sizes));
-    if (!names || !sizes) {
-        free(names);
-        free(sizes);
+    if (!sizes) {
         exec_finish(c, ops, n, KOLO_ENOMEM, "out of memory", NULL, 0);
         return;
     }
-    for (size_t i = 0; i < n; i++) {
-        names[i] = ops[i]->name;
+    for (size_t i = 0; i < n; i++)
         sizes[i] = request_elems(&ops[i]->req);
-    }
+    /* no names: exec_pinned takes the ops themselves */
     Kolo__Response r = KOLO__RESPONSE__INIT;
     r.coll = KOLO_COLL_ALLREDUCE;
-    r.names = names;
     r.n_names = n;
     r.dtype = (uint32_t)ops[0]->req.dtype;
     r.op = (uint32_t)ops[0]->req.op;
@@ -282,7 +274,6 @@ static void run_agreed(struct kolo_ctx *c, struct op **ops, size_t n)
     r.sizes = sizes;
     r.n_sizes = n;
     exec_pinned(c, &r, ops);
-    free(names);
     free(sizes);
 }
 
@@ -395,9 +386,6 @@ static void fast_round(struct kolo_ctx *c)
      * in their order (for the next round or the coordinator) */
     while (c->defer_head) {
         struct op *op = op_queue_pop(&c->defer_head, &c->defer_tail);
-        op->fast = false;
-        op->state = OP_QUEUED;
-        c->inflight--;
         if (!fast_submit(c, op))
             ops_queue_slow(c, op);
     }

@@ -523,6 +523,7 @@ static int flow_run(struct flow *f, uint64_t deadline)
     bool spin = (f->tx && f->tx->ops->spin) || (f->rx && f->rx->ops->spin);
     uint64_t spin_ns = spin ? (uint64_t)xport_spin_us() * 1000u : 0;
     uint64_t idle_since = 0;
+    bool slept = false;
     int err;
 
     while (f->processed < f->nrecv || f->sent < f->nsend) {
@@ -537,8 +538,10 @@ static int flow_run(struct flow *f, uint64_t deadline)
             return ring_fail(f->rg, KOLO_ETIMEDOUT, f->rx ? f->rx_rank : f->tx_rank,
                              "deadline passed, waiting for");
         if (moved) {
-            if (idle_since || atomic_load_explicit(&f->rg->c.waiting_on, memory_order_relaxed))
+            if (slept) { /* flow_sleep noted whom it waited on */
                 coll_moved(&f->rg->c);
+                slept = false;
+            }
             idle_since = 0;
             continue;
         }
@@ -551,9 +554,11 @@ static int flow_run(struct flow *f, uint64_t deadline)
         }
         if ((err = flow_sleep(f, deadline)))
             return err;
+        slept = true;
         idle_since = 0;
     }
-    coll_moved(&f->rg->c);
+    if (slept)
+        coll_moved(&f->rg->c);
     return 0;
 }
 

@@ -284,7 +284,8 @@ void fast_news(struct kolo_ctx *c);
 /* exec.c (background thread, mu not held) */
 void exec_response(struct kolo_ctx *c, const Kolo__Response *r);
 /* Runs a response on ops the caller already holds (the agreed ops of a
- * readiness round), pinned by the caller under mu (op.pinned). */
+ * readiness round), pinned by the caller under mu (op.pinned); r's names
+ * are not read. */
 void exec_pinned(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops);
 /* Completes ops[0..n) with rc (recording cache ids on success); a
  * failure becomes the context's sticky error. Takes mu. */
