@@ -157,6 +157,11 @@ void ops_complete(struct kolo_ctx *c, struct op *op, int status, const char *err
         op->error = strdup(error);
     name_remove(c, op);
     pthread_cond_broadcast(&c->done);
+    /* A waiter may sleep in the rounds' idle_wait rather than on done: an
+     * op completed by another thread (the GPU finaliser, an abort) must
+     * wake it, or it sleeps out its slice (100 ms per GPU op). */
+    if (c->idling)
+        c->coll->ops->bell_ring(c->coll);
 }
 
 void ops_fail_all(struct kolo_ctx *c, int status, const char *error)
