@@ -238,20 +238,26 @@ def main():
         md.append("## Coordinator capacity (bench/coord_load.c)")
         md.append("")
         md.append("One `kolo coordinator` on loopback; the load generator plays one fake agent "
-                  "and N ranks of one job (one RPC connection each). Each step every rank "
-                  "submits the 161 ResNet-50 tensors by cache id in one Negotiate call and reads "
-                  "the response log; ranks run steps back to back with no barrier. The "
-                  "generator shares the 2 CPUs with the coordinator. Target: ≥ 100 steps/s at "
-                  "1024 ranks.")
+                  "and N ranks of one job, sending what libkolo sends for the 161 ResNet-50 "
+                  "tensors of a step (bench/coord_load.c): `rounds` (the default: the ranks "
+                  "agree among themselves; the coordinator gets one parked long-poll per rank "
+                  "and the periodic telemetry reports, steps paced at 100/s), `per-tensor` "
+                  "(KOLO_FAST_PATH=0: one Negotiate call per tensor) and `batched` (one call per "
+                  "step, the coordinator path's best case). The generator shares the 2 CPUs "
+                  "with the coordinator. Target: ≤ 1 ms of coordinator CPU per step at 1024 "
+                  "ranks and 100 steps/s.")
         md.append("")
-        md.append("| ranks | steps/s | ms/step | coordinator CPU ms/step | generator CPU "
-                  "ms/step | Negotiate calls/step | first step (full requests) ms | "
-                  "rendezvous ms |")
-        md.append("|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for r in sorted(loads, key=lambda r: r["ranks"]):
-            md.append(f"| {r['ranks']} | {r['steps_per_s']:.1f} | {r['step_ms']:.2f} | "
+        md.append("| mode | ranks | steps/s | ms/step | coordinator CPU ms/step | generator CPU "
+                  "ms/step | Negotiate calls/step | Report calls/step | first step (full "
+                  "requests) ms | rendezvous ms |")
+        md.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        order = {"rounds": 0, "per-tensor": 1, "batched": 2}
+        for r in sorted(loads, key=lambda r: (order.get(r.get("mode", "batched"), 3), r["ranks"])):
+            md.append(f"| {r.get('mode', 'batched')} | {r['ranks']} | {r['steps_per_s']:.1f} | "
+                      f"{r['step_ms']:.2f} | "
                       f"{r['coord_cpu_ms_per_step']:.2f} | {r['client_cpu_ms_per_step']:.2f} | "
-                      f"{r['negotiate_calls_per_step']:.0f} | {r['first_step_ms']:.1f} | "
+                      f"{r['negotiate_calls_per_step']:.2f} | "
+                      f"{r.get('report_calls_per_step', 0):.2f} | {r['first_step_ms']:.1f} | "
                       f"{r['rendezvous_ms']:.0f} |")
         md.append("")
 

@@ -9,28 +9,47 @@
  *     job is placed and running at once; no process is ever started);
  *   - N workers, one RPC client (one connection) each, with the job /
  *     generation / rank identity in every frame, as libkolo sends it:
- *     WorkerService.Rendezvous, then steps. In each step every rank submits
- *     the named allreduces of a model (default: the 161 ResNet-50 gradients
- *     of bench/resnet50_sizes.txt) in one WorkerService.Negotiate call and
- *     reads the response log until every name came back. Step 0 sends full
- *     TensorRequests; later steps send only the cache ids the responses
- *     carried (NegotiateRequest.cached), as libkolo does.
+ *     WorkerService.Rendezvous, then steps of the named allreduces of a
+ *     model (default: the 161 ResNet-50 gradients of
+ *     bench/resnet50_sizes.txt). Step 0 sends full TensorRequests; later
+ *     steps what libkolo sends, by --mode:
+ *
+ *   per-tensor  libkolo with KOLO_FAST_PATH=0: one WorkerService.Negotiate
+ *               call per tensor (the cache id after step 0), each sent once
+ *               the previous tensor came back in the log, as the backward
+ *               pass hands them over one by one (~161 calls per rank per
+ *               step, what /metrics showed for a real ResNet-50 job);
+ *   batched     every tensor of a step in one call (the bound the
+ *               coordinator path could reach with perfect coalescing);
+ *   rounds      libkolo's default: after step 0 the ranks agree among
+ *               themselves (readiness rounds over the data plane) and the
+ *               coordinator sees only what a real rank sends it: one
+ *               long-poll Negotiate parked per rank, and periodically one
+ *               WorkerService.Report per rank on a second connection with
+ *               the rounds' telemetry (rank 0: one wait sample per round,
+ *               --rounds-per-step rounds a step) and that second's step
+ *               times, at libkolo's period (worker/report_rate.h: 500 ms,
+ *               longer for ranks > 0 of jobs over 256 ranks). The steps
+ *               are paced at --rate steps/s.
  *
  * Step 0 is timed on its own. Then, after all ranks finished it, the timed
  * phase runs --steps steps with every rank going on as soon as its own
- * step completed (no barrier between steps, like a training loop).
- * Reported: steps/s, the coordinator's CPU per step (utime+stime of
- * /proc/PID/stat, given --coord-pid), this generator's own CPU per step,
- * and Negotiate RPCs per step. One JSON line on stdout.
+ * step completed (no barrier between steps, like a training loop; rounds:
+ * --steps / --rate seconds). Reported: steps/s, the coordinator's CPU per
+ * step (utime+stime of /proc/PID/stat, given --coord-pid), this
+ * generator's own CPU per step, Negotiate and Report RPCs per step. One
+ * JSON line on stdout.
  *
  *   coord_load --coordinator tcp://127.0.0.1:PORT [--token-file F]
  *              [--ranks N] [--steps S] [--tensors FILE] [--coord-pid PID]
+ *              [--mode per-tensor|batched|rounds] [--rate R]
+ *              [--rounds-per-step K] [--no-step-times]
  *
  * The coordinator needs --rpc-contexts above N (every rank's call parks
  * there while it waits for the others), e.g. 4 * N.
  *
  * Build (bench/run.sh does this):
- *   gcc -O2 -Icommon -Iinclude -Ibuild/proto bench/coord_load.c \
+ *   gcc -O2 -Icommon -Iinclude -Iworker -Ibuild/proto bench/coord_load.c \
  *       build/common/libkolo_common.a build/libkolo_proto.a \
  *       -lnng -lprotobuf-c -lpthread -o coord_load
  */
@@ -47,6 +66,7 @@
 
 #include "errors.h"
 #include "kolo.pb-c.h"
+#include "report_rate.h"
 #include "rpc.h"
 #include "util.h"
 
@@ -54,6 +74,8 @@
 #define CALL_WAIT_MS  30000
 #define CALL_TIMEOUT  (CALL_WAIT_MS + 15000)
 #define NAME_BUCKETS  4096
+
+enum mode { MODE_PER_TENSOR, MODE_BATCHED, MODE_ROUNDS };
 
 struct tensor {
     char name[96];
@@ -73,7 +95,9 @@ struct rank {
     int seen;          /* names of this step already in the log */
     uint32_t *cache;   /* [ntensors] cache id per tensor, 0: unknown */
     uint8_t *got;      /* [ntensors] seen in this step */
+    int next;          /* per-tensor: the tensor submitted last */
     int calls;         /* Negotiate calls made */
+    struct rpc_client *rep; /* rounds: the report connection */
 };
 
 static struct {
@@ -81,6 +105,12 @@ static struct {
     char *token;
     int nranks;
     int steps;
+    enum mode mode;
+    double rate;         /* rounds: steps/s */
+    int rounds_per_step; /* rounds: readiness rounds a step takes */
+    int no_step_times;   /* rounds: reports carry telemetry only */
+    atomic_int parked;   /* rounds: the long-polls stop once this is 0 */
+    atomic_int reports, report_errors, reports_out;
     uint64_t job_id, generation;
     char host_id[64], host_name[64], session[64], desired_version[128];
     struct rank *ranks;
@@ -223,6 +253,23 @@ static void *heartbeat_main(void *arg)
 static void rendezvous_send(struct rank *r);
 static void negotiate_send(struct rank *r, bool submit);
 
+/* Sends req (its requests, if any, filled in) as rank r's next Negotiate,
+ * from r's cursor, parked up to CALL_WAIT_MS; done gets the answer. */
+static int negotiate_call(struct rank *r, Kolo__NegotiateRequest *req, rpc_done_fn done)
+{
+    req->cursor = r->cursor;
+    req->wait_ms = CALL_WAIT_MS;
+    req->reason = "";
+    size_t len = kolo__negotiate_request__get_packed_size(req);
+    uint8_t *buf = malloc(len + 1);
+    kolo__negotiate_request__pack(req, buf);
+    r->calls++;
+    int rv = rpc_client_call_async(r->cli, "WorkerService.Negotiate", buf, len, CALL_TIMEOUT,
+                                   done, r);
+    free(buf);
+    return rv;
+}
+
 static void rendezvous_done(void *arg, int code, const void *rep, size_t len, const char *err)
 {
     struct rank *r = arg;
@@ -279,6 +326,7 @@ static void step_finished(struct rank *r)
 {
     r->step++;
     r->seen = 0;
+    r->next = 0;
     memset(r->got, 0, (size_t)ntensors);
     pthread_mutex_lock(&g.mu);
     bool go = r->step <= g.step_target && !g.failed;
@@ -330,10 +378,143 @@ static void negotiate_done(void *arg, int code, const void *rep, size_t len, con
     if (m->next_cursor > r->cursor)
         r->cursor = m->next_cursor;
     kolo__negotiate_reply__free_unpacked(m, NULL);
-    if (r->seen == ntensors)
+    if (r->seen == ntensors) {
         step_finished(r);
-    else
+    } else if (g.mode == MODE_PER_TENSOR && r->got[r->next] && r->step > 0) {
+        r->next++; /* the next gradient is handed over */
+        negotiate_send(r, true);
+    } else {
         negotiate_send(r, false);
+    }
+}
+
+/* rounds: the one long-poll a rank keeps parked while its cached tensors
+ * are agreed by the ranks; it comes back when the log grows or the wait
+ * ends, and goes out again until the phase ends. */
+static void park_send(struct rank *r);
+
+static void park_done(void *arg, int code, const void *rep, size_t len, const char *err)
+{
+    struct rank *r = arg;
+    if (code && code != KOLO_ETIMEDOUT) {
+        fail("rank %d: long-poll: %s: %s", r->rank, kolo_errname(code), err);
+        atomic_fetch_sub(&g.parked, 1);
+        return;
+    }
+    Kolo__NegotiateReply *m = code ? NULL : kolo__negotiate_reply__unpack(NULL, len, rep);
+    if (m) {
+        if (m->next_cursor > r->cursor)
+            r->cursor = m->next_cursor;
+        kolo__negotiate_reply__free_unpacked(m, NULL);
+    }
+    pthread_mutex_lock(&g.mu);
+    bool again = g.step_target > 0 && !g.failed && r->step <= g.step_target;
+    pthread_mutex_unlock(&g.mu);
+    if (again)
+        park_send(r);
+    else
+        atomic_fetch_sub(&g.parked, 1);
+}
+
+static void park_send(struct rank *r)
+{
+    Kolo__NegotiateRequest req = KOLO__NEGOTIATE_REQUEST__INIT;
+    int rv = negotiate_call(r, &req, park_done);
+    if (rv) {
+        fail("rank %d: cannot send the long-poll (%s)", r->rank, kolo_errname(rv));
+        atomic_fetch_sub(&g.parked, 1);
+    }
+}
+
+static void report_done(void *arg, int code, const void *rep, size_t len, const char *err)
+{
+    (void)rep;
+    (void)len;
+    struct rank *r = arg;
+    if (code) {
+        if (atomic_fetch_add(&g.report_errors, 1) == 0)
+            fprintf(stderr, "coord_load: rank %d: Report: %s: %s\n", r->rank,
+                    kolo_errname(code), err);
+    }
+    atomic_fetch_sub(&g.reports_out, 1);
+}
+
+/* rounds: what rank r's report sender sends for one period: the rounds'
+ * telemetry (rank 0 carries a wait sample per round) and the step times of
+ * the current second, as worker/report.c does. */
+static void report_send(struct rank *r, double period_s, uint32_t *wait_us, uint32_t *wait_ops,
+                        size_t nwaits)
+{
+    double steps = g.rate * period_s;
+    Kolo__RoundTelemetry tel = KOLO__ROUND_TELEMETRY__INIT;
+    tel.rounds = (uint64_t)(steps * g.rounds_per_step + 0.5);
+    tel.agreed = (uint64_t)(steps * ntensors + 0.5);
+    tel.wait_avg_s = 0.0005 + 0.0001 * (r->rank % 7);
+    if (r->rank == 0) {
+        tel.wait_us = wait_us;
+        tel.n_wait_us = nwaits;
+        tel.wait_ops = wait_ops;
+        tel.n_wait_ops = nwaits;
+    }
+    Kolo__StepSample st = KOLO__STEP_SAMPLE__INIT, *stp = &st;
+    st.ts_ms = now_wall_ms() / 1000 * 1000;
+    st.seconds = 1.0 / g.rate;
+    st.count = (uint32_t)(steps > 1 ? steps : 1);
+    Kolo__WorkerReportRequest req = KOLO__WORKER_REPORT_REQUEST__INIT;
+    req.rounds = &tel;
+    if (!g.no_step_times) {
+        req.steps = &stp;
+        req.n_steps = 1;
+    }
+    size_t len = kolo__worker_report_request__get_packed_size(&req);
+    uint8_t *buf = malloc(len + 1);
+    kolo__worker_report_request__pack(&req, buf);
+    atomic_fetch_add(&g.reports_out, 1);
+    atomic_fetch_add(&g.reports, 1);
+    int rv = rpc_client_call_async(r->rep, "WorkerService.Report", buf, len, 10000, report_done, r);
+    free(buf);
+    if (rv) {
+        atomic_fetch_sub(&g.reports_out, 1);
+        fail("rank %d: cannot send a Report (%s)", r->rank, kolo_errname(rv));
+    }
+}
+
+/* rounds: the timed phase. The ranks' steps happen on the data plane; here
+ * only the clock runs, and each rank reports at the period libkolo's
+ * sender uses (worker/report_rate.h), spread over it as report.c starts
+ * them. */
+static void rounds_phase(void)
+{
+    double p0 = report_period_ms(0, g.nranks) / 1000.0;
+    size_t nwaits = (size_t)(g.rate * p0 * g.rounds_per_step + 0.5);
+    uint32_t *wait_us = calloc(nwaits ? nwaits : 1, sizeof(uint32_t));
+    uint32_t *wait_ops = calloc(nwaits ? nwaits : 1, sizeof(uint32_t));
+    double *due = calloc((size_t)g.nranks, sizeof(double));
+    for (size_t i = 0; i < nwaits; i++) {
+        wait_us[i] = 200 + (uint32_t)(i * 37 % 800);
+        wait_ops[i] = (uint32_t)(ntensors / g.rounds_per_step);
+    }
+    double t0 = now_s(), end = t0 + g.steps / g.rate;
+    for (int i = 0; i < g.nranks; i++)
+        due[i] = t0 + report_period_ms(i, g.nranks) / 1000.0 * (i % 64) / 64.0;
+    while (!g.failed) {
+        double now = now_s();
+        if (now >= end)
+            break;
+        for (int i = 0; i < g.nranks; i++) {
+            if (now < due[i])
+                continue;
+            double period = report_period_ms(i, g.nranks) / 1000.0;
+            report_send(&g.ranks[i], period, wait_us, wait_ops, nwaits);
+            due[i] += period;
+        }
+        usleep(1000);
+    }
+    for (int i = 0; i < g.nranks; i++)
+        g.ranks[i].step = g.steps + 1; /* the phase ended: the long-polls stop */
+    free(due);
+    free(wait_us);
+    free(wait_ops);
 }
 
 /* One Negotiate call: with this step's requests (submit) or a poll. */
@@ -349,7 +530,14 @@ static void negotiate_send(struct rank *r, bool submit)
         ptrs = calloc((size_t)ntensors, sizeof(*ptrs));
         cached = calloc((size_t)ntensors, sizeof(*cached));
         shapes = calloc((size_t)ntensors, sizeof(*shapes));
-        for (int t = 0; t < ntensors; t++) {
+        /* per-tensor: one tensor a call (all of step 0's at once, as the
+         * first-time tensors are in libkolo's first coalesced call) */
+        int lo = 0, hi = ntensors;
+        if (g.mode == MODE_PER_TENSOR && r->step > 0) {
+            lo = r->next;
+            hi = r->next + 1;
+        }
+        for (int t = lo; t < hi; t++) {
             if (r->cache[t]) {
                 cached[nc++] = r->cache[t];
                 continue;
@@ -373,20 +561,11 @@ static void negotiate_send(struct rank *r, bool submit)
         req.cached = cached;
         req.n_cached = nc;
     }
-    req.cursor = r->cursor;
-    req.wait_ms = CALL_WAIT_MS;
-    req.reason = "";
-    size_t len = kolo__negotiate_request__get_packed_size(&req);
-    uint8_t *buf = malloc(len + 1);
-    kolo__negotiate_request__pack(&req, buf);
+    int rv = negotiate_call(r, &req, negotiate_done);
     free(reqs);
     free(ptrs);
     free(cached);
     free(shapes);
-    r->calls++;
-    int rv = rpc_client_call_async(r->cli, "WorkerService.Negotiate", buf, len, CALL_TIMEOUT,
-                                   negotiate_done, r);
-    free(buf);
     if (rv)
         fail("rank %d: cannot send Negotiate (%s)", r->rank, kolo_errname(rv));
 }
@@ -452,7 +631,8 @@ static int wait_ranks(double timeout_s)
 static void usage(void)
 {
     fprintf(stderr, "usage: coord_load --coordinator URL [--token-file F] [--ranks N] "
-                    "[--steps S] [--tensors FILE] [--coord-pid PID]\n");
+                    "[--steps S] [--tensors FILE] [--coord-pid PID] "
+                    "[--mode per-tensor|batched|rounds] [--rate R] [--rounds-per-step K] [--no-step-times]\n");
     exit(2);
 }
 
@@ -462,8 +642,11 @@ int main(int argc, char **argv)
     int coord_pid = 0;
     g.nranks = 64;
     g.steps = 50;
+    g.mode = MODE_ROUNDS;
+    g.rate = 100;
+    g.rounds_per_step = 10;
     for (int i = 1; i < argc; i++) {
-        if (i + 1 >= argc)
+        if (i + 1 >= argc && strcmp(argv[i], "--no-step-times") != 0)
             usage();
         if (strcmp(argv[i], "--coordinator") == 0)
             g.url = argv[++i];
@@ -477,11 +660,33 @@ int main(int argc, char **argv)
             tensor_file = argv[++i];
         else if (strcmp(argv[i], "--coord-pid") == 0)
             coord_pid = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--mode") == 0) {
+            const char *m = argv[++i];
+            if (strcmp(m, "per-tensor") == 0)
+                g.mode = MODE_PER_TENSOR;
+            else if (strcmp(m, "batched") == 0)
+                g.mode = MODE_BATCHED;
+            else if (strcmp(m, "rounds") == 0)
+                g.mode = MODE_ROUNDS;
+            else
+                usage();
+        } else if (strcmp(argv[i], "--rate") == 0)
+            g.rate = atof(argv[++i]);
+        else if (strcmp(argv[i], "--rounds-per-step") == 0)
+            g.rounds_per_step = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--no-step-times") == 0)
+            g.no_step_times = 1;
         else
             usage();
     }
-    if (!g.url || g.nranks < 1 || g.steps < 1)
+    if (!g.url || g.nranks < 1 || g.steps < 1 || g.rate <= 0 || g.rounds_per_step < 1)
         usage();
+    /* two connections a rank (negotiation and reports), like libkolo */
+    struct rlimit nofile;
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+        nofile.rlim_cur = nofile.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &nofile);
+    }
     if (token_file) {
         char err[256];
         if (read_token_file(token_file, &g.token, err, sizeof(err)) != 0) {
@@ -573,7 +778,8 @@ int main(int argc, char **argv)
                                        .job_id = g.job_id,
                                        .generation = g.generation,
                                        .rank = i};
-        if (rpc_client_open(&r->cli, &wc)) {
+        if (rpc_client_open(&r->cli, &wc) ||
+            (g.mode == MODE_ROUNDS && rpc_client_open(&r->rep, &wc))) {
             fprintf(stderr, "coord_load: cannot open client %d\n", i);
             return 1;
         }
@@ -603,21 +809,35 @@ int main(int argc, char **argv)
         for (int i = 0; i < g.nranks; i++)
             calls1 += g.ranks[i].calls;
     }
+    int reports = 0;
     if (!rc && !g.failed) {
-        /* Steps 1..S: by cache id, no barrier between steps. */
         pthread_mutex_lock(&g.mu);
         g.step_target = g.steps;
         g.done_count = 0;
         pthread_mutex_unlock(&g.mu);
-        for (int i = 0; i < g.nranks; i++)
-            negotiate_send(&g.ranks[i], true);
-        rc = wait_ranks(600);
+        if (g.mode == MODE_ROUNDS) {
+            /* Steps 1..S on the data plane: the coordinator sees the
+             * long-polls and the reports only. */
+            atomic_store(&g.parked, g.nranks);
+            for (int i = 0; i < g.nranks; i++)
+                park_send(&g.ranks[i]);
+            rounds_phase();
+            calls2 -= g.nranks; /* the long-polls parked before the phase */
+        } else {
+            /* Steps 1..S: by cache id, no barrier between steps. */
+            for (int i = 0; i < g.nranks; i++)
+                negotiate_send(&g.ranks[i], true);
+            rc = wait_ranks(600);
+        }
         t2 = now_s();
         c2 = proc_cpu_s(coord_pid);
         s2 = self_cpu_s();
         for (int i = 0; i < g.nranks; i++)
             calls2 += g.ranks[i].calls;
         calls2 -= calls1;
+        reports = atomic_load(&g.reports);
+        for (int i = 0; i < 200 && atomic_load(&g.reports_out) > 0; i++)
+            usleep(10000);
     }
     int cached_ok = 1;
     for (int i = 0; i < g.nranks && cached_ok; i++)
@@ -630,15 +850,18 @@ int main(int argc, char **argv)
         rc = 1;
     } else {
         double dt = t2 - t1;
-        printf("{\"impl\":\"kolo\",\"kind\":\"coord_load\",\"ranks\":%d,\"tensors\":%d,"
-               "\"steps\":%d,\"rendezvous_ms\":%.1f,\"first_step_ms\":%.2f,"
+        static const char *const names[] = {"per-tensor", "batched", "rounds"};
+        printf("{\"impl\":\"kolo\",\"kind\":\"coord_load\",\"mode\":\"%s\",\"ranks\":%d,"
+               "\"tensors\":%d,\"steps\":%d,\"rendezvous_ms\":%.1f,\"first_step_ms\":%.2f,"
                "\"step_ms\":%.3f,\"steps_per_s\":%.1f,\"coord_cpu_ms_per_step\":%.3f,"
-               "\"client_cpu_ms_per_step\":%.3f,\"negotiate_calls_per_step\":%.1f,"
+               "\"client_cpu_ms_per_step\":%.3f,\"negotiate_calls_per_step\":%.2f,"
+               "\"report_calls_per_step\":%.2f,\"report_errors\":%d,"
                "\"first_step_coord_cpu_ms\":%.2f,\"all_cached\":%s}\n",
-               g.nranks, ntensors, g.steps, (t_rdv - t_open) * 1e3, (t1 - t0) * 1e3,
-               dt * 1e3 / g.steps, g.steps / dt,
+               names[g.mode], g.nranks, ntensors, g.steps, (t_rdv - t_open) * 1e3,
+               (t1 - t0) * 1e3, dt * 1e3 / g.steps, g.steps / dt,
                coord_pid > 0 ? (c2 - c1) * 1e3 / g.steps : -1.0, (s2 - s1) * 1e3 / g.steps,
-               (double)calls2 / g.steps, (c1 - c0) * 1e3, cached_ok ? "true" : "false");
+               (double)calls2 / g.steps, (double)reports / g.steps,
+               atomic_load(&g.report_errors), (c1 - c0) * 1e3, cached_ok ? "true" : "false");
         fflush(stdout);
     }
 
@@ -657,6 +880,8 @@ int main(int argc, char **argv)
     free(out);
     for (int i = 0; i < g.nranks; i++) {
         rpc_client_close(g.ranks[i].cli);
+        if (g.ranks[i].rep)
+            rpc_client_close(g.ranks[i].rep);
         free(g.ranks[i].cache);
         free(g.ranks[i].got);
     }

@@ -24,7 +24,9 @@
 # RESNET_STEPS (20), LOCAL=0 to skip the one-host parts (1, 2), NETNS=0 to
 # skip the namespace part, COORD_LOAD=0 to
 # skip the coordinator load, COORD_LOAD_RANKS ("64 256 1024"),
-# COORD_LOAD_STEPS (50), SKIP_DEPS=1, SKIP_BUILD=1, LAUNCH_TIMEOUT (900 s).
+# COORD_LOAD_STEPS (50, batched mode), COORD_LOAD_ROUNDS_STEPS (1000 at
+# 100 steps/s), COORD_LOAD_PER_TENSOR_RANKS ("64 256"), SKIP_DEPS=1,
+# SKIP_BUILD=1, LAUNCH_TIMEOUT (900 s).
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -41,6 +43,8 @@ if [ "$QUICK" = 1 ]; then
     RESNET_STEPS="${RESNET_STEPS:-5}"
     COORD_LOAD_RANKS="${COORD_LOAD_RANKS:-64 256}"
     COORD_LOAD_STEPS="${COORD_LOAD_STEPS:-20}"
+    COORD_LOAD_ROUNDS_STEPS="${COORD_LOAD_ROUNDS_STEPS:-500}"
+    COORD_LOAD_PER_TENSOR_RANKS="${COORD_LOAD_PER_TENSOR_RANKS:-64}"
 else
     REPS="${REPS:-3}"
     SIZES="${SIZES:-4 4096 65536 1048576 16777216 67108864 268435456}"
@@ -48,6 +52,8 @@ else
     RESNET_STEPS="${RESNET_STEPS:-20}"
     COORD_LOAD_RANKS="${COORD_LOAD_RANKS:-64 256 1024}"
     COORD_LOAD_STEPS="${COORD_LOAD_STEPS:-50}"
+    COORD_LOAD_ROUNDS_STEPS="${COORD_LOAD_ROUNDS_STEPS:-1000}"
+    COORD_LOAD_PER_TENSOR_RANKS="${COORD_LOAD_PER_TENSOR_RANKS:-64 256}"
 fi
 NPS="${NPS:-2 4}"
 NETNS="${NETNS:-1}"
@@ -154,7 +160,7 @@ build_all() {
     done
     mkdir -p "$bb"
     mpicc -O2 -o "$bb/mpi_allreduce" bench/mpi_allreduce.c
-    gcc -O2 -D_GNU_SOURCE -Icommon -Iinclude -I"$build/proto" bench/coord_load.c \
+    gcc -O2 -D_GNU_SOURCE -Icommon -Iinclude -Iworker -I"$build/proto" bench/coord_load.c \
         "$build/common/libkolo_common.a" "$build/libkolo_proto.a" \
         -lnng -lprotobuf-c -lpthread -o "$bb/coord_load"
 }
@@ -336,14 +342,21 @@ fi
 
 # ---------------------------------------------------------------- coordinator load
 
-cmd_coord_load() { # URL RANKS COORDINATOR_PID
-    CMD=("$bb/coord_load" --coordinator "$1" --ranks "$2" --steps "$COORD_LOAD_STEPS"
+cmd_coord_load() { # URL RANKS COORDINATOR_PID MODE STEPS
+    CMD=("$bb/coord_load" --coordinator "$1" --ranks "$2" --steps "$5" --mode "$4"
         --tensors bench/resnet50_sizes.txt --coord-pid "$3")
 }
 
+# What the coordinator does per training step, by what libkolo sends it:
+# rounds (the default: telemetry only, paced at 100 steps/s for
+# COORD_LOAD_ROUNDS_STEPS steps), per-tensor (KOLO_FAST_PATH=0: one
+# Negotiate per tensor; COORD_LOAD_PER_TENSOR_RANKS only, it is slow),
+# batched (one Negotiate per step, the coordinator path's best case).
 if [ "$COORD_LOAD" = 1 ]; then
-    log "coordinator load: ranks [$COORD_LOAD_RANKS], $COORD_LOAD_STEPS steps of 161 tensors"
-    for n in $COORD_LOAD_RANKS; do
+    log "coordinator load: ranks [$COORD_LOAD_RANKS], 161 tensors a step"
+    for spec in $(for n in $COORD_LOAD_RANKS; do echo "rounds:$n:$COORD_LOAD_ROUNDS_STEPS" "batched:$n:$COORD_LOAD_STEPS"; done) \
+        $(for n in $COORD_LOAD_PER_TENSOR_RANKS; do echo "per-tensor:$n:3"; done); do
+        mode="${spec%%:*}"; rest="${spec#*:}"; n="${rest%%:*}"; steps="${rest#*:}"
         ctx=$((4 * n + 256))
         [ "$ctx" -lt 1024 ] && ctx=1024
         rm -f "$tmp/load-coord.db"*
@@ -359,7 +372,7 @@ if [ "$COORD_LOAD" = 1 ]; then
             sleep 0.1
         done
         if [ -n "$url" ]; then
-            launch coord_load 1 "coord-load-$n" cmd_coord_load "$url" "$n" "$cpid"
+            launch coord_load 1 "coord-load-$mode-$n" cmd_coord_load "$url" "$n" "$cpid" "$mode" "$steps"
         else
             log "load coordinator did not start"
         fi

@@ -208,6 +208,7 @@ static void coord_cron(struct coord *c)
     coord_hosts_cron(c, now);
     coord_jobs_cron(c, now);
     coord_snap_cron(c, now);
+    coord_report_cron(c, now);
 }
 
 /* The tick: every COORD_CRON_MS, under the state lock. */
@@ -228,6 +229,7 @@ static void *coord_main(void *arg)
     }
     /* From now on coord_post refuses work; answer every parked call. */
     c->draining = true;
+    coord_report_flush(c);
     coord_hosts_shutdown(c);
     coord_jobs_shutdown(c);
     pthread_mutex_unlock(&c->mtx);

@@ -228,6 +228,7 @@ struct coord_snap_metrics {
 struct coord_report_metrics {
     uint64_t batches, epochs, step_rows, step_rows_pruned, refused;
     uint64_t worker_dropped_max;
+    uint64_t step_flushes, step_rows_lost; /* group commits; rows a failed one lost */
 };
 
 struct coord_metrics {
@@ -282,6 +283,9 @@ struct coord {
     struct snap_upload *snap_uploads; /* coord_snap.c: partial uploads */
     struct snap_writer *snap_writer;  /* coord_snap.c: its thread and queue (own lock) */
     struct report_job *report_jobs;   /* coord_report.c (issue 6): last steps per rank */
+    struct step_pending *steps_pend;  /* coord_report.c: step rows not yet stored */
+    size_t steps_npend, steps_cap;
+    uint64_t steps_flushed_ms;
 
     /* host discovery scripts of elastic jobs (coord_elastic.c) */
     pthread_t disc_thread;
@@ -404,6 +408,10 @@ void coord_rpc_report(struct coord *c, struct rpc_call *call, enum coord_method 
 int coord_report_route(struct coord *c, struct job *j, const char *sub, const char *query,
                        struct jw *w, char *err, size_t errlen);
 void coord_report_render_metrics(struct coord *c, struct buf *b);
+/* Stores the step rows that wait for the next group commit: the tick calls
+ * coord_report_cron, readers and the shutdown call coord_report_flush. */
+void coord_report_cron(struct coord *c, uint64_t now);
+void coord_report_flush(struct coord *c);
 void coord_report_free(struct coord *c);
 
 /* coord_timeline.c (issue 6): Horovod's Chrome-trace timeline of a job's

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "coord.h"
 #include "errors.h"
@@ -108,6 +109,16 @@ int cmd_coordinator(int argc, char **argv)
     sigaddset(&set, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* Every rank keeps two connections (negotiation, reports) and every
+     * agent one: a 1024-rank job needs more than the usual soft limit of
+     * 1024 descriptors. Take what the hard limit allows. */
+    struct rlimit nofile;
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+        nofile.rlim_cur = nofile.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &nofile) != 0)
+            LOGW("coord", "cannot raise the open-file limit to %llu",
+                 (unsigned long long)nofile.rlim_max);
+    }
     struct coord *c = NULL;
     rv = coord_start(&c, &cfg, err, sizeof(err));
     if (token) {

@@ -38,9 +38,9 @@
 #include "errors.h"
 #include "json.h"
 #include "log.h"
+#include "report_rate.h"
 #include "util.h"
 
-#define REPORT_PERIOD_MS   500
 #define REPORT_CALL_MS     2000
 #define REPORT_FINAL_MS    2000
 #define REPORT_MAX_EPOCHS  1024
@@ -532,9 +532,17 @@ static void *sender_main(void *arg)
     /* report_get sets c->report right after this thread starts, under
      * c->mu: the lock above waits for it. */
     pthread_mutex_lock(&r->mu);
+    /* telemetry alone goes every `period` (report_rate.h); ranks start
+     * spread over it, so a large job's reports do not come in a burst */
+    int period = report_period_ms(c->rank, c->size);
+    uint64_t next = now_mono_ms() + (uint64_t)period * (uint64_t)(c->rank % 64) / 64u;
     for (;;) {
         wait_period(r);
         bool last = r->stop;
+        uint64_t now = now_mono_ms();
+        if (!last && !r->nepochs && now < next)
+            continue;
+        next = now + (uint64_t)period;
         struct batch b;
         bool have = take(r, &b);
         uint64_t dropped = r->dropped;

@@ -22,6 +22,7 @@
 #include "json.h"
 #include "kolo.pb-c.h"
 #include "rpc.h"
+#include "store.h"
 #include "test.h"
 #include "coord_harness.h"
 #include "util.h"
@@ -251,6 +252,77 @@ static void test_epochs(void)
     rpc_client_close(r1);
 }
 
+/* The value of a counter in /metrics. */
+static double metric(const char *name)
+{
+    int status = 0;
+    char *body = http_get("/metrics", &status);
+    REQUIRE(body && status == 200);
+    char key[128];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *at = strstr(body, key);
+    double v = at ? atof(at + strlen(key)) : -1;
+    free(body);
+    return v;
+}
+
+static int count_step(const struct store_step *s, void *arg)
+{
+    (void)s;
+    (*(int *)arg)++;
+    return 0;
+}
+
+/* Step rows from many reports go to the store in one group commit (not a
+ * transaction each), a reader sees them at once, and the coordinator's
+ * shutdown stores what still waits (checked in main after coord_stop). */
+#define GROUP_TS 5000000000000ull
+static void test_steps_group_commit(void)
+{
+    char err[256];
+    struct rpc_client *r0 = client(job_id, 1, 0), *r1 = client(job_id, 1, 1);
+    double flushes0 = metric("kolo_report_step_flushes_total");
+    REQUIRE(flushes0 >= 0);
+    for (int i = 0; i < 20; i++) {
+        struct st row = {GROUP_TS + (uint64_t)i * 1000, 0.25, 2};
+        CHECK_EQ_INT(report(i % 2 ? r1 : r0, NULL, 0, &row, 1, err, sizeof err), 0);
+    }
+    double flushes = metric("kolo_report_step_flushes_total") - flushes0;
+    /* the tick may commit once or twice meanwhile; 20 reports, not 20 */
+    CHECK(flushes <= 3);
+    char path[160];
+    snprintf(path, sizeof path, "/api/v1/jobs/%" PRIu64 "/steps?since_ms=%llu&downsample=1",
+             job_id, (unsigned long long)GROUP_TS);
+    struct json *v = get_json(path, 200);
+    const struct json *hosts = json_get(v, "hosts");
+    REQUIRE(hosts && hosts->count == 1);
+    const struct json *bk = json_get(json_at(hosts, 0), "buckets");
+    double steps = 0;
+    for (size_t i = 0; bk && i < bk->count; i++)
+        steps += num(json_at(bk, i), "steps");
+    CHECK(steps == 40);
+    json_free(v);
+    CHECK_EQ_INT(metric("kolo_report_step_rows_lost_total"), 0);
+    /* these wait for the shutdown's commit */
+    for (int i = 0; i < 3; i++) {
+        struct st row = {GROUP_TS + 100000 + (uint64_t)i * 1000, 0.5, 1};
+        CHECK_EQ_INT(report(r0, NULL, 0, &row, 1, err, sizeof err), 0);
+    }
+    rpc_client_close(r0);
+    rpc_client_close(r1);
+}
+
+static void check_shutdown_commit(void)
+{
+    struct store *st;
+    char err[256];
+    REQUIRE(store_open(&st, dbpath, err, sizeof err) == 0);
+    int n = 0;
+    CHECK_EQ_INT(store_steps_each(st, job_id, GROUP_TS + 100000, count_step, &n), 0);
+    CHECK_EQ_INT(n, 3);
+    store_close(st);
+}
+
 static void test_refused(void)
 {
     char err[512];
@@ -321,7 +393,7 @@ static void test_http_errors(void)
     char *body = http_get("/metrics", &status);
     CHECK_EQ_INT(status, 200);
     CHECK(strstr(body, "kolo_report_epochs_total 4\n") != NULL);
-    CHECK(strstr(body, "kolo_report_step_rows_total 2\n") != NULL);
+    CHECK(strstr(body, "kolo_report_step_rows_total 25\n") != NULL); /* 2 + test_steps_group_commit's 23 */
     CHECK(strstr(body, "kolo_reports_refused_total") != NULL);
     free(body);
 }
@@ -479,10 +551,12 @@ int main(void)
     coord = start();
     make_job();
     test_epochs();
+    test_steps_group_commit();
     test_refused();
     test_http_errors();
     test_timeline();
     coord_stop(coord);
+    check_shutdown_commit();
     test_remove_db(dbpath, dir);
     TEST_DONE();
 }

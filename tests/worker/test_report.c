@@ -15,6 +15,7 @@
 #include "coord.h"
 #include "kolo.h"
 #include "kolo.pb-c.h"
+#include "report_rate.h"
 #include "rpc.h"
 #include "test.h"
 #include "coord_harness.h"
@@ -113,8 +114,22 @@ static void *rank_main(void *p)
     return NULL;
 }
 
+/* The telemetry period (report_rate.h): 500 ms up to 256 ranks and for
+ * rank 0; stretched with the job beyond, capped. */
+static void test_report_period(void)
+{
+    static const struct {
+        int rank, size, ms;
+    } cases[] = {{0, 1, 500},    {0, 4096, 500},  {1, 2, 500},     {255, 256, 500},
+                 {1, 257, 501},  {1, 512, 1000},  {1023, 1024, 2000}, {7, 2048, 4000},
+                 {7, 100000, 4000}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        CHECK_EQ_INT(report_period_ms(cases[i].rank, cases[i].size), cases[i].ms);
+}
+
 int main(void)
 {
+    test_report_period();
     REQUIRE(mkdtemp(dir) != NULL);
     snprintf(dbpath, sizeof dbpath, "%s/coord.db", dir);
     char err[512];
