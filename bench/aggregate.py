@@ -211,6 +211,8 @@ def main():
                   "Open MPI: `--mca btl tcp,self`, orted started in the other namespace by "
                   "bench/nsrsh.sh; Gloo: one rank per namespace, GLOO_SOCKET_IFNAME = the veth.")
         md.append("")
+        md.append("Cells: median / p99 µs (bus bandwidth); ratios of the medians.")
+        md.append("")
         md.append("| size | kolo | Open MPI (TCP) | Gloo (TCP) | kolo/MPI | kolo/Gloo |")
         md.append("|---:|---:|---:|---:|---:|---:|")
         for b in ns_sizes:
@@ -221,11 +223,26 @@ def main():
             def c(x):
                 if not x:
                     return "—"
-                return f"{fmt_num(x['median_us'])} ({fmt_bw(x['busbw_gbs'])})"
+                p99 = f" / {fmt_num(x['p99_us'])}" if x.get("p99_us") is not None else ""
+                return f"{fmt_num(x['median_us'])}{p99} ({fmt_bw(x['busbw_gbs'])})"
             md.append(f"| {fmt_size(b)} | {c(k)} | {c(o)} | {c(g)} | "
                       f"{ratio(k and k['median_us'], o and o['median_us'])} | "
                       f"{ratio(k and k['median_us'], g and g['median_us'])} |")
         md.append("")
+        rtt = get("netns", "tcp", "rtt", 2, 4)
+        k4 = get("netns", "kolo", "allreduce", 2, 4)
+        if rtt:
+            line = (f"TCP round trip between the namespaces (bench/tcp_rtt.c, a 4-byte "
+                    f"ping-pong, TCP_NODELAY): {fmt_num(rtt['median_us'])} µs median, "
+                    f"{fmt_num(rtt['p99_us'])} µs p99.")
+            if k4:
+                line += (f" kolo's 4 B allreduce = {k4['median_us'] / rtt['median_us']:.2f}× "
+                         f"the round trip at the median")
+                if k4.get("p99_us") and rtt.get("p99_us"):
+                    line += f", {k4['p99_us'] / rtt['p99_us']:.2f}× at p99"
+                line += " (target ≤ 2×)."
+            md.append(line)
+            md.append("")
         if veth:
             md.append("Bytes sent on the veth per launch (sanity check that the data crossed "
                       "it): " + "; ".join(

@@ -39,7 +39,7 @@ QUICK="${QUICK:-0}"
 if [ "$QUICK" = 1 ]; then
     REPS="${REPS:-1}"
     SIZES="${SIZES:-4 65536 1048576 16777216}"
-    NETNS_SIZES="${NETNS_SIZES:-16777216}"
+    NETNS_SIZES="${NETNS_SIZES:-4 16777216}"
     RESNET_STEPS="${RESNET_STEPS:-5}"
     COORD_LOAD_RANKS="${COORD_LOAD_RANKS:-64 256}"
     COORD_LOAD_STEPS="${COORD_LOAD_STEPS:-20}"
@@ -48,7 +48,7 @@ if [ "$QUICK" = 1 ]; then
 else
     REPS="${REPS:-3}"
     SIZES="${SIZES:-4 4096 65536 1048576 16777216 67108864 268435456}"
-    NETNS_SIZES="${NETNS_SIZES:-16777216 67108864 268435456}"
+    NETNS_SIZES="${NETNS_SIZES:-4 65536 16777216 67108864 268435456}"
     RESNET_STEPS="${RESNET_STEPS:-20}"
     COORD_LOAD_RANKS="${COORD_LOAD_RANKS:-64 256 1024}"
     COORD_LOAD_STEPS="${COORD_LOAD_STEPS:-50}"
@@ -163,11 +163,12 @@ build_all() {
     gcc -O2 -D_GNU_SOURCE -Icommon -Iinclude -Iworker -I"$build/proto" bench/coord_load.c \
         "$build/common/libkolo_common.a" "$build/libkolo_proto.a" \
         -lnng -lprotobuf-c -lpthread -o "$bb/coord_load"
+    gcc -O2 -o "$bb/tcp_rtt" bench/tcp_rtt.c
 }
 
 [ "${SKIP_DEPS:-0}" = 1 ] || ensure_deps
 [ "${SKIP_BUILD:-0}" = 1 ] || { log "building kolo and the peer programs"; build_all; }
-for f in "$build/bin/kolo" "$build/bin/kolo-bench-allreduce" "$bb/mpi_allreduce" "$bb/coord_load"; do
+for f in "$build/bin/kolo" "$build/bin/kolo-bench-allreduce" "$bb/mpi_allreduce" "$bb/coord_load" "$bb/tcp_rtt"; do
     [ -x "$f" ] || { log "missing $f"; exit 1; }
 done
 export OMP_NUM_THREADS=1 # as peers-bench.md: one compute thread per rank
@@ -322,7 +323,16 @@ if [ "$NETNS" = 1 ]; then
         CMD=("${SUDO[@]}" "$PY" bench/torch_gloo.py --np 2 --master-addr 10.77.0.1
             --ns "$ns_a:kbv0" --ns "$ns_b:kbv1" "$@")
     }
+    # The floor under a small allreduce between the namespaces: the TCP
+    # round trip of a 4-byte ping-pong, measured in each round beside them.
+    cmd_tcp_rtt() {
+        "${SUDO[@]}" ip netns exec "$ns_b" timeout 60 "$bb/tcp_rtt" server 7979 &
+        rtt_server=$!
+        CMD=("${SUDO[@]}" ip netns exec "$ns_a" "$bb/tcp_rtt" client 10.77.0.2 7979 2000)
+    }
     for round in $(seq 1 "$REPS"); do
+        launch netns "$round" "netns-tcp-rtt-r$round" cmd_tcp_rtt
+        wait "$rtt_server" 2>/dev/null || true # it ends with its client
         for impl in $(impl_order "$round"); do
             tx0="$(veth_tx)"
             # shellcheck disable=SC2086

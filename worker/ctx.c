@@ -347,6 +347,14 @@ static int connect_mesh(struct kolo_ctx *c, struct rdv *rv, char *err, size_t er
         free(peers);
         return code;
     }
+    /* Spin briefly on the sockets when every local rank has a CPU to
+     * itself (KOLO_SPIN_US; 0 never): a 4 B allreduce between two hosts
+     * then costs about the round trip, not a wake-up on each side. On a
+     * crowded host a spinning rank would take the CPU its peer needs. */
+    bool spin = c->local_size <= usable_cpus();
+    for (int r = 0; r < c->size; r++)
+        if (peers[r])
+            peers[r]->spin = spin;
     code = ring_create(c->rank, c->size, peers, &c->coll);
     free(peers);
     if (code)

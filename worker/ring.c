@@ -520,7 +520,7 @@ static int flow_sleep(struct flow *f, uint64_t deadline)
  * after the spin window, sleep in flow_sleep. */
 static int flow_run(struct flow *f, uint64_t deadline)
 {
-    bool spin = (f->tx && f->tx->ops->spin) || (f->rx && f->rx->ops->spin);
+    bool spin = (f->tx && xport_spins(f->tx)) || (f->rx && xport_spins(f->rx));
     uint64_t spin_ns = spin ? (uint64_t)xport_spin_us() * 1000u : 0;
     uint64_t idle_since = 0;
     bool slept = false;
@@ -1098,14 +1098,24 @@ static void ring_bell_ring(struct coll *c)
     (void)w; /* EAGAIN: the counter is already non-zero, which is all that matters */
 }
 
+/* A waiter (spin) on spinning connections looks at the sockets for the
+ * spin window before it sleeps in poll: the peer's round message usually
+ * comes sooner than a wake-up would. The background thread never spins. */
 static int ring_idle_wait(struct coll *c, uint64_t seen, int timeout_ms, bool spin)
 {
-    (void)spin; /* poll(2) only */
     struct ring *rg = (struct ring *)c;
     if (c->failed)
         return -c->failed;
     if (atomic_load(&rg->bell) != seen)
         return 1;
+    int next = (c->rank + 1) % c->size;
+    if (spin && c->size > 1 && rg->peers[next] && xport_spins(rg->peers[next])) {
+        uint64_t end = mono_ns() + (uint64_t)xport_spin_us() * 1000u;
+        do {
+            if (ring_poll(rg, 0) || atomic_load(&rg->bell) != seen)
+                return 1;
+        } while (mono_ns() < end);
+    }
     return ring_poll(rg, timeout_ms) ? 1 : 0;
 }
 

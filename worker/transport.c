@@ -7,7 +7,8 @@
  * is what keeps two ranks that send large buffers to each other (a ring
  * step) from deadlocking on full buffers. When neither side moves:
  *
- *   1. If a connection is memory based (ops->spin), retry for a short
+ *   1. If a connection is memory based (ops->spin) or set to spin (TCP
+ *      when every local rank has a CPU: x->spin), retry for a short
  *      spin window with a pause instruction: a peer that is running on
  *      another core usually answers within microseconds, far less than a
  *      sleep and wake-up cost.
@@ -195,7 +196,7 @@ static int transfer(struct leg *legs, int nlegs, uint64_t deadline)
     for (int i = 0; i < nlegs; i++) {
         if (legs[i].x && legs[i].x->failed && legs[i].len > 0)
             return legs[i].x->failed;
-        if (leg_open(&legs[i]) && legs[i].x->ops->spin)
+        if (leg_open(&legs[i]) && xport_spins(legs[i].x))
             spin = true;
     }
     uint64_t spin_ns = spin ? (uint64_t)xport_spin_us() * 1000u : 0;

@@ -57,6 +57,11 @@ struct xport_ops {
 
 struct xport {
     const struct xport_ops *ops;
+    /* spin on this connection before sleeping, as ops->spin does for a
+     * transport: set on TCP connections when every local rank has a CPU
+     * (a socket wake-up costs tens of µs; a peer on another CPU or host
+     * usually answers sooner) */
+    bool spin;
     int peer;      /* peer rank */
     int failed;    /* sticky KOLO_E* once the connection broke */
     char why[128]; /* what broke it */
@@ -67,7 +72,12 @@ struct xport {
  * KOLO_ETIMEDOUT; a connection on which part of the buffer had moved is
  * then marked failed (its byte stream is out of step), one on which
  * nothing moved stays usable. When nothing moves they spin for
- * xport_spin_us() if a connection is a spinning one (shm), then poll(). */
+ * xport_spin_us() if a connection is a spinning one (shm, or x->spin),
+ * then poll(). */
+static inline bool xport_spins(const struct xport *x)
+{
+    return x->ops->spin || x->spin;
+}
 int xport_send(struct xport *x, const void *buf, size_t len, uint64_t deadline);
 int xport_recv(struct xport *x, void *buf, size_t len, uint64_t deadline);
 /* xport_sendrecv sends slen bytes on xs while receiving rlen bytes on xr

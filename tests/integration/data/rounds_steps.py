@@ -29,6 +29,7 @@ p.add_argument("--progress", default="", help="rank 0 writes its step here (outp
 p.add_argument("--timeline", default="")
 p.add_argument("--timeline-steps", default="-1,-1")
 p.add_argument("--jitter", type=float, default=0.0)
+p.add_argument("--tag", default="", help="not used: marks the command line for a test")
 a = p.parse_args()
 tl_on, tl_off = (int(x) for x in a.timeline_steps.split(","))
 

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Readiness rounds between two "hosts" (network namespaces joined by a
+# veth pair: real TCP between the ranks, one rank per namespace):
+#  - a 2-rank job whose cached tensors are agreed over the TCP mesh
+#    (recursive-doubling rounds): every sum right, no Negotiate call per
+#    step after the first (only the parked long-polls), the rounds' ops
+#    counted from the ranks' telemetry;
+#  - kill -9 of the rank in the other namespace while training: the job
+#    ends within seconds (no hang) with the reason naming the lost rank,
+#    and `kolo run` exits with its exit code.
+# Needs root, `ip netns` and veth; skipped (77) otherwise, with the error.
+. "$(dirname "$0")/lib.sh"
+
+skip() {
+  echo "skipped: $*"
+  exit 77
+}
+[ "$(id -u)" -eq 0 ] || skip "needs root for network namespaces"
+command -v ip >/dev/null || skip "no ip(8)"
+/usr/bin/python3 -c "import numpy" 2>/dev/null || skip "no /usr/bin/python3 with numpy"
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+export PYTHONPATH="$ROOT/python"
+PY=/usr/bin/python3
+STEPS_PY="$ROOT/tests/integration/data/rounds_steps.py"
+
+S=$(( MARK % 100000 ))
+NS0="kolo-r0-$S"
+NS1="kolo-r1-$S"
+V0="kr0$S"
+V1="kr1$S"
+ADDR0=10.214.0.1
+ADDR1=10.214.0.2
+KOLO_HOST_BIN=$KOLO
+EXTRA_CLEANUP='ip netns del "$NS0" 2>/dev/null; ip netns del "$NS1" 2>/dev/null; true'
+# the workers and the namespaces go too; cleanup keeps the test's status
+trap 'rc=$?; for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+      pkill -9 -f "rounds_steps.py.*--tag $MARK" 2>/dev/null || true
+      eval "$EXTRA_CLEANUP"; (exit $rc); cleanup' EXIT
+
+out=$(ip netns add "$NS0" 2>&1) || skip "ip netns add: $out"
+out=$(ip netns add "$NS1" 2>&1) || skip "ip netns add: $out"
+out=$(ip link add "$V0" netns "$NS0" type veth peer name "$V1" netns "$NS1" 2>&1) ||
+  skip "ip link add type veth: $out"
+ip -n "$NS0" link set lo up
+ip -n "$NS1" link set lo up
+ip -n "$NS0" addr add "$ADDR0/24" dev "$V0"
+ip -n "$NS1" addr add "$ADDR1/24" dev "$V1"
+ip -n "$NS0" link set "$V0" up
+ip -n "$NS1" link set "$V1" up
+
+printf '#!/bin/sh\nexec ip netns exec %s %s "$@"\n' "$NS0" "$KOLO_HOST_BIN" >"$WORK/kolo-ns0"
+printf '#!/bin/sh\nexec ip netns exec %s %s "$@"\n' "$NS1" "$KOLO_HOST_BIN" >"$WORK/kolo-ns1"
+chmod +x "$WORK/kolo-ns0" "$WORK/kolo-ns1"
+curl() { ip netns exec "$NS0" curl "$@"; }
+KOLO="$WORK/kolo-ns0"
+head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$WORK/token"
+chmod 600 "$WORK/token"
+
+LISTEN="tcp://$ADDR0:0" LEASE=30s start_coordinator coord --token-file "$WORK/token"
+start_agent a 1 --token-file "$WORK/token" --addr "$ADDR0"
+wait_hosts 1
+KOLO="$WORK/kolo-ns1" start_agent b 1 --token-file "$WORK/token" --addr "$ADDR1"
+wait_for 10 hosts_at_least 2 || fail "agent b (in $NS1) did not register over the veth: $(tail -n 5 "$WORK/agent-b.log")"
+
+metric() { curl -sf "$HTTP/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
+negotiates() { metric 'kolo_rpc_requests_total{method="WorkerService.Negotiate"}'; }
+progress() { cat "$WORK/progress" 2>/dev/null || echo 0; }
+
+note "1. rounds over TCP between the namespaces"
+"$KOLO" run -np 2 -H a:1,b:1 --coordinator "$RPC" --token-file "$WORK/token" -- \
+  "$PY" "$STEPS_PY" --steps 300 --progress "$WORK/progress" --tag "$MARK" \
+  >"$WORK/run.out" 2>"$WORK/run.err" &
+RUN_PID=$!
+PIDS+=("$RUN_PID")
+wait_for 60 eval '[ "$(progress)" -ge 50 ]' || fail "training did not start: $(tail "$WORK/run.err")"
+s0=$(progress); n0=$(negotiates)
+wait_for 60 eval '[ "$(progress)" -ge $(( s0 + 100 )) ]' || fail "no progress after step $s0"
+s1=$(progress); n1=$(negotiates)
+note "steps $s0 -> $s1: Negotiate calls $n0 -> $n1 (12 tensors and 2 ranks a step)"
+[ $(( (n1 - n0) * 4 )) -lt $(( s1 - s0 )) ] || fail "$((n1 - n0)) Negotiate calls in $((s1 - s0)) steps"
+rc=0
+wait "$RUN_PID" || rc=$?
+[ $rc -eq 0 ] || fail "the job failed ($rc): $(tail -20 "$WORK/run.err")"
+[ "$(grep -c "<stdout>:done 300" "$WORK/run.out")" -eq 2 ] || fail "not every rank finished"
+! grep -q WRONG "$WORK/run.out" || fail "a wrong result"
+ops=$(metric kolo_negotiation_round_ops_total)
+[ "${ops:-0}" -ge $(( 12 * 100 )) ] || fail "the rounds' telemetry counts $ops ops"
+curl -sf "$HTTP/api/v1/jobs/1" | "$PY" -c '
+import json, sys
+names = {r["host_name"] for r in json.load(sys.stdin)["ranks"]}
+sys.exit(0 if names == {"a", "b"} else 1)' || fail "the job did not span both namespaces"
+
+note "2. kill -9 of the rank in $NS1 while the ranks train"
+rm -f "$WORK/progress"
+"$KOLO" run -np 2 -H a:1,b:1 --coordinator "$RPC" --token-file "$WORK/token" -- \
+  "$PY" "$STEPS_PY" --steps 1000000 --progress "$WORK/progress" --tag "$MARK" \
+  >"$WORK/kill.out" 2>"$WORK/kill.err" &
+RUN_PID=$!
+PIDS+=("$RUN_PID")
+wait_for 60 eval '[ "$(progress)" -ge 50 ]' || fail "training did not start: $(tail "$WORK/kill.err")"
+victim=""
+for p in $(pgrep -f "rounds_steps.py --steps 1000000 .*--tag $MARK"); do
+  [ "$(ip netns identify "$p" 2>/dev/null)" = "$NS1" ] && victim=$p
+done
+[ -n "$victim" ] || fail "no rank found in $NS1"
+t0=$(now_ms)
+kill -9 "$victim"
+wait_for 20 eval '! kill -0 $RUN_PID 2>/dev/null' || fail "kolo run still runs 20 s after a rank was killed"
+t1=$(now_ms)
+rc=0
+wait "$RUN_PID" || rc=$?
+[ $rc -ne 0 ] || fail "kolo run succeeded although a rank was killed"
+note "kolo run exited $rc $(( t1 - t0 )) ms after the kill"
+grep -q "rank 1 on host b was killed by signal 9" "$WORK/kill.err" ||
+  fail "no error naming the lost rank: $(tail -5 "$WORK/kill.err")"
+[ $(( t1 - t0 )) -lt 15000 ] || fail "the failure took $(( t1 - t0 )) ms to end the job"
+echo "PASS"
