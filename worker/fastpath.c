@@ -141,18 +141,18 @@ static void moded_set(struct kolo_ctx *c, struct op *op)
     }
 }
 
-/* Sends a waiting op to the coordinator: in full, or by its cache id in
- * join mode (the coordinator's cache path handles joined ranks). */
-static void to_slow_path(struct kolo_ctx *c, struct op *op, bool keep_id)
+/* Sends a waiting op to the coordinator, in full (ops_queue_slow: the
+ * rounds' cache ids are not the coordinator's once it restarted). An op a
+ * mode (join, slow) moved holds the mode up until it is done. */
+static void to_slow_path(struct kolo_ctx *c, struct op *op, bool by_mode)
 {
     if (op->cache_id && c->pending[op->cache_id] == op) {
         c->pending[op->cache_id] = NULL;
         ready_clear(c, op->cache_id);
     }
-    if (!keep_id)
-        op->cache_id = 0;
-    else
-        moded_set(c, op); /* moved by a mode: it holds the mode up */
+    op->cache_id = 0;
+    if (by_mode)
+        moded_set(c, op);
     op->fast = false;
     if (op->state == OP_SENT)
         c->inflight--;

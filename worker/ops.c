@@ -417,10 +417,12 @@ static struct op *op_new(struct kolo_ctx *c, const kolo_request *r)
 
 void ops_queue_slow(struct kolo_ctx *c, struct op *op)
 {
-    /* a cached allreduce goes by its id where the coordinator's cache path
-     * applies */
-    if (op->req.coll == KOLO_COLL_ALLREDUCE && !c->joined &&
-        (!c->fast || c->join_mode || c->slow_mode))
+    /* A cached allreduce goes by its id on the coordinator-only path
+     * (KOLO_FAST_PATH=0: Horovod's response cache). With readiness rounds
+     * the ids belong to the ranks' rounds: what they send the coordinator
+     * (join, timeline, invalidated ops) goes in full, since a coordinator
+     * that restarted never gave those ids. */
+    if (op->req.coll == KOLO_COLL_ALLREDUCE && !c->joined && !c->fast)
         op->cache_id = ops_cache_lookup(c, op);
     op->state = OP_QUEUED;
     op_queue_push(&c->q_head, &c->q_tail, op);

@@ -13,7 +13,10 @@
 #    agreed by rounds again;
 #  - one rank frozen (SIGSTOP) for 3 s: its peer, blocked in a round,
 #    says "waiting on rank 1 since T", and training goes on after SIGCONT;
-#  - KOLO_FAST_PATH=0 runs the same job through the coordinator alone.
+#  - KOLO_FAST_PATH=0 runs the same job through the coordinator alone;
+#  - the coordinator killed (-9) and restarted mid-training, then the
+#    timeline switched on and off: the ops it sends to the new coordinator
+#    go in full (it never gave the ranks' cache ids) and every step is right.
 . "$(dirname "$0")/lib.sh"
 /usr/bin/python3 -c "import numpy" 2>/dev/null || { echo "SKIP: no /usr/bin/python3 with numpy"; exit 77; }
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -121,4 +124,27 @@ n1=$(negotiates)
 [ $(( n1 - n0 )) -ge $(( 20 * 2 )) ] || fail "KOLO_FAST_PATH=0 made only $((n1 - n0)) Negotiate calls in 20 steps"
 note "KOLO_FAST_PATH=0: $((n1 - n0)) Negotiate calls in 20 steps"
 curl -sf "$HTTP/metrics" | "$PY" "$(dirname "$0")/check_metrics.py" || fail "/metrics is not valid exposition text"
+
+# ---- 5. the coordinator killed (-9) and restarted during cached training,
+# then the timeline on and off: its ops go to the new coordinator, which
+# never gave the ranks' cache ids (they must go in full, not by id)
+rm -f "$WORK/progress"
+port=${RPC##*:}
+"$KOLO" run -np 2 --coordinator "$RPC" -- "$PY" "$STEPS_PY" --steps 300 --pause 0.02 \
+  --timeline "$WORK/tl2.json" --timeline-steps 150,170 --progress "$WORK/progress" \
+  >"$WORK/rs.out" 2>"$WORK/rs.err" &
+RUN_PID=$!
+PIDS+=("$RUN_PID")
+wait_for 60 eval '[ "$(progress)" -ge 20 ]' || fail "restart job did not start: $(tail "$WORK/rs.err")"
+kill -9 "$COORD_PID"
+before=$(progress)
+sleep 0.3
+mv "$WORK/coord.err" "$WORK/coord.1.err"
+LISTEN="tcp://127.0.0.1:$port" LEASE=30s start_coordinator coord
+wait_for 30 grep -q "resumed after a coordinator restart" "$WORK/coord.err" ||
+  fail "no resume after the restart: $(tail -5 "$WORK/coord.err")"
+note "coordinator restarted at step $before; resumed at step $(progress)"
+[ "$(progress)" -lt 150 ] || note "(the timeline step passed before the resume)"
+job_done rs 300
+grep -q '"grad.3"' "$WORK/tl2.json" || fail "the timeline after the restart has no span of grad.3"
 echo PASS
