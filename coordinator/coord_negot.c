@@ -146,7 +146,11 @@ struct negot {
     char **cache_name;           /* [id] */
     struct treq **cache_tmpl;    /* [id] */
     struct entry **cache_pending; /* [id] */
+    uint64_t *cache_born;        /* [id]: when it was given (cache_clock) */
+    uint64_t cache_clock;
     uint32_t ncache;
+    bool rounds, rounds_known;   /* every rank runs readiness rounds: ids may be reused */
+    uint64_t evictions;
     /* names in the cache, for lookup at assignment time */
     struct cname {
         char *name;
@@ -301,6 +305,73 @@ static uint32_t cache_lookup(struct negot *n, const char *name)
     return 0;
 }
 
+/* Whether every rank runs readiness rounds: one that does not makes the
+ * ids fixed for the generation (cache_evict). */
+static void note_rounds(struct negot *n, const Kolo__NegotiateRequest *req)
+{
+    n->rounds = (n->rounds_known ? n->rounds : true) && req->rounds;
+    n->rounds_known = true;
+}
+
+/* cache_bind gives id to name (false: out of memory). */
+static bool cache_bind(struct negot *n, const char *name, uint32_t id)
+{
+    struct cname *cn = calloc(1, sizeof(*cn));
+    char *copy = strdup(name);
+    if (!cn || !(cn->name = strdup(name)) || !copy) {
+        if (cn)
+            free(cn->name);
+        free(cn);
+        free(copy);
+        return false;
+    }
+    cn->id = id;
+    uint64_t hb = str_hash(name) % NEGOT_BUCKETS;
+    cn->next = n->cbuckets[hb];
+    n->cbuckets[hb] = cn;
+    free(n->cache_name[id]);
+    n->cache_name[id] = copy;
+    n->cache_born[id] = ++n->cache_clock;
+    return true;
+}
+
+/*
+ * Every id is taken (1..ROUND_MAX_ID: the ranks' bitmaps cover no more).
+ * With readiness rounds no rank ever submits by id to the coordinator, so
+ * the id given longest ago (and awaited by no entry) can go to a new name:
+ * the log entry that gives it is where every rank drops the old holder
+ * (worker fast_evict) and sends that name's op, if one waits, in full.
+ * Without rounds ids stay fixed (a rank's by-id request could be older
+ * than the entry) and a new name is negotiated without one. 0: none.
+ */
+static uint32_t cache_evict(struct negot *n)
+{
+    if (!n->rounds)
+        return 0;
+    uint32_t victim = 0;
+    for (uint32_t id = 1; id < n->ncache; id++)
+        if (!n->cache_pending[id] && (!victim || n->cache_born[id] < n->cache_born[victim]))
+            victim = id;
+    if (!victim)
+        return 0;
+    const char *old = n->cache_name[victim];
+    if (old) { /* unknown after a restart: the ranks gave it */
+        struct cname **pp = &n->cbuckets[str_hash(old) % NEGOT_BUCKETS];
+        while (*pp && (*pp)->id != victim)
+            pp = &(*pp)->next;
+        if (*pp) {
+            struct cname *dead = *pp;
+            *pp = dead->next;
+            free(dead->name);
+            free(dead);
+        }
+        free(n->cache_name[victim]);
+        n->cache_name[victim] = NULL;
+    }
+    n->evictions++;
+    return victim;
+}
+
 static struct negot *negot_new(uint64_t job, uint64_t gen, int size)
 {
     struct negot *n = calloc(1, sizeof(*n));
@@ -321,9 +392,10 @@ static struct negot *negot_new(uint64_t job, uint64_t gen, int size)
     n->cache_name = calloc(NEGOT_CACHE_MAX, sizeof(*n->cache_name));
     n->cache_tmpl = calloc(NEGOT_CACHE_MAX, sizeof(*n->cache_tmpl));
     n->cache_pending = calloc(NEGOT_CACHE_MAX, sizeof(*n->cache_pending));
+    n->cache_born = calloc(NEGOT_CACHE_MAX, sizeof(*n->cache_born));
     n->ncache = 1; /* id 0 means "not cached" */
     if (!n->peers || !n->cursor || !n->parked || !n->parked_deadline || !n->rank_joined || !n->lag_s || !n->round_wait_s ||
-        !n->cache_name || !n->cache_tmpl || !n->cache_pending) {
+        !n->cache_name || !n->cache_tmpl || !n->cache_pending || !n->cache_born) {
         coord_negot_free(n);
         return NULL;
     }
@@ -390,6 +462,7 @@ void coord_negot_free(struct negot *n)
     free(n->cache_name);
     free(n->cache_tmpl);
     free(n->cache_pending);
+    free(n->cache_born);
     free(n);
 }
 
@@ -854,17 +927,12 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
             /* Cache clean allreduces run by every rank. */
             if (b->coll == KOLO_COLL_ALLREDUCE && n->njoined == 0 && cacheable(f->name)) {
                 uint32_t id = f->cache_id ? f->cache_id : cache_lookup(n, f->name);
-                if (!id && n->ncache < NEGOT_CACHE_MAX) {
-                    struct cname *cn = calloc(1, sizeof(*cn));
-                    if (cn && (cn->name = strdup(f->name)) != NULL) {
-                        id = n->ncache++;
-                        cn->id = id;
-                        uint64_t hb = str_hash(f->name) % NEGOT_BUCKETS;
-                        cn->next = n->cbuckets[hb];
-                        n->cbuckets[hb] = cn;
-                        n->cache_name[id] = strdup(f->name);
-                    } else {
-                        free(cn);
+                if (!id) {
+                    uint32_t fresh = n->ncache < NEGOT_CACHE_MAX ? n->ncache : cache_evict(n);
+                    if (fresh && cache_bind(n, f->name, fresh)) {
+                        id = fresh;
+                        if (fresh == n->ncache)
+                            n->ncache++;
                     }
                 }
                 if (id && n->cache_tmpl[id] == b) {
@@ -1409,6 +1477,7 @@ static void negotiate_resume(struct coord *c, struct job *j, struct rpc_call *ca
         rpc_call_error(call, KOLO_EPROTO, "malformed NegotiateRequest");
         return;
     }
+    note_rounds(n, req);
     if (!n->res && !(n->res = calloc((size_t)n->size, sizeof(*n->res)))) {
         kolo__negotiate_request__free_unpacked(req, NULL);
         rpc_call_error(call, KOLO_ENOMEM, "out of memory");
@@ -1471,6 +1540,7 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
         rpc_call_error(call, KOLO_EPROTO, "malformed NegotiateRequest");
         return;
     }
+    note_rounds(n, req);
     uint64_t log_end_before = n->log_base + n->log_len;
     if (n->parked[rank]) {
         /* The worker has something new; its older call ends now. */

@@ -516,6 +516,7 @@ static void resume_send(struct kolo_ctx *c)
     req.requests = ptrs;
     req.n_requests = nr;
     req.resume = true;
+    req.rounds = c->fast;
     req.max_cache_id = c->fast ? c->max_id : 0;
     req.held = held;
     req.n_held = nheld;
@@ -698,6 +699,7 @@ static void negotiate_send(struct kolo_ctx *c, bool shutdown, const char *reason
     req.n_requests = nr;
     req.cached = cached;
     req.n_cached = nc;
+    req.rounds = c->fast;
     req.shutdown = shutdown;
     req.reason = (char *)(reason ? reason : "");
     req.wait_ms = shutdown ? 0 : WORKER_NEGOTIATE_WAIT_MS;
@@ -746,6 +748,12 @@ void ctx_run_log_entry(struct kolo_ctx *c)
     memmove(c->resp, c->resp + 1, (c->resp_cap - 1) * sizeof(*c->resp));
     c->resp[c->resp_cap - 1] = NULL;
     c->resp_base++;
+    /* An id this entry gives to a new name was evicted from its old one:
+     * drop that here, where every rank runs the entry at the same point
+     * (the name's own op binds the id once it completed, exec.c). */
+    for (size_t i = 0; i < r->n_cache_ids && i < r->n_names; i++)
+        if (r->cache_ids[i])
+            fast_evict(c, r->cache_ids[i], r->names[i]);
     c->exec_since = now_mono_ms();
     c->exec_stale = false;
     pthread_mutex_unlock(&c->mu);

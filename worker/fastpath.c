@@ -160,6 +160,19 @@ static void to_slow_path(struct kolo_ctx *c, struct op *op, bool by_mode)
     op_queue_push(&c->q_head, &c->q_tail, op);
 }
 
+void fast_evict(struct kolo_ctx *c, uint32_t id, const char *name)
+{
+    const char *holder = ops_cache_name_of(c, id);
+    if (!holder || strcmp(holder, name) == 0)
+        return;
+    LOGD("kolo", "rank %d: cache id %u goes from %s to %s", c->rank, id, holder, name);
+    struct op *op = c->pending[id];
+    if (op)
+        to_slow_path(c, op, false);
+    ops_cache_forget_id(c, id);
+    c->fast_evicted++;
+}
+
 bool fast_submit(struct kolo_ctx *c, struct op *op)
 {
     if (!c->fast ||

@@ -226,6 +226,12 @@ uint32_t ops_cache_id_of(struct kolo_ctx *c, const char *name)
     return 0;
 }
 
+const char *ops_cache_name_of(struct kolo_ctx *c, uint32_t id)
+{
+    const struct cache_sig *sig = c->by_id && id <= ROUND_MAX_ID ? c->by_id[id] : NULL;
+    return sig ? sig->name : NULL;
+}
+
 void ops_cache_forget_id(struct kolo_ctx *c, uint32_t id)
 {
     struct cache_sig *sig = c->by_id && id <= ROUND_MAX_ID ? c->by_id[id] : NULL;

@@ -194,6 +194,7 @@ struct kolo_ctx {
     struct fusion_item *agreed_items; /* [ROUND_MAX_ID]: their fusion keys */
     int64_t fused_threshold;     /* rank 0's, from the rendezvous */
     uint64_t fast_rounds, fast_agreed; /* counters, for tests and debugging */
+    uint64_t fast_evicted;             /* cache ids the coordinator gave to another name */
     double fast_wait_avg_s; /* moving average of this rank's wait per agreed op */
 
     /* ---- background thread only ---- */
@@ -243,6 +244,8 @@ void ops_cache_clear(struct kolo_ctx *c);
 uint32_t ops_cache_id_of(struct kolo_ctx *c, const char *name);
 /* ops_cache_forget_id drops the signature cached under id. */
 void ops_cache_forget_id(struct kolo_ctx *c, uint32_t id);
+/* ops_cache_name_of: the name cached under id, NULL if none. */
+const char *ops_cache_name_of(struct kolo_ctx *c, uint32_t id);
 
 /* ops.c: kolo_submit with the stream GPU requests wait on (gpu.h) */
 int ops_submit(struct kolo_ctx *c, const kolo_request *reqs, int n, void *stream,
@@ -272,6 +275,11 @@ void fast_free(struct kolo_ctx *c);
  * coordinator, with op->cache_id set where the coordinator's cache path
  * applies (join mode). */
 bool fast_submit(struct kolo_ctx *c, struct op *op);
+/* fast_evict: a log entry gives cache id to name; if another name holds
+ * it, that one leaves the cache and its pending op goes to the
+ * coordinator in full (mu held; every rank runs the entry at the same
+ * point). */
+void fast_evict(struct kolo_ctx *c, uint32_t id, const char *name);
 /* fast_try runs one round and its outcome if there is a reason to (mu
  * held; takes the executor token); false when there was nothing to do. */
 bool fast_try(struct kolo_ctx *c);

@@ -14,6 +14,7 @@
 #include "kolo.h"
 #include "kolo.pb-c.h"
 #include "rpc.h"
+#include "round.h"
 #include "test.h"
 #include "util.h"
 #include "worker_int.h"
@@ -590,6 +591,93 @@ static void t_abort_running(kolo_ctx *ctx, int rank, int size)
     (void)size;
 }
 
+/* More named tensors than the rounds have cache ids (ROUND_MAX_ID): the
+ * coordinator gives the ids given longest ago to new names, and every rank
+ * drops the old holder at the same log entry. Rank 1 has keep.3 pending in
+ * its rounds when keep.3's id goes to another name: its op goes to the
+ * coordinator in full, where the other ranks' keep.3 (a cache miss now)
+ * meets it. Every result exact; evicted names are cached again. */
+static void t_fast_evict(kolo_ctx *ctx, int rank, int size)
+{
+    enum { KEEP = 10, FILL = ROUND_MAX_ID - KEEP + 20, BATCH = 256 };
+    static __thread float fill[BATCH];
+    kolo_handle h[BATCH];
+    float keep[KEEP];
+    for (int k = 0; k < KEEP; k++) { /* the oldest ids */
+        char name[32];
+        snprintf(name, sizeof(name), "keep.%d", k);
+        keep[k] = (float)(rank + k);
+        REQUIRE(kolo_allreduce_async(ctx, name, &keep[k], &keep[k], 1, KOLO_FLOAT32, KOLO_SUM,
+                                     &h[k]) == 0);
+    }
+    for (int k = 0; k < KEEP; k++) {
+        CHECK_EQ_INT(kolo_wait(ctx, h[k], 20000), 0);
+        CHECK(keep[k] == (float)(size * k + size * (size - 1) / 2));
+    }
+    float k3 = (float)(rank + 3);
+    kolo_handle hk = 0;
+    if (rank == 1)
+        REQUIRE(kolo_allreduce_async(ctx, "keep.3", &k3, &k3, 1, KOLO_FLOAT32, KOLO_SUM, &hk) == 0);
+    for (int b = 0; b < FILL; b += BATCH) {
+        int n = FILL - b < BATCH ? FILL - b : BATCH;
+        for (int i = 0; i < n; i++) {
+            char name[32];
+            snprintf(name, sizeof(name), "fill.%d", b + i);
+            fill[i] = 1.0f;
+            REQUIRE(kolo_allreduce_async(ctx, name, &fill[i], &fill[i], 1, KOLO_FLOAT32, KOLO_SUM,
+                                         &h[i]) == 0);
+        }
+        int bad = 0;
+        for (int i = 0; i < n; i++) {
+            CHECK_EQ_INT(kolo_wait(ctx, h[i], 30000), 0);
+            bad += fill[i] != (float)size;
+        }
+        CHECK_EQ_INT(bad, 0);
+    }
+    if (rank != 1)
+        REQUIRE(kolo_allreduce_async(ctx, "keep.3", &k3, &k3, 1, KOLO_FLOAT32, KOLO_SUM, &hk) == 0);
+    CHECK_EQ_INT(kolo_wait(ctx, hk, 30000), 0);
+    CHECK(k3 == (float)(size * 3 + size * (size - 1) / 2));
+    /* keep.* (evicted: renegotiated once, then cached again) in one step
+     * with the fill names that took their ids and the next ones (cached
+     * under those ids), ranks in opposite orders: a rank that still mapped
+     * an old name to its id would pair it with another rank's new one */
+    enum { NEW0 = ROUND_MAX_ID - KEEP, NNEW = 20 };
+    float fresh[NNEW];
+    uint64_t agreed0 = 0;
+    for (int s = 0; s < 3; s++) {
+        if (s == 2)
+            agreed0 = ctx->fast_agreed;
+        for (int i = 0; i < KEEP + NNEW; i++) {
+            int j = rank % 2 ? KEEP + NNEW - 1 - i : i;
+            char name[32];
+            float *v;
+            if (j < KEEP) {
+                snprintf(name, sizeof(name), "keep.%d", j);
+                v = &keep[j];
+                *v = (float)(rank + j + s);
+            } else {
+                snprintf(name, sizeof(name), "fill.%d", NEW0 + j - KEEP);
+                v = &fresh[j - KEEP];
+                *v = (float)(1000 + 10 * (j - KEEP) + rank);
+            }
+            REQUIRE(kolo_allreduce_async(ctx, name, v, v, 1, KOLO_FLOAT32, KOLO_SUM, &h[j]) == 0);
+        }
+        int bad = 0;
+        for (int j = 0; j < KEEP + NNEW; j++)
+            CHECK_EQ_INT(kolo_wait(ctx, h[j], 20000), 0);
+        for (int k = 0; k < KEEP; k++)
+            bad += keep[k] != (float)(size * (k + s) + size * (size - 1) / 2);
+        for (int i = 0; i < NNEW; i++)
+            bad += fresh[i] != (float)(size * (1000 + 10 * i) + size * (size - 1) / 2);
+        CHECK_EQ_INT(bad, 0);
+    }
+    if (size > 1 && ctx->fast) {
+        CHECK(ctx->fast_evicted >= KEEP); /* keep.* went, fill.0.. went for them */
+        CHECK(ctx->fast_agreed - agreed0 >= KEEP);
+    }
+}
+
 /* An op completed by another thread while its waiter sleeps in the
  * rounds' idle wait wakes the waiter at once, not at the end of its
  * 100 ms slice. The GPU finaliser does this for every CUDA op (each took
@@ -732,6 +820,14 @@ int main(int argc, char **argv)
                 }
             }
         }
+    }
+    if (rounds && !only) {
+        fprintf(stderr, "-- cache ids run out: the oldest go to new names\n");
+        setenv("KOLO_FAST_PATH", "1", 1);
+        use_tcp = 0;
+        run_ranks(2, t_fast_evict);
+        use_tcp = 1;
+        run_ranks(3, t_fast_evict);
     }
     unsetenv("KOLO_FAST_PATH");
     if (!only && !rounds) {
