@@ -167,8 +167,10 @@ void fast_evict(struct kolo_ctx *c, uint32_t id, const char *name)
         return;
     LOGD("kolo", "rank %d: cache id %u goes from %s to %s", c->rank, id, holder, name);
     struct op *op = c->pending[id];
-    if (op)
+    if (op) {
         to_slow_path(c, op, false);
+        pthread_cond_signal(&c->wake); /* the background thread sends it */
+    }
     ops_cache_forget_id(c, id);
     c->fast_evicted++;
 }

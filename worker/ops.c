@@ -258,6 +258,10 @@ uint32_t ops_cache_lookup(struct kolo_ctx *c, const struct op *op)
 
 void ops_cache_put(struct kolo_ctx *c, const struct op *op, uint32_t id)
 {
+    /* one name per id: a holder the log entry's run did not drop yet (a
+     * GPU op binds its id when its finaliser completes it) goes now */
+    if (c->by_id && id && id <= ROUND_MAX_ID)
+        fast_evict(c, id, op->name);
     uint64_t b = str_hash(op->name) % NAME_BUCKETS;
     struct cache_sig *s;
     for (s = c->cache[b]; s; s = s->next)
