@@ -854,10 +854,22 @@ static void acall_cb(void *arg)
             acall_finish(a, code, NULL, 0, err);
             return;
         }
-        a->receiving = true;
-        uint64_t now = now_mono_ms();
-        nng_aio_set_timeout(a->aio, now < a->deadline ? (nng_duration)(a->deadline - now) : 1);
-        nng_ctx_recv(a->ctx, a->aio);
+        /* The receive starts under the client's lock, after a look at
+         * closed: a shutdown that cancelled the send just after it
+         * completed would otherwise miss this new receive, and
+         * rpc_client_close would wait out its whole timeout (a reset
+         * worker sat ~45 s in kolo_fini). */
+        nng_mtx_lock(a->cli->mtx);
+        bool closed = a->cli->closed;
+        if (!closed) {
+            a->receiving = true;
+            uint64_t now = now_mono_ms();
+            nng_aio_set_timeout(a->aio, now < a->deadline ? (nng_duration)(a->deadline - now) : 1);
+            nng_ctx_recv(a->ctx, a->aio);
+        }
+        nng_mtx_unlock(a->cli->mtx);
+        if (closed)
+            acall_finish(a, KOLO_ECLOSED, NULL, 0, "the client was closed");
         return;
     }
     if (rv != 0) {

@@ -362,11 +362,47 @@ static void test_frame_codec(void)
     free(data);
 }
 
+/* Closing a client with an async call in flight ends the call (its
+ * callback runs once, with an error) and returns at once, whenever the
+ * close lands: before the send, between send and receive (a receive
+ * started after the close's cancel used to run out its whole timeout),
+ * or during the receive. */
+static atomic_int async_done;
+
+static void count_done(void *arg, int code, const void *rep, size_t len, const char *err)
+{
+    (void)arg, (void)rep, (void)len, (void)err;
+    if (code != 0)
+        atomic_fetch_add(&async_done, 1);
+}
+
+static void test_close_with_call_in_flight(void)
+{
+    struct rpc_server *srv = start_server("inproc://inflight", NULL, 0);
+    unsigned seed = 7;
+    uint64_t worst = 0;
+    for (int i = 0; i < 300; i++) {
+        struct rpc_client *cli = client("inproc://inflight", NULL);
+        REQUIRE(rpc_client_call_async(cli, "T.Never", "x", 1, 10000, count_done, NULL) == 0);
+        usleep(rand_r(&seed) % 300);
+        uint64_t t0 = now_mono_ms();
+        rpc_client_close(cli);
+        uint64_t took = now_mono_ms() - t0;
+        worst = took > worst ? took : worst;
+    }
+    if (worst >= 2000)
+        fprintf(stderr, "close with a call in flight took %llu ms\n", (unsigned long long)worst);
+    CHECK(worst < 2000);
+    CHECK_EQ_INT(atomic_load(&async_done), 300);
+    rpc_server_close(srv);
+}
+
 int main(void)
 {
     test_frame_codec();
     test_echo_and_identity();
     test_parking_and_deadline();
+    test_close_with_call_in_flight();
     test_unreachable();
     test_auth();
     test_bad_frames();
