@@ -399,6 +399,16 @@ static void t_join(kolo_ctx *ctx, int rank, int size)
     CHECK(last >= 0 && last < size);
 }
 
+/* A round counter of ctx, read under its lock (the background thread
+ * runs rounds too). */
+static uint64_t locked_u64(kolo_ctx *ctx, const uint64_t *field)
+{
+    pthread_mutex_lock(&ctx->mu);
+    uint64_t v = *field;
+    pthread_mutex_unlock(&ctx->mu);
+    return v;
+}
+
 /* Readiness rounds: 200 named tensors of mixed dtypes, submitted in a
  * different random order on every rank with random pauses, over several
  * steps; every result exact, and after the first step the ranks agreed on
@@ -462,8 +472,8 @@ static void t_fast_order(kolo_ctx *ctx, int rank, int size)
     }
     if (size > 1 && ctx->fast) {
         /* steps 1..3 were agreed by the ranks: at least 3 x 200 tensors */
-        CHECK(ctx->fast_agreed >= 3 * NT);
-        CHECK(ctx->fast_rounds > 0);
+        CHECK(locked_u64(ctx, &ctx->fast_agreed) >= 3 * NT);
+        CHECK(locked_u64(ctx, &ctx->fast_rounds) > 0);
     }
 }
 
@@ -647,7 +657,7 @@ static void t_fast_evict(kolo_ctx *ctx, int rank, int size)
     uint64_t agreed0 = 0;
     for (int s = 0; s < 3; s++) {
         if (s == 2)
-            agreed0 = ctx->fast_agreed;
+            agreed0 = locked_u64(ctx, &ctx->fast_agreed);
         for (int i = 0; i < KEEP + NNEW; i++) {
             int j = rank % 2 ? KEEP + NNEW - 1 - i : i;
             char name[32];
@@ -673,8 +683,8 @@ static void t_fast_evict(kolo_ctx *ctx, int rank, int size)
         CHECK_EQ_INT(bad, 0);
     }
     if (size > 1 && ctx->fast) {
-        CHECK(ctx->fast_evicted >= KEEP); /* keep.* went, fill.0.. went for them */
-        CHECK(ctx->fast_agreed - agreed0 >= KEEP);
+        CHECK(locked_u64(ctx, &ctx->fast_evicted) >= KEEP); /* keep.*, then fill.0.. */
+        CHECK(locked_u64(ctx, &ctx->fast_agreed) - agreed0 >= KEEP);
     }
 }
 
