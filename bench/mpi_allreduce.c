@@ -23,21 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "bench_clock.h"
 
 #define MAX_TENSORS 256
-
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* The iteration counts of kolo_allreduce.c, size for size. */
 static int iters_for(size_t bytes)

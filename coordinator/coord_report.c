@@ -166,8 +166,10 @@ void coord_report_cron(struct coord *c, uint64_t now)
         coord_report_flush(c);
 }
 
-/* Queues a report's step rows for the group commit (false: out of memory). */
-static bool steps_queue(struct coord *c, const struct store_step *rows, size_t n)
+/* Queues a report's step rows for the group commit, one row per rank and
+ * wall-clock second (false: out of memory). */
+static bool steps_queue(struct coord *c, uint64_t job_id, int rank, const char *host_id,
+                        Kolo__StepSample *const *steps, size_t n)
 {
     if (c->steps_npend + n > STEPS_PEND_MAX)
         coord_report_flush(c);
@@ -183,9 +185,12 @@ static bool steps_queue(struct coord *c, const struct store_step *rows, size_t n
     }
     for (size_t i = 0; i < n; i++) {
         struct step_pending *p = &c->steps_pend[c->steps_npend++];
-        p->row = rows[i];
-        str_copy(p->host_id, rows[i].host_id ? rows[i].host_id : "", sizeof p->host_id);
-        p->row.host_id = NULL;
+        p->row = (struct store_step){.job_id = job_id,
+                                     .rank = rank,
+                                     .ts_ms = steps[i]->ts_ms / 1000 * 1000,
+                                     .seconds = steps[i]->seconds,
+                                     .n = steps[i]->count};
+        str_copy(p->host_id, host_id ? host_id : "", sizeof p->host_id);
     }
     return true;
 }
@@ -284,19 +289,6 @@ static void rpc_report(struct coord *c, struct rpc_call *call)
         return;
     }
     const char *host_id = j->ranks[f->rank].host_id[0] ? j->ranks[f->rank].host_id : NULL;
-    struct store_step *rows = calloc(m->n_steps ? m->n_steps : 1, sizeof *rows);
-    if (!rows) {
-        report_fail(c, call, KOLO_ENOMEM, "out of memory");
-        kolo__worker_report_request__free_unpacked(m, NULL);
-        return;
-    }
-    for (size_t i = 0; i < m->n_steps; i++)
-        rows[i] = (struct store_step){.job_id = j->id,
-                                      .rank = f->rank,
-                                      .host_id = host_id,
-                                      .ts_ms = m->steps[i]->ts_ms / 1000 * 1000,
-                                      .seconds = m->steps[i]->seconds,
-                                      .n = m->steps[i]->count};
     /* Rounds' telemetry: in memory only (the histogram, the lags). */
     if (m->rounds) {
         const Kolo__RoundTelemetry *t = m->rounds;
@@ -311,8 +303,7 @@ static void rpc_report(struct coord *c, struct rpc_call *call)
     }
     /* The epochs in one transaction (one fsync, all or nothing); the step
      * rows wait for the group commit. */
-    if (m->n_steps && !steps_queue(c, rows, m->n_steps)) {
-        free(rows);
+    if (!steps_queue(c, j->id, (int)f->rank, host_id, m->steps, m->n_steps)) {
         report_fail(c, call, KOLO_ENOMEM, "out of memory");
         kolo__worker_report_request__free_unpacked(m, NULL);
         return;
@@ -335,7 +326,6 @@ static void rpc_report(struct coord *c, struct rpc_call *call)
         err = store_commit(c->store);
     else if (store)
         store_rollback(c->store);
-    free(rows);
     if (err) {
         coord_store_failed(c, "report");
         report_fail(c, call, KOLO_ESTORE, "the report could not be stored: %s",

@@ -476,6 +476,22 @@ static void t_stream_order(kolo_ctx *ctx, int rank, int size)
     g->rt.StreamDestroy(s);
 }
 
+/* An in-place float32 SUM allreduce of the n floats at d on GPU 0 (shape
+ * holds n and must outlive the request). */
+static kolo_request gpu_sum(const char *name, float *d, int64_t *shape)
+{
+    kolo_request r = {.coll = KOLO_COLL_ALLREDUCE,
+                      .name = name,
+                      .sendbuf = d,
+                      .recvbuf = d,
+                      .dtype = KOLO_FLOAT32,
+                      .ndim = 1,
+                      .shape = shape,
+                      .op = KOLO_SUM,
+                      .device = 0};
+    return r;
+}
+
 /* Join on the GPU: the other ranks joined (naming GPU 0), so rank 0's
  * allreduces get zeros from them - the joined ranks execute those
  * responses with no tensor of their own, on the device their join named. */
@@ -493,15 +509,7 @@ static void t_join(kolo_ctx *ctx, int rank, int size)
             for (size_t i = 0; i < n; i++)
                 hb[i] = (float)(i % 5 + step);
             to_dev(d, hb, n * sizeof(float));
-            kolo_request r = {.coll = KOLO_COLL_ALLREDUCE,
-                              .name = "joined.sum",
-                              .sendbuf = d,
-                              .recvbuf = d,
-                              .dtype = KOLO_FLOAT32,
-                              .ndim = 1,
-                              .shape = shape,
-                              .op = KOLO_SUM,
-                              .device = 0};
+            kolo_request r = gpu_sum("joined.sum", d, shape);
             CHECK_EQ_INT(run(ctx, &r, 1, &h), 0);
             to_host(hb, d, n * sizeof(float));
             size_t bad = 0;
@@ -534,15 +542,7 @@ static void t_latency(kolo_ctx *ctx, int rank, int size)
     (void)size;
     float *d = dev_alloc(4 * sizeof(float));
     int64_t shape[1] = {4};
-    kolo_request r = {.coll = KOLO_COLL_ALLREDUCE,
-                      .name = "latency",
-                      .sendbuf = d,
-                      .recvbuf = d,
-                      .dtype = KOLO_FLOAT32,
-                      .ndim = 1,
-                      .shape = shape,
-                      .op = KOLO_SUM,
-                      .device = 0};
+    kolo_request r = gpu_sum("latency", d, shape);
     enum { N = 60 };
     uint64_t us[N];
     kolo_handle h;
@@ -580,15 +580,7 @@ static void t_refused(kolo_ctx *ctx, int rank, int size)
     float *d = dev_alloc(sizeof(float));
     to_dev(d, &one, sizeof(float));
     int64_t shape[1] = {1};
-    kolo_request r = {.coll = KOLO_COLL_ALLREDUCE,
-                      .name = "dup",
-                      .sendbuf = d,
-                      .recvbuf = d,
-                      .dtype = KOLO_FLOAT32,
-                      .ndim = 1,
-                      .shape = shape,
-                      .op = KOLO_SUM,
-                      .device = 0};
+    kolo_request r = gpu_sum("dup", d, shape);
     kolo_handle h;
     uint64_t t0 = now_mono_ms();
     int rv = kolo_submit(ctx, &r, 1, &h);

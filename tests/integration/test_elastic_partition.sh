@@ -17,34 +17,9 @@
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/elastic_lib.sh"
 
-skip() {
-  echo "skipped: $*"
-  exit 77
-}
-[ "$(id -u)" -eq 0 ] || skip "needs root for network namespaces"
-command -v ip >/dev/null || skip "no ip(8)"
-
-S=$(( MARK % 100000 ))
-NS0="kolo-e0-$S"
-NS1="kolo-e1-$S"
-V0="ke0$S"
-V1="ke1$S"
-ADDR0=10.213.0.1
-ADDR1=10.213.0.2
-KOLO_HOST_BIN=$KOLO
 # runs on cleanup (after every process of the test is killed)
-EXTRA_CLEANUP='ip netns del "$NS0" 2>/dev/null; ip netns del "$NS1" 2>/dev/null; true'
-
-out=$(ip netns add "$NS0" 2>&1) || skip "ip netns add: $out"
-out=$(ip netns add "$NS1" 2>&1) || skip "ip netns add: $out"
-out=$(ip link add "$V0" netns "$NS0" type veth peer name "$V1" netns "$NS1" 2>&1) ||
-  skip "ip link add type veth: $out"
-ip -n "$NS0" link set lo up
-ip -n "$NS1" link set lo up
-ip -n "$NS0" addr add "$ADDR0/24" dev "$V0"
-ip -n "$NS1" addr add "$ADDR1/24" dev "$V1"
-ip -n "$NS0" link set "$V0" up
-ip -n "$NS1" link set "$V1" up
+EXTRA_CLEANUP='two_hosts_del'
+two_hosts e 10.213.0
 ip netns exec "$NS1" ping -c 1 -W 2 "$ADDR0" >/dev/null 2>&1 ||
   ip netns exec "$NS1" bash -c "exec 3<>/dev/tcp/$ADDR0/9" 2>/dev/null ||
   true # ping may be missing; the agent's registration below is the real check
@@ -91,9 +66,6 @@ net_heal() {
 }
 
 # every kolo process runs in its namespace; HTTP is read from inside ns0
-printf '#!/bin/sh\nexec ip netns exec %s %s "$@"\n' "$NS0" "$KOLO_HOST_BIN" >"$WORK/kolo-ns0"
-printf '#!/bin/sh\nexec ip netns exec %s %s "$@"\n' "$NS1" "$KOLO_HOST_BIN" >"$WORK/kolo-ns1"
-chmod +x "$WORK/kolo-ns0" "$WORK/kolo-ns1"
 curl() { ip netns exec "$NS0" curl "$@"; }
 KOLO="$WORK/kolo-ns0"
 

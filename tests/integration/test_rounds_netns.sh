@@ -11,46 +11,18 @@
 # Needs root, `ip netns` and veth; skipped (77) otherwise, with the error.
 . "$(dirname "$0")/lib.sh"
 
-skip() {
-  echo "skipped: $*"
-  exit 77
-}
-[ "$(id -u)" -eq 0 ] || skip "needs root for network namespaces"
-command -v ip >/dev/null || skip "no ip(8)"
 /usr/bin/python3 -c "import numpy" 2>/dev/null || skip "no /usr/bin/python3 with numpy"
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 export PYTHONPATH="$ROOT/python"
 PY=/usr/bin/python3
 STEPS_PY="$ROOT/tests/integration/data/rounds_steps.py"
 
-S=$(( MARK % 100000 ))
-NS0="kolo-r0-$S"
-NS1="kolo-r1-$S"
-V0="kr0$S"
-V1="kr1$S"
-ADDR0=10.214.0.1
-ADDR1=10.214.0.2
-KOLO_HOST_BIN=$KOLO
-EXTRA_CLEANUP='ip netns del "$NS0" 2>/dev/null; ip netns del "$NS1" 2>/dev/null; true'
 # the workers and the namespaces go too; cleanup keeps the test's status
 trap 'rc=$?; for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
       pkill -9 -f "rounds_steps.py.*--tag $MARK" 2>/dev/null || true
-      eval "$EXTRA_CLEANUP"; (exit $rc); cleanup' EXIT
+      two_hosts_del; (exit $rc); cleanup' EXIT
+two_hosts r 10.214.0
 
-out=$(ip netns add "$NS0" 2>&1) || skip "ip netns add: $out"
-out=$(ip netns add "$NS1" 2>&1) || skip "ip netns add: $out"
-out=$(ip link add "$V0" netns "$NS0" type veth peer name "$V1" netns "$NS1" 2>&1) ||
-  skip "ip link add type veth: $out"
-ip -n "$NS0" link set lo up
-ip -n "$NS1" link set lo up
-ip -n "$NS0" addr add "$ADDR0/24" dev "$V0"
-ip -n "$NS1" addr add "$ADDR1/24" dev "$V1"
-ip -n "$NS0" link set "$V0" up
-ip -n "$NS1" link set "$V1" up
-
-printf '#!/bin/sh\nexec ip netns exec %s %s "$@"\n' "$NS0" "$KOLO_HOST_BIN" >"$WORK/kolo-ns0"
-printf '#!/bin/sh\nexec ip netns exec %s %s "$@"\n' "$NS1" "$KOLO_HOST_BIN" >"$WORK/kolo-ns1"
-chmod +x "$WORK/kolo-ns0" "$WORK/kolo-ns1"
 curl() { ip netns exec "$NS0" curl "$@"; }
 KOLO="$WORK/kolo-ns0"
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$WORK/token"
