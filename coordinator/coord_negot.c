@@ -96,16 +96,22 @@ struct peer {
     char *shm_name;
     struct rpc_call *parked;
     uint64_t deadline;
+    /* sessions: this rank left the session (kolo_fini), or already asks
+     * to join the next one (parked until every rank left this one) */
+    bool left;
+    struct rpc_call *next;
+    uint64_t next_deadline;
 };
 
 struct negot {
     uint64_t job_id, generation;
+    uint32_t session; /* see "sessions" in worker/ctx.c */
     int size;
     int64_t fusion_threshold;
     int64_t stall_warning_ms, stall_shutdown_ms;
     /* rendezvous */
     struct peer *peers;
-    int joined;
+    int joined, nleft;
     bool complete;
     /* the GPU communicator's ncclUniqueId, posted by rank 0 (nccl_relay) */
     uint8_t nccl_id[128];
@@ -1230,6 +1236,105 @@ static void nccl_relay(struct coord *c, struct negot *n, int rank,
     }
 }
 
+/* Ends every call parked on n with code and why (mu held). */
+static void negot_drop_parked(struct negot *n, int code, const char *why)
+{
+    resume_drop(n, code, why);
+    for (int r = 0; r < n->size; r++) {
+        if (n->peers[r].parked) {
+            rpc_call_error(n->peers[r].parked, code, "%s", why);
+            n->peers[r].parked = NULL;
+        }
+        if (n->parked[r]) {
+            rpc_call_error(n->parked[r], code, "%s", why);
+            n->parked[r] = NULL;
+        }
+        if (n->peers[r].next) {
+            rpc_call_error(n->peers[r].next, code, "%s", why);
+            n->peers[r].next = NULL;
+        }
+    }
+}
+
+/* "Not yet": a rendezvous reply that is not complete, so the worker asks
+ * again (a join of the next session, parked until the current ends). */
+static void rendezvous_not_yet(struct rpc_call *call)
+{
+    Kolo__RendezvousReply rep = KOLO__RENDEZVOUS_REPLY__INIT;
+    coord_send_pb(call, &rep.base);
+}
+
+/* The next session of the generation starts: its rendezvous and
+ * negotiation start over (names may be reused); the ranks that asked to
+ * join it are told to ask again, which reaches the new one. NULL when out
+ * of memory (the old session stays). */
+static struct negot *negot_next_session(struct coord *c, struct job *j, uint32_t session)
+{
+    struct negot *old = j->negot;
+    struct negot *n = negot_new(j->id, j->generation, j->nranks);
+    if (!n)
+        return NULL;
+    n->session = session;
+    n->tl = old->tl;
+    n->update_ms = old->update_ms;
+    n->update_kind = old->update_kind;
+    char why[160];
+    snprintf(why, sizeof(why), "session %u of generation %llu started (the ranks called init "
+             "after shutdown)", session, (unsigned long long)j->generation);
+    for (int r = 0; r < old->size; r++) {
+        if (old->peers[r].next) {
+            rendezvous_not_yet(old->peers[r].next);
+            old->peers[r].next = NULL;
+        }
+    }
+    negot_drop_parked(old, KOLO_ESTALE, why);
+    coord_negot_free(old);
+    j->negot = n;
+    c->m.sessions++;
+    LOGI("coord", "job %llu: %s", (unsigned long long)j->id, why);
+    return n;
+}
+
+/* A rank asks to join a later session (it called init again after a
+ * clean shutdown). The session it is in starts over once every rank has
+ * left it: a slower rank may still be reading the old session's last
+ * responses. Until then the call waits (up to wait_ms). true: go on with
+ * the join in j->negot; false: the call is parked or answered. */
+static bool session_join(struct coord *c, struct job *j, struct rpc_call *call, int rank,
+                         uint32_t session, uint32_t wait_ms)
+{
+    struct negot *n = j->negot;
+    if (!n->complete && n->joined == 0 && !n->res) {
+        n->session = session; /* nothing happened in it yet (a restart) */
+        return true;
+    }
+    if (n->nleft == n->size || !n->complete) {
+        if (negot_next_session(c, j, session))
+            return true;
+        rpc_call_error(call, KOLO_ENOMEM, "out of memory");
+        return false;
+    }
+    struct peer *p = &n->peers[rank];
+    if (p->next)
+        rendezvous_not_yet(p->next);
+    p->next = call;
+    p->next_deadline = now_mono_ms() + wait_ms;
+    return false;
+}
+
+/* Every rank left the session: if some already wait to join the next,
+ * it starts now. */
+static void session_drained(struct coord *c, struct job *j)
+{
+    struct negot *n = j->negot;
+    uint32_t next = 0;
+    for (int r = 0; r < n->size; r++)
+        if (n->peers[r].next)
+            next = n->session + 1;
+    if (next)
+        negot_next_session(c, j, next);
+}
+
 static void rpc_rendezvous(struct coord *c, struct rpc_call *call)
 {
     struct job *j = worker_job(c, call, M_WORKER_RENDEZVOUS);
@@ -1249,6 +1354,30 @@ static void rpc_rendezvous(struct coord *c, struct rpc_call *call)
                        f->rank, req->size, n->size);
         kolo__rendezvous_request__free_unpacked(req, NULL);
         return;
+    }
+    if (req->session != n->session) {
+        if (req->session < n->session) {
+            c->m.rpc_errors[M_WORKER_RENDEZVOUS]++;
+            rpc_call_error(call, KOLO_ESTALE,
+                           "rank %d joins session %u of generation %llu, which ended: the "
+                           "ranks are in session %u",
+                           f->rank, req->session, (unsigned long long)n->generation, n->session);
+            kolo__rendezvous_request__free_unpacked(req, NULL);
+            return;
+        }
+        if (req->nccl_id.len > 0) {
+            c->m.rpc_errors[M_WORKER_RENDEZVOUS]++;
+            rpc_call_error(call, KOLO_ESTATE, "session %u of generation %llu has not started",
+                           req->session, (unsigned long long)n->generation);
+            kolo__rendezvous_request__free_unpacked(req, NULL);
+            return;
+        }
+        uint32_t wait = req->wait_ms > NEGOT_MAX_WAIT_MS ? NEGOT_MAX_WAIT_MS : req->wait_ms;
+        if (!session_join(c, j, call, f->rank, req->session, wait)) {
+            kolo__rendezvous_request__free_unpacked(req, NULL);
+            return;
+        }
+        n = j->negot;
     }
     if (req->nccl_id.len > 0) { /* the GPU communicator's id, not a join */
         nccl_relay(c, n, f->rank, req, call);
@@ -1462,19 +1591,23 @@ static void resume_rebuild(struct coord *c, struct job *j, struct negot *n)
 
 /* A Negotiate for a generation whose negotiation this coordinator does not
  * have (it restarted): ask for a resume, or take one. */
-static void negotiate_resume(struct coord *c, struct job *j, struct rpc_call *call, int rank)
+static void negotiate_resume(struct coord *c, struct job *j, struct rpc_call *call, int rank,
+                             Kolo__NegotiateRequest *req)
 {
     struct negot *n = j->negot;
-    const struct rpc_frame *f = rpc_call_frame(call);
     if (n->resume_failed) {
+        kolo__negotiate_request__free_unpacked(req, NULL);
         c->m.rpc_errors[M_WORKER_NEGOTIATE]++;
         rpc_call_error(call, KOLO_EPEER, "%s", n->resume_failed);
         return;
     }
-    Kolo__NegotiateRequest *req = kolo__negotiate_request__unpack(NULL, f->body_len, f->body);
-    if (!req) {
+    if (n->nresumed == 0 || !n->res)
+        n->session = req->session; /* the session the ranks were in */
+    if (req->session != n->session) {
         c->m.rpc_errors[M_WORKER_NEGOTIATE]++;
-        rpc_call_error(call, KOLO_EPROTO, "malformed NegotiateRequest");
+        rpc_call_error(call, KOLO_ESTALE, "rank %d resumes session %u; the others session %u",
+                       rank, req->session, n->session);
+        kolo__negotiate_request__free_unpacked(req, NULL);
         return;
     }
     note_rounds(n, req);
@@ -1524,20 +1657,34 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
     const struct rpc_frame *f = rpc_call_frame(call);
     struct negot *n = j->negot;
     int rank = f->rank;
-    if (!n->complete) {
-        if (n->joined == 0) {
-            negotiate_resume(c, j, call, rank);
-            return;
-        }
-        c->m.rpc_errors[M_WORKER_NEGOTIATE]++;
-        rpc_call_error(call, KOLO_ESTATE, "rendezvous of generation %llu is not complete",
-                       (unsigned long long)n->generation);
-        return;
-    }
     Kolo__NegotiateRequest *req = kolo__negotiate_request__unpack(NULL, f->body_len, f->body);
     if (!req) {
         c->m.rpc_errors[M_WORKER_NEGOTIATE]++;
         rpc_call_error(call, KOLO_EPROTO, "malformed NegotiateRequest");
+        return;
+    }
+    if (!n->complete && n->joined == 0) {
+        negotiate_resume(c, j, call, rank, req);
+        return;
+    }
+    const char *bad_state = NULL;
+    int bad_code = KOLO_ESTATE;
+    char why[200];
+    if (req->session != n->session) {
+        snprintf(why, sizeof(why), "rank %d negotiates in session %u of generation %llu; the "
+                 "ranks are in session %u (init after shutdown)", rank, req->session,
+                 (unsigned long long)n->generation, n->session);
+        bad_state = why;
+        bad_code = KOLO_ESTALE;
+    } else if (!n->complete) {
+        snprintf(why, sizeof(why), "rendezvous of generation %llu is not complete",
+                 (unsigned long long)n->generation);
+        bad_state = why;
+    }
+    if (bad_state) {
+        kolo__negotiate_request__free_unpacked(req, NULL);
+        c->m.rpc_errors[M_WORKER_NEGOTIATE]++;
+        rpc_call_error(call, bad_code, "%s", bad_state);
         return;
     }
     note_rounds(n, req);
@@ -1597,8 +1744,13 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
             negot_progress(c, n);
         }
     }
+    bool leaving = req->shutdown;
     uint32_t wait = req->wait_ms > NEGOT_MAX_WAIT_MS ? NEGOT_MAX_WAIT_MS : req->wait_ms;
     kolo__negotiate_request__free_unpacked(req, NULL);
+    if (leaving && !n->peers[rank].left) {
+        n->peers[rank].left = true;
+        n->nleft++;
+    }
     if (bad) {
         c->m.rpc_errors[M_WORKER_NEGOTIATE]++;
         rpc_call_error(call, KOLO_EPROTO, "rank %d: %s", rank, bad);
@@ -1619,6 +1771,8 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
         n->calls_since_trim = 0;
         log_trim(n);
     }
+    if (leaving && n->nleft == n->size)
+        session_drained(c, j);
 }
 
 /* An elastic worker asking for its place (rank, size, generation) by its
@@ -1747,6 +1901,10 @@ void coord_negot_cron(struct coord *c, struct job *j, uint64_t now)
             rendezvous_answer(n, p->parked);
             p->parked = NULL;
         }
+        if (p->next && now >= p->next_deadline) {
+            rendezvous_not_yet(p->next);
+            p->next = NULL;
+        }
         if (n->parked[r] && now >= n->parked_deadline[r]) {
             negot_answer(n, n->parked[r], n->cursor[r]);
             n->parked[r] = NULL;
@@ -1808,19 +1966,7 @@ void coord_negot_render_stalls(struct job *j, struct jw *w, uint64_t min_age_ms)
 
 void coord_negot_drop_parked(struct coord *c, struct job *j)
 {
-    struct negot *n = j->negot;
-    if (!n)
-        return;
-    resume_drop(n, KOLO_ESHUTDOWN, "the coordinator is shutting down");
-    for (int r = 0; r < n->size; r++) {
-        if (n->peers[r].parked) {
-            rpc_call_error(n->peers[r].parked, KOLO_ESHUTDOWN, "the coordinator is shutting down");
-            n->peers[r].parked = NULL;
-        }
-        if (n->parked[r]) {
-            rpc_call_error(n->parked[r], KOLO_ESHUTDOWN, "the coordinator is shutting down");
-            n->parked[r] = NULL;
-        }
-    }
+    if (j->negot)
+        negot_drop_parked(j->negot, KOLO_ESHUTDOWN, "the coordinator is shutting down");
     (void)c;
 }

@@ -221,6 +221,7 @@ static int rendezvous(struct kolo_ctx *c, const kolo_config *cfg, struct rdv *rv
         req.fusion_threshold = c->fusion_threshold;
         req.stall_warning_ms = c->stall_warning_ms;
         req.stall_shutdown_ms = c->stall_shutdown_ms;
+        req.session = c->session;
         Kolo__RendezvousReply *rep = NULL;
         int code = rendezvous_call(c, &req, &rep, err, errlen);
         if (code)
@@ -516,6 +517,7 @@ static void resume_send(struct kolo_ctx *c)
     req.requests = ptrs;
     req.n_requests = nr;
     req.resume = true;
+    req.session = c->session;
     req.rounds = c->fast;
     req.max_cache_id = c->fast ? c->max_id : 0;
     req.held = held;
@@ -695,6 +697,7 @@ static void negotiate_send(struct kolo_ctx *c, bool shutdown, const char *reason
     c->q_head = c->q_tail = NULL;
     Kolo__NegotiateRequest req = KOLO__NEGOTIATE_REQUEST__INIT;
     req.cursor = c->cursor;
+    req.session = c->session;
     req.requests = ptrs;
     req.n_requests = nr;
     req.cached = cached;
@@ -903,6 +906,48 @@ static void ctx_free(struct kolo_ctx *c)
     free(c);
 }
 
+/*
+ * Sessions. A process may leave a generation cleanly (kolo_fini) and join
+ * it again (kolo_init), as Horovod programs do with shutdown() and
+ * init(). Each join of the same (job, generation, rank) by this process is
+ * one more session; the coordinator starts a fresh rendezvous and
+ * negotiation for a higher session and refuses requests of a lower one,
+ * so a rank still finishing the old session never mixes with the new.
+ * Every rank runs the same init/shutdown sequence, so the numbers agree.
+ */
+static pthread_mutex_t sessions_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct session_rec {
+    uint64_t job, generation;
+    int rank;
+    uint32_t next;
+    struct session_rec *more;
+} *sessions;
+
+static uint32_t next_session(uint64_t job, uint64_t generation, int rank)
+{
+    pthread_mutex_lock(&sessions_mu);
+    struct session_rec *s = sessions;
+    while (s && !(s->job == job && s->rank == rank))
+        s = s->more;
+    if (!s && (s = calloc(1, sizeof(*s))) != NULL) {
+        s->job = job;
+        s->rank = rank;
+        s->generation = generation;
+        s->more = sessions;
+        sessions = s;
+    }
+    uint32_t n = 0;
+    if (s) {
+        if (s->generation != generation) {
+            s->generation = generation;
+            s->next = 0;
+        }
+        n = s->next++;
+    }
+    pthread_mutex_unlock(&sessions_mu);
+    return n;
+}
+
 /* Elastic: ask for a place, join that generation; when it is replaced
  * while we join (a member failed meanwhile), ask again. */
 static int join_elastic(struct kolo_ctx *c, const kolo_config *given, char *err, size_t errlen)
@@ -923,6 +968,7 @@ static int join_elastic(struct kolo_ctx *c, const kolo_config *given, char *err,
         c->local_size = cfg.local_size > 0 ? cfg.local_size : 1;
         c->cross_rank = cfg.cross_rank;
         c->cross_size = cfg.cross_size > 0 ? cfg.cross_size : 1;
+        c->session = next_session(c->job, c->generation, c->rank);
         char ident[64];
         snprintf(ident, sizeof(ident), "job%llu-rank%d", (unsigned long long)c->job, c->rank);
         rpc_client_set_identity(c->rpc, ident, c->job, c->generation, c->rank);
@@ -1008,6 +1054,8 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
         ctx_free(c);
         return code;
     }
+    if (!cfg->worker_id)
+        c->session = next_session(c->job, c->generation, c->rank);
     if (cfg->worker_id) {
         code = join_elastic(c, cfg, err, sizeof(err));
     } else if ((code = setup_data_plane(c, cfg, err, sizeof(err))) != 0) {
@@ -1051,13 +1099,14 @@ int kolo_abort(kolo_ctx *c, const char *reason)
 }
 
 /* Tells the coordinator this rank leaves, so the others fail fast. */
-static void send_leave(struct kolo_ctx *c, const char *reason)
+static void send_leave(struct kolo_ctx *c, const char *reason, int timeout_ms)
 {
     Kolo__NegotiateRequest req = KOLO__NEGOTIATE_REQUEST__INIT;
     char err[256];
     pthread_mutex_lock(&c->mu); /* a late negotiation reply may still land */
     req.cursor = c->cursor;
     pthread_mutex_unlock(&c->mu);
+    req.session = c->session;
     req.shutdown = 1;
     req.reason = (char *)reason;
     size_t len = kolo__negotiate_request__get_packed_size(&req);
@@ -1067,7 +1116,7 @@ static void send_leave(struct kolo_ctx *c, const char *reason)
     kolo__negotiate_request__pack(&req, buf);
     void *out = NULL;
     size_t olen;
-    rpc_client_call(c->rpc, "WorkerService.Negotiate", buf, len, &out, &olen, 1000, err,
+    rpc_client_call(c->rpc, "WorkerService.Negotiate", buf, len, &out, &olen, timeout_ms, err,
                     sizeof(err));
     free(out);
     free(buf);
@@ -1078,7 +1127,11 @@ int kolo_fini(kolo_ctx *c)
     if (!c)
         return 0;
     pthread_mutex_lock(&c->mu);
-    bool tell = !c->sticky || c->leaving;
+    /* Always tell: the others fail fast if they still run collectives,
+     * and a new session of this generation (init after shutdown) starts
+     * once every rank left this one. After a failure the coordinator may
+     * be gone: do not wait long for it. */
+    int tell_ms = c->sticky && !c->leaving ? 300 : 1000;
     char reason[200];
     snprintf(reason, sizeof(reason), "%s", c->leaving ? c->leave_reason : "kolo_fini");
     c->leaving = false;
@@ -1096,8 +1149,7 @@ int kolo_fini(kolo_ctx *c)
         pthread_join(c->bg, NULL);
     if (c->watch_running)
         pthread_join(c->watch, NULL);
-    if (tell)
-        send_leave(c, reason);
+    send_leave(c, reason, tell_ms);
     rpc_client_shutdown(c->rpc);
     ctx_free(c);
     return 0;

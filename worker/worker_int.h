@@ -93,6 +93,7 @@ struct held_resp {
 struct kolo_ctx {
     /* identity and topology (read-only after init) */
     uint64_t job, generation;
+    uint32_t session;   /* re-joins of this generation by this process (ctx.c) */
     uint64_t update_ms; /* pending membership update (under mu) */
     int update_kind;
     int rank, size, local_rank, local_size, cross_rank, cross_size;

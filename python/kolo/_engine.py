@@ -147,8 +147,8 @@ class _Pending:
         self.done = False
 
 
-def _not_initialized():
-    return ValueError("kolo has not been initialized; use hvd.init().")
+def not_initialized():
+    return ValueError("Horovod has not been initialized; use hvd.init().")
 
 
 class Engine:
@@ -222,7 +222,7 @@ class Engine:
         the call to end (after cancelling it) before it frees ctx."""
         with self._lock:
             if self._topo is None:
-                raise _not_initialized()
+                raise not_initialized()
             if self._ctx is None:
                 raise ValueError("kolo: no coordinator context (the program runs without kolo "
                                  "run)")
@@ -238,7 +238,7 @@ class Engine:
     def topology(self):
         t = self._topo
         if t is None:
-            raise _not_initialized()
+            raise not_initialized()
         return t
 
     def solo(self):
@@ -266,7 +266,7 @@ class Engine:
         its handle; `finish(results)` builds the output when it completes."""
         with self._lock:
             if self._topo is None:
-                raise _not_initialized()
+                raise not_initialized()
             if self._solo:
                 handles = None
                 p = _Pending(None, reqs, keep, finish)

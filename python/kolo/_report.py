@@ -60,7 +60,7 @@ def report_epoch(epoch, samples=None, metrics=None):
     import kolo
     eng = kolo._eng()
     if not eng.initialized():
-        raise ValueError("kolo has not been initialized; use hvd.init().")
+        raise kolo._engine.not_initialized()
     end = int(time.time() * 1000)
     start = _mark_ms if _mark_ms and _mark_ms <= end else 0
     _mark_ms = end

@@ -25,6 +25,7 @@ import ctypes
 import json
 
 from . import _lib
+from . import _engine as _engine_mod
 
 E_NOTFOUND = 10
 E_STALE = 12
@@ -80,7 +81,7 @@ def _context():
     the call and waits for it instead of freeing ctx under it."""
     eng = _engine()
     if not eng.initialized():
-        raise ValueError("kolo has not been initialized; use hvd.init().")
+        raise _engine_mod.not_initialized()
     if eng.solo():
         raise SnapshotError("kolo: snapshots need a coordinator: start the program with "
                             "`kolo run`", 0, "")

@@ -119,6 +119,60 @@ static void run_ranks(int np, rank_fn fn)
         pthread_join(t[r], NULL);
 }
 
+/* Sessions: every rank calls kolo_init and kolo_fini `cycles` times in
+ * the same generation (Horovod's init -> shutdown -> init), reusing one
+ * tensor name; rank 0 leaves each session late, so the others' next join
+ * waits for it instead of cutting it off. */
+struct session_arg {
+    int rank, cycles;
+};
+
+static void *rank_sessions(void *p)
+{
+    struct session_arg *a = p;
+    char host[32];
+    snprintf(host, sizeof(host), "host-%d", job_np);
+    for (int i = 0; i < a->cycles; i++) {
+        kolo_config cfg = {.coordinator = coord_rpc_url(coord), .job_id = job_id,
+                           .generation = 1, .rank = a->rank, .size = job_np,
+                           .local_rank = a->rank, .local_size = job_np, .host_id = host,
+                           .data_addr = "127.0.0.1", .timeout_ms = 10000,
+                           .disable_shm = use_tcp};
+        kolo_ctx *ctx = NULL;
+        int rv = kolo_init(&ctx, &cfg);
+        if (rv)
+            fprintf(stderr, "rank %d, session %d: kolo_init: %s\n", a->rank, i,
+                    kolo_strerror(rv));
+        REQUIRE(rv == 0);
+        CHECK_EQ_INT(ctx->session, (uint32_t)i);
+        float x = (float)(a->rank + 1), y = 0;
+        kolo_handle h;
+        for (int k = 0; k < 3; k++) { /* the same name each session: cached, then rounds */
+            REQUIRE(kolo_allreduce_async(ctx, "same.name", &x, &y, 1, KOLO_FLOAT32, KOLO_SUM,
+                                         &h) == 0);
+            CHECK_EQ_INT(kolo_wait(ctx, h, 10000), 0);
+            CHECK(y == (float)(job_np * (job_np + 1) / 2));
+        }
+        if (a->rank == 0)
+            usleep(20000);
+        CHECK_EQ_INT(kolo_fini(ctx), 0);
+    }
+    return NULL;
+}
+
+static void run_sessions(int np, int cycles)
+{
+    make_job(np);
+    pthread_t t[16];
+    struct session_arg args[16];
+    for (int r = 0; r < np; r++) {
+        args[r] = (struct session_arg){r, cycles};
+        pthread_create(&t[r], NULL, rank_sessions, &args[r]);
+    }
+    for (int r = 0; r < np; r++)
+        pthread_join(t[r], NULL);
+}
+
 /* ---------------------------------------------------------------- cases */
 
 static void t_allreduce(kolo_ctx *ctx, int rank, int size)
@@ -861,6 +915,12 @@ int main(int argc, char **argv)
         setenv("KOLO_FAST_PATH", "1", 1);
         for (int i = 0; i < 4; i++)
             run_ranks(2, t_wake_on_complete);
+        fprintf(stderr, "-- init and fini again in the same generation (sessions)\n");
+        for (int fast = 0; fast < 2; fast++) {
+            setenv("KOLO_FAST_PATH", fast ? "1" : "0", 1);
+            for (use_tcp = 0; use_tcp < 2; use_tcp++)
+                run_sessions(fast ? 3 : 2, 8);
+        }
         fprintf(stderr, "-- abort while a collective runs\n");
         use_tcp = 0;
         for (int i = 0; i < 4; i++) {
