@@ -589,9 +589,13 @@ static void form(struct coord *c, struct job *j, struct rank *ranks, int n, cons
         el->resets++;
         c->m.generations++;
     }
-    for (int r = 0; r < n; r++)
+    uint64_t now = now_mono_ms();
+    for (int r = 0; r < n; r++) {
         if (!ranks[r].wid)
             ranks[r].wid = ++j->next_wid; /* a newcomer */
+        if (!ranks[r].unjoined_since)
+            ranks[r].unjoined_since = now; /* until it joins (see frozen_member) */
+    }
     for (int r = 0; sr && r < n; r++) {
         struct rank *rk = &ranks[r];
         sr[r] = (struct store_rank){.job_id = j->id,
@@ -634,6 +638,33 @@ static void form(struct coord *c, struct job *j, struct rank *ranks, int n, cons
     buf_free(&where);
     coord_job_hosts_wake(c, j);
     wake_assigns(c, j);
+}
+
+/* A member placed in generations for the whole elastic timeout without
+ * joining any (it never came to the rendezvous) is frozen: a worker
+ * stuck in its own code, or stopped. The others time out and ask again,
+ * and without this every new generation would wait for it in turn. It is
+ * treated like a failed worker: its host is excluded for a while, the
+ * next generation forms without it, and its agent stops it. */
+static bool frozen_member(struct coord *c, struct job *j, uint64_t now)
+{
+    for (int r = 0; r < j->nranks; r++) {
+        struct rank *rk = &j->ranks[r];
+        if (!member_alive(rk) || !rk->unjoined_since ||
+            now - rk->unjoined_since < (uint64_t)j->el->timeout_ms)
+            continue;
+        char why[300];
+        snprintf(why, sizeof(why),
+                 "rank %d (worker %llu, pid %d) on host %s did not join any generation for %u s "
+                 "(the elastic timeout): stopped as frozen",
+                 r, (unsigned long long)rk->wid, rk->pid, rk->host ? rk->host->name : rk->host_id,
+                 j->el->timeout_ms / 1000);
+        rk->state = RANK_LOST;
+        coord_event(c, j->id, rk->host_id, "worker.frozen", "%s", why);
+        coord_elastic_member_gone(c, j, rk->host, true, CAUSE_FAILURE, why);
+        return true;
+    }
+    return false;
 }
 
 /* Closes the current generation: its pending operations fail at once. */
@@ -773,6 +804,8 @@ void coord_elastic_cron(struct coord *c, struct job *j, uint64_t now)
         }
         return;
     }
+    if (!el->finishing && frozen_member(c, j, now))
+        return;
     /* A member that is gone but still in the generation (the coordinator
      * restarted between its exit and the next generation): regroup now. */
     if (!el->finishing) {

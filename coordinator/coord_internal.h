@@ -75,6 +75,9 @@ struct rank {
     int exit_code;
     int term_signal;
     int pid;
+    /* elastic: since when (monotonic ms) this member has been placed in
+     * generations it did not join; 0 once it joins one */
+    uint64_t unjoined_since;
 };
 
 struct waiter {

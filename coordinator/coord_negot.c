@@ -1388,6 +1388,8 @@ static void rpc_rendezvous(struct coord *c, struct rpc_call *call)
     if (!p->joined) {
         p->joined = true;
         n->joined++;
+        if (f->rank < j->nranks)
+            j->ranks[f->rank].unjoined_since = 0; /* see frozen_member */
     }
     free(p->host_id);
     for (int i = 0; i < p->naddrs; i++)

@@ -2,7 +2,8 @@
 # Installs the Debian 12 packages kolo needs to build, test and run.
 # With --test, also what the browser tests need: Debian's chromium, and
 # Node.js with npm where no node is on PATH (tests/browser then gets
-# playwright-core from npm: scripts/test.sh).
+# playwright-core from npm: scripts/test.sh), and gdb (a failed integration
+# test prints the stacks of the workers it leaves behind).
 # Idempotent: installs only what is missing, so running it twice is cheap.
 set -euo pipefail
 
@@ -13,7 +14,7 @@ packages=(
   python3-numpy python3-torch python3-pytest python3-sklearn
 )
 if [ "${1:-}" = "--test" ]; then
-  packages+=(chromium)
+  packages+=(chromium gdb)
   command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 fi
 

@@ -35,6 +35,7 @@ elastic_cleanup() {
   local rc=$?
   local p
   set +e   # every step below must run, whatever fails
+  [ $rc -ne 0 ] && [ $rc -ne 77 ] && stacks
   for p in $(worker_pids); do kill -9 "$p" 2>/dev/null || true; done
   [ -n "${EXTRA_CLEANUP:-}" ] && eval "$EXTRA_CLEANUP"
   # KEEP_WORK=DIR keeps a copy of the test's files there (debugging)

@@ -11,8 +11,38 @@ MARK="$(( (RANDOM << 15 | RANDOM) % 100000 + 1 ))$$"
 SLEEP="1000.$MARK"
 PIDS=()
 
+# stacks: on failure, the threads of every process of this test that is
+# not a kolo daemon (workers, wrappers), where gdb is installed: what a
+# hung worker was waiting for.
+stacks() {
+  command -v gdb >/dev/null && [ -z "${STACKS_DONE:-}" ] || return 0
+  STACKS_DONE=1
+  local p pids=() gdbs=()
+  for p in $(pgrep -f -- "$MARK" || true); do
+    case "$(tr '\0' ' ' </proc/$p/cmdline 2>/dev/null)" in
+      *" coordinator "*|*" agent "*|*" run "*|sleep*|"") continue ;;
+    esac
+    pids+=("$p")
+    # Python workers that registered faulthandler on SIGUSR1 print their
+    # Python stacks to their stderr (the job's output)
+    case "$(cat /proc/$p/comm) $(tr '\0' ' ' </proc/$p/cmdline)" in
+      python*elastic_worker.py*) kill -USR1 "$p" 2>/dev/null ;;
+    esac
+    # all at once: gdb reads torch's symbols for seconds per process
+    echo "$(tr '\0' ' ' </proc/$p/cmdline | cut -c1-120)" >"$WORK/stacks.$p"
+    timeout 40 gdb -p "$p" -batch -ex "thread apply all bt 15" >>"$WORK/stacks.$p" 2>/dev/null &
+    gdbs+=($!)
+  done
+  [ ${#gdbs[@]} -eq 0 ] || wait "${gdbs[@]}"
+  for p in "${pids[@]}"; do
+    echo "---- stacks of pid $p: $(head -n 1 "$WORK/stacks.$p")"
+    grep -E '^(Thread|#)' "$WORK/stacks.$p" || true
+  done
+}
+
 cleanup() {
   local rc=$?
+  [ $rc -ne 0 ] && [ $rc -ne 77 ] && stacks
   for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   pkill -9 -f "$SLEEP" 2>/dev/null || true
   if [ $rc -ne 0 ]; then

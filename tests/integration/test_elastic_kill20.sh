@@ -29,13 +29,21 @@ steps=$(( s + 20 ))
 note "kill plan (step, rank): $plan; $steps steps"
 mkdir -p "$WORK/marks"
 
-start_job -np 4 --min-np 2 --max-np 4 --blacklist-cooldown-range 1 2 -- \
+# A worker that never comes to a new generation's rendezvous is replaced
+# after the elastic timeout (worker.frozen); its stacks are printed below.
+start_job -np 4 --min-np 2 --max-np 4 --blacklist-cooldown-range 1 2 --elastic-timeout 40 -- \
     --steps "$steps" --commit $COMMIT --delay 0.02 --kills "$plan" --marks "$WORK/marks"
 # Alone on 2 CPUs: ~60 s through the coordinator, ~95 s with readiness
 # rounds (a survivor blocked in a round sees the dead peer first, resets on
 # its own and adds a generation: recovery 0.3-0.4 s instead of 0.1 s); up
 # to ~170 s with the rest of the suite running beside it.
-wait_for 230 gone "$RUN_PID" || fail "the job did not end within 230 s ($(ls "$WORK/marks" | wc -l) kills done, step $(last_step))"
+frozen_stacks() {
+  events | has '"kind":"worker.frozen"' || return 0
+  note "a worker was declared frozen; the Python stacks printed at its SIGTERM:"
+  cat "$WORK/run.out" "$WORK/run.err" | grep -E '<stderr>:(Thread 0x|Current thread|  File )' | head -n 60 || true
+}
+wait_for 230 gone "$RUN_PID" || { frozen_stacks; fail "the job did not end within 230 s ($(ls "$WORK/marks" | wc -l) kills done, step $(last_step))"; }
+frozen_stacks
 rc=0
 wait "$RUN_PID" || rc=$?
 [ $rc -eq 0 ] || fail "kolo run exited $rc: $(tail -n 5 "$WORK/run.err")"

@@ -27,6 +27,7 @@ so a test can end an otherwise long job at a chosen time; the final step is
 then whatever was reached, and the job still succeeds.
 """
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -35,6 +36,12 @@ import time
 import torch
 
 import kolo.torch as hvd
+
+# SIGUSR1 prints every thread's Python stack (tests/integration/lib.sh sends
+# it to the workers of a failed test before it kills them); so does the
+# SIGTERM of an agent stopping a worker (a frozen one: what it waited for).
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
 
 
 TARGET = torch.arange(64, dtype=torch.float32).reshape(16, 4) / 64
