@@ -27,6 +27,11 @@ def test_lifecycle_module(run_job, np_):
     _check(run_job(np_, SUITE, args=["test_lifecycle.py"], timeout=280), np_)
 
 
+@pytest.mark.parametrize("np_", [2, 4])
+def test_autograd_module(run_job, np_):
+    _check(run_job(np_, SUITE, args=["test_autograd.py"], timeout=200), np_)
+
+
 def test_lifecycle_module_started_alone(tmp_path):
     """A script started without kolo run: one rank, every test the same."""
     env = dict(os.environ, PYTHONPATH=PYDIR)

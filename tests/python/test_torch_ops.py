@@ -178,7 +178,8 @@ check(torch.allclose(w.grad, torch.ones(2 * n) * 3 * (r + 1)), "alltoall grad %s
 w = torch.ones(n, 2, requires_grad=True)
 out = hvd.reducescatter(w, op=hvd.Sum)
 (out * (r + 1)).sum().backward()
-want = torch.cat([torch.ones(1, 2) * (k + 1) for k in range(n)])
+# Horovod's gradient: for Sum the incoming gradient times the size, allgathered
+want = torch.cat([torch.ones(1, 2) * (k + 1) for k in range(n)]) * n
 check(torch.allclose(w.grad, want), "reducescatter grad %s" % w.grad)
 
 for f in fails:

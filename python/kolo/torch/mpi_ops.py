@@ -315,8 +315,32 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     return _submit(reqs, ins, lambda res: [_rows_out(t, r) for t, r in zip(ins, res)])
 
 
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, *tensors):
+        ctx.dims = [t.shape[0] for t in tensors]
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        # Horovod's: the average of the gradients, each rank's own rows
+        reduced = grouped_allreduce([g.contiguous() for g in grads], op=Average)
+        dims = grouped_allgather([torch.tensor([d], dtype=torch.int64) for d in ctx.dims])
+        r = _kolo.rank()
+        out = [g.narrow(0, int(d[:r].sum().item()), own)
+               for g, d, own in zip(reduced, dims, ctx.dims)]
+        return (None,) + tuple(out)
+
+
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
+    """allgather of each tensor, negotiated and fused as one group;
+    differentiable."""
+    _check_set(process_set)
+    for i, t in enumerate(tensors):
+        _allgather_req(t, None)  # refuses bad tensors before autograd sees them
+    if not tensors:
+        return []
+    return list(_GroupedAllgather.apply(name, *tensors))
 
 
 # ---------------------------------------------------------------- broadcast
@@ -373,8 +397,15 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     if t.dim() == 0:
         raise ValueError("Process-set rank zero tried to alltoall a rank-zero tensor.")
     sp = None
-    if splits is not None:
-        sp = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+    if isinstance(splits, torch.Tensor):
+        # Horovod's checks (operations.cc), raised before anything is sent
+        if splits.dim() > 1:
+            raise ValueError("alltoall expects a 1D splits tensor")
+        if splits.dtype != torch.int32:
+            raise ValueError("alltoall expects splits to contain 32-bit integer elements.")
+        sp = [int(s) for s in splits.tolist()]
+    elif splits is not None:
+        sp = [int(s) for s in splits]
     rows = sp[0] if sp is not None else t.shape[0]
     r = E.Req(E.ALLTOALL, name, _p(t), 0, code, t.shape, splits=sp,
               **_gpu(t, _solo_rows(t, rows)))
@@ -433,20 +464,27 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     return _submit([r], (t, out), lambda res: out)
 
 
+def _reducescatter_grad_scale(op, prescale_factor, postscale_factor):
+    # Horovod's backward (torch/mpi_ops.py): the incoming gradient times the
+    # set's size for Sum (as is for Average), times both scale factors, then
+    # allgathered.
+    return (_kolo.size() if op == Sum else 1) * prescale_factor * postscale_factor
+
+
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
-        ctx.scale = prescale_factor * postscale_factor / (_kolo.size() if op == Average else 1)
+        ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor)
         return synchronize(reducescatter_async(tensor, name, op,
                                                prescale_factor=prescale_factor,
                                                postscale_factor=postscale_factor))
 
     @staticmethod
     def backward(ctx, grad):
-        g = allgather(grad.contiguous())
+        g = grad.contiguous()
         if ctx.scale != 1.0:
             g = g * ctx.scale
-        return g, None, None, None, None
+        return allgather(g), None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
@@ -470,12 +508,30 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     return _submit([p[1] for p in pairs], (ins, outs), lambda res: outs)
 
 
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, *tensors):
+        ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor)
+        return tuple(synchronize(grouped_reducescatter_async(
+            list(tensors), name, op, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        gs = [g.contiguous() * ctx.scale if ctx.scale != 1.0 else g.contiguous() for g in grads]
+        return (None, None, None, None) + tuple(grouped_allgather(gs))
+
+
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
+    """reducescatter of each tensor as one group; differentiable."""
+    _check_set(process_set)
     pairs = [compression.compress(t) for t in tensors]
-    outs = synchronize(grouped_reducescatter_async([p[0] for p in pairs], name, op, process_set,
-                                                   prescale_factor, postscale_factor))
+    if not pairs:
+        return []
+    outs = _GroupedReducescatter.apply(name, op, prescale_factor, postscale_factor,
+                                       *[p[0] for p in pairs])
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
 
