@@ -28,8 +28,9 @@ def test_lifecycle_module(run_job, np_):
 
 
 @pytest.mark.parametrize("np_", [2, 4])
-def test_autograd_module(run_job, np_):
-    _check(run_job(np_, SUITE, args=["test_autograd.py"], timeout=200), np_)
+@pytest.mark.parametrize("module", ["test_autograd.py", "test_sparse.py"])
+def test_module(run_job, module, np_):
+    _check(run_job(np_, SUITE, args=[module], timeout=200), np_)
 
 
 def test_lifecycle_module_started_alone(tmp_path):

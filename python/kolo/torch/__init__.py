@@ -27,7 +27,7 @@ from .mpi_ops import (Average, Sum, Adasum, Min, Max, Product,  # noqa: F401
                       alltoall, alltoall_async,
                       reducescatter, reducescatter_async, grouped_reducescatter,
                       grouped_reducescatter_async,
-                      poll, synchronize, join, barrier)
+                      poll, synchronize, join, barrier, sparse_allreduce_async)
 from .optimizer import DistributedOptimizer  # noqa: F401
 
 __version__ = _kolo.__version__

@@ -343,6 +343,34 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
     return list(_GroupedAllgather.apply(name, *tensors))
 
 
+# ---------------------------------------------------------------- sparse
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Reduces a sparse COO tensor as Horovod does: every rank's indices and
+    values are allgathered (as `<name>.indices` and `<name>.values`); the
+    result has every rank's entries (coalesced: entries at the same index
+    summed), values divided by the size for Average. Returns a callable
+    that waits and returns the result (Horovod's handle for sparse ops)."""
+    _check_set(process_set)
+    if op not in (Average, Sum):
+        raise ValueError("sparse_allreduce_async supports only op=Average or op=Sum")
+    t = tensor.coalesce() if not tensor.is_coalesced() else tensor
+    # allgather concatenates the first dimension: indices go transposed
+    ih = allgather_async(t._indices().transpose(0, 1).contiguous(),
+                         name=name + ".indices" if name else None, process_set=process_set)
+    vh = allgather_async(t._values().contiguous(),
+                         name=name + ".values" if name else None, process_set=process_set)
+
+    def handle():
+        values = synchronize(vh)
+        indices = synchronize(ih)
+        if op == Average:
+            values = values / _kolo.size()
+        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size()).coalesce()
+
+    return handle
+
+
 # ---------------------------------------------------------------- broadcast
 
 def _broadcast_req(t, root_rank, name):

@@ -15,7 +15,23 @@ import kolo as _kolo
 from kolo import _report
 from .compression import Compression
 from .mpi_ops import (Adasum, Average, allreduce_async_, global_process_set,
-                      grouped_allreduce_async_, synchronize, _check_set)
+                      grouped_allreduce_async_, sparse_allreduce_async, synchronize,
+                      _check_set)
+
+
+_SPARSE = "sparse"  # the ctx of a sparse gradient's handle (a callable)
+
+
+def _write_grad(p, value):
+    """Puts a reduced gradient into p.grad: in place for dense gradients;
+    a sparse .grad stays sparse (sparse tensors have no set_), as in
+    Horovod, also when it was reduced dense (sparse_as_dense=True)."""
+    if p.grad.is_sparse:
+        if not value.is_sparse:
+            value = value.to_sparse()
+        p.grad.zero_().add_(value)
+    else:
+        p.grad.set_(value)
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -109,7 +125,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.requires_grad:
-                    p.grad = p.data.new(p.size()).zero_()
+                    # no zero .grad made here (Horovod 0.28 neither): a
+                    # sparse gradient must not land in a dense one
                     self._requires_update.add(p)
                     tmp = p.expand_as(p)
                     acc = tmp.grad_fn.next_functions[0][0]
@@ -122,14 +139,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return 1.0, 1.0
 
     def _allreduce_grad_async(self, p):
+        if p.grad is None:
+            # not computed here (a dynamic graph), maybe on another rank
+            p.grad = p.data.new(p.size()).zero_()
         name = self._parameter_names.get(p)
         tensor = p.grad
         if tensor.is_sparse:
             if not self.sparse_as_dense:
-                raise ValueError("kolo reduces sparse gradients as dense tensors: pass "
-                                 "sparse_as_dense=True")
-            tensor = tensor.to_dense()
-            p.grad = tensor
+                # Horovod's sparse path: allgather of indices and values;
+                # the handle is a callable (synchronize below calls it)
+                return sparse_allreduce_async(tensor, name=name, op=self.op), _SPARSE
+            tensor = tensor.to_dense()  # reduced dense; .grad stays sparse
         compressed, ctx = self._compression.compress(tensor)
         pre, post = self._scales()
         handle = allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre,
@@ -141,8 +161,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in key:
             t = p.grad
             if t.is_sparse:
-                t = t.to_dense()
-                p.grad = t
+                t = t.to_dense()  # reduced dense; .grad stays sparse
             c, ctx = self._compression.compress(t)
             tensors.append(c)
             ctxs.append(ctx)
@@ -221,11 +240,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 outs = synchronize(handle)
                 for q, out, c in zip(key, outs, ctxs):
                     self._allreduce_delay[q] = self.backward_passes_per_step
-                    q.grad.set_(self._compression.decompress(out, c))
+                    _write_grad(q, self._compression.decompress(out, c))
+                continue
+            self._allreduce_delay[p] = self.backward_passes_per_step
+            if ctx is _SPARSE:
+                _write_grad(p, handle())
                 continue
             output = synchronize(handle)
-            self._allreduce_delay[p] = self.backward_passes_per_step
-            p.grad.set_(self._compression.decompress(output, ctx))
+            _write_grad(p, self._compression.decompress(output, ctx))
         self._handles.clear()
         self._synchronized = True
 
