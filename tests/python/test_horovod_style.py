@@ -28,7 +28,8 @@ def test_lifecycle_module(run_job, np_):
 
 
 @pytest.mark.parametrize("np_", [2, 4])
-@pytest.mark.parametrize("module", ["test_autograd.py", "test_sparse.py"])
+@pytest.mark.parametrize("module", ["test_autograd.py", "test_sparse.py",
+                                    "test_sync_batch_norm.py"])
 def test_module(run_job, module, np_):
     _check(run_job(np_, SUITE, args=[module], timeout=200), np_)
 

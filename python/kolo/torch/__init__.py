@@ -29,6 +29,7 @@ from .mpi_ops import (Average, Sum, Adasum, Min, Max, Product,  # noqa: F401
                       grouped_reducescatter_async,
                       poll, synchronize, join, barrier, sparse_allreduce_async)
 from .optimizer import DistributedOptimizer  # noqa: F401
+from .sync_batch_norm import SyncBatchNorm  # noqa: F401
 
 __version__ = _kolo.__version__
 
