@@ -42,8 +42,9 @@ E_INVAL, E_TIMEDOUT, E_NOTFOUND, E_EXIST, E_NOTSUP = 1, 3, 10, 11, 21
 WAIT_SLICE_MS = 200  # waits are sliced so that Ctrl-C reaches Python
 
 
-def resolve_op(op, average, default=Average):
-    """Horovod's reading of (op, average): `average` is the deprecated form."""
+def resolve_op(op, average, default=Average, adasum=False):
+    """Horovod's reading of (op, average): `average` is the deprecated form.
+    adasum: the frontend implements op=Adasum (kolo.torch's allreduces)."""
     if op is not None and average is not None:
         raise ValueError("The op parameter supersedes average. Please provide only one of them.")
     if average is not None:
@@ -52,8 +53,11 @@ def resolve_op(op, average, default=Average):
         return Average if average else Sum
     if op is None:
         return default
+    if op == Adasum and adasum:
+        return op
     if op == Adasum:
-        raise NotImplementedError("kolo does not implement Adasum; use op=Average or op=Sum")
+        raise NotImplementedError("kolo implements Adasum for kolo.torch's allreduce only; use "
+                                  "op=Average or op=Sum")
     if op not in _KOLO_OP:
         raise ValueError("Unknown reduction op %r: use Average, Sum, Min, Max or Product" % (op,))
     return op

@@ -34,6 +34,12 @@ def test_module(run_job, module, np_):
     _check(run_job(np_, SUITE, args=[module], timeout=200), np_)
 
 
+@pytest.mark.parametrize("np_", [2, 3, 4])
+def test_adasum_module(run_job, np_):
+    """np 3: Horovod's NotImplementedError for a size that is not a power of 2."""
+    _check(run_job(np_, SUITE, args=["test_adasum.py"], timeout=200), np_)
+
+
 def test_lifecycle_module_started_alone(tmp_path):
     """A script started without kolo run: one rank, every test the same."""
     env = dict(os.environ, PYTHONPATH=PYDIR)

@@ -8,6 +8,7 @@ import kolo as _kolo
 from .. import _engine as E
 from .._engine import Average, Sum, Adasum, Min, Max, Product  # noqa: F401
 from .compression import Compression
+from ..exceptions import HorovodInternalError
 
 _DTYPES = {
     torch.uint8: E.UINT8,
@@ -155,12 +156,65 @@ def _allreduce_req(tensor, output, name, op, prescale_factor, postscale_factor):
                  **_gpu(tensor, _solo_reduce(tensor, output, prescale_factor * postscale_factor)))
 
 
+# Adasum (Maleki et al.; Horovod's op=hvd.Adasum): two gradients a and b
+# combine as (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b, so parallel parts
+# add and the part they share counts once. Ranks combine pairwise, by
+# distance 1, 2, 4, ... (Horovod's recursive halving), each tensor on its
+# own. kolo computes it from an allgather of every rank's tensor, combined
+# in float64 on each rank in that same order: the same result as Horovod's,
+# for size times the traffic of an allreduce.
+
+def _adasum_pair(a, b):
+    dot = torch.dot(a, b)
+    an, bn = torch.dot(a, a), torch.dot(b, b)
+    ca = 1.0 - dot / (2 * an) if an != 0 else 1.0
+    cb = 1.0 - dot / (2 * bn) if bn != 0 else 1.0
+    return ca * a + cb * b
+
+
+def _adasum_rows(rows):
+    """Every rank's tensor as a row (float64), combined pairwise."""
+    vecs = list(rows)
+    while len(vecs) > 1:  # a power of 2: pairs at distance 1, then 2, ...
+        vecs = [_adasum_pair(vecs[i], vecs[i + 1]) for i in range(0, len(vecs), 2)]
+    return vecs[0]
+
+
+def _adasum_submit(ins, outs, name, prescale_factor, postscale_factor, result):
+    """Adasum of each tensor of `ins` into `outs` (the same tensors when in
+    place), as one group; `result()` is what synchronize returns."""
+    n = _kolo.size()
+    if n & (n - 1):
+        raise NotImplementedError("Running Adasum with non-power of 2 ranks is not supported "
+                                  "yet.")
+    for t in ins:
+        if _check(t) not in E.FLOATING:
+            raise ValueError("Adasum needs floating-point tensors, not %s" % t.dtype)
+    flat = [(t * prescale_factor if prescale_factor != 1.0 else t).reshape(1, -1).contiguous()
+            for t in ins]
+    names = [name] if len(ins) == 1 else [E.group_name(name, i, len(ins))
+                                           for i in range(len(ins))]
+    reqs = [_allgather_req(f, nm) for f, nm in zip(flat, names)]
+
+    def finish(res):
+        for f, r, out in zip(flat, res, outs):
+            rows = _rows_out(f, r).to(torch.float64)
+            v = _adasum_rows(rows) * postscale_factor
+            out.copy_(v.reshape(out.shape).to(out.dtype))
+        return result()
+
+    return _submit(reqs, (ins, flat, outs), finish)
+
+
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set):
     _check_set(process_set)
-    op = E.resolve_op(op, average)
+    op = E.resolve_op(op, average, adasum=True)
     tensor = tensor.detach()
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    if op == Adasum:
+        return _adasum_submit([tensor], [output], name, prescale_factor, postscale_factor,
+                              lambda: output)
     r = _allreduce_req(tensor, output, name, op, prescale_factor, postscale_factor)
     return _submit([r], (tensor, output), lambda res: output)
 
@@ -168,8 +222,10 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
     _check_set(process_set)
-    op = E.resolve_op(op, average)
+    op = E.resolve_op(op, average, adasum=True)
     t = tensor.detach()
+    if op == Adasum:
+        return _adasum_submit([t], [t], name, prescale_factor, postscale_factor, lambda: tensor)
     r = _allreduce_req(t, t, name, op, prescale_factor, postscale_factor)
     return _submit([r], t, lambda res: tensor)
 
@@ -194,7 +250,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     new tensor. Differentiable: the gradient is the same reduction of the
     output's gradient."""
     _check_set(process_set)
-    op = E.resolve_op(op, average)
+    op = E.resolve_op(op, average, adasum=True)
     compressed, cctx = compression.compress(tensor)
     out = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor)
     return compression.decompress(out, cctx)
@@ -210,9 +266,11 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
     _check_set(process_set)
-    op = E.resolve_op(op, average)
+    op = E.resolve_op(op, average, adasum=True)
     ins = [t.detach() for t in tensors]
     outs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in ins]
+    if op == Adasum:
+        return _adasum_submit(ins, outs, name, prescale_factor, postscale_factor, lambda: outs)
     reqs = [_allreduce_req(t, o, E.group_name(name, i, len(ins)), op, prescale_factor,
                            postscale_factor) for i, (t, o) in enumerate(zip(ins, outs))]
     return _submit(reqs, (ins, outs), lambda res: outs)
@@ -221,8 +279,11 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     _check_set(process_set)
-    op = E.resolve_op(op, average)
+    op = E.resolve_op(op, average, adasum=True)
     ins = [t.detach() for t in tensors]
+    if op == Adasum:
+        return _adasum_submit(ins, ins, name, prescale_factor, postscale_factor,
+                              lambda: list(tensors))
     reqs = [_allreduce_req(t, t, E.group_name(name, i, len(ins)), op, prescale_factor,
                            postscale_factor) for i, t in enumerate(ins)]
     return _submit(reqs, ins, lambda res: list(tensors))
@@ -248,7 +309,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
                       process_set=global_process_set):
     """Reduces a list of tensors as one negotiated, fused operation."""
     _check_set(process_set)
-    op = E.resolve_op(op, average)
+    op = E.resolve_op(op, average, adasum=True)
     pairs = [compression.compress(t) for t in tensors]
     outs = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor,
                                    *[p[0] for p in pairs])
@@ -473,7 +534,8 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 def _reducescatter_req(t, name, op, prescale_factor, postscale_factor):
     if op not in (Average, Sum):
-        raise ValueError("Reducescatter currently only supports AVERAGE and SUM.")
+        # Horovod aborts the op (a RuntimeError), with this text
+        raise HorovodInternalError("Reducescatter currently only supports SUM.")
     code = _check(t)
     if t.dim() == 0:
         raise ValueError("Process-set rank zero tried to reducescatter a rank-zero tensor.")

@@ -19,6 +19,32 @@ from .mpi_ops import (Adasum, Average, allreduce_async_, global_process_set,
                       _check_set)
 
 
+def _parameter_names(param_groups, named_parameters):
+    """{parameter: name}, with Horovod's checks of named_parameters."""
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)
+    else:
+        named_parameters = [("allreduce.noname.%s.%s" % (i, j), v)
+                            for i, group in enumerate(param_groups)
+                            for j, v in enumerate(group["params"])]
+    if any(not isinstance(p, tuple) for p in named_parameters):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters().")
+    names = [k for k, _ in named_parameters]
+    dups = sorted({k for k in names if names.count(k) > 1})
+    if dups:
+        raise ValueError("Parameter names in named_parameters must be unique. "
+                         "Found duplicates: %s" % ", ".join(dups))
+    all_ids = {id(v) for g in param_groups for v in g["params"]}
+    named_ids = {id(v) for _, v in named_parameters}
+    unnamed = all_ids - named_ids
+    if unnamed:
+        raise ValueError("named_parameters was specified, but one or more model parameters "
+                         "were not named. Python object ids: %s"
+                         % ", ".join(str(i) for i in sorted(unnamed)))
+    return {v: k for k, v in sorted(named_parameters)}
+
+
 _SPARSE = "sparse"  # the ctx of a sparse gradient's handle (a callable)
 
 
@@ -45,32 +71,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         _check_set(process_set)
         self._kolo_step_timer = _report.StepTimer()  # issue 6: step times
 
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [("allreduce.noname.%s.%s" % (i, j), v)
-                                for i, group in enumerate(self.param_groups)
-                                for j, v in enumerate(group["params"])]
-        if any(not isinstance(p, tuple) for p in named_parameters):
-            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
-                             "usually produced by model.named_parameters().")
-        names = [k for k, _ in named_parameters]
-        dups = sorted({k for k in names if names.count(k) > 1})
-        if dups:
-            raise ValueError("Parameter names in named_parameters must be unique. "
-                             "Found duplicates: %s" % ", ".join(dups))
-        all_ids = {id(v) for g in self.param_groups for v in g["params"]}
-        named_ids = {id(v) for _, v in named_parameters}
-        unnamed = all_ids - named_ids
-        if unnamed:
-            raise ValueError("named_parameters was specified, but one or more model parameters "
-                             "were not named. Python object ids: %s"
-                             % ", ".join(str(i) for i in sorted(unnamed)))
-
-        self._parameter_names = {v: k for k, v in sorted(named_parameters)}
+        self._parameter_names = _parameter_names(self.param_groups, named_parameters)
         self.backward_passes_per_step = backward_passes_per_step
-        self._allreduce_delay = {v: backward_passes_per_step
-                                 for _, v in sorted(named_parameters)}
+        self._allreduce_delay = {v: backward_passes_per_step for v in self._parameter_names}
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
@@ -284,6 +287,107 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
+class _DistributedAdasumOptimizer(torch.optim.Optimizer):
+    """DistributedOptimizer(op=hvd.Adasum), Horovod's delta optimizer: as
+    soon as a parameter's gradient is ready, the wrapped optimizer steps that
+    parameter alone, locally; the change it made (the delta) is what the
+    ranks combine with Adasum, and step() puts the parameter at its start
+    plus the combined delta."""
+    _kolo_distributed = True
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        self._kolo_step_timer = _report.StepTimer()  # issue 6: step times
+        self._parameter_names = _parameter_names(self.param_groups, named_parameters)
+        self.backward_passes_per_step = backward_passes_per_step
+        self._allreduce_delay = {v: backward_passes_per_step for v in self._parameter_names}
+        self._handles = {}
+        self._grad_accs = []
+        self._requires_update = set()
+        self._starts = {v: torch.zeros_like(v, requires_grad=False)
+                        for v in self._parameter_names}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    p.grad = p.data.new(p.size()).zero_()
+                    self._requires_update.add(p)
+                    acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                    acc.register_hook(self._make_hook(p))
+                    self._grad_accs.append(acc)
+
+    def set_backward_passes_per_step(self, passes):
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+    def _delta_async(self, p):
+        start = self._starts[p]
+        # the wrapped optimizer's step, on p alone
+        kept = [group["params"] for group in self.param_groups]
+        for group in self.param_groups:
+            group["params"] = [p] if any(p is q for q in group["params"]) else []
+        try:
+            start.data.copy_(p.data)
+            super(self.__class__, self).step()
+            p.data.sub_(start)  # p holds its delta until step()
+        finally:
+            for group, params in zip(self.param_groups, kept):
+                group["params"] = params
+        compressed, ctx = self._compression.compress(p.data)
+        handle = allreduce_async_(compressed, name=self._parameter_names.get(p), op=Adasum)
+        return handle, ctx
+
+    def _make_hook(self, p):
+        def hook(*ignore):
+            if p in self._handles and self._handles[p][0] is not None:
+                if self._allreduce_delay[p] <= 0:
+                    raise AssertionError(
+                        "Gradients were computed more than backward_passes_per_step times "
+                        "before call to step(). Increase backward_passes_per_step to "
+                        "accumulate gradients locally.")
+            assert not p.grad.requires_grad
+            assert self._allreduce_delay[p] > 0
+            handle, ctx = None, None
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0:
+                handle, ctx = self._delta_async(p)
+            self._handles[p] = (handle, ctx)
+        return hook
+
+    def synchronize(self):
+        pass  # step() does it all, as in Horovod
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        raise AssertionError("Skipping synchronization is not supported when using Adasum "
+                             "optimizer.")
+        yield  # pragma: no cover (a context manager that never enters)
+
+    def step(self, closure=None):
+        self._kolo_step_timer.tick()
+        loss = closure() if closure is not None else None
+        for p in self._requires_update - set(self._handles):
+            self._handles[p] = self._delta_async(p)
+        for p, (handle, ctx) in list(self._handles.items()):
+            if handle is None:  # step() before backward_passes_per_step passes
+                handle, ctx = self._delta_async(p)
+            delta = self._compression.decompress(synchronize(handle), ctx)
+            start = self._starts[p]
+            start.data.add_(delta.data)
+            p.data.copy_(start)
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        self._handles.clear()
+        return loss
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                                 "before optimizer.step() or optimizer.synchronize(). This is "
+                                 "prohibited as it can cause a race condition.")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
@@ -292,8 +396,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     ranks (Horovod's DistributedOptimizer, same arguments and errors)."""
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if op == Adasum:
-        raise NotImplementedError("kolo does not implement Adasum; use op=hvd.Average")
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed",
                       DeprecationWarning)
@@ -303,6 +405,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                                    (isinstance(groups, int) and groups > 0)):
         raise ValueError("groups should be a non-negative integer or a list of lists of "
                          "torch.Tensor.")
+    if op == Adasum and _kolo.size() > 1:
+        _check_set(process_set)
+        if process_set is not global_process_set:
+            raise NotImplementedError("Adasum does not support non-global process sets yet.")
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+                   dict(_DistributedAdasumOptimizer.__dict__))
+        return cls(optimizer.param_groups, named_parameters, compression,
+                   backward_passes_per_step)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
