@@ -45,6 +45,28 @@ def _parameter_names(param_groups, named_parameters):
     return {v: k for k, v in sorted(named_parameters)}
 
 
+def _count_pass(opt, p):
+    """A gradient hook's bookkeeping (Horovod's checks): counts one backward
+    pass of p; True when p's passes for this step are complete."""
+    if p in opt._handles and opt._handles[p][0] is not None:
+        if opt._allreduce_delay[p] <= 0:
+            raise AssertionError(
+                "Gradients were computed more than backward_passes_per_step times "
+                "before call to step(). Increase backward_passes_per_step to "
+                "accumulate gradients locally.")
+    assert not p.grad.requires_grad
+    assert opt._allreduce_delay[p] > 0
+    opt._allreduce_delay[p] -= 1
+    return opt._allreduce_delay[p] == 0
+
+
+def _refuse_zero_grad_in_flight(opt):
+    if opt._handles:
+        raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                             "before optimizer.step() or optimizer.synchronize(). This is "
+                             "prohibited as it can cause a race condition.")
+
+
 _SPARSE = "sparse"  # the ctx of a sparse gradient's handle (a callable)
 
 
@@ -176,17 +198,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*ignore):
-            if p in self._handles and self._handles[p][0] is not None:
-                if self._allreduce_delay[p] <= 0:
-                    raise AssertionError(
-                        "Gradients were computed more than backward_passes_per_step times "
-                        "before call to step(). Increase backward_passes_per_step to "
-                        "accumulate gradients locally.")
-            assert not p.grad.requires_grad
-            assert self._allreduce_delay[p] > 0
             handle, ctx = None, None
-            self._allreduce_delay[p] -= 1
-            if self._allreduce_delay[p] == 0:
+            if _count_pass(self, p):
                 key = self._p_to_group.get(p)
                 if key is None:
                     handle, ctx = self._allreduce_grad_async(p)
@@ -280,10 +293,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, *args, **kwargs):
-        if self._handles:
-            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
-                                 "before optimizer.step() or optimizer.synchronize(). This is "
-                                 "prohibited as it can cause a race condition.")
+        _refuse_zero_grad_in_flight(self)
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
@@ -340,17 +350,8 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*ignore):
-            if p in self._handles and self._handles[p][0] is not None:
-                if self._allreduce_delay[p] <= 0:
-                    raise AssertionError(
-                        "Gradients were computed more than backward_passes_per_step times "
-                        "before call to step(). Increase backward_passes_per_step to "
-                        "accumulate gradients locally.")
-            assert not p.grad.requires_grad
-            assert self._allreduce_delay[p] > 0
             handle, ctx = None, None
-            self._allreduce_delay[p] -= 1
-            if self._allreduce_delay[p] == 0:
+            if _count_pass(self, p):
                 handle, ctx = self._delta_async(p)
             self._handles[p] = (handle, ctx)
         return hook
@@ -381,10 +382,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         return loss
 
     def zero_grad(self, *args, **kwargs):
-        if self._handles:
-            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
-                                 "before optimizer.step() or optimizer.synchronize(). This is "
-                                 "prohibited as it can cause a race condition.")
+        _refuse_zero_grad_in_flight(self)
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
