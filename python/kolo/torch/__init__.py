@@ -34,6 +34,36 @@ from .sync_batch_norm import SyncBatchNorm  # noqa: F401
 __version__ = _kolo.__version__
 
 
+# ---------------------------------------------------------------- horovod.common.util names
+# that horovod.torch re-exports
+
+def check_extension(ext_name=None, ext_env_var=None, pkg_path=None, *args):
+    """Horovod raises ImportError when its framework extension was not
+    built; kolo.torch has no extension to check (libkolo is loaded on first
+    use and reports its own errors)."""
+    return None
+
+
+def gpu_available(ext_base_name=None, verbose=False):
+    """True when CUDA tensors can be reduced here: a GPU is visible to
+    torch and libkolo has its GPU backend."""
+    import torch
+    return bool(torch.cuda.is_available() and cuda_built())
+
+
+def split_list(items, n):
+    """`items` cut into n consecutive parts whose lengths differ by at most
+    one, the longer ones first (how DistributedOptimizer's `groups=n` is
+    formed)."""
+    q, extra = divmod(len(items), n)
+    parts, at = [], 0
+    for i in range(n):
+        k = q + (1 if i < extra else 0)
+        parts.append(items[at:at + k])
+        at += k
+    return parts
+
+
 # ---------------------------------------------------------------- build information
 # kolo's CPU collectives are its own (TCP and shared-memory rings), never MPI
 # or Gloo; GPU tensors go through NCCL when libkolo was built with the CUDA

@@ -6,7 +6,8 @@ import pickle
 import torch
 
 import kolo as _kolo
-from .mpi_ops import allgather, broadcast_, broadcast_async_, synchronize
+from .mpi_ops import (allgather, broadcast_, broadcast_async_, synchronize, _check_set,
+                      global_process_set)
 
 try:
     import cloudpickle as _pickler
@@ -14,12 +15,13 @@ except ImportError:  # pragma: no cover - Debian ships it as an option
     _pickler = pickle
 
 
-def broadcast_parameters(params, root_rank):
+def broadcast_parameters(params, root_rank, process_set=global_process_set):
     """Copies root_rank's parameters into every rank's, in place.
 
     params: a state_dict-like mapping (broadcast in sorted key order), or a
     list of tensors or of (name, tensor) pairs such as
     model.named_parameters()."""
+    _check_set(process_set)
     if isinstance(params, dict):
         items = sorted(params.items())
     elif isinstance(params, list) or hasattr(params, "__iter__"):
@@ -62,10 +64,11 @@ def _init_state(optimizer):
             p.grad = grad
 
 
-def broadcast_optimizer_state(optimizer, root_rank, model=None):
+def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=global_process_set):
     """Copies root_rank's optimizer state (per-parameter state tensors and
     scalars, and the options of every parameter group such as lr) into every
     rank's optimizer."""
+    _check_set(process_set)
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     if not _has_stateful_optimizer(optimizer):
@@ -101,8 +104,9 @@ def _to_bytes(obj):
     return buf.getvalue()
 
 
-def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """root_rank's `obj` (anything picklable), on every rank."""
+    _check_set(process_set)
     name = name or type(obj).__name__
     if _kolo.rank() == root_rank:
         data = torch.frombuffer(bytearray(_to_bytes(obj)), dtype=torch.uint8)
@@ -118,8 +122,9 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     return pickle.loads(data.numpy().tobytes())
 
 
-def allgather_object(obj, name=None, process_set=None):
+def allgather_object(obj, name=None, process_set=global_process_set):
     """Every rank's `obj` (anything picklable), as a list indexed by rank."""
+    _check_set(process_set)
     name = name or type(obj).__name__
     data = torch.frombuffer(bytearray(_to_bytes(obj)), dtype=torch.uint8)
     sizes = allgather(torch.tensor([data.numel()], dtype=torch.int64), name=name + ".sz")

@@ -45,7 +45,10 @@ class ProcessSet:
         return _kolo.rank() in self.ranks
 
     def __repr__(self):
-        return "ProcessSet(process_set_id=0, ranks=%s)" % (self.ranks,)
+        ranks = self._ranks
+        if ranks is None and _kolo.is_initialized():
+            ranks = self.ranks
+        return "ProcessSet(process_set_id=%d, ranks=%s)" % (self.process_set_id, ranks)
 
 
 global_process_set = ProcessSet()
