@@ -650,7 +650,8 @@ static bool frozen_member(struct coord *c, struct job *j, uint64_t now)
 {
     for (int r = 0; r < j->nranks; r++) {
         struct rank *rk = &j->ranks[r];
-        if (!member_alive(rk) || !rk->unjoined_since ||
+        /* now may predate a generation formed earlier in this same pass */
+        if (!member_alive(rk) || !rk->unjoined_since || now <= rk->unjoined_since ||
             now - rk->unjoined_since < (uint64_t)j->el->timeout_ms)
             continue;
         char why[300];
