@@ -159,6 +159,13 @@ struct job {
     uint64_t out_seq;       /* last output sequence number assigned */
     struct waiter *waiters; /* parked StreamOutput calls */
     struct negot *negot;    /* rendezvous and negotiation of the generation */
+    /* process sets of the generation (kolo_process_set_init): a rendezvous
+     * and negotiation each, made at its first rendezvous */
+    struct job_set {
+        uint32_t id;
+        struct negot *n;
+    } *sets;
+    int nsets;
     uint64_t next_wid;      /* worker ids handed out so far */
     struct elastic *el;     /* NULL: fixed size */
     struct timeline *tl;    /* coord_timeline.c: HOROVOD_TIMELINE, or NULL */
@@ -347,6 +354,7 @@ void coord_negot_job_ended(struct coord *c, struct job *j, int code, const char 
 void coord_negot_cron(struct coord *c, struct job *j, uint64_t now);
 void coord_negot_drop_parked(struct coord *c, struct job *j);
 void coord_negot_free(struct negot *n);
+void coord_negot_free_job(struct job *j); /* j->negot and its process sets' */
 struct jw;
 void coord_negot_render_stalls(struct job *j, struct jw *w, uint64_t min_age_ms);
 

@@ -194,7 +194,7 @@ static void job_free(struct job *j)
     free(j->hosts);
     free(j->reason);
     free(j->ranks);
-    coord_negot_free(j->negot);
+    coord_negot_free_job(j);
     coord_elastic_free(j->el);
     coord_timeline_free(j->tl);
     free(j->tl_last);

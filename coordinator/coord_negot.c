@@ -51,6 +51,7 @@
 
 #define NEGOT_BUCKETS 4096
 #define NEGOT_MAX_WAIT_MS 30000
+#define NEGOT_MAX_SETS 64 /* process sets alive at once in one generation */
 #define NEGOT_MAX_REPLY_BYTES (8u << 20)
 /* ids 1..ROUND_MAX_ID: the ranks' readiness bitmaps cover them (round.h) */
 #define NEGOT_CACHE_MAX (ROUND_MAX_ID + 1)
@@ -172,6 +173,8 @@ static const char *dtype_names[] = {"HOROVOD_UINT8",   "HOROVOD_INT8",     "HORO
                                     "HOROVOD_BFLOAT16", "HOROVOD_FLOAT32", "HOROVOD_FLOAT64"};
 static const size_t dtype_sizes[] = {1, 1, 2, 4, 8, 2, 2, 4, 8};
 static const char *op_names[] = {"SUM", "AVERAGE", "MIN", "MAX", "PRODUCT"};
+
+static void negot_drop_parked(struct negot *n, int code, const char *why);
 
 /* ---------------------------------------------------------------- memory */
 
@@ -1133,7 +1136,7 @@ static struct job *worker_job(struct coord *c, struct rpc_call *call, enum coord
     if (!j)
         return NULL;
     if (!j->negot || j->negot->generation != j->generation) {
-        coord_negot_free(j->negot);
+        coord_negot_free_job(j);
         j->negot = negot_new(j->id, j->generation, j->nranks);
         if (!j->negot) {
             rpc_call_error(call, KOLO_ENOMEM, "out of memory");
@@ -1148,6 +1151,91 @@ static struct job *worker_job(struct coord *c, struct rpc_call *call, enum coord
         j->negot->tl = j->tl;
     }
     return j;
+}
+
+void coord_negot_free_job(struct job *j)
+{
+    coord_negot_free(j->negot);
+    j->negot = NULL;
+    for (int i = 0; i < j->nsets; i++) {
+        negot_drop_parked(j->sets[i].n, KOLO_ESTALE, "the generation ended");
+        coord_negot_free(j->sets[i].n);
+    }
+    free(j->sets);
+    j->sets = NULL;
+    j->nsets = 0;
+}
+
+/* Every negotiation of the job's generation: its own, then its process
+ * sets'. Returns how many (at most max). */
+static int job_negots(struct job *j, struct negot **out, int max)
+{
+    int n = 0;
+    if (j->negot && n < max)
+        out[n++] = j->negot;
+    for (int i = 0; i < j->nsets && n < max; i++)
+        out[n++] = j->sets[i].n;
+    return n;
+}
+
+/*
+ * Process sets. A set's members run a context of their own (worker/ctx.c
+ * kolo_process_set_init): frames carry their rank within the set, requests
+ * the set's id. Each set has a negotiation of its own (names are per set),
+ * made by the first member's rendezvous with its size, and ends with the
+ * generation. The slot of a request: &j->negot for the job itself, the
+ * set's otherwise; NULL when it cannot be (the call is answered).
+ */
+static struct negot **negot_slot(struct coord *c, struct job *j, struct rpc_call *call,
+                                 uint32_t set, int size, enum coord_method m)
+{
+    const struct rpc_frame *f = rpc_call_frame(call);
+    struct negot **slot = NULL;
+    if (set == 0) {
+        slot = &j->negot;
+    } else {
+        for (int i = 0; i < j->nsets && !slot; i++)
+            if (j->sets[i].id == set)
+                slot = &j->sets[i].n;
+        if (!slot && size > 0) { /* a rendezvous: the set begins */
+            if (j->nsets >= NEGOT_MAX_SETS) {
+                c->m.rpc_errors[m]++;
+                rpc_call_error(call, KOLO_EBUSY, "more than %d process sets", NEGOT_MAX_SETS);
+                return NULL;
+            }
+            if (j->el || size > j->nranks) {
+                c->m.rpc_errors[m]++;
+                rpc_call_error(call, j->el ? KOLO_ENOTSUP : KOLO_EINVAL,
+                               j->el ? "elastic jobs have no process sets"
+                                     : "process set %u of %d ranks in a job of %d",
+                               set, size, j->nranks);
+                return NULL;
+            }
+            struct job_set *grown = realloc(j->sets, (size_t)(j->nsets + 1) * sizeof(*grown));
+            struct negot *n = grown ? negot_new(j->id, j->generation, size) : NULL;
+            if (grown)
+                j->sets = grown;
+            if (!n) {
+                rpc_call_error(call, KOLO_ENOMEM, "out of memory");
+                return NULL;
+            }
+            j->sets[j->nsets] = (struct job_set){.id = set, .n = n};
+            slot = &j->sets[j->nsets++].n;
+        }
+        if (!slot) {
+            c->m.rpc_errors[m]++;
+            rpc_call_error(call, KOLO_ESTATE, "process set %u of generation %llu has no "
+                           "rendezvous", set, (unsigned long long)j->generation);
+            return NULL;
+        }
+    }
+    if (f->rank >= (*slot)->size) {
+        c->m.rpc_errors[m]++;
+        rpc_call_error(call, KOLO_EINVAL, "rank %d out of range for process set %u of %d",
+                       f->rank, set, (*slot)->size);
+        return NULL;
+    }
+    return slot;
 }
 
 static void rendezvous_answer(struct negot *n, struct rpc_call *call)
@@ -1268,10 +1356,11 @@ static void rendezvous_not_yet(struct rpc_call *call)
  * negotiation start over (names may be reused); the ranks that asked to
  * join it are told to ask again, which reaches the new one. NULL when out
  * of memory (the old session stays). */
-static struct negot *negot_next_session(struct coord *c, struct job *j, uint32_t session)
+static struct negot *negot_next_session(struct coord *c, struct job *j, struct negot **slot,
+                                        uint32_t session)
 {
-    struct negot *old = j->negot;
-    struct negot *n = negot_new(j->id, j->generation, j->nranks);
+    struct negot *old = *slot;
+    struct negot *n = negot_new(j->id, j->generation, old->size);
     if (!n)
         return NULL;
     n->session = session;
@@ -1289,7 +1378,7 @@ static struct negot *negot_next_session(struct coord *c, struct job *j, uint32_t
     }
     negot_drop_parked(old, KOLO_ESTALE, why);
     coord_negot_free(old);
-    j->negot = n;
+    *slot = n;
     c->m.sessions++;
     LOGI("coord", "job %llu: %s", (unsigned long long)j->id, why);
     return n;
@@ -1299,17 +1388,17 @@ static struct negot *negot_next_session(struct coord *c, struct job *j, uint32_t
  * clean shutdown). The session it is in starts over once every rank has
  * left it: a slower rank may still be reading the old session's last
  * responses. Until then the call waits (up to wait_ms). true: go on with
- * the join in j->negot; false: the call is parked or answered. */
-static bool session_join(struct coord *c, struct job *j, struct rpc_call *call, int rank,
-                         uint32_t session, uint32_t wait_ms)
+ * the join in *slot; false: the call is parked or answered. */
+static bool session_join(struct coord *c, struct job *j, struct negot **slot,
+                         struct rpc_call *call, int rank, uint32_t session, uint32_t wait_ms)
 {
-    struct negot *n = j->negot;
+    struct negot *n = *slot;
     if (!n->complete && n->joined == 0 && !n->res) {
         n->session = session; /* nothing happened in it yet (a restart) */
         return true;
     }
     if (n->nleft == n->size || !n->complete) {
-        if (negot_next_session(c, j, session))
+        if (negot_next_session(c, j, slot, session))
             return true;
         rpc_call_error(call, KOLO_ENOMEM, "out of memory");
         return false;
@@ -1324,15 +1413,29 @@ static bool session_join(struct coord *c, struct job *j, struct rpc_call *call, 
 
 /* Every rank left the session: if some already wait to join the next,
  * it starts now. */
-static void session_drained(struct coord *c, struct job *j)
+static void session_drained(struct coord *c, struct job *j, struct negot **slot)
 {
-    struct negot *n = j->negot;
+    struct negot *n = *slot;
     uint32_t next = 0;
     for (int r = 0; r < n->size; r++)
         if (n->peers[r].next)
             next = n->session + 1;
     if (next)
-        negot_next_session(c, j, next);
+        negot_next_session(c, j, slot, next);
+}
+
+/* Every member left a process set: it goes (its id is not used again). */
+static void set_drained(struct job *j, struct negot **slot)
+{
+    for (int i = 0; i < j->nsets; i++) {
+        if (&j->sets[i].n != slot)
+            continue;
+        negot_drop_parked(j->sets[i].n, KOLO_ESHUTDOWN, "the process set was removed");
+        coord_negot_free(j->sets[i].n);
+        memmove(&j->sets[i], &j->sets[i + 1], (size_t)(j->nsets - i - 1) * sizeof(*j->sets));
+        j->nsets--;
+        return;
+    }
 }
 
 static void rpc_rendezvous(struct coord *c, struct rpc_call *call)
@@ -1347,11 +1450,18 @@ static void rpc_rendezvous(struct coord *c, struct rpc_call *call)
         rpc_call_error(call, KOLO_EPROTO, "malformed RendezvousRequest");
         return;
     }
-    struct negot *n = j->negot;
+    struct negot **slot = negot_slot(c, j, call, req->process_set,
+                                     req->nccl_id.len > 0 ? 0 : req->size, M_WORKER_RENDEZVOUS);
+    if (!slot) {
+        kolo__rendezvous_request__free_unpacked(req, NULL);
+        return;
+    }
+    struct negot *n = *slot;
     if (req->size != n->size) {
         c->m.rpc_errors[M_WORKER_RENDEZVOUS]++;
-        rpc_call_error(call, KOLO_EINVAL, "rank %d believes the job has %d ranks; it has %d",
-                       f->rank, req->size, n->size);
+        rpc_call_error(call, KOLO_EINVAL, "rank %d believes %s has %d ranks; it has %d",
+                       f->rank, req->process_set ? "its process set" : "the job", req->size,
+                       n->size);
         kolo__rendezvous_request__free_unpacked(req, NULL);
         return;
     }
@@ -1373,11 +1483,11 @@ static void rpc_rendezvous(struct coord *c, struct rpc_call *call)
             return;
         }
         uint32_t wait = req->wait_ms > NEGOT_MAX_WAIT_MS ? NEGOT_MAX_WAIT_MS : req->wait_ms;
-        if (!session_join(c, j, call, f->rank, req->session, wait)) {
+        if (!session_join(c, j, slot, call, f->rank, req->session, wait)) {
             kolo__rendezvous_request__free_unpacked(req, NULL);
             return;
         }
-        n = j->negot;
+        n = *slot;
     }
     if (req->nccl_id.len > 0) { /* the GPU communicator's id, not a join */
         nccl_relay(c, n, f->rank, req, call);
@@ -1388,7 +1498,7 @@ static void rpc_rendezvous(struct coord *c, struct rpc_call *call)
     if (!p->joined) {
         p->joined = true;
         n->joined++;
-        if (f->rank < j->nranks)
+        if (n == j->negot && f->rank < j->nranks)
             j->ranks[f->rank].unjoined_since = 0; /* see frozen_member */
     }
     free(p->host_id);
@@ -1424,8 +1534,12 @@ static void rpc_rendezvous(struct coord *c, struct rpc_call *call)
                                (double)(now_mono_ms() - j->el->closed_mono) / 1000.0);
             j->el->closed_mono = 0;
         }
-        LOGI("coord", "job %llu generation %llu: all %d rank(s) joined", (unsigned long long)j->id,
-             (unsigned long long)j->generation, n->size);
+        if (n == j->negot)
+            LOGI("coord", "job %llu generation %llu: all %d rank(s) joined",
+                 (unsigned long long)j->id, (unsigned long long)j->generation, n->size);
+        else
+            LOGI("coord", "job %llu generation %llu: all %d rank(s) of a process set joined",
+                 (unsigned long long)j->id, (unsigned long long)j->generation, n->size);
         for (int r = 0; r < n->size; r++) {
             if (n->peers[r].parked) {
                 rendezvous_answer(n, n->peers[r].parked);
@@ -1593,10 +1707,9 @@ static void resume_rebuild(struct coord *c, struct job *j, struct negot *n)
 
 /* A Negotiate for a generation whose negotiation this coordinator does not
  * have (it restarted): ask for a resume, or take one. */
-static void negotiate_resume(struct coord *c, struct job *j, struct rpc_call *call, int rank,
-                             Kolo__NegotiateRequest *req)
+static void negotiate_resume(struct coord *c, struct job *j, struct negot *n,
+                             struct rpc_call *call, int rank, Kolo__NegotiateRequest *req)
 {
-    struct negot *n = j->negot;
     if (n->resume_failed) {
         kolo__negotiate_request__free_unpacked(req, NULL);
         c->m.rpc_errors[M_WORKER_NEGOTIATE]++;
@@ -1657,7 +1770,6 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
     if (!j)
         return;
     const struct rpc_frame *f = rpc_call_frame(call);
-    struct negot *n = j->negot;
     int rank = f->rank;
     Kolo__NegotiateRequest *req = kolo__negotiate_request__unpack(NULL, f->body_len, f->body);
     if (!req) {
@@ -1665,8 +1777,14 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
         rpc_call_error(call, KOLO_EPROTO, "malformed NegotiateRequest");
         return;
     }
+    struct negot **slot = negot_slot(c, j, call, req->process_set, 0, M_WORKER_NEGOTIATE);
+    if (!slot) {
+        kolo__negotiate_request__free_unpacked(req, NULL);
+        return;
+    }
+    struct negot *n = *slot;
     if (!n->complete && n->joined == 0) {
-        negotiate_resume(c, j, call, rank, req);
+        negotiate_resume(c, j, n, call, rank, req);
         return;
     }
     const char *bad_state = NULL;
@@ -1773,8 +1891,12 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
         n->calls_since_trim = 0;
         log_trim(n);
     }
-    if (leaving && n->nleft == n->size)
-        session_drained(c, j);
+    if (leaving && n->nleft == n->size) {
+        if (slot == &j->negot)
+            session_drained(c, j, slot);
+        else
+            set_drained(j, slot); /* set ids are not reused: it is over */
+    }
 }
 
 /* An elastic worker asking for its place (rank, size, generation) by its
@@ -1861,11 +1983,8 @@ static void stall_missing(struct negot *n, struct entry *e, char *out, size_t si
     }
 }
 
-void coord_negot_job_ended(struct coord *c, struct job *j, int code, const char *why)
+static void negot_ended(struct coord *c, struct negot *n, int code, const char *why)
 {
-    struct negot *n = j->negot;
-    if (!n)
-        return;
     resume_drop(n, code, why);
     negot_shutdown(c, n, code, why);
     for (int r = 0; r < n->size; r++) {
@@ -1880,11 +1999,16 @@ void coord_negot_job_ended(struct coord *c, struct job *j, int code, const char 
     }
 }
 
-void coord_negot_cron(struct coord *c, struct job *j, uint64_t now)
+void coord_negot_job_ended(struct coord *c, struct job *j, int code, const char *why)
 {
-    struct negot *n = j->negot;
-    if (!n)
-        return;
+    struct negot *all[1 + NEGOT_MAX_SETS];
+    int k = job_negots(j, all, 1 + NEGOT_MAX_SETS);
+    for (int i = 0; i < k; i++)
+        negot_ended(c, all[i], code, why);
+}
+
+static void negot_cron(struct coord *c, struct job *j, struct negot *n, uint64_t now)
+{
     if (n->resume_deadline && !n->complete && !n->resume_failed && now >= n->resume_deadline) {
         char missing[200] = "";
         size_t o = 0;
@@ -1941,6 +2065,14 @@ void coord_negot_cron(struct coord *c, struct job *j, uint64_t now)
     }
 }
 
+void coord_negot_cron(struct coord *c, struct job *j, uint64_t now)
+{
+    struct negot *all[1 + NEGOT_MAX_SETS];
+    int k = job_negots(j, all, 1 + NEGOT_MAX_SETS);
+    for (int i = 0; i < k; i++)
+        negot_cron(c, j, all[i], now);
+}
+
 /* Ops that some ranks submitted and others not, as JSON (REST /stalls). */
 void coord_negot_render_stalls(struct job *j, struct jw *w, uint64_t min_age_ms)
 {
@@ -1968,7 +2100,9 @@ void coord_negot_render_stalls(struct job *j, struct jw *w, uint64_t min_age_ms)
 
 void coord_negot_drop_parked(struct coord *c, struct job *j)
 {
-    if (j->negot)
-        negot_drop_parked(j->negot, KOLO_ESHUTDOWN, "the coordinator is shutting down");
+    struct negot *all[1 + NEGOT_MAX_SETS];
+    int k = job_negots(j, all, 1 + NEGOT_MAX_SETS);
+    for (int i = 0; i < k; i++)
+        negot_drop_parked(all[i], KOLO_ESHUTDOWN, "the coordinator is shutting down");
     (void)c;
 }

@@ -140,6 +140,9 @@ typedef struct kolo_config {
      * back to ask again, for up to elastic_timeout_ms (0 = 600 s). */
     uint64_t worker_id;
     int elastic_timeout_ms;
+    /* Process sets: 0 joins the job itself; kolo_process_set_init fills
+     * the rest for a set (rank and size are then within the set). */
+    int process_set;
 } kolo_config;
 
 /*
@@ -159,6 +162,26 @@ KOLO_API int kolo_init(kolo_ctx **ctx, const kolo_config *cfg);
  * KOLO_EPEER). NULL is accepted.
  */
 KOLO_API int kolo_fini(kolo_ctx *ctx);
+
+/*
+ * Process sets (Horovod's hvd.ProcessSet): some of the job's ranks running
+ * collectives among themselves, with a negotiation of their own (tensor
+ * names are per set) and a data plane of their own (shared memory or TCP
+ * between the members). Every rank of the job calls kolo_process_set_init
+ * with the same set_id (> 0, never reused while the set exists) and the
+ * same ranks (job ranks, any order, no duplicates), in the same order as
+ * the other sets it creates. A member gets *set: a context whose rank and
+ * size are within the set (ranks sorted), used with every other call of
+ * this API; kolo_fini(*set) leaves the set (its pending operations fail).
+ * A rank outside the set gets *set NULL and 0. The call returns once every
+ * member joined (bounded by the job's rendezvous timeout). KOLO_EINVAL for
+ * a bad id or rank list; elastic jobs have no process sets (KOLO_ENOTSUP).
+ */
+KOLO_API int kolo_process_set_init(kolo_ctx *ctx, int set_id, const int *ranks, int nranks,
+                                   kolo_ctx **set);
+
+/* The id of the process set a context runs (0: the job itself). */
+KOLO_API int kolo_process_set_id(const kolo_ctx *ctx);
 
 /*
  * kolo_abort fails every pending and future operation on ctx with

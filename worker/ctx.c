@@ -222,6 +222,7 @@ static int rendezvous(struct kolo_ctx *c, const kolo_config *cfg, struct rdv *rv
         req.stall_warning_ms = c->stall_warning_ms;
         req.stall_shutdown_ms = c->stall_shutdown_ms;
         req.session = c->session;
+        req.process_set = c->process_set;
         Kolo__RendezvousReply *rep = NULL;
         int code = rendezvous_call(c, &req, &rep, err, errlen);
         if (code)
@@ -387,6 +388,17 @@ static int setup_data_plane(struct kolo_ctx *c, const kolo_config *cfg, char *er
     }
     if ((code = rendezvous(c, cfg, &rv, err, errlen)) != 0)
         goto out;
+    /* every rank's host: what a process set's placement is made from */
+    free(c->peer_hosts);
+    if ((c->peer_hosts = calloc((size_t)c->size, sizeof(char *))) == NULL) {
+        code = KOLO_ENOMEM;
+        goto out;
+    }
+    for (int r = 0; r < c->size; r++)
+        if ((c->peer_hosts[r] = strdup(rv.reply->peers[r]->host_id)) == NULL) {
+            code = KOLO_ENOMEM;
+            goto out;
+        }
     /* One host (same host id everywhere) and a segment: shared memory. */
     const char *segment = NULL;
     bool same = true;
@@ -518,6 +530,7 @@ static void resume_send(struct kolo_ctx *c)
     req.n_requests = nr;
     req.resume = true;
     req.session = c->session;
+    req.process_set = c->process_set;
     req.rounds = c->fast;
     req.max_cache_id = c->fast ? c->max_id : 0;
     req.held = held;
@@ -698,6 +711,7 @@ static void negotiate_send(struct kolo_ctx *c, bool shutdown, const char *reason
     Kolo__NegotiateRequest req = KOLO__NEGOTIATE_REQUEST__INIT;
     req.cursor = c->cursor;
     req.session = c->session;
+    req.process_set = c->process_set;
     req.requests = ptrs;
     req.n_requests = nr;
     req.cached = cached;
@@ -899,6 +913,11 @@ static void ctx_free(struct kolo_ctx *c)
     free(c->fusion);
     free(c->zeros);
     fast_free(c);
+    for (int r = 0; c->peer_hosts && r < c->size; r++)
+        free(c->peer_hosts[r]);
+    free(c->peer_hosts);
+    free(c->host_id);
+    free(c->data_addr);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->wake);
     pthread_cond_destroy(&c->done);
@@ -918,19 +937,20 @@ static void ctx_free(struct kolo_ctx *c)
 static pthread_mutex_t sessions_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct session_rec {
     uint64_t job, generation;
-    int rank;
+    int set, rank;
     uint32_t next;
     struct session_rec *more;
 } *sessions;
 
-static uint32_t next_session(uint64_t job, uint64_t generation, int rank)
+static uint32_t next_session(uint64_t job, uint64_t generation, int set, int rank)
 {
     pthread_mutex_lock(&sessions_mu);
     struct session_rec *s = sessions;
-    while (s && !(s->job == job && s->rank == rank))
+    while (s && !(s->job == job && s->set == set && s->rank == rank))
         s = s->more;
     if (!s && (s = calloc(1, sizeof(*s))) != NULL) {
         s->job = job;
+        s->set = set;
         s->rank = rank;
         s->generation = generation;
         s->more = sessions;
@@ -968,7 +988,7 @@ static int join_elastic(struct kolo_ctx *c, const kolo_config *given, char *err,
         c->local_size = cfg.local_size > 0 ? cfg.local_size : 1;
         c->cross_rank = cfg.cross_rank;
         c->cross_size = cfg.cross_size > 0 ? cfg.cross_size : 1;
-        c->session = next_session(c->job, c->generation, c->rank);
+        c->session = next_session(c->job, c->generation, 0, c->rank);
         char ident[64];
         snprintf(ident, sizeof(ident), "job%llu-rank%d", (unsigned long long)c->job, c->rank);
         rpc_client_set_identity(c->rpc, ident, c->job, c->generation, c->rank);
@@ -1027,6 +1047,11 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
     c->cross_size = cfg->cross_size > 0 ? cfg->cross_size : 1;
     c->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : DEFAULT_TIMEOUT_MS;
     c->fusion_threshold = cfg->fusion_threshold ? cfg->fusion_threshold : DEFAULT_FUSION;
+    c->process_set = cfg->process_set;
+    c->elastic = cfg->worker_id != 0;
+    c->disable_shm = cfg->disable_shm != 0;
+    c->host_id = cfg->host_id ? strdup(cfg->host_id) : NULL;
+    c->data_addr = cfg->data_addr ? strdup(cfg->data_addr) : NULL;
     /* Horovod's stall inspector knobs, read here so kolo run passes them
      * through the environment like horovodrun does. */
     if (env_int("HOROVOD_STALL_CHECK_DISABLE", 0))
@@ -1055,7 +1080,7 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
         return code;
     }
     if (!cfg->worker_id)
-        c->session = next_session(c->job, c->generation, c->rank);
+        c->session = next_session(c->job, c->generation, c->process_set, c->rank);
     if (cfg->worker_id) {
         code = join_elastic(c, cfg, err, sizeof(err));
     } else if ((code = setup_data_plane(c, cfg, err, sizeof(err))) != 0) {
@@ -1077,6 +1102,74 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
          c->fast ? "readiness rounds" : "coordinator only");
     *out = c;
     return 0;
+}
+
+int kolo_process_set_init(kolo_ctx *c, int set_id, const int *ranks, int nranks,
+                          kolo_ctx **set)
+{
+    if (!set)
+        return KOLO_EINVAL;
+    *set = NULL;
+    if (!c || c->process_set != 0 || set_id <= 0 || !ranks || nranks < 1 || nranks > c->size)
+        return KOLO_EINVAL;
+    if (c->elastic)
+        return KOLO_ENOTSUP;
+    int *sorted = malloc((size_t)nranks * sizeof(int));
+    if (!sorted)
+        return KOLO_ENOMEM;
+    memcpy(sorted, ranks, (size_t)nranks * sizeof(int));
+    for (int i = 1; i < nranks; i++) /* insertion sort: sets are small */
+        for (int k = i; k > 0 && sorted[k - 1] > sorted[k]; k--) {
+            int t = sorted[k];
+            sorted[k] = sorted[k - 1];
+            sorted[k - 1] = t;
+        }
+    int me = -1, code = 0;
+    for (int i = 0; i < nranks && !code; i++) {
+        if (sorted[i] < 0 || sorted[i] >= c->size || (i && sorted[i] == sorted[i - 1]))
+            code = KOLO_EINVAL;
+        if (sorted[i] == c->rank)
+            me = i;
+    }
+    if (code || me < 0 || !c->peer_hosts) {
+        free(sorted);
+        return code; /* not a member: nothing to join */
+    }
+    /* placement inside the set: members on this rank's host, and hosts */
+    kolo_config cfg = {.coordinator = c->coord_url, .token = c->coord_token, .job_id = c->job,
+                       .generation = c->generation, .rank = me, .size = nranks,
+                       .host_id = c->host_id, .data_addr = c->data_addr,
+                       .timeout_ms = c->timeout_ms, .fusion_threshold = c->fusion_threshold,
+                       .disable_shm = c->disable_shm, .process_set = set_id};
+    const char *mine = c->peer_hosts[c->rank];
+    int my_host_first = me;
+    for (int i = 0; i < nranks; i++) {
+        const char *h = c->peer_hosts[sorted[i]];
+        if (strcmp(h, mine) == 0) {
+            cfg.local_size++;
+            if (i < me)
+                cfg.local_rank++;
+            if (i < my_host_first)
+                my_host_first = i;
+        }
+    }
+    for (int i = 0; i < nranks; i++) { /* hosts, in the order of their first member */
+        const char *h = c->peer_hosts[sorted[i]];
+        bool first = true;
+        for (int k = 0; k < i && first; k++)
+            first = strcmp(c->peer_hosts[sorted[k]], h) != 0;
+        if (first) {
+            cfg.cross_rank += i < my_host_first;
+            cfg.cross_size++;
+        }
+    }
+    free(sorted);
+    return kolo_init(set, &cfg);
+}
+
+int kolo_process_set_id(const kolo_ctx *c)
+{
+    return c ? c->process_set : -1;
 }
 
 int kolo_abort(kolo_ctx *c, const char *reason)
@@ -1107,6 +1200,7 @@ static void send_leave(struct kolo_ctx *c, const char *reason, int timeout_ms)
     req.cursor = c->cursor;
     pthread_mutex_unlock(&c->mu);
     req.session = c->session;
+    req.process_set = c->process_set;
     req.shutdown = 1;
     req.reason = (char *)reason;
     size_t len = kolo__negotiate_request__get_packed_size(&req);

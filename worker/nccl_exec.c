@@ -380,6 +380,7 @@ static int relay_id(struct kolo_ctx *c, ncclUniqueId *id, bool ok, uint64_t dead
         Kolo__RendezvousRequest req = KOLO__RENDEZVOUS_REQUEST__INIT;
         req.size = c->size;
         req.session = c->session;
+        req.process_set = c->process_set;
         if (c->rank == 0) {
             req.nccl_id.data = ok ? (uint8_t *)id->internal : failed;
             req.nccl_id.len = ok ? sizeof(id->internal) : sizeof(failed);

@@ -94,6 +94,12 @@ struct kolo_ctx {
     /* identity and topology (read-only after init) */
     uint64_t job, generation;
     uint32_t session;   /* re-joins of this generation by this process (ctx.c) */
+    int process_set;    /* 0: the job; else a set of its ranks (kolo_process_set_init) */
+    bool elastic;
+    /* what a process set's context is made from (kolo_process_set_init) */
+    char *host_id, *data_addr;
+    bool disable_shm;
+    char **peer_hosts;  /* [size]: each rank's host id, from the rendezvous */
     uint64_t update_ms; /* pending membership update (under mu) */
     int update_kind;
     int rank, size, local_rank, local_size, cross_rank, cross_size;

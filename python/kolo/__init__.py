@@ -12,6 +12,9 @@ import numpy as _np
 
 from . import _engine
 from . import _report
+from . import process_sets as _process_sets
+from .process_sets import (ProcessSet, global_process_set, add_process_set,  # noqa: F401
+                           remove_process_set)
 from ._engine import Average, Sum, Adasum, Min, Max, Product  # noqa: F401
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, KoloError  # noqa: F401
 
@@ -29,19 +32,24 @@ def _eng():
 def init(comm=None, process_sets=None):
     """Joins the job this process was started in (no-op if already done).
 
-    comm and process_sets are Horovod's: kolo runs every collective over the
-    whole job, so only None (or every rank) is accepted."""
+    process_sets (Horovod's): a list of ProcessSet (or rank lists) to
+    register, the same on every rank, or "dynamic" to allow
+    add_process_set()/remove_process_set() later. comm: only None (or
+    every rank) is accepted - a job cannot run on part of its ranks."""
+    if _eng().initialized():
+        return
     _eng().init()
     _report.mark_init()  # issue 6: the first epoch starts now
     if comm is not None and sorted(comm) != list(range(size())):
-        raise NotImplementedError("kolo runs collectives over every rank of the job; "
-                                  "init(comm=...) with a subset is not supported")
-    if process_sets not in (None, [], "dynamic"):
-        raise NotImplementedError("kolo supports only the global process set")
+        raise NotImplementedError("kolo runs the job on every one of its ranks; "
+                                  "init(comm=...) with a subset is not supported (use "
+                                  "process_sets)")
+    _process_sets.setup(process_sets)
 
 
 def shutdown():
     """Leaves the job; pending operations fail. init() may be called again."""
+    _process_sets.teardown()
     _eng().shutdown()
 
 
@@ -92,12 +100,17 @@ def report_epoch(epoch, samples=None, metrics=None):
 
 def poll(handle):
     """True once the asynchronous operation `handle` finished."""
-    return _eng().poll(handle)
+    eng = _engine.owner(handle)
+    if eng is None:
+        raise ValueError("unknown handle %r" % (handle,))
+    return eng.poll(handle)
 
 
 def synchronize(handle):
-    """Waits for `handle` and returns its output."""
-    return _eng().synchronize(handle)
+    """Waits for `handle` and returns its output (None for an unknown
+    handle, as Horovod)."""
+    eng = _engine.owner(handle)
+    return None if eng is None else eng.synchronize(handle)
 
 
 # ---------------------------------------------------------------- numpy collectives

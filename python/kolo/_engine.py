@@ -13,6 +13,7 @@ handle for poll() and synchronize().
 import atexit
 import contextlib
 import ctypes
+import itertools
 import os
 import threading
 import warnings
@@ -151,6 +152,33 @@ class _Pending:
         self.done = False
 
 
+# Handles are unique across engines (the job's and its process sets'), so
+# poll() and synchronize() find the engine that owns one.
+_handles_lock = threading.Lock()
+_handle_owner = {}
+_handle_counter = itertools.count(1)
+
+
+def _new_handle(engine):
+    with _handles_lock:
+        h = next(_handle_counter)
+        _handle_owner[h] = engine
+        return h
+
+
+def owner(handle):
+    """The engine a handle belongs to, or None."""
+    with _handles_lock:
+        return _handle_owner.get(handle)
+
+
+def _forget_handles(engine, handles):
+    with _handles_lock:
+        for h in handles:
+            if _handle_owner.get(h) is engine:
+                del _handle_owner[h]
+
+
 def not_initialized():
     return ValueError("Horovod has not been initialized; use hvd.init().")
 
@@ -203,6 +231,36 @@ class Engine:
                 atexit.register(self.shutdown)
                 self._atexit = True
 
+    def init_set(self, parent, set_id, ranks):
+        """Joins process set set_id (ranks of parent's job) as an engine of
+        its own: its own libkolo context, negotiation and data plane. False
+        when this rank is not a member (nothing to join)."""
+        with self._lock:
+            if parent._solo:
+                if list(ranks) != [0]:
+                    return False
+                self._solo = True
+                self._topo = (0, 1, 0, 1, 0, 1)
+                return True
+            lib = parent._lib
+            arr = (ctypes.c_int * len(ranks))(*ranks)
+            ctx = ctypes.c_void_p()
+            rc = lib.kolo_process_set_init(parent._ctx, int(set_id), arr, len(ranks),
+                                           ctypes.byref(ctx))
+            if rc:
+                raise HorovodInternalError(
+                    "kolo: cannot join process set %d %s: %s (%s)"
+                    % (set_id, list(ranks), lib.kolo_strerror(rc).decode(),
+                       lib.kolo_errname(rc).decode()))
+            if not ctx.value:
+                return False
+            self._lib, self._ctx, self._solo = lib, ctx, False
+            self._topo = (lib.kolo_rank(ctx), lib.kolo_size(ctx), lib.kolo_local_rank(ctx),
+                          lib.kolo_local_size(ctx), lib.kolo_cross_rank(ctx),
+                          lib.kolo_cross_size(ctx))
+            self._pending = {}
+            return True
+
     def shutdown(self):
         with self._lock:
             if self._topo is None:
@@ -210,6 +268,7 @@ class Engine:
             ctx, lib = self._ctx, self._lib
             self._ctx = None
             self._topo = None
+            _forget_handles(self, list(self._pending))
             self._pending = {}
             self._next = 1
         if ctx is not None:
@@ -283,8 +342,7 @@ class Engine:
             else:
                 handles = self._submit_native(reqs)
                 p = _Pending(handles, reqs, keep, finish)
-            h = self._next
-            self._next += 1
+            h = _new_handle(self)
             self._pending[h] = p
             return h
 
@@ -363,6 +421,7 @@ class Engine:
         finally:
             with self._lock:
                 self._pending.pop(handle, None)
+            _forget_handles(self, [handle])
         if p.error is not None:
             raise p.error
         return p.output

@@ -34,7 +34,7 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
             continue
         if isinstance(p, torch.nn.Parameter) or p.requires_grad:
             p = p.data
-        handles.append(broadcast_async_(p, root_rank, name))
+        handles.append(broadcast_async_(p, root_rank, name, process_set))
     for h in handles:
         synchronize(h)
 
@@ -88,9 +88,9 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=glob
                 else:
                     scalars[(pid, key)] = value
     options = [{k: v for k, v in g.items() if k != "params"} for g in state["param_groups"]]
-    broadcast_parameters(tensors, root_rank)
+    broadcast_parameters(tensors, root_rank, process_set)
     options, scalars = broadcast_object((options, scalars), root_rank,
-                                        name="optimizer_state.options")
+                                        name="optimizer_state.options", process_set=process_set)
     for group, opts in zip(optimizer.param_groups, options):
         group.update(opts)
     for (pid, key), value in scalars.items():
@@ -111,12 +111,12 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     if _kolo.rank() == root_rank:
         data = torch.frombuffer(bytearray(_to_bytes(obj)), dtype=torch.uint8)
         sz = torch.tensor([data.numel()], dtype=torch.int64)
-        broadcast_(sz, root_rank, name + ".sz")
+        broadcast_(sz, root_rank, name + ".sz", process_set)
     else:
         sz = torch.tensor([0], dtype=torch.int64)
-        broadcast_(sz, root_rank, name + ".sz")
+        broadcast_(sz, root_rank, name + ".sz", process_set)
         data = torch.empty(int(sz.item()), dtype=torch.uint8)
-    broadcast_(data, root_rank, name + ".t")
+    broadcast_(data, root_rank, name + ".t", process_set)
     if _kolo.rank() == root_rank:
         return obj
     return pickle.loads(data.numpy().tobytes())
@@ -127,8 +127,9 @@ def allgather_object(obj, name=None, process_set=global_process_set):
     _check_set(process_set)
     name = name or type(obj).__name__
     data = torch.frombuffer(bytearray(_to_bytes(obj)), dtype=torch.uint8)
-    sizes = allgather(torch.tensor([data.numel()], dtype=torch.int64), name=name + ".sz")
-    gathered = allgather(data, name=name + ".t").numpy().tobytes()
+    sizes = allgather(torch.tensor([data.numel()], dtype=torch.int64), name=name + ".sz",
+                      process_set=process_set)
+    gathered = allgather(data, name=name + ".t", process_set=process_set).numpy().tobytes()
     res, off = [], 0
     for n in sizes.tolist():
         res.append(pickle.loads(gathered[off:off + n]))

@@ -23,50 +23,29 @@ _DTYPES = {
 }
 
 
-class ProcessSet:
-    """A set of ranks that runs collectives together. kolo runs every
-    collective over all ranks of the job: only the global set exists."""
-
-    def __init__(self, ranks=None):
-        self._ranks = None if ranks is None else sorted(int(r) for r in ranks)
-        self.process_set_id = 0
-
-    @property
-    def ranks(self):
-        return list(range(_kolo.size())) if self._ranks is None else list(self._ranks)
-
-    def size(self):
-        return len(self.ranks)
-
-    def rank(self):
-        return _kolo.rank()
-
-    def included(self):
-        return _kolo.rank() in self.ranks
-
-    def __repr__(self):
-        ranks = self._ranks
-        if ranks is None and _kolo.is_initialized():
-            ranks = self.ranks
-        return "ProcessSet(process_set_id=%d, ranks=%s)" % (self.process_set_id, ranks)
+from ..process_sets import (ProcessSet, global_process_set, add_process_set,  # noqa: F401
+                            remove_process_set)
+from .. import process_sets as _P
 
 
-global_process_set = ProcessSet()
+def _set_topo(process_set):
+    """(rank, size) of this process within process_set (the job's for the
+    global set); Horovod's ValueError outside it."""
+    t = _P.engine_for(process_set).topology()
+    return t[0], t[1]
 
 
-def add_process_set(process_set):
-    raise NotImplementedError("kolo runs collectives over the whole job; process sets other "
-                              "than the global one are not supported")
+def _check_set(process_set, what="collective"):
+    _P.engine_for(process_set, what)
 
 
-def remove_process_set(process_set):
-    raise NotImplementedError("kolo supports only the global process set")
-
-
-def _check_set(process_set):
-    if process_set is not None and process_set is not global_process_set and \
-            process_set.ranks != list(range(_kolo.size())):
-        raise NotImplementedError("kolo supports only the global process set")
+def _set_root(process_set, root_rank):
+    """A broadcast's root, a job rank as in Horovod, as a rank of the set."""
+    if process_set is None or process_set is global_process_set:
+        return root_rank
+    if root_rank not in process_set.ranks:
+        raise ValueError("root rank %d is not in %s" % (root_rank, process_set))
+    return process_set.ranks.index(root_rank)
 
 
 def _check(tensor):
@@ -134,20 +113,20 @@ def _solo_rows(src, rows):
     return run
 
 
-def _submit(reqs, keep, finish):
-    return _kolo._eng().submit(reqs, keep, finish)
+def _submit(reqs, keep, finish, process_set=None):
+    return _P.engine_for(process_set).submit(reqs, keep, finish)
 
 
 def poll(handle):
     """True if the operation behind `handle` finished (then synchronize()
     returns at once)."""
-    return _kolo._eng().poll(handle)
+    return _kolo.poll(handle)
 
 
 def synchronize(handle):
     """Waits for the operation and returns its output; raises
     HorovodInternalError if it failed."""
-    return _kolo._eng().synchronize(handle)
+    return _kolo.synchronize(handle)
 
 
 # ---------------------------------------------------------------- allreduce
@@ -183,9 +162,11 @@ def _adasum_rows(rows):
     return vecs[0]
 
 
-def _adasum_submit(ins, outs, name, prescale_factor, postscale_factor, result):
+def _adasum_submit(ins, outs, name, prescale_factor, postscale_factor, result, process_set):
     """Adasum of each tensor of `ins` into `outs` (the same tensors when in
     place), as one group; `result()` is what synchronize returns."""
+    if process_set is not None and process_set is not global_process_set:
+        raise NotImplementedError("Adasum does not support non-global process sets yet.")
     n = _kolo.size()
     if n & (n - 1):
         raise NotImplementedError("Running Adasum with non-power of 2 ranks is not supported "
@@ -206,7 +187,7 @@ def _adasum_submit(ins, outs, name, prescale_factor, postscale_factor, result):
             out.copy_(v.reshape(out.shape).to(out.dtype))
         return result()
 
-    return _submit(reqs, (ins, flat, outs), finish)
+    return _submit(reqs, (ins, flat, outs), finish, process_set)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -217,9 +198,9 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     if op == Adasum:
         return _adasum_submit([tensor], [output], name, prescale_factor, postscale_factor,
-                              lambda: output)
+                              lambda: output, process_set)
     r = _allreduce_req(tensor, output, name, op, prescale_factor, postscale_factor)
-    return _submit([r], (tensor, output), lambda res: output)
+    return _submit([r], (tensor, output), lambda res: output, process_set)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -228,23 +209,26 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     op = E.resolve_op(op, average, adasum=True)
     t = tensor.detach()
     if op == Adasum:
-        return _adasum_submit([t], [t], name, prescale_factor, postscale_factor, lambda: tensor)
+        return _adasum_submit([t], [t], name, prescale_factor, postscale_factor, lambda: tensor,
+                              process_set)
     r = _allreduce_req(t, t, name, op, prescale_factor, postscale_factor)
-    return _submit([r], t, lambda res: tensor)
+    return _submit([r], t, lambda res: tensor, process_set)
 
 
 class _Allreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
-        ctx.op, ctx.pre, ctx.post = op, prescale_factor, postscale_factor
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.op, ctx.pre, ctx.post, ctx.ps = op, prescale_factor, postscale_factor, process_set
         return synchronize(allreduce_async(tensor, name=name, op=op,
                                            prescale_factor=prescale_factor,
-                                           postscale_factor=postscale_factor))
+                                           postscale_factor=postscale_factor,
+                                           process_set=process_set))
 
     @staticmethod
     def backward(ctx, grad):
         return allreduce(grad.contiguous(), op=ctx.op, prescale_factor=ctx.pre,
-                         postscale_factor=ctx.post), None, None, None, None
+                         postscale_factor=ctx.post, process_set=ctx.ps), None, None, None, None, \
+            None
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
@@ -255,7 +239,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     _check_set(process_set)
     op = E.resolve_op(op, average, adasum=True)
     compressed, cctx = compression.compress(tensor)
-    out = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor)
+    out = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(out, cctx)
 
 
@@ -273,10 +257,11 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     ins = [t.detach() for t in tensors]
     outs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in ins]
     if op == Adasum:
-        return _adasum_submit(ins, outs, name, prescale_factor, postscale_factor, lambda: outs)
+        return _adasum_submit(ins, outs, name, prescale_factor, postscale_factor, lambda: outs,
+                              process_set)
     reqs = [_allreduce_req(t, o, E.group_name(name, i, len(ins)), op, prescale_factor,
                            postscale_factor) for i, (t, o) in enumerate(zip(ins, outs))]
-    return _submit(reqs, (ins, outs), lambda res: outs)
+    return _submit(reqs, (ins, outs), lambda res: outs, process_set)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -286,25 +271,26 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     ins = [t.detach() for t in tensors]
     if op == Adasum:
         return _adasum_submit(ins, ins, name, prescale_factor, postscale_factor,
-                              lambda: list(tensors))
+                              lambda: list(tensors), process_set)
     reqs = [_allreduce_req(t, t, E.group_name(name, i, len(ins)), op, prescale_factor,
                            postscale_factor) for i, t in enumerate(ins)]
-    return _submit(reqs, ins, lambda res: list(tensors))
+    return _submit(reqs, ins, lambda res: list(tensors), process_set)
 
 
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, op, prescale_factor, postscale_factor, *tensors):
-        ctx.op, ctx.pre, ctx.post = op, prescale_factor, postscale_factor
+    def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.op, ctx.pre, ctx.post, ctx.ps = op, prescale_factor, postscale_factor, process_set
         return tuple(synchronize(grouped_allreduce_async(
             list(tensors), name=name, op=op, prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor)))
+            postscale_factor=postscale_factor, process_set=process_set)))
 
     @staticmethod
     def backward(ctx, *grads):
         red = grouped_allreduce([g.contiguous() for g in grads], op=ctx.op,
-                                prescale_factor=ctx.pre, postscale_factor=ctx.post)
-        return (None, None, None, None) + tuple(red)
+                                prescale_factor=ctx.pre, postscale_factor=ctx.post,
+                                process_set=ctx.ps)
+        return (None, None, None, None, None) + tuple(red)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
@@ -314,7 +300,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     _check_set(process_set)
     op = E.resolve_op(op, average, adasum=True)
     pairs = [compression.compress(t) for t in tensors]
-    outs = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor,
+    outs = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set,
                                    *[p[0] for p in pairs])
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
@@ -347,21 +333,21 @@ def _allgather_req(t, name):
 def allgather_async(tensor, name=None, process_set=global_process_set):
     _check_set(process_set)
     t = tensor.detach()
-    return _submit([_allgather_req(t, name)], t, lambda res: _rows_out(t, res[0]))
+    return _submit([_allgather_req(t, name)], t, lambda res: _rows_out(t, res[0]), process_set)
 
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name):
-        ctx.dim = tensor.shape[0]
-        return synchronize(allgather_async(tensor, name=name))
+    def forward(ctx, tensor, name, process_set):
+        ctx.dim, ctx.ps = tensor.shape[0], process_set
+        return synchronize(allgather_async(tensor, name=name, process_set=process_set))
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = allreduce(grad.contiguous(), op=Average)
-        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64))
-        offset = int(dims[:_kolo.rank()].sum().item())
-        return reduced.narrow(0, offset, ctx.dim), None
+        reduced = allreduce(grad.contiguous(), op=Average, process_set=ctx.ps)
+        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64), process_set=ctx.ps)
+        offset = int(dims[:_set_topo(ctx.ps)[0]].sum().item())
+        return reduced.narrow(0, offset, ctx.dim), None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
@@ -369,31 +355,34 @@ def allgather(tensor, name=None, process_set=global_process_set):
     differ between ranks; the other dimensions must match."""
     _check_set(process_set)
     _allgather_req(tensor, name)  # refuses bad tensors before autograd sees them
-    return _Allgather.apply(tensor, name)
+    return _Allgather.apply(tensor, name, process_set)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     _check_set(process_set)
     ins = [t.detach() for t in tensors]
     reqs = [_allgather_req(t, E.group_name(name, i, len(ins))) for i, t in enumerate(ins)]
-    return _submit(reqs, ins, lambda res: [_rows_out(t, r) for t, r in zip(ins, res)])
+    return _submit(reqs, ins, lambda res: [_rows_out(t, r) for t, r in zip(ins, res)],
+                   process_set)
 
 
 class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, *tensors):
-        ctx.dims = [t.shape[0] for t in tensors]
-        return tuple(synchronize(grouped_allgather_async(list(tensors), name)))
+    def forward(ctx, name, process_set, *tensors):
+        ctx.dims, ctx.ps = [t.shape[0] for t in tensors], process_set
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
 
     @staticmethod
     def backward(ctx, *grads):
         # Horovod's: the average of the gradients, each rank's own rows
-        reduced = grouped_allreduce([g.contiguous() for g in grads], op=Average)
-        dims = grouped_allgather([torch.tensor([d], dtype=torch.int64) for d in ctx.dims])
-        r = _kolo.rank()
+        reduced = grouped_allreduce([g.contiguous() for g in grads], op=Average,
+                                    process_set=ctx.ps)
+        dims = grouped_allgather([torch.tensor([d], dtype=torch.int64) for d in ctx.dims],
+                                 process_set=ctx.ps)
+        r = _set_topo(ctx.ps)[0]
         out = [g.narrow(0, int(d[:r].sum().item()), own)
                for g, d, own in zip(reduced, dims, ctx.dims)]
-        return (None,) + tuple(out)
+        return (None, None) + tuple(out)
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
@@ -404,7 +393,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
         _allgather_req(t, None)  # refuses bad tensors before autograd sees them
     if not tensors:
         return []
-    return list(_GroupedAllgather.apply(name, *tensors))
+    return list(_GroupedAllgather.apply(name, process_set, *tensors))
 
 
 # ---------------------------------------------------------------- sparse
@@ -424,12 +413,13 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
                          name=name + ".indices" if name else None, process_set=process_set)
     vh = allgather_async(t._values().contiguous(),
                          name=name + ".values" if name else None, process_set=process_set)
+    n = _set_topo(process_set)[1]
 
     def handle():
         values = synchronize(vh)
         indices = synchronize(ih)
         if op == Average:
-            values = values / _kolo.size()
+            values = values / n
         return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size()).coalesce()
 
     return handle
@@ -437,42 +427,45 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 
 # ---------------------------------------------------------------- broadcast
 
-def _broadcast_req(t, root_rank, name):
+def _broadcast_req(t, root_rank, name, process_set):
     code = _check(t)
-    return E.Req(E.BROADCAST, name, _p(t), _p(t), code, t.shape, root=root_rank,
-                 **_gpu(t, lambda: E.Result()))
+    return E.Req(E.BROADCAST, name, _p(t), _p(t), code, t.shape,
+                 root=_set_root(process_set, root_rank), **_gpu(t, lambda: E.Result()))
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """root_rank (a job rank, as in Horovod) sends; the others receive."""
     _check_set(process_set)
     out = tensor.detach().clone(memory_format=torch.contiguous_format)
-    return _submit([_broadcast_req(out, root_rank, name)], out, lambda res: out)
+    return _submit([_broadcast_req(out, root_rank, name, process_set)], out, lambda res: out,
+                   process_set)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     _check_set(process_set)
     t = tensor.detach()
-    return _submit([_broadcast_req(t, root_rank, name)], t, lambda res: tensor)
+    return _submit([_broadcast_req(t, root_rank, name, process_set)], t, lambda res: tensor,
+                   process_set)
 
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
-        ctx.root = root_rank
-        return synchronize(broadcast_async(tensor, root_rank, name))
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root, ctx.ps = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = allreduce(grad.contiguous(), op=Average)
+        reduced = allreduce(grad.contiguous(), op=Average, process_set=ctx.ps)
         if _kolo.rank() != ctx.root:
             reduced = reduced * 0
-        return reduced, None, None
+        return reduced, None, None, None
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """root_rank's tensor, on every rank (a new tensor; differentiable)."""
     _check_set(process_set)
-    return _Broadcast.apply(tensor, root_rank, name)
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
@@ -505,21 +498,21 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     def finish(res):
         return _rows_out(t, res[0]), torch.tensor(res[0].recv_splits, dtype=torch.int32)
 
-    return _submit([r], t, finish)
+    return _submit([r], t, finish, process_set)
 
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits, name):
-        out, recv = synchronize(alltoall_async(tensor, splits, name))
-        ctx.recv = recv
+    def forward(ctx, tensor, splits, name, process_set):
+        out, recv = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.recv, ctx.ps = recv, process_set
         ctx.mark_non_differentiable(recv)
         return out, recv
 
     @staticmethod
     def backward(ctx, grad, _):
-        g, _ = synchronize(alltoall_async(grad.contiguous(), ctx.recv))
-        return g, None, None
+        g, _ = synchronize(alltoall_async(grad.contiguous(), ctx.recv, process_set=ctx.ps))
+        return g, None, None, None
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
@@ -529,21 +522,21 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     _check_set(process_set)
     if _check(tensor) is not None and tensor.dim() == 0:
         raise ValueError("Process-set rank zero tried to alltoall a rank-zero tensor.")
-    out, recv = _Alltoall.apply(tensor, splits, name)
+    out, recv = _Alltoall.apply(tensor, splits, name, process_set)
     return out if splits is None else (out, recv)
 
 
 # ---------------------------------------------------------------- reducescatter
 
-def _reducescatter_req(t, name, op, prescale_factor, postscale_factor):
+def _reducescatter_req(t, name, op, prescale_factor, postscale_factor, process_set):
     if op not in (Average, Sum):
         # Horovod aborts the op (a RuntimeError), with this text
         raise HorovodInternalError("Reducescatter currently only supports SUM.")
     code = _check(t)
     if t.dim() == 0:
         raise ValueError("Process-set rank zero tried to reducescatter a rank-zero tensor.")
-    out = t.new_empty((E.scatter_rows(t.shape[0], _kolo.size(), _kolo.rank()),) +
-                      tuple(t.shape[1:]))
+    me, n = _set_topo(process_set)
+    out = t.new_empty((E.scatter_rows(t.shape[0], n, me),) + tuple(t.shape[1:]))
     return out, E.Req(E.REDUCESCATTER, name, _p(t), _p(out), code, t.shape, E.kolo_op(op),
                       prescale_factor, postscale_factor,
                       **_gpu(t, _solo_reduce(t, out, prescale_factor * postscale_factor)))
@@ -553,22 +546,25 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         prescale_factor=1.0, postscale_factor=1.0):
     _check_set(process_set)
     t = tensor.detach()
-    out, r = _reducescatter_req(t, name, op, prescale_factor, postscale_factor)
-    return _submit([r], (t, out), lambda res: out)
+    out, r = _reducescatter_req(t, name, op, prescale_factor, postscale_factor, process_set)
+    return _submit([r], (t, out), lambda res: out, process_set)
 
 
-def _reducescatter_grad_scale(op, prescale_factor, postscale_factor):
+def _reducescatter_grad_scale(op, prescale_factor, postscale_factor, process_set):
     # Horovod's backward (torch/mpi_ops.py): the incoming gradient times the
     # set's size for Sum (as is for Average), times both scale factors, then
     # allgathered.
-    return (_kolo.size() if op == Sum else 1) * prescale_factor * postscale_factor
+    n = _set_topo(process_set)[1]
+    return (n if op == Sum else 1) * prescale_factor * postscale_factor
 
 
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
-        ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor)
-        return synchronize(reducescatter_async(tensor, name, op,
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor,
+                                              process_set)
+        ctx.ps = process_set
+        return synchronize(reducescatter_async(tensor, name, op, process_set=process_set,
                                                prescale_factor=prescale_factor,
                                                postscale_factor=postscale_factor))
 
@@ -577,7 +573,7 @@ class _Reducescatter(torch.autograd.Function):
         g = grad.contiguous()
         if ctx.scale != 1.0:
             g = g * ctx.scale
-        return allgather(g), None, None, None, None
+        return allgather(g, process_set=ctx.ps), None, None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
@@ -587,7 +583,8 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     ranks. Differentiable."""
     _check_set(process_set)
     compressed, cctx = compression.compress(tensor)
-    out = _Reducescatter.apply(compressed, name, op, prescale_factor, postscale_factor)
+    out = _Reducescatter.apply(compressed, name, op, prescale_factor, postscale_factor,
+                               process_set)
     return compression.decompress(out, cctx)
 
 
@@ -596,23 +593,25 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     _check_set(process_set)
     ins = [t.detach() for t in tensors]
     pairs = [_reducescatter_req(t, E.group_name(name, i, len(ins)), op, prescale_factor,
-                                postscale_factor) for i, t in enumerate(ins)]
+                                postscale_factor, process_set) for i, t in enumerate(ins)]
     outs = [p[0] for p in pairs]
-    return _submit([p[1] for p in pairs], (ins, outs), lambda res: outs)
+    return _submit([p[1] for p in pairs], (ins, outs), lambda res: outs, process_set)
 
 
 class _GroupedReducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, op, prescale_factor, postscale_factor, *tensors):
-        ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor)
+    def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor,
+                                              process_set)
+        ctx.ps = process_set
         return tuple(synchronize(grouped_reducescatter_async(
-            list(tensors), name, op, prescale_factor=prescale_factor,
+            list(tensors), name, op, process_set=process_set, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor)))
 
     @staticmethod
     def backward(ctx, *grads):
         gs = [g.contiguous() * ctx.scale if ctx.scale != 1.0 else g.contiguous() for g in grads]
-        return (None, None, None, None) + tuple(grouped_allgather(gs))
+        return (None, None, None, None, None) + tuple(grouped_allgather(gs, process_set=ctx.ps))
 
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
@@ -623,7 +622,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
     pairs = [compression.compress(t) for t in tensors]
     if not pairs:
         return []
-    outs = _GroupedReducescatter.apply(name, op, prescale_factor, postscale_factor,
+    outs = _GroupedReducescatter.apply(name, op, prescale_factor, postscale_factor, process_set,
                                        *[p[0] for p in pairs])
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
@@ -633,7 +632,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 def barrier(process_set=global_process_set):
     """Returns once every rank called barrier()."""
     _check_set(process_set)
-    synchronize(_submit([E.Req(E.BARRIER)], None, lambda res: None))
+    synchronize(_submit([E.Req(E.BARRIER)], None, lambda res: None, process_set))
 
 
 def join(device=-1):

@@ -90,7 +90,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  sparse_as_dense=False, process_set=global_process_set):
         super(self.__class__, self).__init__(params)
         self._compression = compression
-        _check_set(process_set)
+        # a rank outside the set keeps the optimizer but reduces nothing
+        self.process_set = process_set
+        self._included = process_set.included() is not False
         self._kolo_step_timer = _report.StepTimer()  # issue 6: step times
 
         self._parameter_names = _parameter_names(self.param_groups, named_parameters)
@@ -130,7 +132,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     self._p_to_group[p] = key
                 self._group_counts[key] = 0
 
-        if _kolo.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1":
+        if self._included and (process_set.size() > 1 or
+                               os.environ.get("HOROVOD_ELASTIC") == "1"):
             self._register_hooks()
 
     def load_state_dict(self, *args, **kwargs):
@@ -173,12 +176,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if not self.sparse_as_dense:
                 # Horovod's sparse path: allgather of indices and values;
                 # the handle is a callable (synchronize below calls it)
-                return sparse_allreduce_async(tensor, name=name, op=self.op), _SPARSE
+                return sparse_allreduce_async(tensor, name=name, op=self.op,
+                                              process_set=self.process_set), _SPARSE
             tensor = tensor.to_dense()  # reduced dense; .grad stays sparse
         compressed, ctx = self._compression.compress(tensor)
         pre, post = self._scales()
         handle = allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre,
-                                  postscale_factor=post)
+                                  postscale_factor=post, process_set=self.process_set)
         return handle, ctx
 
     def _grouped_allreduce_async(self, key):
@@ -193,7 +197,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         pre, post = self._scales()
         name = self._parameter_names.get(key[0])
         handle = grouped_allreduce_async_(tensors, name="group." + name, op=self.op,
-                                          prescale_factor=pre, postscale_factor=post)
+                                          prescale_factor=pre, postscale_factor=post,
+                                          process_set=self.process_set)
         return handle, (tensors, ctxs)
 
     def _make_hook(self, p):
@@ -218,7 +223,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self):
         """Waits for every gradient's allreduce and writes the results back
         into .grad; parameters whose hook did not fire are reduced now."""
-        if not self._requires_update:
+        if not self._requires_update or not self._included:
             self._synchronized = True
             return
         missing = self._requires_update - set(self._handles.keys())
@@ -403,8 +408,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                                    (isinstance(groups, int) and groups > 0)):
         raise ValueError("groups should be a non-negative integer or a list of lists of "
                          "torch.Tensor.")
+    if process_set.process_set_id is None:
+        raise ValueError("%s has not been added (hvd.add_process_set or init(process_sets=...))"
+                         % (process_set,))
     if op == Adasum and _kolo.size() > 1:
-        _check_set(process_set)
         if process_set is not global_process_set:
             raise NotImplementedError("Adasum does not support non-global process sets yet.")
         cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
