@@ -95,3 +95,19 @@ def kolo_run(np, script, args=(), timeout=120, env=None, kolo_args=(), state_dir
 @pytest.fixture
 def run_job():
     return kolo_run
+
+
+# ---------------------------------------------------------------- Horovod-style modules
+HOROVOD_STYLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "horovod_style")
+HOROVOD_SUITE = os.path.join(HOROVOD_STYLE, "suite.py")
+
+
+def run_horovod_style(module, np_, timeout=240, env=None):
+    """Runs a unittest module of tests/python/horovod_style on every rank of
+    an np_-rank job (suite.py) and checks that every rank passed."""
+    job = kolo_run(np_, HOROVOD_SUITE, args=[module], timeout=timeout, env=env)
+    summaries = [line for line in job.out.splitlines() if "SUITE rank" in line]
+    assert job.rc == 0 and len(summaries) == np_, job
+    for line in summaries:
+        assert "failures 0, errors 0" in line, job
+    return job
