@@ -18,6 +18,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -59,6 +60,38 @@ extern char **environ;
 
 static atomic_int stop_signal;
 static atomic_int stop_count;
+
+/* The embedded coordinator's secret when the user gave no token: 32
+ * random bytes, also written to DB.token (0600, removed at exit) so the
+ * user can reach the coordinator with --token-file while the run lasts. */
+static int run_secret(const char *db, char **token, char *path, size_t pathlen, char *err,
+                      size_t errlen)
+{
+    char hex[65];
+    if (random_hex(hex, 32) != 0) {
+        snprintf(err, errlen, "cannot draw a random token for the embedded coordinator");
+        return KOLO_ESYS;
+    }
+    snprintf(path, pathlen, "%s.token", db);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0 || write(fd, hex, 64) != 64 || write(fd, "\n", 1) != 1) {
+        snprintf(err, errlen, "cannot write the run's token file %s: %s", path, strerror(errno));
+        if (fd >= 0) {
+            close(fd);
+            unlink(path);
+        }
+        path[0] = '\0';
+        return KOLO_EIO;
+    }
+    close(fd);
+    if ((*token = strdup(hex)) == NULL) {
+        unlink(path);
+        path[0] = '\0';
+        return KOLO_ENOMEM;
+    }
+    memset(hex, 0, sizeof(hex));
+    return 0;
+}
 
 static void on_stop_signal(int sig)
 {
@@ -116,8 +149,8 @@ static void prune_runs(const char *dir)
         size_t len = strlen(nm);
         if (dbs > RUNS_KEPT && strncmp(nm, "run-", 4) == 0 && len > 3 &&
             strcmp(nm + len - 3, ".db") == 0) {
-            static const char *sfx[] = {"", "-wal", "-shm"};
-            for (int k = 0; k < 3; k++) {
+            static const char *sfx[] = {"", "-wal", "-shm", ".token"};
+            for (int k = 0; k < 4; k++) {
                 char *path = NULL;
                 if (asprintf(&path, "%s/%s%s", dir, nm, sfx[k]) > 0)
                     unlink(path);
@@ -391,6 +424,7 @@ int cmd_run(int argc, char **argv)
     log_set_level(run_flags_log_level(&o));
 
     char *token = NULL;
+    char run_token_path[4300] = "";
     if (cli_token(o.token_file, &token, err, sizeof(err)) != 0) {
         fprintf(stderr, "kolo run: %s\n", err);
         knobs_free(tab, n);
@@ -435,6 +469,15 @@ int cmd_run(int argc, char **argv)
         prune_runs(runs);
         snprintf(db, sizeof(db), "%s/run-%013llu-%d.db", runs, (unsigned long long)now_wall_ms(),
                  (int)getpid());
+        /* Loopback is not a trust boundary on a shared host: without a
+         * token of the user's, the embedded coordinator gets a secret of
+         * this run, so that only this user's processes (the agent, the
+         * workers, whoever can read the 0600 file) can submit or act. */
+        if (!token && run_secret(db, &token, run_token_path, sizeof(run_token_path), err,
+                                 sizeof(err)) != 0) {
+            fprintf(stderr, "kolo run: %s\n", err);
+            goto out;
+        }
         snprintf(agent_dir, sizeof(agent_dir), "%s/agent-localhost", state_dir);
         struct coord_config cc = {
             .listen = "tcp://127.0.0.1:0",
@@ -471,8 +514,9 @@ int cmd_run(int argc, char **argv)
         }
         url = coord_rpc_url(coord);
         if (coord_http_url(coord)[0])
-            fprintf(stderr, "[kolo] embedded coordinator %s, dashboard %s/ (state %s)\n", url,
-                    coord_http_url(coord), db);
+            fprintf(stderr, "[kolo] embedded coordinator %s, dashboard %s/ (state %s%s%s)\n",
+                    url, coord_http_url(coord), db, run_token_path[0] ? ", token " : "",
+                    run_token_path);
     }
 
     struct rpc_client_config rc = {.url = url, .token = token, .identity = "kolo-run"};
@@ -540,6 +584,8 @@ out:
         agent_stop(agent);
     if (coord)
         coord_stop(coord);
+    if (run_token_path[0])
+        unlink(run_token_path);
     if (token) {
         memset(token, 0, strlen(token));
         free(token);

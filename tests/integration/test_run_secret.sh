@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# kolo run without a token (issue 15, F1): the embedded coordinator gets a
+# secret of the run, in a 0600 file next to its database, so only the
+# launching user reaches it: another local user (nobody) can neither read
+# the secret nor submit a job or read the job list over the RPC; the user
+# can with --token-file while the run lasts; the file goes with the run.
+. "$(dirname "$0")/lib.sh"
+export XDG_STATE_HOME="$WORK/state"
+chmod 755 "$WORK"
+
+"$KOLO" run -np 1 -- sleep "$SLEEP" >"$WORK/run.out" 2>"$WORK/run.err" &
+RUN_PID=$!
+PIDS+=("$RUN_PID")
+wait_for 10 marked_exactly 1 || fail "the worker did not start: $(cat "$WORK/run.err")"
+URL=$(sed -n 's/.*embedded coordinator \(tcp:[^,]*\),.*/\1/p' "$WORK/run.err")
+TOKEN_FILE=$(sed -n 's/.*, token \([^)]*\)).*/\1/p' "$WORK/run.err")
+[ -n "$URL" ] && [ -n "$TOKEN_FILE" ] || fail "no coordinator or token file: $(cat "$WORK/run.err")"
+[ "$(stat -c %a "$TOKEN_FILE")" = 600 ] || fail "token file mode $(stat -c %a "$TOKEN_FILE")"
+[ "$(wc -c <"$TOKEN_FILE")" -eq 65 ] || fail "token file of $(wc -c <"$TOKEN_FILE") bytes"
+
+note "without the token: refused"
+if "$KOLO" status --coordinator "$URL" >"$WORK/st.out" 2>&1; then
+  fail "kolo status without the token was answered: $(cat "$WORK/st.out")"
+fi
+has "token" <"$WORK/st.out" || fail "no authentication error: $(cat "$WORK/st.out")"
+if "$KOLO" run --coordinator "$URL" -np 1 -- touch "$WORK/stranger" >"$WORK/sub.out" 2>&1; then
+  fail "a job was submitted without the token"
+fi
+sleep 1
+[ ! -e "$WORK/stranger" ] || fail "a job submitted without the token ran"
+
+if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null && id nobody >/dev/null 2>&1; then
+  note "another user (nobody)"
+  as_nobody() { setpriv --reuid=nobody --regid=nogroup --clear-groups "$@"; }
+  if as_nobody cat "$TOKEN_FILE" >/dev/null 2>&1; then fail "nobody can read the token"; fi
+  if as_nobody "$KOLO" run --coordinator "$URL" -np 1 -- id >"$WORK/nobody.out" 2>&1; then
+    fail "nobody submitted a job: $(cat "$WORK/nobody.out")"
+  fi
+  has "token" <"$WORK/nobody.out" || fail "nobody's submission: $(cat "$WORK/nobody.out")"
+else
+  note "not root or no setpriv: the other-user part is skipped"
+fi
+
+note "with the token: answered"
+"$KOLO" status --coordinator "$URL" --token-file "$TOKEN_FILE" >"$WORK/st.out" 2>&1 ||
+  fail "kolo status with the token: $(cat "$WORK/st.out")"
+has "running" <"$WORK/st.out" || fail "the job is not listed: $(cat "$WORK/st.out")"
+
+kill -INT "$RUN_PID"
+wait "$RUN_PID" || true
+[ ! -e "$TOKEN_FILE" ] || fail "the token file outlived the run"
+echo PASS
