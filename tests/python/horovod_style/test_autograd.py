@@ -65,6 +65,19 @@ class AutogradTests(HvdTestCase):
         (hvd.grouped_allgather([w2])[0] ** 2).sum().backward()
         self.assertTrue(torch.allclose(w1.grad, w2.grad))
 
+    def test_grouped_allreduce_grad(self):
+        hvd.init()
+        r, n = hvd.rank(), hvd.size()
+        a = torch.ones(3, dtype=torch.float64, requires_grad=True)
+        b = torch.ones(2, 2, dtype=torch.float64, requires_grad=True)
+        for op, scale in ((hvd.Sum, n), (hvd.Average, 1)):
+            a.grad = b.grad = None
+            outs = hvd.grouped_allreduce([a * (r + 1), b * 2], op=op, name="gar.%d" % op)
+            (outs[0].sum() + 3 * outs[1].sum()).backward()
+            # the same reduction of the output's gradient, as Horovod
+            self.assertTrue(torch.allclose(a.grad, torch.full_like(a, (r + 1) * scale)), a.grad)
+            self.assertTrue(torch.allclose(b.grad, torch.full_like(b, 6.0 * scale)), b.grad)
+
     def test_alltoall_splits_type_error(self):
         hvd.init()
         n = hvd.size()
