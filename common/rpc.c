@@ -11,6 +11,7 @@
 #include "rpc.h"
 
 #include <stdarg.h>
+#include <arpa/inet.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -365,6 +366,38 @@ static void call_cb(void *arg)
 const struct rpc_frame *rpc_call_frame(const struct rpc_call *call)
 {
     return &call->frame;
+}
+
+/* The kernel's table of this network namespace's IPv4 TCP sockets has, for
+ * each, "local remote ... uid": the caller's socket is the one whose local
+ * end is the remote end of ours. */
+int rpc_call_peer_uid(const struct rpc_call *call)
+{
+    nng_pipe p = nng_msg_get_pipe(call->req);
+    nng_sockaddr peer, self;
+    if (nng_pipe_get_addr(p, NNG_OPT_REMADDR, &peer) != 0 ||
+        nng_pipe_get_addr(p, NNG_OPT_LOCADDR, &self) != 0 || peer.s_family != NNG_AF_INET ||
+        self.s_family != NNG_AF_INET)
+        return -1;
+    FILE *f = fopen("/proc/net/tcp", "re");
+    if (!f)
+        return -1;
+    char line[512];
+    int uid = -1;
+    /* addresses as the table writes them: the 32-bit value in host order,
+     * then the port in host order, both in hex */
+    unsigned want_ip = peer.s_in.sa_addr, want_port = ntohs(peer.s_in.sa_port);
+    unsigned our_ip = self.s_in.sa_addr, our_port = ntohs(self.s_in.sa_port);
+    while (uid < 0 && fgets(line, sizeof(line), f)) {
+        unsigned lip, lport, rip, rport, st;
+        int u;
+        if (sscanf(line, " %*d: %x:%x %x:%x %x %*x:%*x %*x:%*x %*x %d", &lip, &lport, &rip,
+                   &rport, &st, &u) == 6 &&
+            lip == want_ip && lport == want_port && rip == our_ip && rport == our_port)
+            uid = u;
+    }
+    fclose(f);
+    return uid;
 }
 
 void rpc_call_reply(struct rpc_call *call, const void *body, size_t len)

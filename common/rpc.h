@@ -124,6 +124,10 @@ void rpc_server_close(struct rpc_server *srv);
 
 /* The request, valid until the call is answered. */
 const struct rpc_frame *rpc_call_frame(const struct rpc_call *call);
+/* rpc_call_peer_uid: the uid owning the caller's end of a TCP connection
+ * from this host's network namespace (a loopback client), or -1 when it
+ * cannot be known (another host, IPv6, inproc). */
+int rpc_call_peer_uid(const struct rpc_call *call);
 /* rpc_call_reply answers with status 0 and body; consumes the call. */
 void rpc_call_reply(struct rpc_call *call, const void *body, size_t len);
 /* rpc_call_error answers with an error code and a message; consumes it. */

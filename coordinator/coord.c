@@ -158,6 +158,27 @@ static enum coord_method method_lookup(const char *name)
     return M_UNKNOWN;
 }
 
+/* Without a token the coordinator listens on loopback only, but loopback
+ * is not a trust boundary on a shared host: there, submitting and reading
+ * jobs is for the user who started it (and root). A caller whose user
+ * cannot be known is refused too. With a token, the token decides. */
+static bool admin_allowed(struct coord *c, struct rpc_call *call, enum coord_method m)
+{
+    if (c->token)
+        return true;
+    int uid = rpc_call_peer_uid(call);
+    if (uid == (int)geteuid() || uid == 0)
+        return true;
+    c->m.rpc_errors[m]++;
+    c->m.admin_refused++;
+    LOGW("coord", "refused %s from uid %d: this coordinator has no token, so only uid %d "
+         "(who started it) may use it", rpc_call_frame(call)->method, uid, (int)geteuid());
+    rpc_call_error(call, KOLO_EPERM, "this coordinator has no token: only the user who "
+                   "started it (uid %d) may submit or read jobs; you are uid %d",
+                   (int)geteuid(), uid);
+    return false;
+}
+
 static void dispatch_rpc(struct coord *c, struct rpc_call *call)
 {
     const struct rpc_frame *f = rpc_call_frame(call);
@@ -184,8 +205,11 @@ static void dispatch_rpc(struct coord *c, struct rpc_call *call)
     case M_WORKER_TIMELINE:
         coord_rpc_timeline(c, call);
         break;
-    case M_WORKER_REPORT:    /* issue 6 */
     case M_ADMIN_GET_EPOCHS: /* issue 6 */
+        if (admin_allowed(c, call, m))
+            coord_rpc_report(c, call, m);
+        break;
+    case M_WORKER_REPORT: /* issue 6 */
         coord_rpc_report(c, call, m);
         break;
     case M_UNKNOWN:
@@ -194,7 +218,8 @@ static void dispatch_rpc(struct coord *c, struct rpc_call *call)
         rpc_call_error(call, KOLO_ENOMETHOD, "unknown method '%s'", f->method);
         break;
     default:
-        coord_rpc_admin(c, call, m);
+        if (admin_allowed(c, call, m))
+            coord_rpc_admin(c, call, m);
         break;
     }
 }

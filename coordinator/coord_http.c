@@ -481,6 +481,9 @@ static void render_metrics(struct coord *c, struct buf *b)
                "# HELP kolo_negotiation_resumes_total Generations whose negotiation was rebuilt "
                "after a coordinator restart.\n# TYPE kolo_negotiation_resumes_total counter\n"
                "kolo_negotiation_resumes_total %llu\n"
+               "# HELP kolo_rpc_admin_refused_total Admin calls refused because they came from "
+               "another user to a coordinator without a token.\n# TYPE "
+               "kolo_rpc_admin_refused_total counter\nkolo_rpc_admin_refused_total %llu\n"
                "# HELP kolo_negotiation_sessions_total Sessions started again in a generation "
                "(ranks that called init after a clean shutdown).\n# TYPE "
                "kolo_negotiation_sessions_total counter\nkolo_negotiation_sessions_total %llu\n"
@@ -495,7 +498,7 @@ static void render_metrics(struct coord *c, struct buf *b)
                (unsigned long long)c->m.resets_by_cause[CAUSE_RESET],
                (unsigned long long)c->m.resets_by_cause[CAUSE_CAPACITY],
                (unsigned long long)c->m.exclusions, waiting, (unsigned long long)c->m.resumes,
-               (unsigned long long)c->m.sessions, (unsigned long long)c->m.rounds, (unsigned long long)c->m.round_ops);
+               (unsigned long long)c->m.admin_refused, (unsigned long long)c->m.sessions, (unsigned long long)c->m.rounds, (unsigned long long)c->m.round_ops);
     coord_hist_render(b, "kolo_negotiation_wait_seconds",
                       "Time from the first rank's request for a tensor to every rank's (the "
                       "slowest rank's lateness).",

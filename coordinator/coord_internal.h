@@ -260,6 +260,7 @@ struct coord_metrics {
     uint64_t exclusions;
     uint64_t resumes; /* negotiations rebuilt after a restart */
     uint64_t sessions; /* generations whose ranks joined again after a clean shutdown */
+    uint64_t admin_refused; /* admin calls from another user to a coordinator without token */
     struct coord_hist negotiation_wait; /* first rank's request to ready, per tensor */
     uint64_t rounds, round_ops; /* readiness rounds the ranks reported, and ops they agreed */
     struct coord_hist reset_duration;   /* generation closed to the next one joined */

@@ -4,6 +4,8 @@
 # launching user reaches it: another local user (nobody) can neither read
 # the secret nor submit a job or read the job list over the RPC; the user
 # can with --token-file while the run lasts; the file goes with the run.
+# A coordinator started by hand on loopback without a token serves only
+# the user who started it (and root): nobody is refused there too.
 . "$(dirname "$0")/lib.sh"
 export XDG_STATE_HOME="$WORK/state"
 chmod 755 "$WORK"
@@ -49,4 +51,21 @@ has "running" <"$WORK/st.out" || fail "the job is not listed: $(cat "$WORK/st.ou
 kill -INT "$RUN_PID"
 wait "$RUN_PID" || true
 [ ! -e "$TOKEN_FILE" ] || fail "the token file outlived the run"
+
+note "a coordinator started by hand on loopback without a token"
+start_coordinator open
+"$KOLO" status --coordinator "$RPC" >"$WORK/own.out" 2>&1 ||
+  fail "its own user was refused: $(cat "$WORK/own.out")"
+if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null && id nobody >/dev/null 2>&1; then
+  if as_nobody "$KOLO" run --coordinator "$RPC" -np 1 -- id >"$WORK/nobody2.out" 2>&1; then
+    fail "nobody submitted a job to a coordinator without a token"
+  fi
+  has "only the user who started it" <"$WORK/nobody2.out" ||
+    fail "nobody's submission: $(cat "$WORK/nobody2.out")"
+  if as_nobody "$KOLO" status --coordinator "$RPC" >"$WORK/nobody3.out" 2>&1; then
+    fail "nobody listed the jobs of a coordinator without a token"
+  fi
+  curl -sf "$HTTP/metrics" | has "kolo_rpc_admin_refused_total 2" ||
+    fail "refusals not counted: $(curl -sf "$HTTP/metrics" | grep admin_refused)"
+fi
 echo PASS
