@@ -937,20 +937,19 @@ static void ctx_free(struct kolo_ctx *c)
 static pthread_mutex_t sessions_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct session_rec {
     uint64_t job, generation;
-    int set, rank;
+    int rank;
     uint32_t next;
     struct session_rec *more;
 } *sessions;
 
-static uint32_t next_session(uint64_t job, uint64_t generation, int set, int rank)
+static uint32_t next_session(uint64_t job, uint64_t generation, int rank)
 {
     pthread_mutex_lock(&sessions_mu);
     struct session_rec *s = sessions;
-    while (s && !(s->job == job && s->set == set && s->rank == rank))
+    while (s && !(s->job == job && s->rank == rank))
         s = s->more;
     if (!s && (s = calloc(1, sizeof(*s))) != NULL) {
         s->job = job;
-        s->set = set;
         s->rank = rank;
         s->generation = generation;
         s->more = sessions;
@@ -988,7 +987,7 @@ static int join_elastic(struct kolo_ctx *c, const kolo_config *given, char *err,
         c->local_size = cfg.local_size > 0 ? cfg.local_size : 1;
         c->cross_rank = cfg.cross_rank;
         c->cross_size = cfg.cross_size > 0 ? cfg.cross_size : 1;
-        c->session = next_session(c->job, c->generation, 0, c->rank);
+        c->session = next_session(c->job, c->generation, c->rank);
         char ident[64];
         snprintf(ident, sizeof(ident), "job%llu-rank%d", (unsigned long long)c->job, c->rank);
         rpc_client_set_identity(c->rpc, ident, c->job, c->generation, c->rank);
@@ -1079,8 +1078,9 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
         ctx_free(c);
         return code;
     }
-    if (!cfg->worker_id)
-        c->session = next_session(c->job, c->generation, c->process_set, c->rank);
+    /* a process set's id is used once (kolo_process_set_init): session 0 */
+    if (!cfg->worker_id && !c->process_set)
+        c->session = next_session(c->job, c->generation, c->rank);
     if (cfg->worker_id) {
         code = join_elastic(c, cfg, err, sizeof(err));
     } else if ((code = setup_data_plane(c, cfg, err, sizeof(err))) != 0) {

@@ -190,7 +190,6 @@ class Engine:
         self._ctx = None
         self._solo = False
         self._pending = {}
-        self._next = 1
         self._topo = None
         self._atexit = False
         self._borrowers = 0   # threads inside a call that uses the context
@@ -226,7 +225,6 @@ class Engine:
                               lib.kolo_local_size(ctx), lib.kolo_cross_rank(ctx),
                               lib.kolo_cross_size(ctx))
             self._pending = {}
-            self._next = 1
             if not self._atexit:
                 atexit.register(self.shutdown)
                 self._atexit = True
@@ -270,7 +268,6 @@ class Engine:
             self._topo = None
             _forget_handles(self, list(self._pending))
             self._pending = {}
-            self._next = 1
         if ctx is not None:
             # Other threads (a commit being shipped) may be inside a call
             # on ctx: end theirs, and let none start, before freeing it.

@@ -441,6 +441,28 @@ static void t_others(kolo_ctx *ctx, int rank, int size)
     }
 }
 
+/* An in-place SUM allreduce of the shape[0] elements of type dtype at d on
+ * GPU 0 (shape must outlive the request). */
+static kolo_request gpu_sum_of(const char *name, void *d, kolo_dtype dtype, int64_t *shape)
+{
+    kolo_request r = {.coll = KOLO_COLL_ALLREDUCE,
+                      .name = name,
+                      .sendbuf = d,
+                      .recvbuf = d,
+                      .dtype = dtype,
+                      .ndim = 1,
+                      .shape = shape,
+                      .op = KOLO_SUM,
+                      .device = 0};
+    return r;
+}
+
+/* The same for float32. */
+static kolo_request gpu_sum(const char *name, float *d, int64_t *shape)
+{
+    return gpu_sum_of(name, d, KOLO_FLOAT32, shape);
+}
+
 /* The producer's stream: the input is written by a memset queued on a
  * stream of ours, not synchronised; the allreduce must see it. */
 static void t_stream_order(kolo_ctx *ctx, int rank, int size)
@@ -453,15 +475,7 @@ static void t_stream_order(kolo_ctx *ctx, int rank, int size)
     int64_t shape[1] = {(int64_t)n};
     for (int round = 1; round <= 3; round++) {
         REQUIRE(g->rt.MemsetAsync(d, round, n, s) == cudaSuccess);
-        kolo_request r = {.coll = KOLO_COLL_ALLREDUCE,
-                          .name = "order",
-                          .sendbuf = d,
-                          .recvbuf = d,
-                          .dtype = KOLO_UINT8,
-                          .ndim = 1,
-                          .shape = shape,
-                          .op = KOLO_SUM,
-                          .device = 0};
+        kolo_request r = gpu_sum_of("order", d, KOLO_UINT8, shape);
         kolo_handle hd;
         REQUIRE(kolo_submit_stream(ctx, &r, 1, s, &hd) == 0);
         CHECK_EQ_INT(kolo_wait(ctx, hd, 60000), 0);
@@ -476,21 +490,6 @@ static void t_stream_order(kolo_ctx *ctx, int rank, int size)
     g->rt.StreamDestroy(s);
 }
 
-/* An in-place float32 SUM allreduce of the n floats at d on GPU 0 (shape
- * holds n and must outlive the request). */
-static kolo_request gpu_sum(const char *name, float *d, int64_t *shape)
-{
-    kolo_request r = {.coll = KOLO_COLL_ALLREDUCE,
-                      .name = name,
-                      .sendbuf = d,
-                      .recvbuf = d,
-                      .dtype = KOLO_FLOAT32,
-                      .ndim = 1,
-                      .shape = shape,
-                      .op = KOLO_SUM,
-                      .device = 0};
-    return r;
-}
 
 /* Join on the GPU: the other ranks joined (naming GPU 0), so rank 0's
  * allreduces get zeros from them - the joined ranks execute those

@@ -77,23 +77,23 @@ struct thread_arg {
     rank_fn fn;
 };
 
+/* Rank `rank` of the job make_job made, all ranks on one host (host,
+ * which must outlive the config, holds its id). */
+static kolo_config rank_config(int rank, char *host, size_t hostlen)
+{
+    snprintf(host, hostlen, "host-%d", job_np);
+    kolo_config cfg = {.coordinator = coord_rpc_url(coord), .job_id = job_id, .generation = 1,
+                       .rank = rank, .size = job_np, .local_rank = rank, .local_size = job_np,
+                       .host_id = host, .data_addr = "127.0.0.1", .timeout_ms = 10000,
+                       .disable_shm = use_tcp};
+    return cfg;
+}
+
 static void *rank_main(void *p)
 {
     struct thread_arg *a = p;
-    kolo_config cfg = {0};
     char host[32];
-    snprintf(host, sizeof(host), "host-%d", job_np);
-    cfg.coordinator = coord_rpc_url(coord);
-    cfg.job_id = job_id;
-    cfg.generation = 1;
-    cfg.rank = a->rank;
-    cfg.size = job_np;
-    cfg.local_rank = a->rank;
-    cfg.local_size = job_np;
-    cfg.host_id = host;
-    cfg.data_addr = "127.0.0.1";
-    cfg.timeout_ms = 10000;
-    cfg.disable_shm = use_tcp;
+    kolo_config cfg = rank_config(a->rank, host, sizeof(host));
     kolo_ctx *ctx = NULL;
     int rv = kolo_init(&ctx, &cfg);
     if (rv)
@@ -131,13 +131,8 @@ static void *rank_sessions(void *p)
 {
     struct session_arg *a = p;
     char host[32];
-    snprintf(host, sizeof(host), "host-%d", job_np);
     for (int i = 0; i < a->cycles; i++) {
-        kolo_config cfg = {.coordinator = coord_rpc_url(coord), .job_id = job_id,
-                           .generation = 1, .rank = a->rank, .size = job_np,
-                           .local_rank = a->rank, .local_size = job_np, .host_id = host,
-                           .data_addr = "127.0.0.1", .timeout_ms = 10000,
-                           .disable_shm = use_tcp};
+        kolo_config cfg = rank_config(a->rank, host, sizeof(host));
         kolo_ctx *ctx = NULL;
         int rv = kolo_init(&ctx, &cfg);
         if (rv)

@@ -92,7 +92,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._compression = compression
         # a rank outside the set keeps the optimizer but reduces nothing
         self.process_set = process_set
-        self._included = process_set.included() is not False
+        self._included = bool(process_set.included())
         self._kolo_step_timer = _report.StepTimer()  # issue 6: step times
 
         self._parameter_names = _parameter_names(self.param_groups, named_parameters)
