@@ -40,6 +40,8 @@
 #include <string.h>
 
 #include "agent_int.h"
+#include "creds.h"
+#include "shm_names.h"
 #include "errors.h"
 #include "log.h"
 #include "util.h"
@@ -167,6 +169,12 @@ static void worker_finish(struct worker *w)
     close_handle((uv_handle_t *)&w->timer);
     if (w->proc_inited)
         close_handle((uv_handle_t *)&w->proc);
+    /* Shared segments are unlinked once every local rank attached; ranks
+     * that died before that leave theirs in /dev/shm. */
+    int swept = shm_names_sweep(w->key.job_id);
+    if (swept)
+        LOGI("agent", "job %" PRIu64 ": removed %d shared-memory segment(s) its dead ranks left",
+             w->key.job_id, swept);
 }
 
 /* ---------------------------------------------------------------- output */
@@ -303,6 +311,20 @@ static void envv_set(struct envv *e, const char *entry)
     e->v[e->n] = NULL;
 }
 
+/* envv_unset removes NAME's entry, if any. */
+static void envv_unset(struct envv *e, const char *name)
+{
+    size_t nlen = strlen(name);
+    for (size_t i = 0; i < e->n; i++) {
+        if (strncmp(e->v[i], name, nlen) == 0 && e->v[i][nlen] == '=') {
+            free(e->v[i]);
+            e->v[i] = e->v[--e->n];
+            e->v[e->n] = NULL;
+            return;
+        }
+    }
+}
+
 static void envv_setf(struct envv *e, const char *name, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
@@ -364,8 +386,18 @@ static void build_env(struct agent *a, const Kolo__WorkerSpec *s, struct envv *e
     envv_setf(e, "KOLO_AGENT_PID", "%d", a->pid);
     envv_setf(e, "KOLO_STOP_GRACE_MS", "%lld", (long long)a->grace_ms);
     envv_set(e, "PYTHONUNBUFFERED=1");
-    if (a->token)
-        envv_setf(e, "KOLO_TOKEN", "%s", a->token);
+    /* Workers get their job's credential, never the cluster token (not
+     * from the agent's environment either, nor from the job's own
+     * entries): a job that prints its environment gives away nothing
+     * beyond itself (common/creds.h). */
+    envv_unset(e, "KOLO_TOKEN");
+    envv_unset(e, "KOLO_JOB_TOKEN");
+    if (a->token) {
+        char cred[CREDS_JOB_HEX];
+        creds_job(a->token, s->job_id, cred);
+        envv_setf(e, "KOLO_JOB_TOKEN", "%s", cred);
+        memset(cred, 0, sizeof cred);
+    }
 }
 
 static struct worker *worker_new(struct agent *a, const Kolo__WorkerSpec *s)

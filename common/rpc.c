@@ -23,6 +23,7 @@
 #include <nng/supplemental/util/platform.h>
 
 #include "errors.h"
+#include "creds.h"
 #include "hmac.h"
 #include "log.h"
 #include "util.h"
@@ -88,7 +89,7 @@ int rpc_frame_encode(const struct rpc_frame *f, const char *token, uint8_t **out
     memcpy(p, "KOLO", 4);
     put16(p + 4, f->version);
     p[6] = f->kind;
-    p[7] = token ? 1 : 0;
+    p[7] = token ? (uint8_t)(RPC_FLAG_MAC | (f->flags & RPC_FLAG_JOB_KEY)) : 0;
     put64(p + 40, f->ts_ms);
     memcpy(p + 48, f->nonce, RPC_NONCE_LEN);
     put64(p + 64, f->job_id);
@@ -148,7 +149,7 @@ int rpc_frame_decode(const uint8_t *p, size_t len, struct rpc_frame *f)
 int rpc_frame_verify(const uint8_t *data, size_t len, const char *token)
 {
     uint8_t mac[32];
-    if (len < RPC_HEADER_LEN || !(data[7] & 1))
+    if (len < RPC_HEADER_LEN || !(data[7] & RPC_FLAG_MAC))
         return KOLO_EAUTH;
     frame_mac(data, len, token, mac);
     return ct_equal(mac, data + MAC_OFFSET, 32) ? 0 : KOLO_EAUTH;
@@ -199,6 +200,8 @@ struct rpc_call {
     enum call_state state;
     nng_msg *req;
     struct rpc_frame frame;
+    /* RPC_FLAG_JOB_KEY calls: the job's credential, which keys the reply */
+    char job_key[CREDS_JOB_HEX];
 };
 
 struct rpc_server {
@@ -235,10 +238,17 @@ static void call_send_frame(struct rpc_call *c, int status, const void *body, si
     rf.status = status;
     rf.body = body;
     rf.body_len = len;
+    const char *key = srv->token;
+    if (c->job_key[0]) {
+        rf.flags = RPC_FLAG_JOB_KEY;
+        key = c->job_key;
+    }
     uint8_t *data;
     size_t dlen;
     nng_msg *m = NULL;
-    if (rpc_frame_encode(&rf, srv->token, &data, &dlen) == 0) {
+    int enc = rpc_frame_encode(&rf, key, &data, &dlen);
+    memset(c->job_key, 0, sizeof c->job_key);
+    if (enc == 0) {
         if (nng_msg_alloc(&m, 0) == 0 && nng_msg_append(m, data, dlen) != 0) {
             nng_msg_free(m);
             m = NULL;
@@ -300,13 +310,17 @@ static int call_validate(struct rpc_call *c)
         return -1;
     }
     const char *why = NULL;
+    c->job_key[0] = '\0';
     if (srv->token) {
         uint64_t now = now_wall_ms();
         uint64_t skew = c->frame.ts_ms > now ? c->frame.ts_ms - now : now - c->frame.ts_ms;
-        if (!(c->frame.flags & 1))
+        bool job_key = (c->frame.flags & RPC_FLAG_JOB_KEY) && c->frame.job_id != 0;
+        if (job_key)
+            creds_job(srv->token, c->frame.job_id, c->job_key);
+        if (!(c->frame.flags & RPC_FLAG_MAC))
             why = "this server requires the cluster token (configure --token-file)";
-        else if (rpc_frame_verify(data, len, srv->token) != 0)
-            why = "wrong cluster token";
+        else if (rpc_frame_verify(data, len, job_key ? c->job_key : srv->token) != 0)
+            why = job_key ? "wrong job credential" : "wrong cluster token";
         else if (skew > RPC_AUTH_WINDOW_MS)
             why = "request timestamp outside the accepted window (clock skew?)";
         else {
@@ -316,10 +330,12 @@ static int call_validate(struct rpc_call *c)
             if (rv)
                 why = "replayed request";
         }
-    } else if (c->frame.flags & 1) {
+    } else if (c->frame.flags & RPC_FLAG_MAC) {
         why = "the client sent a cluster token but this server has none configured";
     }
     if (why) {
+        /* the refusal is answered with the cluster key (or none) */
+        memset(c->job_key, 0, sizeof c->job_key);
         count(srv, &srv->stats.auth_failed);
         LOGW("rpc", "refused %s from '%s': %s", c->frame.method, c->frame.identity, why);
         call_send_frame(c, KOLO_EAUTH, why, strlen(why));
@@ -371,6 +387,11 @@ const struct rpc_frame *rpc_call_frame(const struct rpc_call *call)
 /* The kernel's table of this network namespace's IPv4 TCP sockets has, for
  * each, "local remote ... uid": the caller's socket is the one whose local
  * end is the remote end of ours. */
+bool rpc_call_job_scoped(const struct rpc_call *call)
+{
+    return call->job_key[0] != '\0';
+}
+
 int rpc_call_peer_uid(const struct rpc_call *call)
 {
     nng_pipe p = nng_msg_get_pipe(call->req);
@@ -526,6 +547,7 @@ struct rpc_client {
     nng_socket sock;
     char url[256];
     char *token;
+    bool token_is_job;
     size_t max_msg;
     nng_mtx *mtx;
     char identity[RPC_MAX_IDENTITY + 1];
@@ -575,6 +597,7 @@ int rpc_client_open(struct rpc_client **out, const struct rpc_client_config *cfg
         return KOLO_ENOMEM;
     str_copy(cli->url, cfg->url, sizeof(cli->url));
     cli->token = cfg->token ? strdup(cfg->token) : NULL;
+    cli->token_is_job = cfg->token && cfg->token_is_job;
     cli->max_msg = cfg->max_msg ? cfg->max_msg : RPC_DEFAULT_MAX_MSG;
     if (nng_mtx_alloc(&cli->mtx) != 0) {
         free(cli->token);
@@ -698,6 +721,8 @@ static int client_encode(struct rpc_client *cli, const char *method, const void 
     nng_mtx_unlock(cli->mtx);
     f->body = req;
     f->body_len = req_len;
+    if (cli->token_is_job)
+        f->flags = RPC_FLAG_JOB_KEY;
     if ((rv = rpc_frame_encode(f, cli->token, &data, &dlen)) != 0)
         return set_err(err, errlen, rv, "cannot encode request");
     if (nng_msg_alloc(out, 0) != 0 || nng_msg_append(*out, data, dlen) != 0) {

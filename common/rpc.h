@@ -7,7 +7,8 @@
  *     0     4  magic "KOLO"
  *     4     2  protocol version (KOLO_PROTO_VERSION)
  *     6     1  kind: 1 request, 2 reply
- *     7     1  flags: bit 0 = MAC present
+ *     7     1  flags: bit 0 = MAC present, bit 1 = MAC keyed with the
+ *              credential of the job in the header (RPC_FLAG_JOB_KEY)
  *     8    32  MAC: HMAC-SHA256(token, frame with this field zeroed)
  *    40     8  timestamp, ms since the epoch (sender's clock)
  *    48    16  nonce (request: random; reply: the request's, echoed)
@@ -26,7 +27,10 @@
  * server's clock and a nonce not seen in that window; replies are MAC'd the
  * same way and bind to the request by echoing its nonce, so a client also
  * knows it talks to a coordinator holding the token. The token itself never
- * travels. Without a token (loopback-only deployments) the MAC is absent
+ * travels. A training process holds only its job's credential
+ * (common/creds.h): its frames say so (RPC_FLAG_JOB_KEY), the server
+ * derives that job's key from the token to check them, and the handler
+ * learns the call is confined to that job (rpc_call_job_scoped). Without a token (loopback-only deployments) the MAC is absent
  * and a server without a token rejects frames that carry one (a
  * misconfiguration the operator should see).
  *
@@ -58,6 +62,8 @@
 #define RPC_AUTH_WINDOW_MS  120000
 
 enum rpc_kind { RPC_REQUEST = 1, RPC_REPLY = 2 };
+#define RPC_FLAG_MAC     1
+#define RPC_FLAG_JOB_KEY 2
 
 /* A decoded frame; body points into the message it was decoded from. */
 struct rpc_frame {
@@ -78,7 +84,7 @@ struct rpc_frame {
 };
 
 /* rpc_frame_encode builds a frame into a malloc'd buffer (MAC'd when
- * token is non-NULL). */
+ * token is non-NULL; f->flags may add RPC_FLAG_JOB_KEY then). */
 int rpc_frame_encode(const struct rpc_frame *f, const char *token, uint8_t **out, size_t *out_len);
 /* rpc_frame_decode parses and bounds-checks a frame; it does not check the
  * version or the MAC (see rpc_frame_verify) so callers can answer those
@@ -128,6 +134,9 @@ const struct rpc_frame *rpc_call_frame(const struct rpc_call *call);
  * from this host's network namespace (a loopback client), or -1 when it
  * cannot be known (another host, IPv6, inproc). */
 int rpc_call_peer_uid(const struct rpc_call *call);
+/* rpc_call_job_scoped: the caller proved only the credential of the job
+ * its frame names (a training process), not the cluster token. */
+bool rpc_call_job_scoped(const struct rpc_call *call);
 /* rpc_call_reply answers with status 0 and body; consumes the call. */
 void rpc_call_reply(struct rpc_call *call, const void *body, size_t len);
 /* rpc_call_error answers with an error code and a message; consumes it. */
@@ -141,6 +150,7 @@ struct rpc_client;
 struct rpc_client_config {
     const char *url;
     const char *token;    /* NULL: no authentication */
+    bool token_is_job;    /* token is job_id's credential (creds.h) */
     const char *identity; /* host id or client name, may be NULL */
     uint64_t job_id;
     uint64_t generation;

@@ -179,11 +179,41 @@ static bool admin_allowed(struct coord *c, struct rpc_call *call, enum coord_met
     return false;
 }
 
+/* A training process holds its job's credential, not the cluster token
+ * (common/creds.h): it may make its own job's worker calls (the frame's
+ * job is the one the credential was made for) and nothing else. */
+static bool scope_allows(struct coord *c, struct rpc_call *call, enum coord_method m)
+{
+    switch (m) {
+    case M_WORKER_RENDEZVOUS:
+    case M_WORKER_NEGOTIATE:
+    case M_WORKER_PUT_SNAPSHOT:
+    case M_WORKER_GET_SNAPSHOT:
+    case M_WORKER_TIMELINE:
+    case M_WORKER_REPORT:
+        return true;
+    default:
+        break;
+    }
+    if (!rpc_call_job_scoped(call))
+        return true;
+    const struct rpc_frame *f = rpc_call_frame(call);
+    c->m.rpc_errors[m]++;
+    c->m.scope_refused++;
+    LOGW("coord", "refused %s from '%s': it holds job %llu's credential, not the cluster token",
+         f->method, f->identity, (unsigned long long)f->job_id);
+    rpc_call_error(call, KOLO_EPERM, "%s needs the cluster token: a job's credential (what its "
+                   "workers hold) opens only that job's worker calls", f->method);
+    return false;
+}
+
 static void dispatch_rpc(struct coord *c, struct rpc_call *call)
 {
     const struct rpc_frame *f = rpc_call_frame(call);
     enum coord_method m = method_lookup(f->method);
     c->m.rpc_requests[m]++;
+    if (!scope_allows(c, call, m))
+        return;
     switch (m) {
     case M_AGENT_REGISTER:
         coord_rpc_agent_register(c, call);
@@ -320,6 +350,10 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
     int rv;
     if (!c)
         return KOLO_ENOMEM;
+    if (!cfg->token && random_hex(c->mesh_secret, 32) != 0) {
+        free(c);
+        return KOLO_ESYS;
+    }
     c->cfg = *cfg;
     c->listen = strdup(cfg->listen ? cfg->listen : "tcp://127.0.0.1:0");
     c->http_addr = cfg->http && cfg->http[0] ? strdup(cfg->http) : NULL;

@@ -484,6 +484,9 @@ static void render_metrics(struct coord *c, struct buf *b)
                "# HELP kolo_rpc_admin_refused_total Admin calls refused because they came from "
                "another user to a coordinator without a token.\n# TYPE "
                "kolo_rpc_admin_refused_total counter\nkolo_rpc_admin_refused_total %llu\n"
+               "# HELP kolo_rpc_scope_refused_total Calls refused because they were made with "
+               "a job's credential beyond that job's worker calls.\n# TYPE "
+               "kolo_rpc_scope_refused_total counter\nkolo_rpc_scope_refused_total %llu\n"
                "# HELP kolo_negotiation_sessions_total Sessions started again in a generation "
                "(ranks that called init after a clean shutdown).\n# TYPE "
                "kolo_negotiation_sessions_total counter\nkolo_negotiation_sessions_total %llu\n"
@@ -498,7 +501,14 @@ static void render_metrics(struct coord *c, struct buf *b)
                (unsigned long long)c->m.resets_by_cause[CAUSE_RESET],
                (unsigned long long)c->m.resets_by_cause[CAUSE_CAPACITY],
                (unsigned long long)c->m.exclusions, waiting, (unsigned long long)c->m.resumes,
-               (unsigned long long)c->m.admin_refused, (unsigned long long)c->m.sessions, (unsigned long long)c->m.rounds, (unsigned long long)c->m.round_ops);
+               (unsigned long long)c->m.admin_refused, (unsigned long long)c->m.scope_refused,
+               (unsigned long long)c->m.sessions, (unsigned long long)c->m.rounds, (unsigned long long)c->m.round_ops);
+    buf_printf(b, "# HELP kolo_dataplane_rejected_total Data-plane connections the ranks refused "
+               "(no proof of the generation's key, another generation, garbage, idle, ...), by "
+               "reason.\n# TYPE kolo_dataplane_rejected_total counter\n");
+    for (int i = 0; i < COORD_DP_REASONS && c->m.dp_rejected[i].reason[0]; i++)
+        buf_printf(b, "kolo_dataplane_rejected_total{reason=\"%s\"} %llu\n",
+                   c->m.dp_rejected[i].reason, (unsigned long long)c->m.dp_rejected[i].count);
     coord_hist_render(b, "kolo_negotiation_wait_seconds",
                       "Time from the first rank's request for a tensor to every rank's (the "
                       "slowest rank's lateness).",

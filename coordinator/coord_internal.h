@@ -241,6 +241,8 @@ struct coord_report_metrics {
     uint64_t step_flushes, step_rows_lost; /* group commits; rows a failed one lost */
 };
 
+#define COORD_DP_REASONS 16
+
 struct coord_metrics {
     uint64_t rpc_requests[M_COUNT];
     uint64_t rpc_errors[M_COUNT];
@@ -261,6 +263,12 @@ struct coord_metrics {
     uint64_t resumes; /* negotiations rebuilt after a restart */
     uint64_t sessions; /* generations whose ranks joined again after a clean shutdown */
     uint64_t admin_refused; /* admin calls from another user to a coordinator without token */
+    uint64_t scope_refused; /* calls beyond its job made with a job's credential */
+    /* data-plane connections the ranks refused, by reason (WorkerReport) */
+    struct coord_dp_rejected {
+        char reason[24];
+        uint64_t count;
+    } dp_rejected[COORD_DP_REASONS];
     struct coord_hist negotiation_wait; /* first rank's request to ready, per tensor */
     uint64_t rounds, round_ops; /* readiness rounds the ranks reported, and ops they agreed */
     struct coord_hist reset_duration;   /* generation closed to the next one joined */
@@ -272,6 +280,9 @@ struct coord_metrics {
 struct coord {
     struct coord_config cfg;
     char *listen, *http_addr, *db_path, *token, *dashboard_dir; /* owned copies */
+    /* without a token: a random secret of this process, from which the
+     * jobs' mesh keys are derived (coord_negot.c); empty with a token */
+    char mesh_secret[65];
     char rpc_url[256];
     char http_url[256];
     char instance[17]; /* random per coordinator process */
@@ -424,6 +435,8 @@ void coord_report_render_metrics(struct coord *c, struct buf *b);
 /* Stores the step rows that wait for the next group commit: the tick calls
  * coord_report_cron, readers and the shutdown call coord_report_flush. */
 void coord_report_cron(struct coord *c, uint64_t now);
+/* coord_dp_rejected_add counts n data-plane refusals a rank reported. */
+void coord_dp_rejected_add(struct coord *c, const char *reason, uint64_t n);
 void coord_report_flush(struct coord *c);
 void coord_report_free(struct coord *c);
 

@@ -42,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "creds.h"
 #include "errors.h"
 #include "json.h"
 #include "kolo.pb-c.h"
@@ -107,7 +108,12 @@ struct peer {
 struct negot {
     uint64_t job_id, generation;
     uint32_t session; /* see "sessions" in worker/ctx.c */
+    int32_t set;      /* process set; 0 = the job */
     int size;
+    /* without a cluster token: the job's credential from the coordinator's
+     * own secret, the root of the mesh key rendezvous replies carry
+     * (common/creds.h); empty with a token (ranks derive it themselves) */
+    char job_cred[CREDS_JOB_HEX];
     int64_t fusion_threshold;
     int64_t stall_warning_ms, stall_shutdown_ms;
     /* rendezvous */
@@ -381,14 +387,17 @@ static uint32_t cache_evict(struct negot *n)
     return victim;
 }
 
-static struct negot *negot_new(uint64_t job, uint64_t gen, int size)
+static struct negot *negot_new(const struct coord *c, const struct job *j, int size, int32_t set)
 {
     struct negot *n = calloc(1, sizeof(*n));
     if (!n)
         return NULL;
-    n->job_id = job;
-    n->generation = gen;
+    n->job_id = j->id;
+    n->generation = j->generation;
+    n->set = set;
     n->size = size;
+    if (c->mesh_secret[0])
+        creds_job(c->mesh_secret, j->id, n->job_cred);
     n->fusion_threshold = NEGOT_DEFAULT_FUSION;
     n->stall_warning_ms = STALL_WARN_MS;
     n->peers = calloc((size_t)size, sizeof(*n->peers));
@@ -1137,7 +1146,7 @@ static struct job *worker_job(struct coord *c, struct rpc_call *call, enum coord
         return NULL;
     if (!j->negot || j->negot->generation != j->generation) {
         coord_negot_free_job(j);
-        j->negot = negot_new(j->id, j->generation, j->nranks);
+        j->negot = negot_new(c, j, j->nranks, 0);
         if (!j->negot) {
             rpc_call_error(call, KOLO_ENOMEM, "out of memory");
             return NULL;
@@ -1212,7 +1221,7 @@ static struct negot **negot_slot(struct coord *c, struct job *j, struct rpc_call
                 return NULL;
             }
             struct job_set *grown = realloc(j->sets, (size_t)(j->nsets + 1) * sizeof(*grown));
-            struct negot *n = grown ? negot_new(j->id, j->generation, size) : NULL;
+            struct negot *n = grown ? negot_new(c, j, size, (int32_t)set) : NULL;
             if (grown)
                 j->sets = grown;
             if (!n) {
@@ -1269,7 +1278,14 @@ static void rendezvous_answer(struct negot *n, struct rpc_call *call)
     }
     rep.nccl_id.data = n->nccl_id;
     rep.nccl_id.len = n->nccl_id_len;
+    uint8_t key[CREDS_KEY_LEN];
+    if (n->complete && n->job_cred[0]) {
+        creds_data_key(n->job_cred, n->job_id, n->generation, n->session, n->set, key);
+        rep.data_key.data = key;
+        rep.data_key.len = sizeof key;
+    }
     coord_send_pb(call, &rep.base);
+    memset(key, 0, sizeof key);
     free(infos);
     free(ptrs);
 }
@@ -1360,7 +1376,7 @@ static struct negot *negot_next_session(struct coord *c, struct job *j, struct n
                                         uint32_t session)
 {
     struct negot *old = *slot;
-    struct negot *n = negot_new(j->id, j->generation, old->size);
+    struct negot *n = negot_new(c, j, old->size, old->set);
     if (!n)
         return NULL;
     n->session = session;

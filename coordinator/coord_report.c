@@ -227,6 +227,19 @@ static void report_fail(struct coord *c, struct rpc_call *call, int code, const 
 }
 
 /* check_report validates the whole batch before anything is stored. */
+void coord_dp_rejected_add(struct coord *c, const char *reason, uint64_t n)
+{
+    struct coord_dp_rejected *d = c->m.dp_rejected;
+    int i = 0;
+    while (i < COORD_DP_REASONS && d[i].reason[0] && strcmp(d[i].reason, reason) != 0)
+        i++;
+    if (i == COORD_DP_REASONS)
+        return; /* more reasons than any libkolo has: not counted */
+    if (!d[i].reason[0])
+        str_copy(d[i].reason, reason, sizeof d[i].reason);
+    d[i].count += n;
+}
+
 static bool check_report(const Kolo__WorkerReportRequest *m, char *why, size_t whylen)
 {
     if (m->n_epochs > REPORT_MAX_EPOCHS || m->n_steps > REPORT_MAX_STEPS) {
@@ -257,6 +270,22 @@ static bool check_report(const Kolo__WorkerReportRequest *m, char *why, size_t w
                  "wait %g s)",
                  t->n_wait_us, t->n_wait_ops, REPORT_MAX_WAITS, t->wait_avg_s);
         return false;
+    }
+    if (m->n_dataplane_rejected > COORD_DP_REASONS) {
+        snprintf(why, whylen, "a report carries at most %d data-plane refusal reasons",
+                 COORD_DP_REASONS);
+        return false;
+    }
+    for (size_t i = 0; i < m->n_dataplane_rejected; i++) {
+        const char *r = m->dataplane_rejected[i]->reason;
+        size_t len = strlen(r);
+        bool ok = len > 0 && len < sizeof(((struct coord_dp_rejected *)0)->reason);
+        for (size_t k = 0; ok && k < len; k++)
+            ok = (r[k] >= 'a' && r[k] <= 'z') || r[k] == '_';
+        if (!ok) {
+            snprintf(why, whylen, "data-plane refusal reason %zu is not a short [a-z_] name", i);
+            return false;
+        }
     }
     for (size_t i = 0; i < m->n_steps; i++) {
         const Kolo__StepSample *s = m->steps[i];
@@ -289,6 +318,25 @@ static void rpc_report(struct coord *c, struct rpc_call *call)
         return;
     }
     const char *host_id = j->ranks[f->rank].host_id[0] ? j->ranks[f->rank].host_id : NULL;
+    /* Data-plane refusals: counters by reason (metrics), and an event, so
+     * an operator sees someone knocking on a job's data ports. */
+    if (m->n_dataplane_rejected) {
+        char what[256];
+        size_t used = 0;
+        what[0] = '\0';
+        for (size_t i = 0; i < m->n_dataplane_rejected; i++) {
+            const Kolo__DataplaneRejections *d = m->dataplane_rejected[i];
+            coord_dp_rejected_add(c, d->reason, d->count);
+            int n = snprintf(what + used, sizeof what - used, "%s%s %" PRIu64, i ? ", " : "",
+                             d->reason, d->count);
+            if (n > 0 && (size_t)n < sizeof what - used)
+                used += (size_t)n;
+        }
+        coord_event(c, j->id, host_id, "dataplane.refused",
+                    "job %" PRIu64 " rank %d refused data-plane connections that did not prove "
+                    "membership of the job (%s)",
+                    j->id, (int)f->rank, what);
+    }
     /* Rounds' telemetry: in memory only (the histogram, the lags). */
     if (m->rounds) {
         const Kolo__RoundTelemetry *t = m->rounds;

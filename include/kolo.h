@@ -114,7 +114,7 @@ typedef int64_t kolo_handle;
 
 /*
  * kolo_config is the explicit form of what kolo_init otherwise reads from
- * the environment (KOLO_COORDINATOR, KOLO_TOKEN, KOLO_JOB,
+ * the environment (KOLO_COORDINATOR, KOLO_TOKEN or KOLO_JOB_TOKEN, KOLO_JOB,
  * KOLO_GENERATION, KOLO_RANK, KOLO_SIZE, KOLO_LOCAL_RANK, ...,
  * KOLO_HOST_ID). Zero-initialise it and set what you need; zero fields
  * take the documented defaults.
@@ -143,6 +143,9 @@ typedef struct kolo_config {
     /* Process sets: 0 joins the job itself; kolo_process_set_init fills
      * the rest for a set (rank and size are then within the set). */
     int process_set;
+    /* The job's own credential (KOLO_JOB_TOKEN, what agents give their
+     * workers): used instead of token, it opens this job's calls only. */
+    const char *job_token;
 } kolo_config;
 
 /*

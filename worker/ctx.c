@@ -30,7 +30,9 @@
 
 #include "errors.h"
 #include "gpu.h"
+#include "creds.h"
 #include "log.h"
+#include "mesh.h"
 #include "transport.h"
 #include "util.h"
 
@@ -117,6 +119,7 @@ static int config_from_env(kolo_config *cfg, char *err, size_t errlen)
     memset(cfg, 0, sizeof(*cfg));
     cfg->coordinator = getenv("KOLO_COORDINATOR");
     cfg->token = getenv("KOLO_TOKEN");
+    cfg->job_token = getenv("KOLO_JOB_TOKEN");
     cfg->job_id = env_u64("KOLO_JOB");
     cfg->generation = env_u64("KOLO_GENERATION");
     cfg->rank = env_int("KOLO_RANK", -1);
@@ -295,60 +298,66 @@ static bool parse_tcp_addr(const char *s, char *host, size_t n, int *port)
     return *port > 0;
 }
 
+/* The key this generation's mesh proves (common/creds.h): derived from
+ * the job's credential, or for a coordinator without a token the one its
+ * rendezvous reply carries. */
+static int data_key(const struct kolo_ctx *c, const struct rdv *rv, unsigned char key[32],
+                    char *err, size_t errlen)
+{
+    char cred[CREDS_JOB_HEX];
+    const char *job_cred = c->coord_token;
+    if (job_cred && !c->coord_token_job) {
+        creds_job(c->coord_token, c->job, cred);
+        job_cred = cred;
+    }
+    if (job_cred) {
+        creds_data_key(job_cred, c->job, c->generation, c->session, c->process_set, key);
+        memset(cred, 0, sizeof cred);
+        return 0;
+    }
+    if (rv->reply->data_key.len == CREDS_KEY_LEN) {
+        memcpy(key, rv->reply->data_key.data, CREDS_KEY_LEN);
+        return 0;
+    }
+    snprintf(err, errlen, "the coordinator sent no data-plane key and this rank has no token "
+             "(a coordinator older than this libkolo?)");
+    return KOLO_EPROTO;
+}
+
 static int connect_mesh(struct kolo_ctx *c, struct rdv *rv, char *err, size_t errlen)
 {
-    uint64_t deadline = now_mono_ms() + (uint64_t)c->timeout_ms;
+    struct mesh_spec spec = {.me = {.job = c->job, .generation = c->generation, .rank = c->rank},
+                             .size = c->size,
+                             .listen_fd = rv->listen_fd,
+                             .deadline = now_mono_ms() + (uint64_t)c->timeout_ms};
     struct xport **peers = calloc((size_t)c->size, sizeof(*peers));
+    char(*hosts)[64] = calloc((size_t)c->size, sizeof(*hosts));
+    const char **host_ptrs = calloc((size_t)c->size, sizeof(*host_ptrs));
+    int *ports = calloc((size_t)c->size, sizeof(*ports));
     int code = 0;
-    if (!peers)
-        return KOLO_ENOMEM;
-    /* Dial every lower rank first (non-blocking connects), then accept
-     * every higher one: no two ranks wait on each other. */
+    if (!peers || !hosts || !host_ptrs || !ports) {
+        code = KOLO_ENOMEM;
+        goto out;
+    }
+    if ((code = data_key(c, rv, spec.me.key, err, errlen)) != 0)
+        goto out;
     for (int r = 0; r < c->rank && !code; r++) {
         Kolo__PeerInfo *p = rv->reply->peers[r];
-        char host[64];
-        int port = 0;
         code = KOLO_EPROTO;
-        for (size_t i = 0; i < p->n_data_addrs; i++) {
-            if (!parse_tcp_addr(p->data_addrs[i], host, sizeof(host), &port))
-                continue;
-            code = tcp_connect(host, port, c->job, c->generation, c->rank, r, deadline,
-                               &peers[r]);
-            if (code == 0)
-                break;
-        }
+        for (size_t i = 0; i < p->n_data_addrs && code; i++)
+            if (parse_tcp_addr(p->data_addrs[i], hosts[r], sizeof(hosts[r]), &ports[r]))
+                code = 0;
+        host_ptrs[r] = hosts[r];
         if (code)
-            snprintf(err, errlen, "cannot connect to rank %d: %s", r, kolo_strerror(code));
+            snprintf(err, errlen, "rank %d sent no usable data-plane address", r);
     }
-    for (int n = c->rank + 1; n < c->size && !code; n++) {
-        struct xport *x = NULL;
-        code = tcp_accept(rv->listen_fd, c->job, c->generation, c->rank, deadline, &x);
-        if (code) {
-            snprintf(err, errlen, "accepting peer connections: %s", kolo_strerror(code));
-            break;
-        }
-        if (x->peer <= c->rank || x->peer >= c->size || peers[x->peer]) {
-            xport_close(x);
-            code = KOLO_EPROTO;
-            snprintf(err, errlen, "unexpected connection from rank %d", x ? x->peer : -1);
-            break;
-        }
-        peers[x->peer] = x;
-    }
-    /* Every rank is past its connects once its higher peers reached it:
-     * the answers to our own hellos are due now. Reading them here leaves
-     * nothing but data on the sockets (a refusal surfaces here too). */
-    for (int r = 0; r < c->rank && !code; r++)
-        if ((code = tcp_settle(peers[r], deadline)) != 0)
-            snprintf(err, errlen, "connecting to rank %d: %s", r,
-                     peers[r]->why[0] ? peers[r]->why : kolo_strerror(code));
-    if (code) {
-        for (int r = 0; r < c->size; r++)
-            if (peers[r])
-                xport_close(peers[r]);
-        free(peers);
-        return code;
-    }
+    spec.hosts = host_ptrs;
+    spec.ports = ports;
+    if (!code)
+        code = mesh_connect(&spec, peers, err, errlen);
+    memset(spec.me.key, 0, sizeof spec.me.key);
+    if (code)
+        goto out;
     /* Spin briefly on the sockets when every local rank has a CPU to
      * itself (KOLO_SPIN_US; 0 never): a 4 B allreduce between two hosts
      * then costs about the round trip, not a wake-up on each side. On a
@@ -358,9 +367,13 @@ static int connect_mesh(struct kolo_ctx *c, struct rdv *rv, char *err, size_t er
         if (peers[r])
             peers[r]->spin = spin;
     code = ring_create(c->rank, c->size, peers, &c->coll);
-    free(peers);
     if (code)
         snprintf(err, errlen, "cannot set up the ring: %s", kolo_strerror(code));
+out:
+    free(peers);
+    free(hosts);
+    free(host_ptrs);
+    free(ports);
     return code;
 }
 
@@ -372,9 +385,11 @@ static int setup_data_plane(struct kolo_ctx *c, const kolo_config *cfg, char *er
         str_copy(rv.addr, cfg->data_addr, sizeof(rv.addr));
     else
         default_data_addr(rv.addr, sizeof(rv.addr));
-    const char *bind_addr = strcmp(rv.addr, "127.0.0.1") == 0 ? "127.0.0.1" : "0.0.0.0";
-    if ((code = tcp_listen(bind_addr, &rv.listen_fd, &rv.port)) != 0) {
-        snprintf(err, errlen, "cannot open the data-plane listener: %s", kolo_strerror(code));
+    /* Only on the address peers are told: nothing else of this host's
+     * networks reaches the port. */
+    if ((code = tcp_listen(rv.addr, &rv.listen_fd, &rv.port)) != 0) {
+        snprintf(err, errlen, "cannot open the data-plane listener on %s: %s", rv.addr,
+                 kolo_strerror(code));
         return code;
     }
     bool one_host = cfg->local_size == c->size && c->size > 1 && !cfg->disable_shm;
@@ -750,6 +765,19 @@ bool ctx_try_execute(struct kolo_ctx *c)
     return true;
 }
 
+void ctx_rpc_config(const struct kolo_ctx *c, char *ident, size_t identlen,
+                    struct rpc_client_config *rc)
+{
+    snprintf(ident, identlen, "job%llu-rank%d", (unsigned long long)c->job, c->rank);
+    *rc = (struct rpc_client_config){.url = c->coord_url,
+                                     .token = c->coord_token,
+                                     .token_is_job = c->coord_token_job,
+                                     .identity = ident,
+                                     .job_id = c->job,
+                                     .generation = c->generation,
+                                     .rank = c->rank};
+}
+
 void ctx_token_release(struct kolo_ctx *c)
 {
     c->executing = false;
@@ -1058,20 +1086,20 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
     else
         c->stall_warning_ms = (int64_t)env_int("HOROVOD_STALL_CHECK_TIME_SECONDS", 0) * 1000;
     c->stall_shutdown_ms = (int64_t)env_int("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0) * 1000;
-    char ident[64];
-    snprintf(ident, sizeof(ident), "job%llu-rank%d", (unsigned long long)c->job, c->rank);
-    struct rpc_client_config rc = {.url = cfg->coordinator,
-                                   .token = cfg->token && cfg->token[0] ? cfg->token : NULL,
-                                   .identity = ident,
-                                   .job_id = c->job,
-                                   .generation = c->generation,
-                                   .rank = c->rank};
+    /* the job's credential when the agent gave one, else the cluster's */
+    c->coord_token_job = cfg->job_token && cfg->job_token[0];
+    const char *token = c->coord_token_job ? cfg->job_token
+                        : cfg->token && cfg->token[0] ? cfg->token
+                                                      : NULL;
     c->coord_url = strdup(cfg->coordinator);
-    c->coord_token = cfg->token && cfg->token[0] ? strdup(cfg->token) : NULL;
-    if (!c->coord_url || (cfg->token && cfg->token[0] && !c->coord_token)) {
+    c->coord_token = token ? strdup(token) : NULL;
+    if (!c->coord_url || (token && !c->coord_token)) {
         ctx_free(c);
         return KOLO_ENOMEM;
     }
+    char ident[64];
+    struct rpc_client_config rc;
+    ctx_rpc_config(c, ident, sizeof ident, &rc);
     if ((code = rpc_client_open(&c->rpc, &rc)) != 0) {
         LOGE("kolo", "rank %d: cannot open the coordinator connection %s", c->rank,
              cfg->coordinator);
@@ -1136,7 +1164,10 @@ int kolo_process_set_init(kolo_ctx *c, int set_id, const int *ranks, int nranks,
         return code; /* not a member: nothing to join */
     }
     /* placement inside the set: members on this rank's host, and hosts */
-    kolo_config cfg = {.coordinator = c->coord_url, .token = c->coord_token, .job_id = c->job,
+    kolo_config cfg = {.coordinator = c->coord_url,
+                       .token = c->coord_token_job ? NULL : c->coord_token,
+                       .job_token = c->coord_token_job ? c->coord_token : NULL,
+                       .job_id = c->job,
                        .generation = c->generation, .rank = me, .size = nranks,
                        .host_id = c->host_id, .data_addr = c->data_addr,
                        .timeout_ms = c->timeout_ms, .fusion_threshold = c->fusion_threshold,

@@ -38,6 +38,7 @@
 #include "errors.h"
 #include "json.h"
 #include "log.h"
+#include "mesh.h"
 #include "report_rate.h"
 #include "util.h"
 
@@ -348,6 +349,8 @@ struct batch {
     struct step_rec *steps;
     int nsteps;
     struct round_tel tel; /* sent once, never put back: telemetry */
+    uint64_t rejected[MESH_REJECT_N]; /* data-plane refusals (mesh.h) */
+    bool any_rejected;
 };
 
 static void batch_free(struct batch *b)
@@ -365,7 +368,9 @@ static void batch_free(struct batch *b)
 static bool take(struct report *r, struct batch *b)
 {
     memset(b, 0, sizeof *b);
-    if (!r->nepochs && !r->nsteps && !r->tel.rounds)
+    for (int k = 0; k < MESH_REJECT_N; k++)
+        b->any_rejected |= (b->rejected[k] = mesh_rejections_take((enum mesh_reject)k)) != 0;
+    if (!r->nepochs && !r->nsteps && !r->tel.rounds && !b->any_rejected)
         return false;
     size_t nw = (size_t)(r->tel.nwaits ? r->tel.nwaits : 1);
     b->epochs = malloc((size_t)(r->nepochs ? r->nepochs : 1) * sizeof *b->epochs);
@@ -373,6 +378,8 @@ static bool take(struct report *r, struct batch *b)
     b->tel.wait_us = malloc(nw * sizeof *b->tel.wait_us);
     b->tel.wait_ops = malloc(nw * sizeof *b->tel.wait_ops);
     if (!b->epochs || !b->steps || !b->tel.wait_us || !b->tel.wait_ops) {
+        for (int k = 0; k < MESH_REJECT_N; k++)
+            mesh_rejections_return((enum mesh_reject)k, b->rejected[k]);
         batch_free(b);
         return false; /* tried again next period */
     }
@@ -415,6 +422,9 @@ static void put_back(struct report *r, struct batch *b)
     r->nsteps += ns;
     r->dropped += (uint64_t)(b->nsteps - ns);
     b->nsteps = 0;
+    for (int k = 0; k < MESH_REJECT_N; k++)
+        mesh_rejections_return((enum mesh_reject)k, b->rejected[k]);
+    memset(b->rejected, 0, sizeof b->rejected);
 }
 
 static bool transient(int code)
@@ -428,23 +438,16 @@ static int send_batch(struct kolo_ctx *c, struct report *r, struct batch *b, int
                       uint64_t dropped)
 {
     char ident[64];
+    struct rpc_client_config rc;
     pthread_mutex_lock(&c->mu);
-    snprintf(ident, sizeof ident, "job%llu-rank%d", (unsigned long long)c->job, c->rank);
-    uint64_t job = c->job, gen = c->generation;
-    int rank = c->rank;
+    ctx_rpc_config(c, ident, sizeof ident, &rc);
     pthread_mutex_unlock(&c->mu);
     if (!r->rpc) {
-        struct rpc_client_config rc = {.url = c->coord_url,
-                                       .token = c->coord_token,
-                                       .identity = ident,
-                                       .job_id = job,
-                                       .generation = gen,
-                                       .rank = rank};
         int code = rpc_client_open(&r->rpc, &rc);
         if (code)
             return code;
     } else {
-        rpc_client_set_identity(r->rpc, ident, job, gen, rank);
+        rpc_client_set_identity(r->rpc, ident, rc.job_id, rc.generation, rc.rank);
     }
     Kolo__EpochReport *eps = calloc((size_t)(b->nepochs ? b->nepochs : 1), sizeof *eps);
     Kolo__EpochReport **epp = calloc((size_t)(b->nepochs ? b->nepochs : 1), sizeof *epp);
@@ -488,6 +491,17 @@ static int send_batch(struct kolo_ctx *c, struct report *r, struct batch *b, int
         tel.n_wait_ops = (size_t)b->tel.nwaits;
         req.rounds = &tel;
     }
+    Kolo__DataplaneRejections rej[MESH_REJECT_N], *rejp[MESH_REJECT_N];
+    for (int k = 0; k < MESH_REJECT_N; k++) {
+        if (!b->rejected[k])
+            continue;
+        kolo__dataplane_rejections__init(&rej[req.n_dataplane_rejected]);
+        rej[req.n_dataplane_rejected].reason = (char *)mesh_reject_name((enum mesh_reject)k);
+        rej[req.n_dataplane_rejected].count = b->rejected[k];
+        rejp[req.n_dataplane_rejected] = &rej[req.n_dataplane_rejected];
+        req.n_dataplane_rejected++;
+    }
+    req.dataplane_rejected = rejp;
     size_t len = kolo__worker_report_request__get_packed_size(&req);
     if (!(buf = malloc(len ? len : 1)))
         goto out;

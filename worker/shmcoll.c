@@ -87,6 +87,7 @@
 #include <unistd.h>
 
 #include "reduce.h"
+#include "transport.h"
 #include "round.h"
 #include "util.h"
 
@@ -1325,6 +1326,11 @@ int shmcoll_attach(const char *name, int rank, int size, size_t slot_bytes, stru
     int fd = shm_open(s->name, O_RDWR, 0);
     if (fd < 0) {
         rc = errno == ENOENT ? KOLO_ENOTFOUND : KOLO_ESYS;
+        shm_destroy(&s->c);
+        return rc;
+    }
+    if ((rc = shm_segment_trusted(fd, s->name)) != 0) {
+        close(fd);
         shm_destroy(&s->c);
         return rc;
     }

@@ -69,14 +69,9 @@ static int snap_enter(struct kolo_ctx *c, struct rpc_client **rpc, uint64_t *seq
         return code;
     }
     char ident[64];
-    snprintf(ident, sizeof ident, "job%llu-rank%d", (unsigned long long)c->job, c->rank);
+    struct rpc_client_config rc;
+    ctx_rpc_config(c, ident, sizeof ident, &rc);
     if (!c->snap_rpc) {
-        struct rpc_client_config rc = {.url = c->coord_url,
-                                       .token = c->coord_token,
-                                       .identity = ident,
-                                       .job_id = c->job,
-                                       .generation = c->generation,
-                                       .rank = c->rank};
         code = rpc_client_open(&c->snap_rpc, &rc);
         if (code)
             ctx_set_error(c, "kolo_snapshot: cannot open a connection to %s", c->coord_url);

@@ -28,15 +28,13 @@ int kolo_timeline(kolo_ctx *c, const char *path)
         pthread_mutex_unlock(&c->mu);
         return KOLO_ESHUTDOWN;
     }
-    snprintf(ident, sizeof(ident), "job%llu-rank%d", (unsigned long long)c->job, c->rank);
+    struct rpc_client_config rc;
+    ctx_rpc_config(c, ident, sizeof ident, &rc);
+    /* copies: c's may go once mu is released */
     snprintf(url, sizeof(url), "%s", c->coord_url);
     token = c->coord_token ? strdup(c->coord_token) : NULL;
-    struct rpc_client_config rc = {.url = url,
-                                   .token = token,
-                                   .identity = ident,
-                                   .job_id = c->job,
-                                   .generation = c->generation,
-                                   .rank = c->rank};
+    rc.url = url;
+    rc.token = token;
     pthread_mutex_unlock(&c->mu);
     struct rpc_client *cli = NULL;
     int code = rpc_client_open(&cli, &rc);

@@ -101,35 +101,55 @@ ssize_t xport_fail(struct xport *x, int code, const char *fmt, ...)
 
 /* ---- tcp ---- */
 
+/* Who a rank is in its generation, and the generation's key: what every
+ * connection's handshake proves (transport_tcp.c). */
+struct tcp_ident {
+    uint64_t job, generation;
+    int rank;
+    unsigned char key[32];
+};
+
 /* A listener on addr ("0.0.0.0", "127.0.0.1", ...) port 0; *port is the
  * port the kernel chose. The fd is non-blocking; close() it when done. */
 int tcp_listen(const char *addr, int *fd, int *port);
-/* tcp_connect dials addr:port and sends a hello naming (job, generation,
- * from_rank); tcp_accept reads the hello from a new connection, refusing
- * other jobs and generations. Both return a connected xport.
+
+/* Blocking set-up, one connection at a time. tcp_connect dials addr:port
+ * and sends the hello naming (me, to_rank); tcp_accept waits for a
+ * connection, reads its hello and answers it, refusing other jobs, ranks
+ * and generations. Both return a connected xport whose last handshake
+ * step (the acceptor's answer checked and the proof sent; the proof
+ * checked) runs in its first try_send/try_recv, or in tcp_settle. So
+ * tcp_connect does not wait for the acceptor, and ranks may connect and
+ * accept in any order.
  *
- * tcp_connect does not wait for the acceptor: it returns once the kernel
- * connected (or KOLO_ECONNREFUSED / KOLO_ETIMEDOUT), so ranks may connect
- * and accept in any order. The acceptor's answer to the hello arrives
- * in-band and is checked by the first try_send/try_recv: a refusal fails
- * the connection with the acceptor's code (KOLO_ESTALE for another
- * generation, KOLO_EPROTO for another job, another rank or a malformed
- * hello, KOLO_EVERSION for another protocol version).
- *
- * tcp_accept returns that same code when it refuses a connection (and
- * closes it): the caller decides whether to keep accepting. It waits for
- * a connection and its hello until the deadline (KOLO_ETIMEDOUT). */
-int tcp_connect(const char *addr, int port, uint64_t job, uint64_t generation, int from_rank,
-                int to_rank, uint64_t deadline, struct xport **out);
-int tcp_accept(int listen_fd, uint64_t job, uint64_t generation, int my_rank, uint64_t deadline,
-               struct xport **out);
-/* tcp_settle waits (to the deadline) for the acceptor's answer on a
- * connection made by tcp_connect and checks it: 0, or the refusal's code.
- * Call it once every rank is past its connects (the mesh's accepts then
- * answer without waiting on anyone). Afterwards the socket carries only
- * the peer's data, so readable means a message (or a close): what an
- * idle rank waits for (coll.h: idle_wait). */
+ * Codes: a refusal fails the connection with the acceptor's code
+ * (KOLO_ESTALE for another generation, KOLO_EPROTO for another job,
+ * another rank or a malformed hello, KOLO_EVERSION for another protocol
+ * version); a peer without the generation's key fails it with
+ * KOLO_EAUTH. tcp_accept returns the code of a connection it refused
+ * (and closed): the caller decides whether to keep accepting. Both wait
+ * until the deadline at most (KOLO_ETIMEDOUT). */
+int tcp_connect(const char *addr, int port, const struct tcp_ident *me, int to_rank,
+                uint64_t deadline, struct xport **out);
+int tcp_accept(int listen_fd, const struct tcp_ident *me, uint64_t deadline, struct xport **out);
+/* tcp_settle runs a connection's handshake to its end (to the deadline):
+ * 0, or the code it failed with. */
 int tcp_settle(struct xport *x, uint64_t deadline);
+
+/* Non-blocking set-up, for many handshakes in one poll loop (mesh.c):
+ * tcp_dial_start starts a connect, tcp_accept_start takes a waiting
+ * connection off the listener (0 and *out NULL when none waits;
+ * KOLO_EBUSY when out of descriptors). tcp_handshake then moves the
+ * handshake as far as it goes without blocking: 0 with *done once it
+ * finished, 0 without while it waits (xport arm() gives the fd and the
+ * events), or the code it failed with. An accepted connection's peer is
+ * -1 until its hello named one. */
+int tcp_dial_start(const char *addr, int port, const struct tcp_ident *me, int to_rank,
+                   struct xport **out);
+int tcp_accept_start(int listen_fd, const struct tcp_ident *me, struct xport **out);
+int tcp_handshake(struct xport *x, bool *done);
+/* "ADDR:PORT" of the other end, for logs. */
+void tcp_peer_addr(const struct xport *x, char *buf, size_t len);
 
 /* ---- shm ---- */
 
@@ -144,8 +164,12 @@ struct shm_segment;
  * backs the pages a ring actually used. Creator and attachers must pass
  * the same nlocal and ring_bytes (checked: KOLO_EPROTO otherwise). */
 #define SHM_RING_BYTES_DEFAULT ((size_t)1 << 20)
-/* shm_segment_name writes "/kolo-<job>-<gen>-<random hex>" into out. */
+/* shm_segment_name: a new segment's name (common/shm_names.h). */
 int shm_segment_name(uint64_t job, uint64_t generation, char *out, size_t outlen);
+/* shm_segment_trusted: 0 when the open segment fd belongs to this user
+ * and nobody else may open it (mode 0600), else KOLO_EPERM: a segment
+ * whoever else made is never attached. */
+int shm_segment_trusted(int fd, const char *name);
 /* create fails with KOLO_EEXIST if the name exists; attach with
  * KOLO_ENOTFOUND if it does not. */
 int shm_segment_create(const char *name, int nlocal, size_t ring_bytes, struct shm_segment **out);

@@ -72,6 +72,7 @@
 
 #include "errors.h"
 #include "log.h"
+#include "shm_names.h"
 #include "util.h"
 
 #ifndef SYS_pidfd_open
@@ -197,14 +198,21 @@ static bool name_ok(const char *name)
 
 int shm_segment_name(uint64_t job, uint64_t generation, char *out, size_t outlen)
 {
-    char hex[17];
-    int rc = random_hex(hex, 8);
-    if (rc)
-        return rc;
-    int n = snprintf(out, outlen, "/kolo-%llu-%llu-%s", (unsigned long long)job,
-                     (unsigned long long)generation, hex);
-    return n < 0 || (size_t)n >= outlen ? KOLO_EINVAL : 0;
+    return shm_names_make(job, generation, out, outlen);
 }
+
+int shm_segment_trusted(int fd, const char *name)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return KOLO_ESYS;
+    if (st.st_uid == geteuid() && (st.st_mode & 077) == 0)
+        return 0;
+    LOGW("xport", "not attaching shared segment %s: owned by uid %d with mode %04o (want uid %d, "
+         "0600)", name, (int)st.st_uid, (unsigned)(st.st_mode & 07777), (int)geteuid());
+    return KOLO_EPERM;
+}
+
 
 static int segment_open(const char *name, int nlocal, size_t ring_bytes, bool create,
                         struct shm_segment **out)
@@ -228,6 +236,8 @@ static int segment_open(const char *name, int nlocal, size_t ring_bytes, bool cr
     struct stat st = {0};
     if (create && ftruncate(fd, (off_t)size) < 0) {
         rc = KOLO_ESYS;
+    } else if (!create && (rc = shm_segment_trusted(fd, name)) != 0) {
+        /* someone else's segment */
     } else if (!create && (fstat(fd, &st) < 0 || (size_t)st.st_size != size)) {
         LOGD("xport", "segment %s has %lld bytes, expected %zu", name, (long long)st.st_size, size);
         rc = KOLO_EPROTO;

@@ -159,6 +159,7 @@ struct kolo_ctx {
 
     /* ---- snapshot.c (under mu) ---- */
     char *coord_url, *coord_token; /* kolo_init's, for the snapshot connection */
+    bool coord_token_job; /* coord_token is the job's credential, not the cluster's */
     struct rpc_client *snap_rpc;   /* its own connection, opened on first use */
     int snap_calls;                /* snapshot calls running (kolo_fini waits) */
     uint64_t snap_seq;             /* puts so far */
@@ -228,6 +229,12 @@ bool ctx_try_execute(struct kolo_ctx *c);
 /* ctx_token_release gives the executor token back and wakes whoever waits
  * for it or for an op it completed (mu held). */
 void ctx_token_release(struct kolo_ctx *c);
+/* ctx_rpc_config fills what every coordinator connection of c is opened
+ * with (url, credential, identity written into ident); c's fields are
+ * read, so callers hold mu where they may change. */
+struct rpc_client_config;
+void ctx_rpc_config(const struct kolo_ctx *c, char *ident, size_t identlen,
+                    struct rpc_client_config *rc);
 
 /* ops.c (caller holds mu unless noted) */
 /* request_elems: the number of elements of r's tensor (product of its shape). */

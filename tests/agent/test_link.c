@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "agent.h"
+#include "creds.h"
 #include "errors.h"
 #include "fake_coord.h"
 #include "log.h"
@@ -250,8 +251,10 @@ static void test_coordinator_restart(void)
     spec_free(specs[1]);
 }
 
-/* With a cluster token: the agent authenticates and hands the token to its
- * workers; with a wrong one it is refused and keeps trying. */
+/* With a cluster token: the agent authenticates and hands its workers
+ * their job's credential, never the token itself (not even one in the
+ * agent's environment); with a wrong token it is refused and keeps
+ * trying. */
 static void test_token(void)
 {
     const char *token = "kolo-test-token-0123456789";
@@ -260,11 +263,15 @@ static void test_token(void)
     char dir[128];
     state_path(dir, sizeof(dir), "token");
     struct agent *a = start_agent_tok(fake_url(fc), dir, token);
-    Kolo__WorkerSpec *s = spec_sh(12, 1, 0, 1, "echo $KOLO_TOKEN");
+    setenv("KOLO_TOKEN", token, 1);
+    Kolo__WorkerSpec *s = spec_sh(12, 1, 0, 1, "echo \"[$KOLO_TOKEN]$KOLO_JOB_TOKEN\"");
     fake_set_desired(fc, &s, 1);
     CHECK(WAIT_UNTIL(fake_get_event(fc, EXITED, 12, 0, NULL), 5000));
+    unsetenv("KOLO_TOKEN");
+    char want[CREDS_JOB_HEX + 2] = "[]";
+    creds_job(token, 12, want + 2);
     fake_lock(fc);
-    CHECK(fc->n_lines == 1 && strcmp(fc->lines[0].text, token) == 0);
+    CHECK(fc->n_lines == 1 && strcmp(fc->lines[0].text, want) == 0);
     fake_unlock(fc);
     agent_stop(a);
 

@@ -13,6 +13,7 @@
 #include <nng/protocol/reqrep0/req.h>
 
 #include "errors.h"
+#include "creds.h"
 #include "rpc.h"
 #include "test.h"
 #include "util.h"
@@ -43,6 +44,13 @@ static void handler(struct rpc_call *call, void *arg)
         char out[300];
         snprintf(out, sizeof(out), "%s/%llu/%llu/%d", f->identity, (unsigned long long)f->job_id,
                  (unsigned long long)f->generation, f->rank);
+        rpc_call_reply(call, out, strlen(out));
+        return;
+    }
+    if (strcmp(f->method, "T.Scope") == 0) {
+        char out[64];
+        snprintf(out, sizeof(out), "%s/%llu", rpc_call_job_scoped(call) ? "job" : "cluster",
+                 (unsigned long long)f->job_id);
         rpc_call_reply(call, out, strlen(out));
         return;
     }
@@ -194,6 +202,63 @@ static void test_auth(void)
                  KOLO_EAUTH);
     rpc_client_close(extra);
     rpc_server_close(srv);
+}
+
+/* A job's credential (creds.h) opens calls for that job only, which the
+ * handler is told; the reply is keyed with it too. */
+static void test_job_credential(void)
+{
+    struct rpc_server *srv = start_server("tcp://127.0.0.1:0", TOKEN, 0);
+    const char *url = rpc_server_url(srv);
+    char cred[CREDS_JOB_HEX], err[256];
+    creds_job(TOKEN, 5, cred);
+    void *rep;
+    size_t len;
+    struct rpc_client *cli = NULL;
+    struct rpc_client_config cfg = {.url = url, .token = cred, .token_is_job = true,
+                                    .identity = "worker", .job_id = 5};
+    REQUIRE(rpc_client_open(&cli, &cfg) == 0);
+    CHECK_EQ_INT(rpc_client_call(cli, "T.Scope", "", 0, &rep, &len, 3000, err, sizeof(err)), 0);
+    CHECK(len == 5 && memcmp(rep, "job/5", 5) == 0);
+    free(rep);
+    /* the same credential claiming another job */
+    rpc_client_set_identity(cli, "worker", 6, 0, 0);
+    CHECK_EQ_INT(rpc_client_call(cli, "T.Scope", "", 0, &rep, &len, 3000, err, sizeof(err)),
+                 KOLO_EAUTH);
+    CHECK_EQ_STR(err, "wrong job credential");
+    rpc_client_close(cli);
+    /* nor does it pass for the cluster token */
+    cli = client(url, cred);
+    CHECK_EQ_INT(rpc_client_call(cli, "T.Scope", "", 0, &rep, &len, 3000, err, sizeof(err)),
+                 KOLO_EAUTH);
+    CHECK_EQ_STR(err, "wrong cluster token");
+    rpc_client_close(cli);
+    /* the cluster token is not scoped */
+    cli = client(url, TOKEN);
+    CHECK_EQ_INT(rpc_client_call(cli, "T.Scope", "", 0, &rep, &len, 3000, err, sizeof(err)), 0);
+    CHECK(len == 9 && memcmp(rep, "cluster/0", 9) == 0);
+    free(rep);
+    rpc_client_close(cli);
+    rpc_server_close(srv);
+    /* derivation: fixed, and different per job and per token */
+    char a[CREDS_JOB_HEX], b[CREDS_JOB_HEX];
+    creds_job(TOKEN, 5, a);
+    CHECK_EQ_STR(a, cred);
+    creds_job(TOKEN, 6, b);
+    CHECK(strcmp(a, b) != 0);
+    creds_job("another-token-of-some-length", 5, b);
+    CHECK(strcmp(a, b) != 0);
+    CHECK_EQ_INT((int)strlen(a), 64);
+    unsigned char k1[CREDS_KEY_LEN], k2[CREDS_KEY_LEN];
+    creds_data_key(a, 5, 1, 0, 0, k1);
+    creds_data_key(a, 5, 2, 0, 0, k2);
+    CHECK(memcmp(k1, k2, sizeof k1) != 0);
+    creds_data_key(a, 5, 1, 1, 0, k2);
+    CHECK(memcmp(k1, k2, sizeof k1) != 0);
+    creds_data_key(a, 5, 1, 0, 3, k2);
+    CHECK(memcmp(k1, k2, sizeof k1) != 0);
+    creds_data_key(a, 5, 1, 0, 0, k2);
+    CHECK(memcmp(k1, k2, sizeof k1) == 0);
 }
 
 /* Sends raw bytes with a plain req socket and returns the decoded reply. */
@@ -420,6 +485,7 @@ int main(void)
     test_close_with_call_in_flight();
     test_unreachable();
     test_auth();
+    test_job_credential();
     test_bad_frames();
     TEST_DONE();
 }

@@ -12,6 +12,7 @@
 #include "coord.h"
 #include "errors.h"
 #include "kolo.pb-c.h"
+#include "creds.h"
 #include "rpc.h"
 #include "test.h"
 #include "util.h"
@@ -605,11 +606,50 @@ static void test_refuses_open_listener_without_token(void)
     CHECK_EQ_INT(coord_start(&c, &cfg2, err, sizeof(err)), KOLO_EPERM);
 }
 
+/* A worker's credential (the job's, creds.h) opens that job's worker
+ * calls and nothing an agent or an operator does (issue 15, F6). */
+static void test_job_credential_scope(void)
+{
+    static const char token[] = "scope-test-token-0123456789abcdef";
+    struct coord *c = NULL;
+    char err[512];
+    struct coord_config cfg = {.listen = "tcp://127.0.0.1:0", .db_path = dbpath, .token = token};
+    REQUIRE(coord_start(&c, &cfg, err, sizeof(err)) == 0);
+    char cred[CREDS_JOB_HEX];
+    creds_job(token, 3, cred);
+    struct rpc_client *cli = NULL;
+    struct rpc_client_config cc = {.url = coord_rpc_url(c), .token = cred, .token_is_job = true,
+                                   .identity = "job3-rank0", .job_id = 3};
+    REQUIRE(rpc_client_open(&cli, &cc) == 0);
+    void *rep;
+    Kolo__ListHostsRequest lh = KOLO__LIST_HOSTS_REQUEST__INIT;
+    CHECK_EQ_INT(call(cli, "AdminService.ListHosts", &lh.base, NULL, &rep, 3000, err), KOLO_EPERM);
+    CHECK(strstr(err, "needs the cluster token") != NULL);
+    Kolo__SubmitJobRequest sub = KOLO__SUBMIT_JOB_REQUEST__INIT;
+    char *argv[] = {"id"};
+    sub.argv = argv;
+    sub.n_argv = 1;
+    sub.np = 1;
+    CHECK_EQ_INT(call(cli, "AdminService.SubmitJob", &sub.base, NULL, &rep, 3000, err),
+                 KOLO_EPERM);
+    Kolo__RegisterRequest reg = KOLO__REGISTER_REQUEST__INIT;
+    reg.host_id = "h";
+    reg.slots = 1;
+    CHECK_EQ_INT(call(cli, "AgentService.RegisterHost", &reg.base, NULL, &rep, 3000, err),
+                 KOLO_EPERM);
+    /* a worker call gets past the credential (the job itself is unknown) */
+    Kolo__WorkerReportRequest wr = KOLO__WORKER_REPORT_REQUEST__INIT;
+    int rv = call(cli, "WorkerService.Report", &wr.base, NULL, &rep, 3000, err);
+    CHECK(rv != KOLO_EPERM && rv != KOLO_EAUTH);
+    rpc_client_close(cli);
+    coord_stop(c);
+}
+
 int main(void)
 {
     char dir[] = "/tmp/kolo-test-coord-XXXXXX";
     REQUIRE(mkdtemp(dir));
-    const char *tests[] = {"launch", "failure", "pending", "leases", "restart", "open"};
+    const char *tests[] = {"launch", "failure", "pending", "leases", "restart", "open", "scope"};
     for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
         snprintf(dbpath, sizeof(dbpath), "%s/%s.db", dir, tests[i]);
         switch (i) {
@@ -630,6 +670,9 @@ int main(void)
             break;
         case 5:
             test_refuses_open_listener_without_token();
+            break;
+        case 6:
+            test_job_credential_scope();
             break;
         }
     }

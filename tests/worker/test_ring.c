@@ -40,6 +40,7 @@
 #include "coll.h"
 #include "reduce.h"
 #include "test.h"
+#include "tcp_ident.h"
 #include "transport.h"
 #include "util.h"
 
@@ -250,14 +251,14 @@ static struct world *world_new(enum kind kind, int n, int fault_rank, size_t bud
             for (int i = 0; i < j; i++) {
                 if (!connected(kind, n, i, j))
                     continue;
-                REQUIRE(tcp_connect("127.0.0.1", port[i], JOB, GEN, j, i, dl, &peers[j][i]) == 0);
+                REQUIRE(tcp_connect("127.0.0.1", port[i], IDENT(JOB, GEN, j), i, dl, &peers[j][i]) == 0);
                 expect[i]++;
             }
         }
         for (int i = 0; i < n; i++) {
             for (int k = 0; k < expect[i]; k++) {
                 struct xport *x;
-                REQUIRE(tcp_accept(lfd[i], JOB, GEN, i, dl, &x) == 0);
+                REQUIRE(tcp_accept(lfd[i], IDENT(JOB, GEN, i), dl, &x) == 0);
                 REQUIRE(x->peer > i && x->peer < n && !peers[i][x->peer]);
                 peers[i][x->peer] = x;
             }
@@ -900,11 +901,11 @@ static int bench_rank(int me, int n, const int *lfd, const int *port)
     struct xport *peers[MAX_RANKS] = {NULL};
     uint64_t dl = deadline_in(DEADLINE_MS);
     for (int p = 0; p < me; p++)
-        if (tcp_connect("127.0.0.1", port[p], JOB, GEN, me, p, dl, &peers[p]))
+        if (tcp_connect("127.0.0.1", port[p], IDENT(JOB, GEN, me), p, dl, &peers[p]))
             return 1;
     for (int k = me + 1; k < n; k++) {
         struct xport *x;
-        if (tcp_accept(lfd[me], JOB, GEN, me, dl, &x) || x->peer <= me || x->peer >= n)
+        if (tcp_accept(lfd[me], IDENT(JOB, GEN, me), dl, &x) || x->peer <= me || x->peer >= n)
             return 1;
         peers[x->peer] = x;
     }

@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -914,6 +915,13 @@ static void test_setup_edges(void)
     CHECK_EQ_INT(c->rank, 0);
     CHECK_EQ_INT(c->size, 2);
     CHECK_EQ_STR(c->ops->name, "shm");
+    /* A segment others may open is not ours to trust (issue 15): a
+     * segment made readable to the world is refused. */
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    REQUIRE(chmod(path, 0644) == 0);
+    CHECK_EQ_INT(shmcoll_attach(name, 1, 2, 0, &d), KOLO_EPERM);
+    REQUIRE(chmod(path, 0600) == 0);
     /* The creator leaving before ready takes the name with it. */
     c->ops->destroy(c);
     CHECK_EQ_INT(count_leftovers(), 0);

@@ -33,6 +33,7 @@
 
 #include "errors.h"
 #include "test.h"
+#include "tcp_ident.h"
 #include "transport.h"
 #include "util.h"
 
@@ -162,8 +163,8 @@ static void pair_open(enum kind k, struct pair *p)
         int lfd, port;
         REQUIRE(tcp_listen("127.0.0.1", &lfd, &port) == 0);
         /* connect first, accept second: the connector does not wait. */
-        REQUIRE(tcp_connect("127.0.0.1", port, JOB, GEN, 0, 1, deadline_in(5000), &p->x[0]) == 0);
-        REQUIRE(tcp_accept(lfd, JOB, GEN, 1, deadline_in(5000), &p->x[1]) == 0);
+        REQUIRE(tcp_connect("127.0.0.1", port, IDENT(JOB, GEN, 0), 1, deadline_in(5000), &p->x[0]) == 0);
+        REQUIRE(tcp_accept(lfd, IDENT(JOB, GEN, 1), deadline_in(5000), &p->x[1]) == 0);
         CHECK_EQ_INT(p->x[0]->peer, 1);
         CHECK_EQ_INT(p->x[1]->peer, 0);
         close(lfd);
@@ -307,7 +308,7 @@ static struct xport *proc_pair_open(enum kind k, struct proc_pair *pp, rank_body
         struct shm_segment *seg = NULL;
         if (k == TCP) {
             close(pp->lfd);
-            REQUIRE(tcp_connect("127.0.0.1", pp->port, JOB, GEN, 1, 0, deadline_in(5000), &x) == 0);
+            REQUIRE(tcp_connect("127.0.0.1", pp->port, IDENT(JOB, GEN, 1), 0, deadline_in(5000), &x) == 0);
         } else {
             /* The inherited handle is the parent's; a rank attaches its
              * own, as a separate process would. */
@@ -326,7 +327,7 @@ static struct xport *proc_pair_open(enum kind k, struct proc_pair *pp, rank_body
     pp->child = pid;
     struct xport *x = NULL;
     if (k == TCP) {
-        REQUIRE(tcp_accept(pp->lfd, JOB, GEN, 0, deadline_in(5000), &x) == 0);
+        REQUIRE(tcp_accept(pp->lfd, IDENT(JOB, GEN, 0), deadline_in(5000), &x) == 0);
         close(pp->lfd);
         pp->lfd = -1;
     } else {
@@ -546,7 +547,7 @@ static void ring_dial(const struct ring_setup *s, struct ring_rank *rr, const pi
     if (s->any_shm && !rr->seg)
         REQUIRE(shm_segment_attach(s->name, n, 0, &rr->seg) == 0);
     if (s->kinds[r] == TCP)
-        REQUIRE(tcp_connect("127.0.0.1", s->port[r], JOB, GEN, r, nx, deadline_in(5000),
+        REQUIRE(tcp_connect("127.0.0.1", s->port[r], IDENT(JOB, GEN, r), nx, deadline_in(5000),
                             &rr->next) == 0);
     else
         REQUIRE(shm_connect(rr->seg, r, nx, nx, pids[nx], &rr->next) == 0);
@@ -557,7 +558,7 @@ static void ring_accept(const struct ring_setup *s, struct ring_rank *rr, const 
 {
     int n = s->n, r = rr->rank, pv = (r + n - 1) % n;
     if (s->kinds[pv] == TCP)
-        REQUIRE(tcp_accept(s->lfd[pv], JOB, GEN, r, deadline_in(5000), &rr->prev) == 0);
+        REQUIRE(tcp_accept(s->lfd[pv], IDENT(JOB, GEN, r), deadline_in(5000), &rr->prev) == 0);
     else
         REQUIRE(shm_connect(rr->seg, r, pv, pv, pids[pv], &rr->prev) == 0);
     CHECK_EQ_INT(rr->prev->peer, pv);
@@ -701,8 +702,8 @@ static void expect_refused(uint64_t cjob, uint64_t cgen, int to, int want)
     int lfd, port;
     REQUIRE(tcp_listen("127.0.0.1", &lfd, &port) == 0);
     struct xport *c = NULL, *a = (struct xport *)1;
-    REQUIRE(tcp_connect("127.0.0.1", port, cjob, cgen, 0, to, deadline_in(5000), &c) == 0);
-    CHECK_EQ_INT(tcp_accept(lfd, JOB, GEN, 1, deadline_in(5000), &a), want);
+    REQUIRE(tcp_connect("127.0.0.1", port, IDENT(cjob, cgen, 0), to, deadline_in(5000), &c) == 0);
+    CHECK_EQ_INT(tcp_accept(lfd, IDENT(JOB, GEN, 1), deadline_in(5000), &a), want);
     CHECK(a == NULL);
     /* The connector learns why on its first use, and it sticks. */
     unsigned char byte;
@@ -733,7 +734,7 @@ static void test_hello(void)
     REQUIRE(connect(s, (struct sockaddr *)&sa, sizeof sa) == 0);
     const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\nand some more bytes";
     REQUIRE(write(s, junk, sizeof junk) == (ssize_t)sizeof junk);
-    CHECK_EQ_INT(tcp_accept(lfd, JOB, GEN, 1, deadline_in(5000), &a), KOLO_EPROTO);
+    CHECK_EQ_INT(tcp_accept(lfd, IDENT(JOB, GEN, 1), deadline_in(5000), &a), KOLO_EPROTO);
     close(s);
 
     /* Half a hello, then gone. */
@@ -741,26 +742,26 @@ static void test_hello(void)
     REQUIRE(connect(s, (struct sockaddr *)&sa, sizeof sa) == 0);
     REQUIRE(write(s, "KOLX", 4) == 4);
     close(s);
-    CHECK_EQ_INT(tcp_accept(lfd, JOB, GEN, 1, deadline_in(5000), &a), KOLO_EPROTO);
+    CHECK_EQ_INT(tcp_accept(lfd, IDENT(JOB, GEN, 1), deadline_in(5000), &a), KOLO_EPROTO);
 
     /* A connection that never says hello cannot hold accept past its
      * deadline; nor can the absence of any connection. */
     s = socket(AF_INET, SOCK_STREAM, 0);
     REQUIRE(connect(s, (struct sockaddr *)&sa, sizeof sa) == 0);
     uint64_t t0 = now_mono_ms();
-    CHECK_EQ_INT(tcp_accept(lfd, JOB, GEN, 1, deadline_in(200), &a), KOLO_ETIMEDOUT);
+    CHECK_EQ_INT(tcp_accept(lfd, IDENT(JOB, GEN, 1), deadline_in(200), &a), KOLO_ETIMEDOUT);
     uint64_t dt = now_mono_ms() - t0;
     CHECK(dt >= 190 && dt < 1000);
     close(s);
     t0 = now_mono_ms();
-    CHECK_EQ_INT(tcp_accept(lfd, JOB, GEN, 1, deadline_in(200), &a), KOLO_ETIMEDOUT);
+    CHECK_EQ_INT(tcp_accept(lfd, IDENT(JOB, GEN, 1), deadline_in(200), &a), KOLO_ETIMEDOUT);
     dt = now_mono_ms() - t0;
     CHECK(dt >= 190 && dt < 1000);
     close(lfd);
 
     /* Nobody listens there any more. */
     struct xport *c = NULL;
-    CHECK_EQ_INT(tcp_connect("127.0.0.1", port, JOB, GEN, 0, 1, deadline_in(2000), &c),
+    CHECK_EQ_INT(tcp_connect("127.0.0.1", port, IDENT(JOB, GEN, 0), 1, deadline_in(2000), &c),
                  KOLO_ECONNREFUSED);
     CHECK(c == NULL);
 }

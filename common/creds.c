@@ -1,0 +1,43 @@
+/*
+ * creds.c - derived secrets (see creds.h): HMAC-SHA256 over a label and
+ * little-endian integers, so every language and version derives the same.
+ */
+#include "creds.h"
+
+#include <string.h>
+
+#include "hmac.h"
+
+static void put_le(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+void creds_job(const char *token, uint64_t job, char out[CREDS_JOB_HEX])
+{
+    static const char label[] = "kolo-job-credential";
+    unsigned char msg[sizeof label + 8], mac[SHA256_LEN];
+    memcpy(msg, label, sizeof label); /* the NUL separates label and job */
+    put_le(msg + sizeof label, job);
+    hmac_sha256(token, strlen(token), msg, sizeof msg, mac);
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 0; i < SHA256_LEN; i++) {
+        out[2 * i] = hex[mac[i] >> 4];
+        out[2 * i + 1] = hex[mac[i] & 15];
+    }
+    out[2 * SHA256_LEN] = '\0';
+}
+
+void creds_data_key(const char *job_credential, uint64_t job, uint64_t generation,
+                    uint32_t session, int32_t process_set, unsigned char out[CREDS_KEY_LEN])
+{
+    static const char label[] = "kolo-data-plane";
+    unsigned char msg[sizeof label + 32];
+    memcpy(msg, label, sizeof label);
+    put_le(msg + sizeof label, job);
+    put_le(msg + sizeof label + 8, generation);
+    put_le(msg + sizeof label + 16, session);
+    put_le(msg + sizeof label + 24, (uint64_t)(uint32_t)process_set);
+    hmac_sha256(job_credential, strlen(job_credential), msg, sizeof msg, out);
+}

@@ -1,0 +1,17 @@
+"""Rank 1 joins late (argv[1] seconds), so rank 0 waits in the rendezvous
+with its data port open: the window test_dataplane_auth uses to throw
+strangers at it. Then one allreduce whose sum is known."""
+import os
+import sys
+import time
+
+import numpy as np
+
+if os.environ.get("KOLO_RANK") == "1":
+    time.sleep(float(sys.argv[1]))
+import kolo
+
+kolo.init()
+got = kolo.allreduce(np.full(4, kolo.rank() + 1.0, dtype=np.float32), op=kolo.Sum, name="x")
+print("result " + " ".join("%g" % v for v in got), flush=True)
+kolo.shutdown()
