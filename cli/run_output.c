@@ -57,7 +57,7 @@ int run_output_open(struct run_output **out, const char *dir, int np, char *err,
         }
         for (int s = 0; s < 2; s++) {
             rank_path(o, r, s ? "stderr" : "stdout", path, sizeof path);
-            FILE *f = fopen(path, "w");
+            FILE *f = fopen_private(path, false);
             if (!f) {
                 snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
                 run_output_close(o);
@@ -88,10 +88,10 @@ void run_output_write(struct run_output *o, int rank, bool err_stream, const voi
     if (!*slot) {
         char path[4200];
         rank_path(o, rank, err_stream ? "stderr" : "stdout", path, sizeof path);
-        *slot = fopen(path, "a");
+        *slot = fopen_private(path, true);
         if (!*slot && (errno == EMFILE || errno == ENFILE)) {
             close_all(o);
-            *slot = fopen(path, "a");
+            *slot = fopen_private(path, true);
         }
         if (!*slot) {
             if (!o->failed)

@@ -346,6 +346,20 @@ int addr_is_loopback(const char *addr)
     return host_is_loopback(host);
 }
 
+FILE *fopen_private(const char *path, bool append)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0600);
+    if (fd < 0)
+        return NULL;
+    FILE *f = fdopen(fd, append ? "a" : "w");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        errno = e;
+    }
+    return f;
+}
+
 int mkdir_p(const char *path)
 {
     if (!path || !*path)

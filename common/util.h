@@ -5,7 +5,9 @@
 #define KOLO_COMMON_UTIL_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 /* now_mono_ms: CLOCK_MONOTONIC in ms, for leases and deadlines. */
@@ -39,6 +41,10 @@ int read_token_file(const char *path, char **token, char *err, size_t errlen);
 int addr_is_loopback(const char *addr);
 /* mkdir_p creates a directory and its parents (mode 0700 for new ones). */
 int mkdir_p(const char *path);
+/* fopen_private opens path for writing (truncated, or appended to), creating
+ * it readable by its owner only (0600): job output and timelines may hold
+ * what the job printed or named. NULL and errno on failure. */
+FILE *fopen_private(const char *path, bool append);
 /* str_hash: FNV-1a of a NUL-terminated string, for hash tables. */
 uint64_t str_hash(const char *s);
 /* array_room makes room for one more element in the array whose pointer

@@ -277,6 +277,51 @@ static struct tl_sink *sink_start(FILE *f, const char *path)
     return k;
 }
 
+/* tl_why: what a failed open of a timeline means. */
+static const char *tl_why(int err)
+{
+    return err == EEXIST ? "something that is not a kolo timeline is there (a file of another "
+                           "user or kind, or a symbolic link): kolo overwrites only timelines"
+                         : strerror(err);
+}
+
+/* tl_create opens a timeline file for writing. The coordinator may run as
+ * another user (or root) than the job that names the path, so a job must
+ * not make it clobber what is not a timeline: an existing file is
+ * replaced only when it is a regular file of the coordinator's user that
+ * is empty or starts like a trace ('['); symbolic links are not followed;
+ * new files are 0600. NULL with errno (EEXIST: there is something else
+ * there). */
+static FILE *tl_create(const char *path)
+{
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0 && errno == ENOENT)
+        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    else if (fd >= 0) {
+        struct stat st;
+        char first = 0;
+        bool ours = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+                    (st.st_size == 0 || (pread(fd, &first, 1, 0) == 1 && first == '['));
+        if (!ours || ftruncate(fd, 0) != 0) {
+            int e = ours ? errno : EEXIST;
+            close(fd);
+            errno = e;
+            return NULL;
+        }
+    } else if (errno == ELOOP) {
+        errno = EEXIST; /* a symbolic link: not followed */
+    }
+    if (fd < 0)
+        return NULL;
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        errno = e;
+    }
+    return f;
+}
+
 struct timeline *coord_timeline_open_path(const struct job *j, const char *val)
 {
     struct timeline *tl = calloc(1, sizeof(*tl));
@@ -284,15 +329,17 @@ struct timeline *coord_timeline_open_path(const struct job *j, const char *val)
         return NULL;
     buf_init(&tl->b);
     tl->path = tl_resolve(j, val);
-    FILE *f = tl->path ? fopen(tl->path, "w") : NULL;
+    FILE *f = tl->path ? tl_create(tl->path) : NULL;
     if (f && !(tl->sink = sink_start(f, tl->path))) {
         fclose(f);
         f = NULL;
         errno = ENOMEM;
     }
     if (!f) {
+        int e = errno;
         LOGW("coord", "job %llu: cannot write the timeline %s: %s", (unsigned long long)j->id,
-             tl->path ? tl->path : val, strerror(errno));
+             tl->path ? tl->path : val, tl_why(e));
+        errno = e;
         free(tl->path);
         free(tl);
         return NULL;
@@ -546,7 +593,7 @@ void coord_rpc_timeline(struct coord *c, struct rpc_call *call)
         if (!j->tl) {
             c->m.rpc_errors[M_WORKER_TIMELINE]++;
             rpc_call_error(call, KOLO_EIO, "cannot write the timeline %s: %s", want,
-                           strerror(errno));
+                           tl_why(errno));
             kolo__timeline_request__free_unpacked(req, NULL);
             return;
         }

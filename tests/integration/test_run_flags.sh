@@ -88,6 +88,7 @@ done
 run output1 -np 1 --output-filename outdir1 -- true
 [ -f outdir1/rank.0/stdout ] && [ ! -s outdir1/rank.0/stdout ] && [ -f outdir1/rank.0/stderr ] \
   || fail "a silent rank's files: $(ls -R outdir1)"
+[ "$(stat -c %a outdir/rank.07/stdout)" = 600 ] || fail "output file mode $(stat -c %a outdir/rank.07/stdout)"
 
 note "ignored flags print a note, take their values, and the run goes on"
 run ignored -np 1 -p 22 -i id_rsa --network-interface eth0 --network-interfaces eth0,eth1 --gloo \

@@ -100,6 +100,28 @@ def test_timeline_file(tmp_path):
     check(evs, "tl.other", 1, "HOROVOD_FLOAT64", "[2, 3]")
 
 
+def test_never_overwrites_what_is_not_a_timeline(tmp_path):
+    """Issue 15, F11: the coordinator may run as another user than the job,
+    so a timeline path must not make it clobber another file (a secret of
+    0600, a symbolic link to one); a timeline it made is 0600 and may be
+    replaced by the next run's."""
+    secret = tmp_path / "secret"
+    secret.write_text("-----BEGIN KEY-----\n")
+    secret.chmod(0o600)
+    link = tmp_path / "link.json"
+    link.symlink_to(secret)
+    for target in (secret, link):
+        job = kolo_run(2, WORKER, kolo_args=("--timeline-filename", str(target)))
+        assert job.rc == 0, job.err  # the job runs without its timeline
+        assert secret.read_text() == "-----BEGIN KEY-----\n"
+    fresh = str(tmp_path / "t.json")
+    for _ in range(2):  # the second run replaces the first's timeline
+        job = kolo_run(2, WORKER, kolo_args=("--timeline-filename", fresh))
+        assert job.rc == 0, job.err
+        check(load(fresh), "tl.grad", 3, "HOROVOD_FLOAT32", "[4]")
+        assert os.stat(fresh).st_mode & 0o777 == 0o600
+
+
 def test_relative_path_is_in_the_jobs_cwd():
     job = kolo_run(2, WORKER.replace('print("done"', 'import os; print("cwd", os.getcwd()); print("done"'),
                    kolo_args=("--timeline-filename", "rel.json"))
