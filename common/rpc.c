@@ -202,7 +202,21 @@ struct rpc_call {
     struct rpc_frame frame;
     /* RPC_FLAG_JOB_KEY calls: the job's credential, which keys the reply */
     char job_key[CREDS_JOB_HEX];
+    /* under srv->mtx: the request's connection, and whether the handler
+     * kept the call (counted in that connection's parked) */
+    uint32_t pipe_id;
+    bool answered, parked;
 };
+
+/* What the server knows of one connection (nng pipe), under srv->mtx. */
+struct pipe_rec {
+    uint32_t id;
+    uint64_t since_ms; /* when it connected */
+    bool proven;       /* it sent a valid (authenticated) request */
+    int parked;        /* its calls the handler keeps */
+    struct pipe_rec *next;
+};
+#define PIPE_BUCKETS 256
 
 struct rpc_server {
     nng_socket sock;
@@ -218,7 +232,104 @@ struct rpc_server {
     nng_mtx *mtx;
     struct rpc_server_stats stats;
     struct replay_entry *replay;
+    /* connections (under mtx): bounded before they prove anything */
+    struct pipe_rec *pipes[PIPE_BUCKETS];
+    int npipes, nunproven;
+    int handshake_ms, max_unproven;
+    nng_aio *sweep_aio; /* closes connections silent past RPC_HANDSHAKE_MS */
 };
+
+static struct pipe_rec *pipe_find(struct rpc_server *srv, uint32_t id)
+{
+    struct pipe_rec *r = srv->pipes[id % PIPE_BUCKETS];
+    while (r && r->id != id)
+        r = r->next;
+    return r;
+}
+
+/* Connection hygiene (issue 15, F4 F5): a connection that has not sent a
+ * valid request within RPC_HANDSHAKE_MS is closed, and at most
+ * RPC_MAX_UNPROVEN such connections are held at once (the oldest goes
+ * when another arrives), so held-open or trickling connections cannot
+ * exhaust descriptors or buffer memory before anything is authenticated. */
+static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    struct rpc_server *srv = arg;
+    uint32_t id = (uint32_t)nng_pipe_id(p);
+    nng_mtx_lock(srv->mtx);
+    if (ev == NNG_PIPE_EV_ADD_PRE) {
+        struct pipe_rec *r = calloc(1, sizeof *r);
+        if (!r) {
+            nng_mtx_unlock(srv->mtx);
+            nng_pipe_close(p);
+            return;
+        }
+        r->id = id;
+        r->since_ms = now_mono_ms();
+        r->next = srv->pipes[id % PIPE_BUCKETS];
+        srv->pipes[id % PIPE_BUCKETS] = r;
+        srv->npipes++;
+        if (++srv->nunproven > srv->max_unproven) {
+            struct pipe_rec *oldest = NULL;
+            for (int b = 0; b < PIPE_BUCKETS; b++)
+                for (struct pipe_rec *q = srv->pipes[b]; q; q = q->next)
+                    if (!q->proven && q != r && (!oldest || q->since_ms < oldest->since_ms))
+                        oldest = q;
+            if (oldest) {
+                srv->stats.conns_evicted++;
+                nng_pipe victim;
+                memset(&victim, 0, sizeof victim);
+                victim.id = oldest->id;
+                oldest->proven = true; /* no longer counted while it closes */
+                srv->nunproven--;
+                nng_mtx_unlock(srv->mtx);
+                nng_pipe_close(victim);
+                return;
+            }
+        }
+    } else if (ev == NNG_PIPE_EV_REM_POST) {
+        struct pipe_rec **pp = &srv->pipes[id % PIPE_BUCKETS];
+        while (*pp && (*pp)->id != id)
+            pp = &(*pp)->next;
+        if (*pp) {
+            struct pipe_rec *r = *pp;
+            *pp = r->next;
+            srv->npipes--;
+            if (!r->proven)
+                srv->nunproven--;
+            free(r);
+        }
+    }
+    nng_mtx_unlock(srv->mtx);
+}
+
+static void sweep_cb(void *arg)
+{
+    struct rpc_server *srv = arg;
+    if (nng_aio_result(srv->sweep_aio) != 0 || atomic_load(&srv->closing))
+        return;
+    uint64_t now = now_mono_ms();
+    uint32_t late[64];
+    int n = 0;
+    nng_mtx_lock(srv->mtx);
+    for (int b = 0; b < PIPE_BUCKETS && n < 64; b++)
+        for (struct pipe_rec *q = srv->pipes[b]; q && n < 64; q = q->next)
+            if (!q->proven && now - q->since_ms > (uint64_t)srv->handshake_ms) {
+                q->proven = true; /* no longer counted while it closes */
+                srv->nunproven--;
+                srv->stats.conns_timed_out++;
+                late[n++] = q->id;
+            }
+    nng_mtx_unlock(srv->mtx);
+    for (int i = 0; i < n; i++) {
+        nng_pipe p;
+        memset(&p, 0, sizeof p);
+        p.id = late[i];
+        nng_pipe_close(p);
+    }
+    int period = srv->handshake_ms / 4 < 1000 ? srv->handshake_ms / 4 + 1 : 1000;
+    nng_sleep_aio(n == 64 ? 10 : period, srv->sweep_aio);
+}
 
 static void call_recv(struct rpc_call *c)
 {
@@ -248,6 +359,13 @@ static void call_send_frame(struct rpc_call *c, int status, const void *body, si
     nng_msg *m = NULL;
     int enc = rpc_frame_encode(&rf, key, &data, &dlen);
     memset(c->job_key, 0, sizeof c->job_key);
+    nng_mtx_lock(srv->mtx);
+    c->answered = true;
+    struct pipe_rec *pr = c->parked ? pipe_find(srv, c->pipe_id) : NULL;
+    if (pr)
+        pr->parked--;
+    c->parked = false;
+    nng_mtx_unlock(srv->mtx);
     if (enc == 0) {
         if (nng_msg_alloc(&m, 0) == 0 && nng_msg_append(m, data, dlen) != 0) {
             nng_msg_free(m);
@@ -344,6 +462,34 @@ static int call_validate(struct rpc_call *c)
     return 0;
 }
 
+/* A valid request proves its connection; one connection may hold at most
+ * RPC_MAX_PARKED_PER_CONN calls the handler keeps (long polls), so one
+ * client cannot take every receive context (heartbeats need some). */
+static int call_admit(struct rpc_call *c)
+{
+    struct rpc_server *srv = c->srv;
+    nng_mtx_lock(srv->mtx);
+    struct pipe_rec *r = pipe_find(srv, c->pipe_id);
+    if (r && !r->proven) {
+        r->proven = true;
+        srv->nunproven--;
+    }
+    bool full = r && r->parked >= RPC_MAX_PARKED_PER_CONN;
+    if (full)
+        srv->stats.busy_refused++;
+    else
+        srv->stats.requests++;
+    nng_mtx_unlock(srv->mtx);
+    if (full) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "this connection already has %d calls waiting (the most one "
+                 "connection may hold); try again when one returns", RPC_MAX_PARKED_PER_CONN);
+        call_send_frame(c, KOLO_EBUSY, msg, strlen(msg));
+        return -1;
+    }
+    return 0;
+}
+
 static void call_cb(void *arg)
 {
     struct rpc_call *c = arg;
@@ -361,11 +507,22 @@ static void call_cb(void *arg)
             return;
         }
         c->req = nng_aio_get_msg(c->aio);
+        c->pipe_id = (uint32_t)nng_pipe_id(nng_msg_get_pipe(c->req));
+        c->answered = c->parked = false;
         if (call_validate(c) != 0)
             return;
-        count(srv, &srv->stats.requests);
+        if (call_admit(c) != 0)
+            return;
         c->state = CALL_HANDLER;
         srv->handler(c, srv->arg);
+        /* kept for later (a long poll): counted against its connection */
+        nng_mtx_lock(srv->mtx);
+        struct pipe_rec *r = c->answered ? NULL : pipe_find(srv, c->pipe_id);
+        if (r) {
+            r->parked++;
+            c->parked = true;
+        }
+        nng_mtx_unlock(srv->mtx);
         return;
     case CALL_SEND:
         if (rv != 0) {
@@ -384,14 +541,14 @@ const struct rpc_frame *rpc_call_frame(const struct rpc_call *call)
     return &call->frame;
 }
 
-/* The kernel's table of this network namespace's IPv4 TCP sockets has, for
- * each, "local remote ... uid": the caller's socket is the one whose local
- * end is the remote end of ours. */
 bool rpc_call_job_scoped(const struct rpc_call *call)
 {
     return call->job_key[0] != '\0';
 }
 
+/* The kernel's table of this network namespace's IPv4 TCP sockets has, for
+ * each, "local remote ... uid": the caller's socket is the one whose local
+ * end is the remote end of ours. */
 int rpc_call_peer_uid(const struct rpc_call *call)
 {
     nng_pipe p = nng_msg_get_pipe(call->req);
@@ -460,6 +617,8 @@ int rpc_server_open(struct rpc_server **out, const struct rpc_server_config *cfg
     srv->arg = cfg->arg;
     srv->max_msg = cfg->max_msg ? cfg->max_msg : RPC_DEFAULT_MAX_MSG;
     srv->ncalls = cfg->contexts > 0 ? cfg->contexts : 256;
+    srv->handshake_ms = cfg->handshake_ms > 0 ? cfg->handshake_ms : RPC_HANDSHAKE_MS;
+    srv->max_unproven = cfg->max_unproven > 0 ? cfg->max_unproven : RPC_MAX_UNPROVEN;
     srv->token = cfg->token ? strdup(cfg->token) : NULL;
     srv->calls = calloc((size_t)srv->ncalls, sizeof(*srv->calls));
     srv->replay = srv->token ? calloc(REPLAY_BUCKETS * REPLAY_WAYS, sizeof(*srv->replay)) : NULL;
@@ -483,6 +642,12 @@ int rpc_server_open(struct rpc_server **out, const struct rpc_server_config *cfg
     /* Frames between the cap and twice the cap still arrive and get a
      * clear ETOOBIG reply; beyond that nng drops the connection. */
     nng_socket_set_size(srv->sock, NNG_OPT_RECVMAXSZ, srv->max_msg * 2);
+    if (nng_pipe_notify(srv->sock, NNG_PIPE_EV_ADD_PRE, pipe_cb, srv) != 0 ||
+        nng_pipe_notify(srv->sock, NNG_PIPE_EV_REM_POST, pipe_cb, srv) != 0 ||
+        nng_aio_alloc(&srv->sweep_aio, sweep_cb, srv) != 0) {
+        rpc_server_close(srv);
+        return KOLO_ENOMEM;
+    }
     for (int i = 0; i < srv->ncalls; i++) {
         struct rpc_call *c = &srv->calls[i];
         c->srv = srv;
@@ -500,6 +665,7 @@ int rpc_server_open(struct rpc_server **out, const struct rpc_server_config *cfg
     server_resolve_url(srv, cfg->url);
     for (int i = 0; i < srv->ncalls; i++)
         call_recv(&srv->calls[i]);
+    nng_sleep_aio(srv->handshake_ms / 4 < 1000 ? srv->handshake_ms / 4 + 1 : 1000, srv->sweep_aio);
     *out = srv;
     return 0;
 }
@@ -521,6 +687,8 @@ void rpc_server_close(struct rpc_server *srv)
     if (!srv)
         return;
     atomic_store(&srv->closing, true);
+    if (srv->sweep_aio)
+        nng_aio_stop(srv->sweep_aio);
     nng_close(srv->sock);
     for (int i = 0; i < srv->ncalls; i++) {
         struct rpc_call *c = &srv->calls[i];
@@ -534,6 +702,14 @@ void rpc_server_close(struct rpc_server *srv)
         if (c->aio)
             nng_aio_free(c->aio);
     }
+    if (srv->sweep_aio)
+        nng_aio_free(srv->sweep_aio);
+    for (int b = 0; b < PIPE_BUCKETS; b++)
+        while (srv->pipes[b]) {
+            struct pipe_rec *r = srv->pipes[b];
+            srv->pipes[b] = r->next;
+            free(r);
+        }
     nng_mtx_free(srv->mtx);
     free(srv->calls);
     free(srv->replay);

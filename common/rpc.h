@@ -60,6 +60,13 @@
 #define RPC_MAX_IDENTITY    128
 #define RPC_DEFAULT_MAX_MSG (16u << 20)
 #define RPC_AUTH_WINDOW_MS  120000
+/* Connection hygiene (rpc.c, pipe_cb): a connection must send a valid
+ * request within RPC_HANDSHAKE_MS; at most RPC_MAX_UNPROVEN connections
+ * that have not are held (the oldest goes); one connection holds at most
+ * RPC_MAX_PARKED_PER_CONN calls the handler keeps (KOLO_EBUSY beyond). */
+#define RPC_HANDSHAKE_MS        10000
+#define RPC_MAX_UNPROVEN        128
+#define RPC_MAX_PARKED_PER_CONN 64
 
 enum rpc_kind { RPC_REQUEST = 1, RPC_REPLY = 2 };
 #define RPC_FLAG_MAC     1
@@ -105,6 +112,8 @@ struct rpc_server_config {
     const char *token; /* NULL: no authentication (loopback only) */
     size_t max_msg;    /* frame size cap; 0 = RPC_DEFAULT_MAX_MSG */
     int contexts;      /* receive contexts = max parked calls; 0 = 256 */
+    int handshake_ms;  /* 0 = RPC_HANDSHAKE_MS (tests shorten it) */
+    int max_unproven;  /* 0 = RPC_MAX_UNPROVEN */
     rpc_handler_fn handler;
     void *arg;
 };
@@ -116,6 +125,9 @@ struct rpc_server_stats {
     uint64_t bad_version;
     uint64_t auth_failed; /* missing/wrong MAC, stale timestamp, replay */
     uint64_t replies_failed;
+    uint64_t conns_evicted;   /* unproven connections closed for a newer one */
+    uint64_t conns_timed_out; /* connections silent past RPC_HANDSHAKE_MS */
+    uint64_t busy_refused;    /* calls over RPC_MAX_PARKED_PER_CONN */
 };
 
 int rpc_server_open(struct rpc_server **srv, const struct rpc_server_config *cfg);

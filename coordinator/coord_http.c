@@ -410,9 +410,17 @@ static void render_metrics(struct coord *c, struct buf *b)
                "kolo_rpc_rejected_frames_total{reason=\"malformed\"} %llu\n"
                "kolo_rpc_rejected_frames_total{reason=\"too_big\"} %llu\n"
                "kolo_rpc_rejected_frames_total{reason=\"version\"} %llu\n"
-               "kolo_rpc_rejected_frames_total{reason=\"auth\"} %llu\n",
+               "kolo_rpc_rejected_frames_total{reason=\"auth\"} %llu\n"
+               "kolo_rpc_rejected_frames_total{reason=\"busy\"} %llu\n"
+               "# HELP kolo_rpc_connections_closed_total RPC connections the coordinator "
+               "closed before they sent a valid request, by reason.\n"
+               "# TYPE kolo_rpc_connections_closed_total counter\n"
+               "kolo_rpc_connections_closed_total{reason=\"handshake_timeout\"} %llu\n"
+               "kolo_rpc_connections_closed_total{reason=\"evicted\"} %llu\n",
                (unsigned long long)st.malformed, (unsigned long long)st.too_big,
-               (unsigned long long)st.bad_version, (unsigned long long)st.auth_failed);
+               (unsigned long long)st.bad_version, (unsigned long long)st.auth_failed,
+               (unsigned long long)st.busy_refused, (unsigned long long)st.conns_timed_out,
+               (unsigned long long)st.conns_evicted);
     buf_printf(b,
                "# HELP kolo_auth_failures_total Requests refused for a missing or wrong "
                "token, by listener.\n# TYPE kolo_auth_failures_total counter\n"

@@ -477,6 +477,74 @@ static void test_close_with_call_in_flight(void)
     rpc_server_close(srv);
 }
 
+static void ignore_done(void *arg, int code, const void *rep, size_t len, const char *err)
+{
+    (void)arg, (void)code, (void)rep, (void)len, (void)err;
+}
+
+/* Connections that never send a valid request are closed after the
+ * handshake time, and at most max_unproven are held at once; one
+ * connection may hold only RPC_MAX_PARKED_PER_CONN kept calls (issue 15,
+ * F4 F5 F10). */
+static void test_connection_hygiene(void)
+{
+    struct rpc_server *srv = NULL;
+    struct rpc_server_config cfg = {.url = "tcp://127.0.0.1:0",
+                                    .contexts = RPC_MAX_PARKED_PER_CONN + 16,
+                                    .handler = handler,
+                                    .handshake_ms = 300,
+                                    .max_unproven = 4};
+    REQUIRE(rpc_server_open(&srv, &cfg) == 0);
+    char url[128];
+    snprintf(url, sizeof url, "%s", rpc_server_url(srv));
+    /* ten connections that say nothing after nng's own greeting */
+    nng_socket idle[10];
+    for (int i = 0; i < 10; i++) {
+        REQUIRE(nng_req0_open(&idle[i]) == 0);
+        REQUIRE(nng_dial(idle[i], url, NULL, 0) == 0);
+    }
+    struct rpc_server_stats st;
+    uint64_t t0 = now_mono_ms();
+    do {
+        usleep(20000);
+        rpc_server_get_stats(srv, &st);
+    } while (st.conns_evicted < 6 && now_mono_ms() - t0 < 3000);
+    CHECK(st.conns_evicted >= 6);
+    /* a client that speaks still gets through */
+    struct rpc_client *cli = client(url, NULL);
+    void *rep;
+    size_t len;
+    char err[256];
+    CHECK_EQ_INT(rpc_client_call(cli, "T.Echo", "a", 1, &rep, &len, 3000, err, sizeof err), 0);
+    free(rep);
+    do {
+        usleep(50000);
+        rpc_server_get_stats(srv, &st);
+    } while (st.conns_timed_out < 1 && now_mono_ms() - t0 < 5000);
+    CHECK(st.conns_timed_out >= 1);
+    for (int i = 0; i < 10; i++)
+        nng_close(idle[i]);
+    /* one connection, many long polls */
+    int before = atomic_load(&handled);
+    for (int i = 0; i < RPC_MAX_PARKED_PER_CONN; i++)
+        REQUIRE(rpc_client_call_async(cli, "T.Never", "x", 1, 10000, ignore_done, NULL) == 0);
+    t0 = now_mono_ms();
+    while (atomic_load(&handled) - before < RPC_MAX_PARKED_PER_CONN && now_mono_ms() - t0 < 5000)
+        usleep(10000);
+    CHECK_EQ_INT(rpc_client_call(cli, "T.Echo", "a", 1, &rep, &len, 3000, err, sizeof err),
+                 KOLO_EBUSY);
+    CHECK(strstr(err, "calls waiting") != NULL);
+    rpc_server_get_stats(srv, &st);
+    CHECK_EQ_INT((int)st.busy_refused, 1);
+    /* another connection is not held to the first one's count */
+    struct rpc_client *other = client(url, NULL);
+    CHECK_EQ_INT(rpc_client_call(other, "T.Echo", "b", 1, &rep, &len, 3000, err, sizeof err), 0);
+    free(rep);
+    rpc_client_close(other);
+    rpc_client_close(cli);
+    rpc_server_close(srv);
+}
+
 int main(void)
 {
     test_frame_codec();
@@ -486,6 +554,7 @@ int main(void)
     test_unreachable();
     test_auth();
     test_job_credential();
+    test_connection_hygiene();
     test_bad_frames();
     TEST_DONE();
 }

@@ -72,6 +72,22 @@ wait_for() {
 
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 
+# make_token: a fresh cluster token in $WORK/token (mode 0600); sets TOKEN.
+make_token() {
+  TOKEN=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  printf '%s\n' "$TOKEN" >"$WORK/token"
+  chmod 600 "$WORK/token"
+}
+
+# token_cluster SLOTS: a coordinator and one agent ("a", SLOTS slots), both
+# with a fresh token (make_token); waits for the agent.
+token_cluster() {
+  make_token
+  start_coordinator coord --token-file "$WORK/token"
+  start_agent a "$1" --token-file "$WORK/token"
+  wait_hosts 1
+}
+
 # start_coordinator NAME [flags...]: sets COORD_PID, RPC, HTTP.
 start_coordinator() {
   local name=$1; shift

@@ -16,12 +16,7 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 export PYTHONPATH="$ROOT/python"
 DATA="$ROOT/tests/integration/data"
 
-TOKEN=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
-printf '%s\n' "$TOKEN" >"$WORK/token"
-chmod 600 "$WORK/token"
-start_coordinator coord --token-file "$WORK/token"
-start_agent a 2 --token-file "$WORK/token"
-wait_hosts 1
+token_cluster 2
 export KOLO_DISABLE_SHM=1 # for the jobs kolo run submits (TCP); not the agent's
 
 note "strangers on rank 0's data port during the mesh set-up"

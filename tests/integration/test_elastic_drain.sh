@@ -7,9 +7,7 @@
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/elastic_lib.sh"
 
-TOKEN=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
-printf '%s\n' "$TOKEN" >"$WORK/token"
-chmod 600 "$WORK/token"
+make_token
 RUN_ARGS=(--token-file "$WORK/token")
 COMMIT=5
 

@@ -69,9 +69,7 @@ net_heal() {
 curl() { ip netns exec "$NS0" curl "$@"; }
 KOLO="$WORK/kolo-ns0"
 
-TOKEN=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
-printf '%s\n' "$TOKEN" >"$WORK/token"
-chmod 600 "$WORK/token"
+make_token
 RUN_ARGS=(--token-file "$WORK/token")
 COMMIT=5
 LEASE_MS=2000

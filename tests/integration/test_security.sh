@@ -11,9 +11,7 @@ set -e
 [ $rc -ne 0 ] || fail "coordinator accepted 0.0.0.0 without a token"
 grep -q "token" "$WORK/x.out" || fail "no clear message: $(cat "$WORK/x.out")"
 
-TOKEN=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
-printf '%s\n' "$TOKEN" >"$WORK/token"
-chmod 600 "$WORK/token"
+make_token
 cp "$WORK/token" "$WORK/open-token"; chmod 644 "$WORK/open-token"
 set +e
 "$KOLO" coordinator --db "$WORK/y.db" --token-file "$WORK/open-token" >"$WORK/y.out" 2>&1

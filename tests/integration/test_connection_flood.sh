@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Held-open connections cannot take the coordinator down (issue 15, F4 F5):
+# while a job trains, 1,100 silent connections to the RPC port, 1,100 to
+# the RPC port that greet and then say nothing, and 1,100 to the HTTP
+# port; /healthz, kolo status and a new agent keep working, the job
+# finishes with every allreduce right, the coordinator closes the silent
+# RPC connections (kolo_rpc_connections_closed_total) and its memory
+# stays bounded.
+. "$(dirname "$0")/lib.sh"
+command -v /usr/bin/python3 >/dev/null && /usr/bin/python3 -c "import numpy" 2>/dev/null \
+  || { echo "SKIP: no /usr/bin/python3 with numpy"; exit 77; }
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+export PYTHONPATH="$ROOT/python"
+DATA="$ROOT/tests/integration/data"
+
+token_cluster 2
+rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$COORD_PID/status"; }
+rss0=$(rss_kb)
+
+"$KOLO" run -np 2 --coordinator "$RPC" --token-file "$WORK/token" -- /usr/bin/python3 \
+  "$DATA/allreduce_steps.py" 400 0.05 >"$WORK/run.out" 2>"$WORK/run.err" &
+RUN_PID=$!
+PIDS+=("$RUN_PID")
+steps_seen() { grep -c '<stdout>:step' "$WORK/run.out" 2>/dev/null || true; }
+progress_at_least() { [ "$(steps_seen)" -ge "$1" ]; }
+wait_for 30 progress_at_least 1 || fail "training did not start: $(cat "$WORK/run.err")"
+
+RPORT=${RPC##*:}
+HPORT=${HTTP##*:}
+HPORT=${HPORT%/}
+note "flooding: 1100 silent + 1100 greeting RPC connections, 1100 HTTP connections"
+for spec in "$RPORT silent" "$RPORT --greet" "$HPORT silent"; do
+  set -- $spec
+  /usr/bin/python3 "$DATA/flood.py" 127.0.0.1 "$1" 1100 25 $2 >"$WORK/flood-$1-${2#--}.out" 2>&1 &
+  PIDS+=($!)
+done
+held_all() { [ "$(cat "$WORK"/flood-*.out 2>/dev/null | grep -c '^held 1100')" -eq 3 ]; }
+wait_for 30 held_all || fail "flood did not hold: $(cat "$WORK"/flood-*.out)"
+
+note "the coordinator keeps serving"
+for i in 1 2 3; do
+  curl -sf -m 5 "$HTTP/healthz" | has '"ok"' || fail "healthz failed under the flood"
+  "$KOLO" status --coordinator "$RPC" --token-file "$WORK/token" >"$WORK/st.out" 2>&1 ||
+    fail "kolo status failed under the flood: $(cat "$WORK/st.out")"
+  sleep 1
+done
+start_agent b 1 --token-file "$WORK/token"
+wait_hosts 2
+wait_for 60 sh -c "! kill -0 $RUN_PID 2>/dev/null" || fail "the job did not finish under the flood"
+wait "$RUN_PID" || fail "the job failed: $(tail -5 "$WORK/run.out") $(cat "$WORK/run.err")"
+grep -q "done 400" "$WORK/run.out" || fail "the job did not finish its steps: $(tail -3 "$WORK/run.out")"
+closed() { curl -sf "$HTTP/metrics" | grep -q 'kolo_rpc_connections_closed_total{reason="[a-z_]*"} [1-9]'; }
+wait_for 20 closed || fail "silent RPC connections were not closed: $(curl -sf "$HTTP/metrics" | grep connections_closed)"
+rss1=$(rss_kb)
+note "coordinator RSS ${rss0} kB before, ${rss1} kB under the flood"
+[ "$rss1" -lt $(( rss0 + 200000 )) ] || fail "coordinator memory grew by $(( rss1 - rss0 )) kB"
+echo PASS
