@@ -202,7 +202,9 @@ static int render_generation_cb(uint64_t generation, const char *cause, int size
     return 0;
 }
 
-static void render_job_summary(struct jw *w, struct job *j)
+/* full: argv and cwd too (what the job runs); without, they are null and
+ * "redacted" says why (http_reader_trusted). */
+static void render_job_summary(struct jw *w, struct job *j, bool full)
 {
     jw_kuint(w, "id", j->id);
     jw_kstr(w, "name", j->name);
@@ -216,11 +218,18 @@ static void render_job_summary(struct jw *w, struct job *j)
     }
     jw_kstr(w, "reason", j->reason ? j->reason : "");
     jw_key(w, "argv");
-    jw_arr_begin(w);
-    for (int i = 0; i < j->argc; i++)
-        jw_str(w, j->argv[i]);
-    jw_arr_end(w);
-    jw_kstr(w, "cwd", j->cwd);
+    if (full) {
+        jw_arr_begin(w);
+        for (int i = 0; i < j->argc; i++)
+            jw_str(w, j->argv[i]);
+        jw_arr_end(w);
+        jw_kstr(w, "cwd", j->cwd);
+    } else {
+        jw_null(w);
+        jw_key(w, "cwd");
+        jw_null(w);
+        jw_kbool(w, "redacted", true);
+    }
     jw_kstr(w, "hosts", j->hosts);
     jw_kuint(w, "generation", j->generation);
     jw_kuint(w, "submitted_ms", j->submitted_ms);
@@ -279,10 +288,10 @@ static int render_event_cb(const struct store_event *ev, void *arg)
     return 0;
 }
 
-static void render_job(struct coord *c, struct jw *w, struct job *j)
+static void render_job(struct coord *c, struct jw *w, struct job *j, bool full)
 {
     jw_obj_begin(w);
-    render_job_summary(w, j);
+    render_job_summary(w, j, full);
     jw_kbool(w, "timeline", coord_timeline_available(c, j));
     jw_key(w, "ranks");
     jw_arr_begin(w);
@@ -538,6 +547,29 @@ static void render_metrics(struct coord *c, struct buf *b)
 
 /* ---------------------------------------------------------------- mutating routes */
 
+/* Whether the request carries the cluster token as a bearer token. */
+static bool bearer_ok(struct coord *c, struct http_req *r)
+{
+    const char *auth = nng_http_req_get_header(r->req, "Authorization");
+    const char *prefix = "Bearer ";
+    if (!c->token || !auth || strncmp(auth, prefix, strlen(prefix)) != 0)
+        return false;
+    const char *given = auth + strlen(prefix);
+    uint8_t a[SHA256_LEN], b[SHA256_LEN];
+    /* compare digests: constant time whatever the lengths */
+    sha256(given, strlen(given), a);
+    sha256(c->token, strlen(c->token), b);
+    return ct_equal(a, b, SHA256_LEN);
+}
+
+/* What a job runs and prints (argv, cwd, output: a job may print
+ * anything, secrets included) is for token holders once HTTP listens
+ * beyond loopback; timings, states and events stay open. */
+static bool http_reader_trusted(struct coord *c, struct http_req *r)
+{
+    return !c->http_addr || addr_is_loopback(c->http_addr) || bearer_ok(c, r);
+}
+
 static bool http_authorized(struct coord *c, struct http_req *r, struct http_out *o)
 {
     if (!c->token) {
@@ -546,18 +578,7 @@ static bool http_authorized(struct coord *c, struct http_req *r, struct http_out
                        "it with --token-file to enable it");
         return false;
     }
-    const char *auth = nng_http_req_get_header(r->req, "Authorization");
-    const char *prefix = "Bearer ";
-    bool ok = false;
-    if (auth && strncmp(auth, prefix, strlen(prefix)) == 0) {
-        const char *given = auth + strlen(prefix);
-        size_t glen = strlen(given), tlen = strlen(c->token);
-        uint8_t a[SHA256_LEN], b[SHA256_LEN];
-        /* compare digests: constant time whatever the lengths */
-        sha256(given, glen, a);
-        sha256(c->token, tlen, b);
-        ok = ct_equal(a, b, SHA256_LEN);
-    }
+    bool ok = bearer_ok(c, r);
     if (!ok) {
         c->m.http_auth_failed++;
         out_json_error(o, 401, "missing or wrong 'Authorization: Bearer <token>'");
@@ -703,7 +724,7 @@ static void route_submit(struct coord *c, struct http_req *r, struct http_out *o
     o->status = 201;
     o->content_type = "application/json";
     jw_init(&w, &o->body);
-    render_job(c, &w, j);
+    render_job(c, &w, j, true);
     buf_putc(&o->body, '\n');
 out:
     if (problem)
@@ -871,9 +892,10 @@ static void route(struct coord *c, struct http_req *r, struct http_out *o)
         jw_obj_begin(&w);
         jw_key(&w, "jobs");
         jw_arr_begin(&w);
+        bool full = http_reader_trusted(c, r);
         for (struct job *j = c->jobs; j; j = j->next) {
             jw_obj_begin(&w);
-            render_job_summary(&w, j);
+            render_job_summary(&w, j, full);
             jw_obj_end(&w);
         }
         jw_arr_end(&w);
@@ -915,7 +937,7 @@ static void route(struct coord *c, struct http_req *r, struct http_out *o)
                 return;
             }
             jw_init(&w, &o->body);
-            render_job(c, &w, j);
+            render_job(c, &w, j, true);
         } else {
             if (!method_is(r, "GET", o, "GET"))
                 return;
@@ -925,6 +947,13 @@ static void route(struct coord *c, struct http_req *r, struct http_out *o)
                 return;
             }
             if (strcmp(sub, "/output") == 0) {
+                if (!http_reader_trusted(c, r)) {
+                    buf_reset(&o->body);
+                    out_json_error(o, 401, "a job's output is shown to token holders only on "
+                                   "this listener: send 'Authorization: Bearer <token>'");
+                    o->www_auth = true;
+                    return;
+                }
                 uint64_t after = 0, limit = 1000;
                 if (!query_param(r->query, "after", 0, INT64_MAX, &after, o) ||
                     !query_param(r->query, "limit", 1, 10000, &limit, o))
@@ -989,7 +1018,7 @@ static void route(struct coord *c, struct http_req *r, struct http_out *o)
                 jw_arr_end(&w);
                 jw_obj_end(&w);
             } else {
-                render_job(c, &w, j);
+                render_job(c, &w, j, http_reader_trusted(c, r));
             }
         }
     } else if (strncmp(p, "/api/", 5) == 0) {

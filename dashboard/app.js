@@ -170,7 +170,8 @@ function jobHeader(j, hostNames) {
   if (es) facts.push(['Resets', `${es.resets}${es.reset_limit ? ' of ' + es.reset_limit : ''}`]);
   if (j.exit_code !== null && j.exit_code !== undefined) facts.push(['Exit code', j.exit_code]);
   const kids = [h('dl', {class: 'facts'}, facts.map(([k, v]) => h('div', {}, h('dt', {}, k), h('dd', {}, v))))];
-  kids.push(h('p', {class: 'argv'}, h('code', {}, j.argv.join(' '))));
+  kids.push(j.argv ? h('p', {class: 'argv'}, h('code', {}, j.argv.join(' ')))
+    : h('p', {class: 'muted'}, 'Command and output are shown to token holders only on this listener.'));
   if (j.timeline)
     kids.push(h('p', {}, h('a', {href: `/api/v1/jobs/${j.id}/timeline`, download: `kolo-job-${j.id}-timeline.json`},
       'Timeline (Chrome trace JSON)'), h('span', {class: 'muted'}, ' — open it in chrome://tracing or ui.perfetto.dev')));
@@ -377,7 +378,11 @@ function jobPage(root, id) {
     const q = p => api(`/api/v1/jobs/${id}/${p}`);
     const [ep, st, rk, gens, snaps, stl, o, hosts] = await Promise.all([
       q('epochs'), q(`steps?downsample=${bucketFor(span)}`), q('ranks'), q('generations'),
-      q('snapshots'), q('stalls?min_age_ms=1000'), q(`output?after=${after}&limit=2000`), api('/api/v1/hosts')]);
+      q('snapshots'), q('stalls?min_age_ms=1000'),
+      q(`output?after=${after}&limit=2000`).catch(e => {
+        if (e.status === 401) return {lines: [], next: after, hidden: true};
+        throw e;
+      }), api('/api/v1/hosts')]);
     document.title = `kolo · job ${id} (${job.state})`;
     title.replaceChildren(`Job ${id} · ${job.name}`);
     head.replaceChildren(...jobHeader(job, new Map(hosts.hosts.map(x => [x.id, x.name]))));
@@ -394,7 +399,8 @@ function jobPage(root, id) {
       if (stick) out.scrollTop = out.scrollHeight;
       after = o.next;
     } else if (!lines.length) {
-      out.textContent = '(no output yet)';
+      out.textContent = o.hidden ? '(hidden: a job\'s output is for token holders on this listener)'
+                                 : '(no output yet)';
     }
     return job.state === 'running' || job.state === 'pending' ? POLL_MS : POLL_IDLE_MS;
   });

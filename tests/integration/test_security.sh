@@ -61,4 +61,23 @@ done
 curl -sf "$HTTP/api/v1/jobs/3" | has "$TOKEN" && fail "token in REST"
 curl -sf "$HTTP/metrics" | has "$TOKEN" && fail "token in metrics"
 curl -sf "$HTTP/metrics" | has 'kolo_auth_failures_total{listener="rpc"} [1-9]' || fail "rpc auth failures not counted"
+note "beyond loopback, what a job runs and prints is for token holders (F6)"
+kill "$AGENT_PID"
+start_coordinator open --token-file "$WORK/token" --http 0.0.0.0:0
+HTTP_OPEN="http://127.0.0.1:${HTTP##*:}"
+start_agent o 1 --token-file "$WORK/token"
+wait_hosts 1
+"$KOLO" run -np 1 --coordinator "$RPC" --token-file "$WORK/token" -- sh -c 'echo the-secret-line' \
+  >"$WORK/o.out" 2>&1 || fail "job on the open listener: $(cat "$WORK/o.out")"
+curl -sf "$HTTP_OPEN/api/v1/jobs/1" >"$WORK/j.json" || fail "job read refused"
+has '"argv":null' <"$WORK/j.json" && has '"redacted":true' <"$WORK/j.json" ||
+  fail "argv shown without the token: $(cat "$WORK/j.json")"
+curl -sf "$HTTP_OPEN/api/v1/jobs" | has 'the-secret' && fail "argv in the job list without the token"
+code=$(curl -s -o "$WORK/out.json" -w '%{http_code}' "$HTTP_OPEN/api/v1/jobs/1/output")
+[ "$code" = 401 ] || fail "output without the token: $code $(cat "$WORK/out.json")"
+curl -sf "$HTTP_OPEN/api/v1/jobs/1/epochs" >/dev/null || fail "timings need no token"
+curl -sf -H "Authorization: Bearer $TOKEN" "$HTTP_OPEN/api/v1/jobs/1/output" | has 'the-secret-line' ||
+  fail "output with the token"
+curl -sf -H "Authorization: Bearer $TOKEN" "$HTTP_OPEN/api/v1/jobs/1" | has '"argv":\["sh"' ||
+  fail "argv with the token"
 echo PASS
