@@ -344,7 +344,7 @@ static void call_send_frame(struct rpc_call *c, int status, const void *body, si
     struct rpc_frame rf = {0};
     rf.version = KOLO_PROTO_VERSION;
     rf.kind = RPC_REPLY;
-    rf.ts_ms = now_wall_ms();
+    rf.ts_ms = now_stepless_ms();
     memcpy(rf.nonce, c->frame.nonce, RPC_NONCE_LEN);
     rf.status = status;
     rf.body = body;
@@ -430,7 +430,7 @@ static int call_validate(struct rpc_call *c)
     const char *why = NULL;
     c->job_key[0] = '\0';
     if (srv->token) {
-        uint64_t now = now_wall_ms();
+        uint64_t now = now_stepless_ms();
         uint64_t skew = c->frame.ts_ms > now ? c->frame.ts_ms - now : now - c->frame.ts_ms;
         bool job_key = (c->frame.flags & RPC_FLAG_JOB_KEY) && c->frame.job_id != 0;
         if (job_key)
@@ -886,7 +886,7 @@ static int client_encode(struct rpc_client *cli, const char *method, const void 
     memset(f, 0, sizeof(*f));
     f->version = KOLO_PROTO_VERSION;
     f->kind = RPC_REQUEST;
-    f->ts_ms = now_wall_ms();
+    f->ts_ms = now_stepless_ms();
     random_bytes(f->nonce, sizeof(f->nonce));
     str_copy(f->method, method, sizeof(f->method));
     nng_mtx_lock(cli->mtx);

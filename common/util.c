@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,9 +82,58 @@ void mono_deadline(struct timespec *ts, uint64_t ms)
     }
 }
 
+/* Fault tests step the wall clock of one process without touching the
+ * machine's: with KOLO_TEST_WALL_OFFSET_FILE set, now_wall_ms adds the
+ * milliseconds that file holds (re-read at most every 100 ms). */
+static pthread_once_t wall_hook_once = PTHREAD_ONCE_INIT;
+static const char *wall_hook_path;
+static _Atomic int64_t wall_hook_offset;
+static _Atomic uint64_t wall_hook_read_at;
+
+static void wall_hook_init(void)
+{
+    const char *p = getenv("KOLO_TEST_WALL_OFFSET_FILE");
+    wall_hook_path = p && p[0] ? p : NULL;
+}
+
+static int64_t wall_offset_ms(void)
+{
+    pthread_once(&wall_hook_once, wall_hook_init);
+    if (!wall_hook_path)
+        return 0;
+    uint64_t now = now_mono_ms(), at = atomic_load(&wall_hook_read_at);
+    if (now - at >= 100 && atomic_compare_exchange_strong(&wall_hook_read_at, &at, now)) {
+        char *text = NULL;
+        size_t len = 0;
+        if (read_file_all(wall_hook_path, &text, &len, 64) == 0) {
+            atomic_store(&wall_hook_offset, strtoll(text, NULL, 10));
+            free(text);
+        }
+    }
+    return atomic_load(&wall_hook_offset);
+}
+
 uint64_t now_wall_ms(void)
 {
-    return clock_ms(CLOCK_REALTIME);
+    return (uint64_t)((int64_t)clock_ms(CLOCK_REALTIME) + wall_offset_ms());
+}
+
+/* The wall clock when first asked, then moved on by the monotonic clock:
+ * steps of the wall clock after that (settimeofday, a VM resumed, an
+ * operator's date -s) do not move it. */
+static pthread_once_t stepless_once = PTHREAD_ONCE_INIT;
+static uint64_t stepless_wall, stepless_mono;
+
+static void stepless_init(void)
+{
+    stepless_wall = now_wall_ms();
+    stepless_mono = now_mono_ms();
+}
+
+uint64_t now_stepless_ms(void)
+{
+    pthread_once(&stepless_once, stepless_init);
+    return stepless_wall + (now_mono_ms() - stepless_mono);
 }
 
 int random_bytes(void *buf, size_t len)

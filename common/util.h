@@ -27,6 +27,11 @@ struct timespec;
 void mono_deadline(struct timespec *ts, uint64_t ms);
 /* now_wall_ms: CLOCK_REALTIME in ms since the epoch, for records. */
 uint64_t now_wall_ms(void);
+/* now_stepless_ms: ms since the epoch as the wall clock read when this
+ * process first asked, advanced by the monotonic clock since: what
+ * freshness checks between processes use (rpc.c), so that a step of one
+ * host's clock does not make it refuse, or be refused by, everyone. */
+uint64_t now_stepless_ms(void);
 /* random_bytes fills buf from getrandom(2); 0 or KOLO_ESYS. */
 int random_bytes(void *buf, size_t len);
 /* random_hex writes 2*nbytes hex digits and a NUL into out. */

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# A step of the coordinator's wall clock (issue 15, F9): +10 minutes in the
+# middle of a job, then back. Freshness checks run on a clock that steps do
+# not move (now_stepless_ms), so no RPC is refused, no host is lost or
+# excluded, and the job finishes with every allreduce right. The step is
+# made for the coordinator process only (KOLO_TEST_WALL_OFFSET_FILE), not
+# for the machine.
+. "$(dirname "$0")/lib.sh"
+command -v /usr/bin/python3 >/dev/null && /usr/bin/python3 -c "import numpy" 2>/dev/null \
+  || { echo "SKIP: no /usr/bin/python3 with numpy"; exit 77; }
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+export PYTHONPATH="$ROOT/python"
+
+make_token
+echo 0 >"$WORK/offset"
+KOLO_TEST_WALL_OFFSET_FILE="$WORK/offset" start_coordinator coord --token-file "$WORK/token"
+start_agent a 1 --token-file "$WORK/token"
+start_agent b 1 --token-file "$WORK/token"
+wait_hosts 2
+
+"$KOLO" run -np 2 --coordinator "$RPC" --token-file "$WORK/token" -- /usr/bin/python3 \
+  "$ROOT/tests/integration/data/allreduce_steps.py" 300 0.02 >"$WORK/run.out" 2>"$WORK/run.err" &
+RUN_PID=$!
+PIDS+=("$RUN_PID")
+steps_seen() { grep -c '<stdout>:step' "$WORK/run.out" 2>/dev/null || true; }
+progress_at_least() { [ "$(steps_seen)" -ge "$1" ]; }
+wait_for 30 progress_at_least 1 || fail "training did not start: $(cat "$WORK/run.err")"
+
+note "the coordinator's clock jumps 10 minutes ahead"
+echo 600000 >"$WORK/offset"
+sleep 4 # longer than the 2 s lease: heartbeats must keep being accepted
+[ "$(hosts_alive)" -eq 2 ] || fail "hosts lost after the step: $(curl -sf "$HTTP/api/v1/hosts")"
+note "and back"
+echo 0 >"$WORK/offset"
+wait_for 90 sh -c "! kill -0 $RUN_PID 2>/dev/null" || fail "the job did not finish"
+wait "$RUN_PID" || fail "the job failed: $(tail -5 "$WORK/run.out") $(cat "$WORK/run.err")"
+grep -q "done 300" "$WORK/run.out" || fail "steps missing: $(tail -3 "$WORK/run.out")"
+[ "$(hosts_alive)" -eq 2 ] || fail "a host was lost"
+curl -sf "$HTTP/api/v1/events" | has '"host.lost"' && fail "a host was declared lost"
+curl -sf "$HTTP/metrics" | has 'kolo_auth_failures_total{listener="rpc"} 0' ||
+  fail "requests refused: $(curl -sf "$HTTP/metrics" | grep auth_failures)"
+echo PASS
