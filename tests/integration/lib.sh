@@ -88,6 +88,22 @@ token_cluster() {
   wait_hosts 1
 }
 
+# start_steps NP STEPS PAUSE [kolo run flags...]: runs data/allreduce_steps.py
+# (every allreduce checked) under kolo run on $RPC, output in $WORK/run.out
+# and run.err; sets RUN_PID and waits for its first progress line.
+# steps_seen / progress_at_least N follow it.
+start_steps() {
+  local np=$1 steps=$2 pause=$3; shift 3
+  "$KOLO" run -np "$np" --coordinator "$RPC" "$@" -- /usr/bin/python3 \
+    "$(dirname "${BASH_SOURCE[0]}")/data/allreduce_steps.py" "$steps" "$pause" \
+    >"$WORK/run.out" 2>"$WORK/run.err" &
+  RUN_PID=$!
+  PIDS+=("$RUN_PID")
+  wait_for 30 progress_at_least 1 || fail "training did not start: $(cat "$WORK/run.err")"
+}
+steps_seen() { grep -c '<stdout>:step' "$WORK/run.out" 2>/dev/null || true; }
+progress_at_least() { [ "$(steps_seen)" -ge "$1" ]; }
+
 # start_coordinator NAME [flags...]: sets COORD_PID, RPC, HTTP.
 start_coordinator() {
   local name=$1; shift

@@ -18,13 +18,7 @@ start_agent a 1 --token-file "$WORK/token"
 start_agent b 1 --token-file "$WORK/token"
 wait_hosts 2
 
-"$KOLO" run -np 2 --coordinator "$RPC" --token-file "$WORK/token" -- /usr/bin/python3 \
-  "$ROOT/tests/integration/data/allreduce_steps.py" 300 0.02 >"$WORK/run.out" 2>"$WORK/run.err" &
-RUN_PID=$!
-PIDS+=("$RUN_PID")
-steps_seen() { grep -c '<stdout>:step' "$WORK/run.out" 2>/dev/null || true; }
-progress_at_least() { [ "$(steps_seen)" -ge "$1" ]; }
-wait_for 30 progress_at_least 1 || fail "training did not start: $(cat "$WORK/run.err")"
+start_steps 2 300 0.02 --token-file "$WORK/token"
 
 note "the coordinator's clock jumps 10 minutes ahead"
 echo 600000 >"$WORK/offset"

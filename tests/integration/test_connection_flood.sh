@@ -17,13 +17,7 @@ token_cluster 2
 rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$COORD_PID/status"; }
 rss0=$(rss_kb)
 
-"$KOLO" run -np 2 --coordinator "$RPC" --token-file "$WORK/token" -- /usr/bin/python3 \
-  "$DATA/allreduce_steps.py" 400 0.05 >"$WORK/run.out" 2>"$WORK/run.err" &
-RUN_PID=$!
-PIDS+=("$RUN_PID")
-steps_seen() { grep -c '<stdout>:step' "$WORK/run.out" 2>/dev/null || true; }
-progress_at_least() { [ "$(steps_seen)" -ge "$1" ]; }
-wait_for 30 progress_at_least 1 || fail "training did not start: $(cat "$WORK/run.err")"
+start_steps 2 400 0.05 --token-file "$WORK/token"
 
 RPORT=${RPC##*:}
 HPORT=${HTTP##*:}

@@ -15,13 +15,8 @@ start_agent a 2
 start_agent b 2
 wait_hosts 2
 
-"$KOLO" run -np 4 --coordinator "$RPC" -- /usr/bin/python3 \
-  "$ROOT/tests/integration/data/allreduce_steps.py" 2500 0.002 >"$WORK/run.out" 2>"$WORK/run.err" &
-RUN_PID=$!
-PIDS+=("$RUN_PID")
-steps_seen() { grep -c '<stdout>:step' "$WORK/run.out" 2>/dev/null || true; }
-progress_at_least() { [ "$(steps_seen)" -ge "$1" ]; }
-wait_for 30 progress_at_least 8 || fail "training did not start: $(cat "$WORK/run.err")"
+start_steps 4 2500 0.002
+wait_for 30 progress_at_least 8 || fail "training stalled: $(cat "$WORK/run.err")"
 
 for i in 1 2 3; do
   before=$(steps_seen)
