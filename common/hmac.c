@@ -17,6 +17,7 @@
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define SHA_HAVE_NI_PATH 1
 #endif
@@ -127,11 +128,17 @@ __attribute__((target("sha,sse4.1,ssse3"))) static void sha256_blocks_ni(uint32_
     _mm_storeu_si128((__m128i *)&h[4], cdgh);
 }
 
+/* CPUID itself (leaf 7 EBX bit 29: SHA; leaf 1 ECX bit 19: SSE4.1): clang
+ * has no "sha" for __builtin_cpu_supports. */
 static bool sha_ni(void)
 {
     static int have = -1;
-    if (have < 0)
-        have = __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1");
+    if (have < 0) {
+        unsigned a, b, c, d;
+        bool sha = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & (1u << 29));
+        bool sse41 = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 19));
+        have = sha && sse41;
+    }
     return have > 0;
 }
 #endif

@@ -2,8 +2,9 @@
 # Installs the Debian 12 packages kolo needs to build, test and run.
 # With --test, also what the browser tests need: Debian's chromium, and
 # Node.js with npm where no node is on PATH (tests/browser then gets
-# playwright-core from npm: scripts/test.sh), and gdb (a failed integration
-# test prints the stacks of the workers it leaves behind).
+# playwright-core from npm: scripts/test.sh), gdb (a failed integration
+# test prints the stacks of the workers it leaves behind) and clang with
+# its libFuzzer runtime (tests/fuzz).
 # Idempotent: installs only what is missing, so running it twice is cheap.
 set -euo pipefail
 
@@ -14,7 +15,7 @@ packages=(
   python3-numpy python3-torch python3-pytest python3-sklearn
 )
 if [ "${1:-}" = "--test" ]; then
-  packages+=(chromium gdb)
+  packages+=(chromium gdb clang libclang-rt-14-dev)
   command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 fi
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: installs dependencies, builds, runs every test
 # (ctest, all labels; the dashboard's in Debian's chromium), then the
-# threaded modules again under ThreadSanitizer and AddressSanitizer.
+# threaded modules again under ThreadSanitizer and AddressSanitizer, then
+# the fuzzers (clang's libFuzzer) for a bounded time each.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/install-deps.sh" --test
@@ -23,5 +24,12 @@ if [ "${KOLO_SKIP_SANITIZERS:-0}" != "1" ]; then
     [ "$san" = thread ] && exclude="-LE nothreads"
     (cd "$root/build-$san" && ctest --output-on-failure -j"$jobs" -L unit $exclude --timeout 300)
   done
+fi
+
+if [ "${KOLO_SKIP_FUZZ:-0}" != "1" ]; then
+  echo "== fuzzers (libFuzzer under ASan+UBSan, tests/fuzz)"
+  CC=clang KOLO_BUILD_DIR="$root/build-fuzz" CMAKE_BUILD_TYPE=Debug KOLO_BUILD_TARGET=kolo_fuzz_all \
+    "$root/scripts/build.sh" -DKOLO_FUZZ=ON -DKOLO_NATIVE=OFF
+  (cd "$root/build-fuzz" && ctest --output-on-failure -j"$jobs" -L fuzz --timeout 300)
 fi
 echo "== all tests passed"
