@@ -59,7 +59,35 @@ void coord_store_failed(struct coord *c, const char *what)
 {
     c->m.store_errors++;
     c->m.last_store_error_ms = now_wall_ms();
-    LOGE("coord", "store: %s failed: %s", what, store_last_error(c->store));
+    if (!c->m.store_degraded)
+        LOGE("coord", "store: %s failed: %s; refusing what cannot be stored until writes "
+             "succeed again", what, store_last_error(c->store));
+    else
+        LOGD("coord", "store: %s failed: %s", what, store_last_error(c->store));
+    c->m.store_degraded = true;
+    c->m.store_degraded_since = now_mono_ms();
+    snprintf(c->m.store_why, sizeof c->m.store_why, "%s failed: %s", what,
+             store_last_error(c->store));
+}
+
+/* While degraded, a small write every STORE_PROBE_MS tells when the disk
+ * takes writes again (space freed, the disk back): then the coordinator
+ * says so and stops refusing. */
+#define STORE_PROBE_MS 2000
+static void store_probe(struct coord *c, uint64_t now)
+{
+    if (!c->m.store_degraded || now - c->m.store_probed < STORE_PROBE_MS)
+        return;
+    c->m.store_probed = now;
+    char value[32];
+    snprintf(value, sizeof value, "%llu", (unsigned long long)now_wall_ms());
+    if (store_meta_put(c->store, "write_probe", value) != 0)
+        return;
+    c->m.store_degraded = false;
+    LOGI("coord", "store: writes succeed again after %llu ms",
+         (unsigned long long)(now - c->m.store_degraded_since));
+    coord_event(c, 0, NULL, "store.recovered", "the state store takes writes again (%s before)",
+                c->m.store_why);
 }
 
 void coord_event(struct coord *c, uint64_t job_id, const char *host_id, const char *kind,
@@ -260,6 +288,7 @@ static void coord_cron(struct coord *c)
 {
     uint64_t now = now_mono_ms();
     c->last_cron = now;
+    store_probe(c, now);
     coord_hosts_cron(c, now);
     coord_jobs_cron(c, now);
     coord_snap_cron(c, now);

@@ -399,22 +399,36 @@ void coord_rpc_agent_report(struct coord *c, struct rpc_call *call)
         if (k == ntouched)
             touched[ntouched++] = j;
     }
-    if (nout && store_output_append(c->store, out, nout) != 0)
+    /* A batch that cannot be stored is not acknowledged: the agent keeps
+     * it and sends it again (issue 15, F8). */
+    if (nout && store_output_append(c->store, out, nout) != 0) {
         coord_store_failed(c, "output append");
+        goto refuse;
+    }
     c->m.output_lines += nout;
     for (size_t i = 0; i < req->n_events; i++) {
         Kolo__WorkerEvent *e = req->events[i];
         coord_job_worker_event(c, h, e->job_id, e->generation, e->rank, e->worker_id, e->kind, e->pid,
                                e->exit_code, e->term_signal, e->message);
     }
-    if (store_commit(c->store) != 0)
+    if (store_commit(c->store) != 0) {
+        /* the events took effect in memory; sent again, they are no-ops
+         * there and reach the store then */
         coord_store_failed(c, "report commit");
+        goto refuse;
+    }
     h->last_batch_seq = req->batch_seq;
     for (size_t k = 0; k < ntouched; k++)
         coord_job_output_added(c, touched[k]);
     rep.accepted_events = (uint32_t)req->n_events;
     rep.accepted_lines = (uint32_t)req->n_lines;
     coord_send_pb(call, &rep.base);
+    goto out;
+refuse:
+    store_rollback(c->store);
+    rpc_call_error(call, KOLO_ESTORE, "the coordinator cannot store output now (%s); keep the "
+                   "batch and send it again", store_last_error(c->store));
+out:
     free(out);
     free(touched);
     kolo__report_request__free_unpacked(req, NULL);

@@ -534,13 +534,15 @@ static void render_metrics(struct coord *c, struct buf *b)
                       "Time from an elastic job's generation closing to every rank of the next "
                       "one joining.",
                       &c->m.reset_duration);
-    bool degraded = c->m.last_store_error_ms &&
-                    now_wall_ms() - c->m.last_store_error_ms < 5 * 60 * 1000;
+    int degraded = c->m.store_degraded ? 1 : 0;
     buf_printf(b,
-               "# HELP kolo_degraded 1 while the coordinator cannot rely on its state store (a "
-               "SQLite write failed in the last 5 minutes).\n# TYPE kolo_degraded gauge\n"
+               "# HELP kolo_store_degraded 1 while the state store refuses writes (a full or "
+               "failing disk): what cannot be stored is refused, not acknowledged.\n"
+               "# TYPE kolo_store_degraded gauge\nkolo_store_degraded %d\n"
+               "# HELP kolo_degraded 1 while the coordinator cannot rely on its state store "
+               "(the same as kolo_store_degraded).\n# TYPE kolo_degraded gauge\n"
                "kolo_degraded %d\n",
-               degraded ? 1 : 0);
+               degraded, degraded);
     coord_snap_render_metrics(c, b);
     coord_report_render_metrics(c, b); /* issue 6 */
 }
@@ -716,7 +718,9 @@ static void route_submit(struct coord *c, struct http_req *r, struct http_out *o
     int rv = coord_job_submit(c, argv, argc, env, nenv, cwd, (int)np, hosts, name,
                               (uint32_t)timeout_ms, &eo, &id, err, sizeof(err));
     if (rv) {
-        out_json_error(o, rv == KOLO_EINVAL ? 400 : 500, err);
+        /* 507: the job could not be stored (a full disk), so it was not
+         * accepted; try again once space is back */
+        out_json_error(o, rv == KOLO_EINVAL ? 400 : rv == KOLO_ESTORE ? 507 : 500, err);
         goto out;
     }
     struct job *j = coord_job_find(c, id);
@@ -796,8 +800,14 @@ static void route(struct coord *c, struct http_req *r, struct http_out *o)
     if (strcmp(p, "/healthz") == 0) {
         if (!method_is(r, "GET", o, "GET"))
             return;
+        /* 503 while the store refuses writes: a readiness probe takes
+         * the coordinator out until it stores again */
         jw_obj_begin(&w);
-        jw_kstr(&w, "status", "ok");
+        jw_kstr(&w, "status", c->m.store_degraded ? "degraded" : "ok");
+        if (c->m.store_degraded) {
+            o->status = 503;
+            jw_kstr(&w, "reason", c->m.store_why);
+        }
         jw_kstr(&w, "version", KOLO_VERSION);
         jw_kstr(&w, "instance", c->instance);
         jw_kuint(&w, "uptime_ms", now_wall_ms() - c->started_ms);

@@ -264,6 +264,11 @@ struct coord_metrics {
     uint64_t sessions; /* generations whose ranks joined again after a clean shutdown */
     uint64_t admin_refused; /* admin calls from another user to a coordinator without token */
     uint64_t scope_refused; /* calls beyond its job made with a job's credential */
+    /* the state store refused a write and no write succeeded since
+     * (coord.c: coord_store_failed, store_probe) */
+    bool store_degraded;
+    uint64_t store_degraded_since, store_probed; /* mono ms */
+    char store_why[256];
     /* data-plane connections the ranks refused, by reason (WorkerReport) */
     struct coord_dp_rejected {
         char reason[24];

@@ -429,8 +429,10 @@ static void put_back(struct report *r, struct batch *b)
 
 static bool transient(int code)
 {
+    /* ESTORE: the coordinator could not store it now (a full disk): the
+     * report waits and goes again, as for an unreachable coordinator */
     return code == KOLO_ETIMEDOUT || code == KOLO_ECONNREFUSED || code == KOLO_EIO ||
-           code == KOLO_ECLOSED || code == KOLO_EBUSY;
+           code == KOLO_ECLOSED || code == KOLO_EBUSY || code == KOLO_ESTORE;
 }
 
 /* send_batch sends b in one call; returns the call's result. */

@@ -410,6 +410,11 @@ static void test_pending_and_bad_submissions(void)
     protobuf_c_message_free_unpacked(&j->base, NULL);
     usleep(700000);
     expect_job_state(admin, job, "failed", 1);
+    /* host-a's lease (LEASE_MS) must outlive what follows on a slow
+     * (sanitized, loaded) machine: renew it */
+    Kolo__HeartbeatReply *hb = agent_heartbeat(a, 0, &rv);
+    REQUIRE(hb);
+    protobuf_c_message_free_unpacked(&hb->base, NULL);
     /* a pending job starts when capacity arrives */
     job = submit(admin, 3, NULL, 0, &rv, err);
     expect_job_state(admin, job, "pending", -1);
