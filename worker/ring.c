@@ -107,6 +107,11 @@ struct ring {
     int bell_fd;
     _Atomic uint64_t bell;
     struct pollfd *pfd; /* size: the bell and every peer */
+    /* Liveness, not a time limit: the call's deadline moves on by its
+     * whole span (window) whenever data moves, so a slow link that keeps
+     * moving never times out, and a peer that stops (frozen, gone) is
+     * given up on one window after the last byte. */
+    uint64_t deadline, window;
 };
 
 static const struct coll_ops ring_ops;
@@ -188,8 +193,11 @@ static int ring_start(struct ring *rg, uint64_t deadline)
 {
     if (rg->c.failed)
         return rg->c.failed;
-    if (deadline && now_mono_ms() >= deadline)
+    uint64_t now = now_mono_ms();
+    if (deadline && now >= deadline)
         return ring_fail(rg, KOLO_ETIMEDOUT, -1, "deadline passed before the start");
+    rg->deadline = deadline;
+    rg->window = deadline ? deadline - now : 0;
     return 0;
 }
 
@@ -473,8 +481,9 @@ static int flow_arm(struct flow *f, struct flow_wait *w, struct xport *x, int ra
  * for both directions when prev and next are the same rank), retry once
  * so that nothing that arrived before the arm is slept on, poll(),
  * disarm. The same protocol as transport.c's waits. */
-static int flow_sleep(struct flow *f, uint64_t deadline)
+static int flow_sleep(struct flow *f)
 {
+    uint64_t deadline = f->rg->deadline;
     bool ws = f->sent < f->nsend && flow_send_ready(f);
     bool wr = f->received < f->nrecv && flow_recv_ready(f);
     if (!ws && !wr)
@@ -518,8 +527,9 @@ static int flow_sleep(struct flow *f, uint64_t deadline)
  * even while data moves. When nothing moved: on a memory transport spin
  * briefly (the neighbour is probably mid-copy on another core), else, or
  * after the spin window, sleep in flow_sleep. */
-static int flow_run(struct flow *f, uint64_t deadline)
+static int flow_run(struct flow *f)
 {
+    struct ring *rg = f->rg;
     bool spin = (f->tx && xport_spins(f->tx)) || (f->rx && xport_spins(f->rx));
     uint64_t spin_ns = spin ? (uint64_t)xport_spin_us() * 1000u : 0;
     uint64_t idle_since = 0;
@@ -534,9 +544,14 @@ static int flow_run(struct flow *f, uint64_t deadline)
             flow_process(f);
             moved = true;
         }
-        if (deadline && now_mono_ms() >= deadline)
-            return ring_fail(f->rg, KOLO_ETIMEDOUT, f->rx ? f->rx_rank : f->tx_rank,
-                             "deadline passed, waiting for");
+        if (rg->deadline) {
+            uint64_t now = now_mono_ms();
+            if (moved)
+                rg->deadline = now + rg->window; /* alive: progress-based */
+            else if (now >= rg->deadline)
+                return ring_fail(rg, KOLO_ETIMEDOUT, f->rx ? f->rx_rank : f->tx_rank,
+                                 "no progress for the deadline's span, waiting for");
+        }
         if (moved) {
             if (slept) { /* flow_sleep noted whom it waited on */
                 coll_moved(&f->rg->c);
@@ -552,7 +567,7 @@ static int flow_run(struct flow *f, uint64_t deadline)
             if (t - idle_since < spin_ns)
                 continue;
         }
-        if ((err = flow_sleep(f, deadline)))
+        if ((err = flow_sleep(f)))
             return err;
         slept = true;
         idle_since = 0;
@@ -713,7 +728,7 @@ static int allreduce_ring(struct ring *rg, kolo_dtype dtype, kolo_op op, const u
     }
     struct flow f = {.dtype = dtype, .op = op, .in = in, .out = out};
     int err = flow_ring_init(&f, rg, FLOW_ALLREDUCE, esz, n - 1, 2 * (n - 1));
-    return err ? err : flow_run(&f, deadline);
+    return err ? err : flow_run(&f);
 }
 
 /* Up to how many bytes recursive doubling beats the ring. Measured,
@@ -797,7 +812,7 @@ static int ring_reducescatter(struct coll *c, kolo_dtype dtype, kolo_op op, cons
     struct flow f = {.dtype = dtype, .op = op, .in = in, .out = out};
     err = flow_ring_init(&f, rg, FLOW_REDUCESCATTER, esz, n - 1, n - 1);
     if (!err)
-        err = flow_run(&f, deadline);
+        err = flow_run(&f);
     return ring_done(rg, err);
 }
 
@@ -834,7 +849,7 @@ static int ring_allgatherv(struct coll *c, const void *in, void *out, const size
     struct flow f = {.in = in, .out = out};
     err = flow_ring_init(&f, rg, FLOW_ALLGATHER, 1, 0, n - 1);
     if (!err)
-        err = flow_run(&f, deadline);
+        err = flow_run(&f);
     return ring_done(rg, err);
 }
 
@@ -886,7 +901,7 @@ static int bcast_chain(struct ring *rg, unsigned char *buf, size_t bytes, int ro
     f.nsend = f.tx ? f.K : 0;
     f.nrecv = f.rx ? f.K : 0;
     f.lag = v == 0 ? SIZE_MAX : 0;
-    return flow_run(&f, deadline);
+    return flow_run(&f);
 }
 
 /* Tree or chain, by a cost model in units of one chunk's transfer time:
@@ -1000,7 +1015,7 @@ static int ring_barrier(struct coll *c, uint64_t deadline)
     struct flow f = {.in = tokens + r, .out = tokens};
     err = flow_ring_init(&f, rg, FLOW_ALLGATHER, 1, 0, n - 1);
     if (!err)
-        err = flow_run(&f, deadline);
+        err = flow_run(&f);
     return ring_done(rg, err);
 }
 

@@ -73,6 +73,9 @@ static const char *const kind_names[] = {"tcp", "shm", "tcp-ring-only"};
  * process that dies in the middle of a collective would. */
 struct fault {
     size_t budget; /* bytes this rank may still send */
+    /* a slow link: at most slow_chunk bytes per send, slow_us apart */
+    size_t slow_chunk;
+    int slow_us;
     bool tripped;
     struct xport *inner[MAX_RANKS];
 };
@@ -145,6 +148,11 @@ static ssize_t faulty_try_send(struct xport *x, const void *buf, size_t len)
     if (f->tripped || f->budget == 0)
         return fault_trip(fx);
     struct xport *in = f->inner[fx->slot];
+    if (f->slow_us) {
+        usleep((useconds_t)f->slow_us);
+        if (len > f->slow_chunk)
+            len = f->slow_chunk;
+    }
     ssize_t k = in->ops->try_send(in, buf, len < f->budget ? len : f->budget);
     if (k > 0)
         f->budget -= (size_t)k;
@@ -826,6 +834,45 @@ static void test_deadline(int n, size_t count)
     world_free(w);
 }
 
+/* A slow link that keeps moving is not a dead one (issue 15, item 5): an
+ * allreduce that takes several times its deadline's span still succeeds,
+ * because the deadline is progress-based; a peer that stops is still
+ * given up on one span after its last byte (test_deadline). */
+static void t_slow(struct world *w, int me)
+{
+    struct coll *c = w->c[me];
+    size_t count = fail_run.count;
+    float *buf = xmalloc(count * sizeof(float));
+    for (size_t i = 0; i < count; i++)
+        buf[i] = (float)(me + 1);
+    uint64_t t0 = now_mono_ms();
+    fail_run.rc[me] = c->ops->allreduce(c, KOLO_FLOAT32, KOLO_SUM, buf, buf, count, deadline_in(200));
+    fail_run.ms[me] = now_mono_ms() - t0;
+    if (fail_run.rc[me] == 0 && (buf[0] != 3.0f || buf[count - 1] != 3.0f))
+        fail_at(w, me, "slow link: wrong sum %g", (double)buf[0]);
+    free(buf);
+}
+
+static void test_slow_link(void)
+{
+    struct world *w = world_new(KIND_TCP, 2, 0, SIZE_MAX);
+    w->fault.slow_chunk = 64 << 10;
+    w->fault.slow_us = 3000; /* ~20 MB/s from rank 0 */
+    memset(&fail_run, 0, sizeof fail_run);
+    fail_run.count = (16u << 20) / sizeof(float); /* 16 MiB: ~0.4 s and more */
+    run_ranks(w, t_slow);
+    for (int r = 0; r < 2; r++) {
+        if (fail_run.rc[r])
+            fprintf(stderr, "slow link: rank %d: %s after %llu ms\n", r,
+                    kolo_errname(fail_run.rc[r]), (unsigned long long)fail_run.ms[r]);
+        CHECK_EQ_INT(fail_run.rc[r], 0);
+    }
+    /* it did outlast the 200 ms span, or the test proves nothing */
+    CHECK(fail_run.ms[0] > 300);
+    CHECK_EQ_INT(atomic_load(&w->errors), 0);
+    world_free(w);
+}
+
 static void test_peer_failures(void)
 {
     /* the ring, broken after 1.5 MiB of a 4 MiB-per-rank allreduce */
@@ -1013,5 +1060,6 @@ int main(int argc, char **argv)
     test_create_args();
     test_correctness();
     test_peer_failures();
+    test_slow_link();
     TEST_DONE();
 }
