@@ -62,10 +62,11 @@
 #define RPC_AUTH_WINDOW_MS  120000
 /* Connection hygiene (rpc.c, pipe_cb): a connection must send a valid
  * request within RPC_HANDSHAKE_MS; at most RPC_MAX_UNPROVEN connections
- * that have not are held (the oldest goes); one connection holds at most
+ * that have not are held (the oldest goes; large enough for a thousand
+ * ranks connecting at once); one connection holds at most
  * RPC_MAX_PARKED_PER_CONN calls the handler keeps (KOLO_EBUSY beyond). */
 #define RPC_HANDSHAKE_MS        10000
-#define RPC_MAX_UNPROVEN        128
+#define RPC_MAX_UNPROVEN        1024
 #define RPC_MAX_PARKED_PER_CONN 64
 
 enum rpc_kind { RPC_REQUEST = 1, RPC_REPLY = 2 };

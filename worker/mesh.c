@@ -55,7 +55,7 @@ void mesh_rejections_return(enum mesh_reject r, uint64_t n)
 #define LOGGED_HOSTS 32
 static pthread_mutex_t logged_mu = PTHREAD_MUTEX_INITIALIZER;
 static char logged[LOGGED_HOSTS][64];
-static int nlogged;
+static int nlogged, next_slot; /* a ring: the oldest host is forgotten first */
 
 static bool first_from(const char *host)
 {
@@ -63,10 +63,12 @@ static bool first_from(const char *host)
     bool first = true;
     for (int i = 0; i < nlogged && first; i++)
         first = strcmp(logged[i], host) != 0;
-    if (first)
-        str_copy(logged[nlogged++ % LOGGED_HOSTS], host, sizeof logged[0]);
-    if (nlogged > LOGGED_HOSTS)
-        nlogged = LOGGED_HOSTS;
+    if (first) {
+        str_copy(logged[next_slot], host, sizeof logged[0]);
+        next_slot = (next_slot + 1) % LOGGED_HOSTS;
+        if (nlogged < LOGGED_HOSTS)
+            nlogged++;
+    }
     pthread_mutex_unlock(&logged_mu);
     return first;
 }

@@ -118,7 +118,7 @@ int tcp_listen(const char *addr, int *fd, int *port);
  * connection, reads its hello and answers it, refusing other jobs, ranks
  * and generations. Both return a connected xport whose last handshake
  * step (the acceptor's answer checked and the proof sent; the proof
- * checked) runs in its first try_send/try_recv, or in tcp_settle. So
+ * checked) runs in its first try_send/try_recv. So
  * tcp_connect does not wait for the acceptor, and ranks may connect and
  * accept in any order.
  *
@@ -132,9 +132,6 @@ int tcp_listen(const char *addr, int *fd, int *port);
 int tcp_connect(const char *addr, int port, const struct tcp_ident *me, int to_rank,
                 uint64_t deadline, struct xport **out);
 int tcp_accept(int listen_fd, const struct tcp_ident *me, uint64_t deadline, struct xport **out);
-/* tcp_settle runs a connection's handshake to its end (to the deadline):
- * 0, or the code it failed with. */
-int tcp_settle(struct xport *x, uint64_t deadline);
 
 /* Non-blocking set-up, for many handshakes in one poll loop (mesh.c):
  * tcp_dial_start starts a connect, tcp_accept_start takes a waiting

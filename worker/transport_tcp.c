@@ -36,7 +36,7 @@
  * by tcp_handshake, so a caller can drive many handshakes from one poll
  * loop (mesh.c) and a stranger who connects and says nothing holds only
  * its own socket. The blocking tcp_connect / tcp_accept leave the last
- * step to the first try_send/try_recv on the connection (or tcp_settle):
+ * step to the first try_send/try_recv on the connection:
  * a connector never waits for the acceptor, so ranks may connect and
  * accept in any order.
  *
@@ -835,11 +835,6 @@ int tcp_accept(int listen_fd, const struct tcp_ident *me, uint64_t deadline, str
         return rc == KOLO_EPEER ? KOLO_EPROTO : rc;
     }
     return 0;
-}
-
-int tcp_settle(struct xport *x, uint64_t deadline)
-{
-    return hs_drive((struct tcp_conn *)x, HS_DONE, deadline);
 }
 
 void tcp_peer_addr(const struct xport *x, char *buf, size_t len)
