@@ -284,9 +284,21 @@ static void dispatch_rpc(struct coord *c, struct rpc_call *call)
 
 /* ---------------------------------------------------------------- main loop */
 
+/* A gap between two ticks longer than this means the coordinator itself
+ * stood still (stopped, swapped out, a paused VM, a stalled disk). */
+#define COORD_STALL_MS 1000
+
 static void coord_cron(struct coord *c)
 {
     uint64_t now = now_mono_ms();
+    /* The heartbeats it could not read meanwhile are the coordinator's own
+     * fault, not the hosts': every lease gets the time back before any is
+     * judged (issue 15, F9), and the hosts' queued heartbeats renew them. */
+    if (c->last_cron && now - c->last_cron > COORD_STALL_MS) {
+        LOGW("coord", "the coordinator stood still for %llu ms; the hosts' leases are extended "
+             "by as much", (unsigned long long)(now - c->last_cron));
+        coord_hosts_extend_leases(c, now - c->last_cron);
+    }
     c->last_cron = now;
     store_probe(c, now);
     coord_hosts_cron(c, now);

@@ -463,6 +463,13 @@ void coord_hosts_cron(struct coord *c, uint64_t now)
     }
 }
 
+void coord_hosts_extend_leases(struct coord *c, uint64_t ms)
+{
+    for (struct host *h = c->hosts; h; h = h->next)
+        if (h->state == HOST_ALIVE)
+            h->lease_deadline += ms;
+}
+
 void coord_hosts_shutdown(struct coord *c)
 {
     for (struct host *h = c->hosts; h; h = h->next)

@@ -329,6 +329,9 @@ void coord_store_failed(struct coord *c, const char *what);
 
 /* coord_hosts.c */
 struct host *coord_host_find(struct coord *c, const char *id);
+/* coord_hosts_extend_leases gives every live host ms more (the coordinator
+ * stood still that long: coord.c, coord_cron). */
+void coord_hosts_extend_leases(struct coord *c, uint64_t ms);
 struct host *coord_host_by_session(struct coord *c, const char *session);
 int coord_host_slots_used(struct coord *c, const struct host *h);
 void coord_hosts_cron(struct coord *c, uint64_t now);
