@@ -72,6 +72,16 @@ wait_for() {
 
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 
+# use_python: jobs run /usr/bin/python3 with numpy and the source tree's
+# kolo package (PYTHONPATH); the test is skipped where there is none. Sets
+# ROOT, the repository.
+use_python() {
+  command -v /usr/bin/python3 >/dev/null && /usr/bin/python3 -c "import numpy" 2>/dev/null \
+    || { echo "SKIP: no /usr/bin/python3 with numpy"; exit 77; }
+  ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+  export PYTHONPATH="$ROOT/python"
+}
+
 # make_token: a fresh cluster token in $WORK/token (mode 0600); sets TOKEN.
 make_token() {
   TOKEN=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')

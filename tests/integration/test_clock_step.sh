@@ -6,10 +6,7 @@
 # made for the coordinator process only (KOLO_TEST_WALL_OFFSET_FILE), not
 # for the machine.
 . "$(dirname "$0")/lib.sh"
-command -v /usr/bin/python3 >/dev/null && /usr/bin/python3 -c "import numpy" 2>/dev/null \
-  || { echo "SKIP: no /usr/bin/python3 with numpy"; exit 77; }
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-export PYTHONPATH="$ROOT/python"
+use_python
 
 make_token
 echo 0 >"$WORK/offset"

@@ -7,10 +7,7 @@
 # RPC connections (kolo_rpc_connections_closed_total) and its memory
 # stays bounded.
 . "$(dirname "$0")/lib.sh"
-command -v /usr/bin/python3 >/dev/null && /usr/bin/python3 -c "import numpy" 2>/dev/null \
-  || { echo "SKIP: no /usr/bin/python3 with numpy"; exit 77; }
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-export PYTHONPATH="$ROOT/python"
+use_python
 DATA="$ROOT/tests/integration/data"
 
 token_cluster 2

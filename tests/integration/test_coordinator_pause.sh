@@ -5,10 +5,7 @@
 # not read were its own fault: no host is declared lost, the job goes on
 # and finishes with every allreduce right.
 . "$(dirname "$0")/lib.sh"
-command -v /usr/bin/python3 >/dev/null && /usr/bin/python3 -c "import numpy" 2>/dev/null \
-  || { echo "SKIP: no /usr/bin/python3 with numpy"; exit 77; }
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-export PYTHONPATH="$ROOT/python"
+use_python
 
 start_coordinator coord
 start_agent a 1

@@ -4,10 +4,7 @@
 # allreduce correct: the restarted coordinator resumes the negotiation
 # from what the ranks hold, without a reset and without losing a step.
 . "$(dirname "$0")/lib.sh"
-command -v /usr/bin/python3 >/dev/null && /usr/bin/python3 -c "import numpy" 2>/dev/null \
-  || { echo "SKIP: no /usr/bin/python3 with numpy"; exit 77; }
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-export PYTHONPATH="$ROOT/python"
+use_python
 
 start_coordinator coord
 port=${RPC##*:}

@@ -8,10 +8,7 @@
 # epoch report is there: nothing acknowledged was lost.
 . "$(dirname "$0")/lib.sh"
 [ "$(id -u)" -eq 0 ] || { echo "SKIP: mounting a tmpfs needs root"; exit 77; }
-command -v /usr/bin/python3 >/dev/null && /usr/bin/python3 -c "import numpy" 2>/dev/null \
-  || { echo "SKIP: no /usr/bin/python3 with numpy"; exit 77; }
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-export PYTHONPATH="$ROOT/python"
+use_python
 mkdir "$WORK/db"
 mount -t tmpfs -o size=16m tmpfs "$WORK/db"
 trap 'rc=$?; umount -l "$WORK/db" 2>/dev/null; (exit $rc); cleanup' EXIT

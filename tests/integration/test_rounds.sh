@@ -18,9 +18,7 @@
 #    timeline switched on and off: the ops it sends to the new coordinator
 #    go in full (it never gave the ranks' cache ids) and every step is right.
 . "$(dirname "$0")/lib.sh"
-/usr/bin/python3 -c "import numpy" 2>/dev/null || { echo "SKIP: no /usr/bin/python3 with numpy"; exit 77; }
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-export PYTHONPATH="$ROOT/python"
+use_python
 PY=/usr/bin/python3
 STEPS_PY="$ROOT/tests/integration/data/rounds_steps.py"
 
