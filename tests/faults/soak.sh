@@ -55,6 +55,8 @@ while [ "$(date +%s)" -lt "$t_end" ]; do
   sleep 1
 done
 note "$kills kills in $SOAK_MIN min; step $(last_step)"
+note "samples (unix time, then name RSS-kB fds per daemon):"
+sed 's/^/  sample /' "$WORK/samples"
 finish_job 120
 report soak --commit $COMMIT --max-lost $COMMIT
 "$PY" - "$WORK/samples" <<'PY' || fail "a daemon grew"
