@@ -239,6 +239,15 @@ struct rpc_server {
     nng_aio *sweep_aio; /* closes connections silent past RPC_HANDSHAKE_MS */
 };
 
+/* Closes the connection with that id (nng names pipes by id). */
+static void pipe_close_id(uint32_t id)
+{
+    nng_pipe p;
+    memset(&p, 0, sizeof p);
+    p.id = id;
+    nng_pipe_close(p);
+}
+
 static struct pipe_rec *pipe_find(struct rpc_server *srv, uint32_t id)
 {
     struct pipe_rec *r = srv->pipes[id % PIPE_BUCKETS];
@@ -277,13 +286,11 @@ static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
                         oldest = q;
             if (oldest) {
                 srv->stats.conns_evicted++;
-                nng_pipe victim;
-                memset(&victim, 0, sizeof victim);
-                victim.id = oldest->id;
+                uint32_t victim = oldest->id;
                 oldest->proven = true; /* no longer counted while it closes */
                 srv->nunproven--;
                 nng_mtx_unlock(srv->mtx);
-                nng_pipe_close(victim);
+                pipe_close_id(victim);
                 return;
             }
         }
@@ -321,12 +328,8 @@ static void sweep_cb(void *arg)
                 late[n++] = q->id;
             }
     nng_mtx_unlock(srv->mtx);
-    for (int i = 0; i < n; i++) {
-        nng_pipe p;
-        memset(&p, 0, sizeof p);
-        p.id = late[i];
-        nng_pipe_close(p);
-    }
+    for (int i = 0; i < n; i++)
+        pipe_close_id(late[i]);
     int period = srv->handshake_ms / 4 < 1000 ? srv->handshake_ms / 4 + 1 : 1000;
     nng_sleep_aio(n == 64 ? 10 : period, srv->sweep_aio);
 }
