@@ -445,9 +445,6 @@ void coord_report_render_metrics(struct coord *c, struct buf *b);
 void coord_report_cron(struct coord *c, uint64_t now);
 /* coord_dp_rejected_add counts n data-plane refusals a rank reported. */
 void coord_dp_rejected_add(struct coord *c, const char *reason, uint64_t n);
-/* coord_report_job_ended drops what the reports of an ended job keep in
- * memory (its rows are in the store). */
-void coord_report_job_ended(struct coord *c, uint64_t job_id);
 void coord_report_flush(struct coord *c);
 void coord_report_free(struct coord *c);
 

@@ -828,11 +828,11 @@ void coord_jobs_cron(struct coord *c, uint64_t now)
 {
     for (struct job *j = c->jobs; j; j = j->next) {
         if (job_terminal(j) && (j->negot || j->nsets)) {
-            /* An ended job keeps its record, not its working state
-             * (issue 15, F12): its parked calls were answered when it
-             * ended, and later worker calls are refused as not running. */
+            /* An ended job keeps its record and its ranks' last reports
+             * (REST /ranks), not its negotiation (issue 15, F12): its
+             * parked calls were answered when it ended, and later worker
+             * calls are refused as not running. */
             coord_negot_free_job(j);
-            coord_report_job_ended(c, j->id);
         }
         if (j->negot)
             coord_negot_cron(c, j, now);

@@ -114,18 +114,6 @@ static struct report_rank *rjob_rank(struct report_job *r, int rank)
     return &r->ranks[rank];
 }
 
-void coord_report_job_ended(struct coord *c, uint64_t job_id)
-{
-    for (struct report_job **p = &c->report_jobs; *p; p = &(*p)->next)
-        if ((*p)->job_id == job_id) {
-            struct report_job *r = *p;
-            *p = r->next;
-            free(r->ranks);
-            free(r);
-            return;
-        }
-}
-
 /* Prunes the jobs that gained REPORT_PRUNE_EVERY rows since their last
  * prune (after a commit: the rows are in the store). */
 static void steps_prune(struct coord *c)
