@@ -38,20 +38,6 @@
  * sent SIGKILL before it gives up on them. */
 #define AGENT_STOP_SLACK_MS 3000
 
-static int set_err(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int set_err(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 /* ---------------------------------------------------------------- host id */
 
 static int default_state_dir(const char *name, char *out, size_t n)
@@ -101,7 +87,7 @@ static int load_host_id(struct agent *a, char *err, size_t errlen)
     char path[PATH_MAX], tmp[PATH_MAX];
     int rc = mkdir_p(a->state_dir);
     if (rc)
-        return set_err(err, errlen, rc, "cannot create state directory %s: %s", a->state_dir,
+        return errf(err, errlen, rc, "cannot create state directory %s: %s", a->state_dir,
                        strerror(errno));
     snprintf(path, sizeof(path), "%s/host-id", a->state_dir);
     struct stat st;
@@ -111,7 +97,7 @@ static int load_host_id(struct agent *a, char *err, size_t errlen)
         rc = read_file_all(path, &data, &len, 4096);
         if (rc) {
             free(data);
-            return set_err(err, errlen, rc, "cannot read host id from %s: %s", path,
+            return errf(err, errlen, rc, "cannot read host id from %s: %s", path,
                            kolo_strerror(rc));
         }
         size_t b = 0, e = len;
@@ -129,17 +115,17 @@ static int load_host_id(struct agent *a, char *err, size_t errlen)
         free(data);
         LOGW("agent", "%s does not hold a host id; making a new one", path);
     } else if (errno != ENOENT) {
-        return set_err(err, errlen, KOLO_ESYS, "cannot read host id from %s: %s", path,
+        return errf(err, errlen, KOLO_ESYS, "cannot read host id from %s: %s", path,
                        strerror(errno));
     }
 
     if ((rc = random_hex(a->host_id, 16)) != 0)
-        return set_err(err, errlen, rc, "cannot make a host id: no randomness");
+        return errf(err, errlen, rc, "cannot make a host id: no randomness");
     /* Write and rename, so a crash never leaves a half-written id behind. */
     snprintf(tmp, sizeof(tmp), "%s/host-id.tmp", a->state_dir);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
-        return set_err(err, errlen, KOLO_ESYS, "cannot write %s: %s", tmp, strerror(errno));
+        return errf(err, errlen, KOLO_ESYS, "cannot write %s: %s", tmp, strerror(errno));
     char line[40];
     int n = snprintf(line, sizeof(line), "%s\n", a->host_id);
     bool ok = write(fd, line, (size_t)n) == n && fsync(fd) == 0;
@@ -148,7 +134,7 @@ static int load_host_id(struct agent *a, char *err, size_t errlen)
     if (!ok || rename(tmp, path) != 0) {
         e = ok ? errno : e;
         unlink(tmp);
-        return set_err(err, errlen, KOLO_ESYS, "cannot write %s: %s", path, strerror(e));
+        return errf(err, errlen, KOLO_ESYS, "cannot write %s: %s", path, strerror(e));
     }
     LOGI("agent", "new host id %s (saved in %s)", a->host_id, path);
     return 0;
@@ -340,13 +326,13 @@ int agent_start(struct agent **out, const struct agent_config *cfg, char *err, s
     if (err && errlen)
         err[0] = '\0';
     if (!cfg || !cfg->coordinator_url || !*cfg->coordinator_url)
-        return set_err(err, errlen, KOLO_EINVAL, "no coordinator address given");
+        return errf(err, errlen, KOLO_EINVAL, "no coordinator address given");
     if (cfg->slots < 0 || cfg->stop_grace_ms < 0)
-        return set_err(err, errlen, KOLO_EINVAL, "slots and stop grace must not be negative");
+        return errf(err, errlen, KOLO_EINVAL, "slots and stop grace must not be negative");
 
     struct agent *a = calloc(1, sizeof(*a));
     if (!a)
-        return set_err(err, errlen, KOLO_ENOMEM, "out of memory");
+        return errf(err, errlen, KOLO_ENOMEM, "out of memory");
     pthread_mutex_init(&a->mu, NULL);
     /* Timed waits on the cond are deadlines: measure them on the
      * monotonic clock so a wall-clock step cannot stretch them. */
@@ -358,6 +344,8 @@ int agent_start(struct agent **out, const struct agent_config *cfg, char *err, s
         str_copy(a->hostname, "localhost", sizeof(a->hostname));
     a->url = dup_or_null(cfg->coordinator_url, &oom);
     a->token = cfg->token && *cfg->token ? dup_or_null(cfg->token, &oom) : NULL;
+    if (cfg->tls)
+        a->tls = *cfg->tls;
     a->name = dup_or_null(cfg->name && *cfg->name ? cfg->name : a->hostname, &oom);
     if (cfg->addr && *cfg->addr) {
         a->addr = dup_or_null(cfg->addr, &oom);
@@ -368,7 +356,7 @@ int agent_start(struct agent **out, const struct agent_config *cfg, char *err, s
     if (cfg->exec_path && *cfg->exec_path) {
         /* Absolute: workers are spawned after a chdir to their cwd. */
         if (!realpath(cfg->exec_path, buf)) {
-            rc = set_err(err, errlen, KOLO_EINVAL, "cannot find %s: %s", cfg->exec_path,
+            rc = errf(err, errlen, KOLO_EINVAL, "cannot find %s: %s", cfg->exec_path,
                          strerror(errno));
             agent_free(a);
             return rc;
@@ -378,7 +366,7 @@ int agent_start(struct agent **out, const struct agent_config *cfg, char *err, s
         ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
         if (n <= 0) {
             agent_free(a);
-            return set_err(err, errlen, KOLO_ESYS, "cannot find the kolo binary: %s",
+            return errf(err, errlen, KOLO_ESYS, "cannot find the kolo binary: %s",
                            strerror(errno));
         }
         buf[n] = '\0';
@@ -390,15 +378,15 @@ int agent_start(struct agent **out, const struct agent_config *cfg, char *err, s
         a->state_dir = dup_or_null(buf, &oom);
     } else {
         agent_free(a);
-        return set_err(err, errlen, KOLO_EINVAL,
+        return errf(err, errlen, KOLO_EINVAL,
                        "no state directory: set --state-dir, XDG_STATE_HOME or HOME");
     }
     if (oom) {
         agent_free(a);
-        return set_err(err, errlen, KOLO_ENOMEM, "out of memory");
+        return errf(err, errlen, KOLO_ENOMEM, "out of memory");
     }
     if (access(a->exec_path, X_OK) != 0) {
-        rc = set_err(err, errlen, KOLO_EINVAL, "cannot run %s: %s", a->exec_path, strerror(errno));
+        rc = errf(err, errlen, KOLO_EINVAL, "cannot run %s: %s", a->exec_path, strerror(errno));
         agent_free(a);
         return rc;
     }
@@ -408,7 +396,7 @@ int agent_start(struct agent **out, const struct agent_config *cfg, char *err, s
     }
     if ((rc = random_hex(a->instance, 8)) != 0) {
         agent_free(a);
-        return set_err(err, errlen, rc, "no randomness");
+        return errf(err, errlen, rc, "no randomness");
     }
 
     inventory_probe(&a->inv);
@@ -417,13 +405,13 @@ int agent_start(struct agent **out, const struct agent_config *cfg, char *err, s
     a->grace_ms = a->stop_grace_ms;
 
     if ((rc = uv_loop_init(&a->loop)) != 0) {
-        rc = set_err(err, errlen, KOLO_ESYS, "cannot create the event loop: %s", uv_strerror(rc));
+        rc = errf(err, errlen, KOLO_ESYS, "cannot create the event loop: %s", uv_strerror(rc));
         agent_free(a);
         return rc;
     }
     if ((rc = uv_async_init(&a->loop, &a->wake, on_wake)) != 0) {
         uv_loop_close(&a->loop);
-        rc = set_err(err, errlen, KOLO_ESYS, "cannot create the event loop: %s", uv_strerror(rc));
+        rc = errf(err, errlen, KOLO_ESYS, "cannot create the event loop: %s", uv_strerror(rc));
         agent_free(a);
         return rc;
     }
@@ -436,7 +424,7 @@ int agent_start(struct agent **out, const struct agent_config *cfg, char *err, s
      * link's threads last, so nothing is posted to a loop not running. */
     rc = link_start(a, err, errlen);
     if (rc == 0 && (rc = pthread_create(&a->loop_thread, NULL, loop_main, a)) != 0) {
-        set_err(err, errlen, KOLO_ESYS, "cannot start the loop thread: %s", strerror(rc));
+        errf(err, errlen, KOLO_ESYS, "cannot start the loop thread: %s", strerror(rc));
         rc = KOLO_ESYS;
         link_stop(a);
     }

@@ -19,6 +19,8 @@
 
 struct agent;
 
+struct tls_files; /* common/tls.h */
+
 struct agent_config {
     const char *coordinator_url; /* "tcp://host:port" (or inproc:// in tests) */
     const char *token;           /* cluster token; NULL = none */
@@ -28,6 +30,7 @@ struct agent_config {
     int slots;                   /* 0 = number of GPUs if any, else number of CPUs */
     int64_t stop_grace_ms;       /* SIGTERM -> SIGKILL delay; 0 = 5000 */
     const char *exec_path;       /* the kolo binary, run as `exec_path __exec -- argv...` */
+    const struct tls_files *tls; /* NULL or off: plain tcp:// (common/tls.h) */
 };
 
 /* Counters for tests and `--log-level debug` diagnostics. */

@@ -18,6 +18,7 @@
 #include "errors.h"
 #include "knobs.h"
 #include "log.h"
+#include "tls.h"
 #include "util.h"
 
 static const char usage[] =
@@ -28,6 +29,7 @@ int cmd_agent(int argc, char **argv)
 {
     char *coordinator = NULL, *name = NULL, *token_file = NULL, *addr = NULL;
     char *state_dir = NULL, *log_level = NULL, *token = NULL;
+    char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL, *tls_dir = NULL;
     int64_t slots = 0, grace = 0;
     struct knob tab[] = {
         {"coordinator", NULL, NULL, KNOB_STR, NULL, 1, 0,
@@ -49,6 +51,7 @@ int cmd_agent(int argc, char **argv)
          "how long a stopped worker gets between SIGTERM and SIGKILL", &grace, NULL},
         {"log-level", NULL, "KOLO_LOG_LEVEL", KNOB_STR, NULL, 1, 0,
          "trace, debug, info, warn, error or off (default: info)", &log_level, NULL},
+        TLS_KNOBS(tls_cert, tls_key, tls_ca, tls_dir),
     };
     const size_t ntab = sizeof(tab) / sizeof(tab[0]);
     char err[1024];
@@ -89,6 +92,12 @@ int cmd_agent(int argc, char **argv)
         code = 1;
         goto out;
     }
+    struct tls_files tls;
+    if (tls_files_init(&tls, tls_cert, tls_key, tls_ca, tls_dir, err, sizeof(err)) != 0) {
+        fprintf(stderr, "kolo agent: %s\n", err);
+        code = 2;
+        goto out;
+    }
     if (!token && !addr_is_loopback(coordinator))
         LOGW("agent",
              "no cluster token configured for a non-loopback coordinator (%s); "
@@ -108,6 +117,7 @@ int cmd_agent(int argc, char **argv)
     struct agent_config cfg = {0};
     cfg.coordinator_url = coordinator;
     cfg.token = token;
+    cfg.tls = &tls;
     cfg.name = name;
     cfg.addr = addr;
     cfg.state_dir = state_dir;

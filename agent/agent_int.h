@@ -27,6 +27,7 @@
 
 #include "agent.h"
 #include "kolo.pb-c.h"
+#include "tls.h"
 
 /* A line longer than this is cut into pieces of this size. */
 #define AGENT_LINE_MAX (64 * 1024)
@@ -141,6 +142,7 @@ struct agent {
     /* Configuration: owned copies, read-only once the threads run. */
     char *url;
     char *token;
+    struct tls_files tls; /* off when the coordinator speaks plain TCP */
     char *name;
     char *addr;
     char *state_dir;

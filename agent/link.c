@@ -418,6 +418,7 @@ int link_start(struct agent *a, char *err, size_t errlen)
     cc.url = a->url;
     cc.token = a->token;
     cc.identity = a->host_id;
+    cc.tls = &a->tls;
     int rc = rpc_client_open(&a->rpc, &cc);
     if (rc == 0)
         rc = rpc_client_open(&a->hb_rpc, &cc);

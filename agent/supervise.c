@@ -392,6 +392,20 @@ static void build_env(struct agent *a, const Kolo__WorkerSpec *s, struct envv *e
      * beyond itself (common/creds.h). */
     envv_unset(e, "KOLO_TOKEN");
     envv_unset(e, "KOLO_JOB_TOKEN");
+    /* The agent's TLS files reach the coordinator, so they are the
+     * workers' too; without them the job's own KOLO_TLS_* would only turn
+     * its tcp:// coordinator address into a TLS one it cannot reach. */
+    envv_unset(e, "KOLO_TLS_DIR");
+    envv_unset(e, "KOLO_TLS_CERT");
+    envv_unset(e, "KOLO_TLS_KEY");
+    envv_unset(e, "KOLO_TLS_CA");
+    if (tls_files_on(&a->tls)) {
+        envv_setf(e, "KOLO_TLS_CA", "%s", a->tls.ca);
+        if (a->tls.cert[0]) {
+            envv_setf(e, "KOLO_TLS_CERT", "%s", a->tls.cert);
+            envv_setf(e, "KOLO_TLS_KEY", "%s", a->tls.key);
+        }
+    }
     if (a->token) {
         char cred[CREDS_JOB_HEX];
         creds_job(a->token, s->job_id, cred);

@@ -18,6 +18,14 @@ int cmd_status(int argc, char **argv);
 int cli_token(const char *path, char **token, char *err, size_t errlen);
 
 /*
+ * cli_connect opens a client of the coordinator at url as identity, over
+ * TLS when tls asks for it (common/tls.h). 0, or a kolo error with the
+ * reason in err (an address TLS cannot carry, missing TLS files, ...).
+ */
+int cli_connect(struct rpc_client **cli, const char *url, const char *token,
+                const struct tls_files *tls, const char *identity, char *err, size_t errlen);
+
+/*
  * cli_call packs req, calls method and unpacks the reply with rep_desc.
  * Returns 0 and *rep (free with protobuf_c_message_free_unpacked), or a
  * kolo error with a message in err.

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "errors.h"
+#include "tls.h"
 #include "util.h"
 
 int cli_token(const char *path, char **token, char *err, size_t errlen)
@@ -16,6 +17,19 @@ int cli_token(const char *path, char **token, char *err, size_t errlen)
     if (!path || !path[0])
         return 0;
     return read_token_file(path, token, err, errlen);
+}
+
+int cli_connect(struct rpc_client **cli, const char *url, const char *token,
+                const struct tls_files *tls, const char *identity, char *err, size_t errlen)
+{
+    char dialed[256];
+    int rv = tls_url(dialed, sizeof dialed, url, tls, err, errlen);
+    if (rv != 0)
+        return rv;
+    struct rpc_client_config rc = {.url = url, .token = token, .identity = identity, .tls = tls};
+    if ((rv = rpc_client_open(cli, &rc)) != 0)
+        snprintf(err, errlen, "invalid coordinator address '%s' (want tcp://HOST:PORT)", url);
+    return rv;
 }
 
 int cli_call(struct rpc_client *cli, const char *method, const ProtobufCMessage *req,

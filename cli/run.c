@@ -36,6 +36,7 @@
 #include "kolo.pb-c.h"
 #include "log.h"
 #include "run.h"
+#include "tls.h"
 #include "util.h"
 
 #define RUNS_KEPT      20
@@ -430,6 +431,13 @@ int cmd_run(int argc, char **argv)
         knobs_free(tab, n);
         return 1;
     }
+    struct tls_files tls;
+    if (tls_files_init(&tls, o.tls_cert, o.tls_key, o.tls_ca, o.tls_dir, err, sizeof(err)) != 0) {
+        fprintf(stderr, "kolo run: %s\n", err);
+        free(token);
+        knobs_free(tab, n);
+        return 2;
+    }
 
     struct sigaction sa = {0};
     sa.sa_handler = on_stop_signal;
@@ -487,6 +495,7 @@ int cmd_run(int argc, char **argv)
             .lease_ms = 5000,
             .heartbeat_ms = 1000,
             .stop_grace_ms = o.grace,
+            .tls = &tls,
         };
         if (coord_start(&coord, &cc, err, sizeof(err)) != 0) {
             fprintf(stderr, "kolo run: cannot start the embedded coordinator: %s\n", err);
@@ -507,6 +516,7 @@ int cmd_run(int argc, char **argv)
             .slots = slots,
             .stop_grace_ms = o.grace,
             .exec_path = "/proc/self/exe",
+            .tls = &tls,
         };
         if (agent_start(&agent, &ac, err, sizeof(err)) != 0) {
             fprintf(stderr, "kolo run: cannot start the embedded agent: %s\n", err);
@@ -519,9 +529,8 @@ int cmd_run(int argc, char **argv)
                     run_token_path);
     }
 
-    struct rpc_client_config rc = {.url = url, .token = token, .identity = "kolo-run"};
-    if (rpc_client_open(&cli, &rc) != 0) {
-        fprintf(stderr, "kolo run: invalid coordinator address '%s'\n", url);
+    if (cli_connect(&cli, url, token, &tls, "kolo-run", err, sizeof(err)) != 0) {
+        fprintf(stderr, "kolo run: %s\n", err);
         goto out;
     }
     Kolo__SubmitJobRequest req = KOLO__SUBMIT_JOB_REQUEST__INIT;

@@ -33,6 +33,7 @@
  * priority, so a flag given on the command line wins.
  */
 #include "run.h"
+#include "tls.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -350,6 +351,7 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
          &o->coordinator},
         {"token-file", NULL, NULL, KNOB_STR, NULL, 0, -1, "file holding the cluster token",
          &o->token_file},
+        TLS_KNOBS(o->tls_cert, o->tls_key, o->tls_ca, o->tls_dir),
         {"name", NULL, "", KNOB_STR, NULL, 0, -1, "job name (default: the command)", &o->name},
         {"http", NULL, "", KNOB_STR, "127.0.0.1:0", 0, -1,
          "embedded coordinator: HTTP address of REST and the dashboard", &o->http},

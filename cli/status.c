@@ -12,6 +12,7 @@
 #include "knobs.h"
 #include "kolo.pb-c.h"
 #include "log.h"
+#include "tls.h"
 
 static const char usage[] =
     "usage: kolo status [--coordinator tcp://HOST:PORT] [--token-file PATH]";
@@ -59,6 +60,7 @@ static void print_jobs(Kolo__ListJobsReply *j)
 int cmd_status(int argc, char **argv)
 {
     char *url = NULL, *token_file = NULL;
+    char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL, *tls_dir = NULL;
     int64_t timeout = 0;
     struct knob tab[] = {
         {"coordinator", NULL, "KOLO_RUN_COORDINATOR", KNOB_STR, "tcp://127.0.0.1:7070", 0, -1,
@@ -67,6 +69,7 @@ int cmd_status(int argc, char **argv)
          &token_file},
         {"timeout", NULL, "", KNOB_DURATION, "5s", 100, 600000, "how long to wait for answers",
          &timeout},
+        TLS_KNOBS(tls_cert, tls_key, tls_ca, tls_dir),
     };
     size_t n = sizeof(tab) / sizeof(tab[0]);
     char err[1024];
@@ -89,9 +92,13 @@ int cmd_status(int argc, char **argv)
         fprintf(stderr, "kolo status: %s\n", err);
         goto out;
     }
-    struct rpc_client_config rc = {.url = url, .token = token, .identity = "kolo-status"};
-    if (rpc_client_open(&cli, &rc) != 0) {
-        fprintf(stderr, "kolo status: invalid coordinator address '%s'\n", url);
+    struct tls_files tls;
+    if (tls_files_init(&tls, tls_cert, tls_key, tls_ca, tls_dir, err, sizeof(err)) != 0) {
+        fprintf(stderr, "kolo status: %s\n", err);
+        goto out;
+    }
+    if (cli_connect(&cli, url, token, &tls, "kolo-status", err, sizeof(err)) != 0) {
+        fprintf(stderr, "kolo status: %s\n", err);
         goto out;
     }
     Kolo__ListHostsRequest hreq = KOLO__LIST_HOSTS_REQUEST__INIT;

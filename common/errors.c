@@ -7,6 +7,9 @@
  */
 #include "errors.h"
 
+#include <stdarg.h>
+#include <stdio.h>
+
 const char *kolo_errname(int code)
 {
     switch (code) {
@@ -31,4 +34,15 @@ const char *kolo_strerror(int code)
     default:
         return "unknown error";
     }
+}
+
+int errf(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
 }

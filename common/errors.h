@@ -8,6 +8,14 @@
 #ifndef KOLO_COMMON_ERRORS_H
 #define KOLO_COMMON_ERRORS_H
 
+#include <stddef.h>
+
 #include "kolo.h"
+
+/* errf writes a message into err (when err and errlen allow) and returns
+ * code, so a failing function reads `return errf(err, errlen, KOLO_EINVAL,
+ * "...", ...)`. */
+int errf(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 #endif

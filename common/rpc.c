@@ -9,6 +9,7 @@
  * cache) sit behind the server mutex.
  */
 #include "rpc.h"
+#include "tls.h"
 
 #include <stdarg.h>
 #include <arpa/inet.h>
@@ -600,7 +601,7 @@ void rpc_call_error(struct rpc_call *call, int code, const char *fmt, ...)
 static void server_resolve_url(struct rpc_server *srv, const char *url)
 {
     str_copy(srv->url, url, sizeof(srv->url));
-    if (strncmp(url, "tcp://", 6) != 0)
+    if (strncmp(url, "tcp://", 6) != 0 && strncmp(url, "tls+tcp://", 10) != 0)
         return;
     int port = 0;
     if (nng_listener_get_int(srv->listener, NNG_OPT_TCP_BOUND_PORT, &port) != 0)
@@ -608,6 +609,31 @@ static void server_resolve_url(struct rpc_server *srv, const char *url)
     char *colon = strrchr(srv->url, ':');
     if (colon && colon > srv->url + 5)
         snprintf(colon, sizeof(srv->url) - (size_t)(colon - srv->url), ":%d", port);
+}
+
+/* Listens on cfg->url, over TLS when cfg->tls asks for it (tls.h). */
+static int server_listen(struct rpc_server *srv, const struct rpc_server_config *cfg)
+{
+    char url[256], err[512];
+    nng_tls_config *tc = NULL;
+    int rv;
+    if (tls_url(url, sizeof url, cfg->url, cfg->tls, err, sizeof err) != 0 ||
+        (tls_files_on(cfg->tls) &&
+         tls_config_new(&tc, TLS_RPC_SERVER, cfg->tls, NULL, err, sizeof err) != 0)) {
+        LOGE("rpc", "cannot listen on %s: %s", cfg->url, err);
+        return KOLO_EINVAL;
+    }
+    if ((rv = nng_listener_create(&srv->listener, srv->sock, url)) == 0 &&
+        (!tc || (rv = nng_listener_set_ptr(srv->listener, NNG_OPT_TLS_CONFIG, tc)) == 0))
+        rv = nng_listener_start(srv->listener, 0);
+    if (tc)
+        nng_tls_config_free(tc); /* the listener holds its own reference */
+    if (rv != 0) {
+        LOGE("rpc", "cannot listen on %s: %s", url, nng_strerror(rv));
+        return rv == NNG_EADDRINUSE ? KOLO_EBUSY : KOLO_EINVAL;
+    }
+    server_resolve_url(srv, url);
+    return 0;
 }
 
 int rpc_server_open(struct rpc_server **out, const struct rpc_server_config *cfg)
@@ -660,12 +686,10 @@ int rpc_server_open(struct rpc_server **out, const struct rpc_server_config *cfg
             return KOLO_ENOMEM;
         }
     }
-    if ((rv = nng_listen(srv->sock, cfg->url, &srv->listener, 0)) != 0) {
-        LOGE("rpc", "cannot listen on %s: %s", cfg->url, nng_strerror(rv));
+    if ((rv = server_listen(srv, cfg)) != 0) {
         rpc_server_close(srv);
-        return rv == NNG_EADDRINUSE ? KOLO_EBUSY : KOLO_EINVAL;
+        return rv;
     }
-    server_resolve_url(srv, cfg->url);
     for (int i = 0; i < srv->ncalls; i++)
         call_recv(&srv->calls[i]);
     nng_sleep_aio(srv->handshake_ms / 4 < 1000 ? srv->handshake_ms / 4 + 1 : 1000, srv->sweep_aio);
@@ -768,6 +792,34 @@ static void client_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
         atomic_fetch_sub(&cli->pipes, 1);
 }
 
+/* Dials cfg->url in the background, over TLS when cfg->tls asks for it or
+ * the URL is tls+tcp://; cli->url becomes the URL dialed. */
+static int client_dial(struct rpc_client *cli, const struct rpc_client_config *cfg)
+{
+    char url[256], host[256], err[512];
+    nng_tls_config *tc = NULL;
+    nng_dialer d;
+    int rv;
+    if (tls_url(url, sizeof url, cfg->url, cfg->tls, err, sizeof err) != 0 ||
+        (tls_files_on(cfg->tls) &&
+         (tls_url_host(url, host, sizeof host) != 0 ||
+          tls_config_new(&tc, TLS_CLIENT, cfg->tls, host, err, sizeof err) != 0))) {
+        LOGE("rpc", "cannot dial %s: %s", cfg->url, err);
+        return KOLO_EINVAL;
+    }
+    str_copy(cli->url, url, sizeof(cli->url));
+    if ((rv = nng_dialer_create(&d, cli->sock, url)) == 0 &&
+        (!tc || (rv = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, tc)) == 0))
+        rv = nng_dialer_start(d, NNG_FLAG_NONBLOCK);
+    if (tc)
+        nng_tls_config_free(tc); /* the dialer holds its own reference */
+    if (rv != 0) {
+        LOGE("rpc", "cannot dial %s: %s", url, nng_strerror(rv));
+        return KOLO_EINVAL;
+    }
+    return 0;
+}
+
 int rpc_client_open(struct rpc_client **out, const struct rpc_client_config *cfg)
 {
     struct rpc_client *cli = calloc(1, sizeof(*cli));
@@ -805,8 +857,7 @@ int rpc_client_open(struct rpc_client **out, const struct rpc_client_config *cfg
     nng_socket_set_ms(cli->sock, NNG_OPT_RECONNMAXT, 1000);
     nng_pipe_notify(cli->sock, NNG_PIPE_EV_ADD_POST, client_pipe_cb, cli);
     nng_pipe_notify(cli->sock, NNG_PIPE_EV_REM_POST, client_pipe_cb, cli);
-    if ((rv = nng_dial(cli->sock, cfg->url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
-        LOGE("rpc", "cannot dial %s: %s", cfg->url, nng_strerror(rv));
+    if ((rv = client_dial(cli, cfg)) != 0) {
         nng_close(cli->sock);
         nng_mtx_free(cli->mtx);
         free(cli->token);
@@ -863,17 +914,6 @@ void rpc_client_set_identity(struct rpc_client *cli, const char *identity, uint6
     nng_mtx_unlock(cli->mtx);
 }
 
-static int set_err(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 /* Encodes a request frame with the client's identity and a fresh nonce. */
 static int client_encode(struct rpc_client *cli, const char *method, const void *req,
                          size_t req_len, struct rpc_frame *f, nng_msg **out, char *err,
@@ -883,9 +923,9 @@ static int client_encode(struct rpc_client *cli, const char *method, const void 
     size_t dlen;
     int rv;
     if (strlen(method) > RPC_MAX_METHOD)
-        return set_err(err, errlen, KOLO_EINVAL, "method name too long");
+        return errf(err, errlen, KOLO_EINVAL, "method name too long");
     if (req_len + RPC_HEADER_LEN > cli->max_msg)
-        return set_err(err, errlen, KOLO_ETOOBIG, "request of %zu bytes exceeds the cap", req_len);
+        return errf(err, errlen, KOLO_ETOOBIG, "request of %zu bytes exceeds the cap", req_len);
     memset(f, 0, sizeof(*f));
     f->version = KOLO_PROTO_VERSION;
     f->kind = RPC_REQUEST;
@@ -903,13 +943,13 @@ static int client_encode(struct rpc_client *cli, const char *method, const void 
     if (cli->token_is_job)
         f->flags = RPC_FLAG_JOB_KEY;
     if ((rv = rpc_frame_encode(f, cli->token, &data, &dlen)) != 0)
-        return set_err(err, errlen, rv, "cannot encode request");
+        return errf(err, errlen, rv, "cannot encode request");
     if (nng_msg_alloc(out, 0) != 0 || nng_msg_append(*out, data, dlen) != 0) {
         if (*out)
             nng_msg_free(*out);
         *out = NULL;
         free(data);
-        return set_err(err, errlen, KOLO_ENOMEM, "out of memory");
+        return errf(err, errlen, KOLO_ENOMEM, "out of memory");
     }
     free(data);
     return 0;
@@ -922,18 +962,18 @@ static int client_check_reply(struct rpc_client *cli, nng_msg *m, const struct r
     const uint8_t *body = nng_msg_body(m);
     size_t blen = nng_msg_len(m);
     if (rpc_frame_decode(body, blen, rf) != 0 || rf->kind != RPC_REPLY)
-        return set_err(err, errlen, KOLO_EPROTO, "malformed reply from %s", cli->url);
+        return errf(err, errlen, KOLO_EPROTO, "malformed reply from %s", cli->url);
     if (memcmp(rf->nonce, req->nonce, RPC_NONCE_LEN) != 0)
-        return set_err(err, errlen, KOLO_EPROTO, "reply does not match the request");
+        return errf(err, errlen, KOLO_EPROTO, "reply does not match the request");
     if (rf->status == KOLO_EVERSION || rf->version != KOLO_PROTO_VERSION)
-        return set_err(err, errlen, KOLO_EVERSION,
+        return errf(err, errlen, KOLO_EVERSION,
                        "protocol version mismatch: this client speaks version %u, %s speaks %u",
                        KOLO_PROTO_VERSION, cli->url, rf->version);
     if (cli->token && rf->status != KOLO_EAUTH && rpc_frame_verify(body, blen, cli->token) != 0)
-        return set_err(err, errlen, KOLO_EAUTH,
+        return errf(err, errlen, KOLO_EAUTH,
                        "reply from %s is not authenticated with the cluster token", cli->url);
     if (rf->status != 0)
-        return set_err(err, errlen, rf->status, "%.*s",
+        return errf(err, errlen, rf->status, "%.*s",
                        (int)(rf->body_len > 900 ? 900 : rf->body_len), (const char *)rf->body);
     return 0;
 }
@@ -943,15 +983,18 @@ static int transport_err(struct rpc_client *cli, int rv, const char *method, int
 {
     if (rv == NNG_ETIMEDOUT) {
         if (atomic_load(&cli->pipes) == 0)
-            return set_err(err, errlen, KOLO_ECONNREFUSED,
-                           "cannot connect to %s within %d ms (is the coordinator running?)",
-                           cli->url, timeout_ms);
-        return set_err(err, errlen, KOLO_ETIMEDOUT, "%s: no reply from %s within %d ms", method,
+            return errf(err, errlen, KOLO_ECONNREFUSED,
+                           "cannot connect to %s within %d ms (is the coordinator running%s?)",
+                           cli->url, timeout_ms,
+                           strncmp(cli->url, "tls+", 4) == 0
+                               ? ", and did one CA sign its certificate and ours"
+                               : "");
+        return errf(err, errlen, KOLO_ETIMEDOUT, "%s: no reply from %s within %d ms", method,
                        cli->url, timeout_ms);
     }
     if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
-        return set_err(err, errlen, KOLO_ECLOSED, "client closed");
-    return set_err(err, errlen, KOLO_EIO, "%s: %s", method, nng_strerror(rv));
+        return errf(err, errlen, KOLO_ECLOSED, "client closed");
+    return errf(err, errlen, KOLO_EIO, "%s: %s", method, nng_strerror(rv));
 }
 
 int rpc_client_call(struct rpc_client *cli, const char *method, const void *req, size_t req_len,
@@ -974,12 +1017,12 @@ int rpc_client_call(struct rpc_client *cli, const char *method, const void *req,
     uint64_t deadline = now_mono_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
     if (nng_ctx_open(&ctx, cli->sock) != 0) {
         nng_msg_free(m);
-        return set_err(err, errlen, KOLO_ECLOSED, "client closed");
+        return errf(err, errlen, KOLO_ECLOSED, "client closed");
     }
     if (nng_aio_alloc(&aio, NULL, NULL) != 0) {
         nng_msg_free(m);
         nng_ctx_close(ctx);
-        return set_err(err, errlen, KOLO_ENOMEM, "out of memory");
+        return errf(err, errlen, KOLO_ENOMEM, "out of memory");
     }
     int slot = -1;
     nng_mtx_lock(cli->mtx);
@@ -988,7 +1031,7 @@ int rpc_client_call(struct rpc_client *cli, const char *method, const void *req,
         nng_msg_free(m);
         nng_aio_free(aio);
         nng_ctx_close(ctx);
-        return set_err(err, errlen, KOLO_ECLOSED, "client closed");
+        return errf(err, errlen, KOLO_ECLOSED, "client closed");
     }
     for (int i = 0; i < 64 && slot < 0; i++)
         if (!cli->sync_aio[i])
@@ -1019,7 +1062,7 @@ int rpc_client_call(struct rpc_client *cli, const char *method, const void *req,
     if (rf.body_len && rep) {
         *rep = malloc(rf.body_len);
         if (!*rep) {
-            code = set_err(err, errlen, KOLO_ENOMEM, "out of memory");
+            code = errf(err, errlen, KOLO_ENOMEM, "out of memory");
             goto out;
         }
         memcpy(*rep, rf.body, rf.body_len);

@@ -53,6 +53,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct tls_files; /* tls.h */
+
 #define KOLO_PROTO_VERSION  1
 #define RPC_HEADER_LEN      96
 #define RPC_NONCE_LEN       16
@@ -115,6 +117,7 @@ struct rpc_server_config {
     int contexts;      /* receive contexts = max parked calls; 0 = 256 */
     int handshake_ms;  /* 0 = RPC_HANDSHAKE_MS (tests shorten it) */
     int max_unproven;  /* 0 = RPC_MAX_UNPROVEN */
+    const struct tls_files *tls; /* NULL or off: plain tcp:// (tls.h) */
     rpc_handler_fn handler;
     void *arg;
 };
@@ -169,6 +172,7 @@ struct rpc_client_config {
     uint64_t generation;
     int32_t rank;
     size_t max_msg; /* 0 = RPC_DEFAULT_MAX_MSG */
+    const struct tls_files *tls; /* NULL or off: plain, unless the URL is tls+tcp:// */
 };
 
 int rpc_client_open(struct rpc_client **cli, const struct rpc_client_config *cfg);

@@ -305,6 +305,7 @@ static void coord_cron(struct coord *c)
     coord_jobs_cron(c, now);
     coord_snap_cron(c, now);
     coord_report_cron(c, now);
+    coord_http_guard(c, now);
 }
 
 /* The tick: every COORD_CRON_MS, under the state lock. */
@@ -396,6 +397,9 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
         return KOLO_ESYS;
     }
     c->cfg = *cfg;
+    if (cfg->tls)
+        c->tls = *cfg->tls;
+    c->cfg.tls = &c->tls;
     c->listen = strdup(cfg->listen ? cfg->listen : "tcp://127.0.0.1:0");
     c->http_addr = cfg->http && cfg->http[0] ? strdup(cfg->http) : NULL;
     c->db_path = strdup(cfg->db_path ? cfg->db_path : "kolo.db");
@@ -453,6 +457,7 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
         .token = c->token,
         .max_msg = (size_t)(c->cfg.max_msg > 0 ? c->cfg.max_msg : 0),
         .contexts = (int)(c->cfg.rpc_contexts > 0 ? c->cfg.rpc_contexts : 1024),
+        .tls = &c->tls,
         .handler = rpc_handler,
         .arg = c,
     };

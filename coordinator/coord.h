@@ -29,7 +29,11 @@ struct coord_config {
     int64_t snapshot_keep;      /* newest snapshots kept per job (3) */
     int64_t snapshot_max_bytes; /* largest snapshot, and in-memory upload bytes per job (2 GiB) */
     int64_t snapshot_upload_ms; /* a partial upload idle this long is dropped (60 s) */
+    const struct tls_files *tls; /* NULL or off: plain tcp:// and http:// (common/tls.h) */
+    int64_t http_idle_ms;        /* an HTTP connection idle this long is closed; 0 = 60 s */
 };
+
+struct tls_files;
 
 int coord_start(struct coord **out, const struct coord_config *cfg, char *err, size_t errlen);
 /* Bound URLs: "tcp://127.0.0.1:40211" and "http://127.0.0.1:40212". */

@@ -475,6 +475,20 @@ static void render_metrics(struct coord *c, struct buf *b)
         "kolo_http_requests_total{class=\"5xx\"} %llu\n",
         (unsigned long long)(c->m.http_requests - c->m.http_errors_4xx - c->m.http_errors_5xx),
         (unsigned long long)c->m.http_errors_4xx, (unsigned long long)c->m.http_errors_5xx);
+    buf_printf(b,
+               "# HELP kolo_http_connections HTTP connections open (sampled every second).\n"
+               "# TYPE kolo_http_connections gauge\n"
+               "kolo_http_connections %llu\n"
+               "# HELP kolo_http_connections_closed_total HTTP connections the coordinator shut "
+               "down: idle too long, over the per-address cap, over the total cap.\n"
+               "# TYPE kolo_http_connections_closed_total counter\n"
+               "kolo_http_connections_closed_total{reason=\"idle\"} %llu\n"
+               "kolo_http_connections_closed_total{reason=\"per_source\"} %llu\n"
+               "kolo_http_connections_closed_total{reason=\"total\"} %llu\n",
+               (unsigned long long)c->m.http_conns,
+               (unsigned long long)c->m.http_closed[HTTP_CLOSED_IDLE],
+               (unsigned long long)c->m.http_closed[HTTP_CLOSED_PER_SOURCE],
+               (unsigned long long)c->m.http_closed[HTTP_CLOSED_TOTAL]);
     int waiting = 0, members = 0;
     for (struct job *j = c->jobs; j; j = j->next) {
         if (j->state != JOB_RUNNING)
@@ -1118,8 +1132,14 @@ int coord_http_start(struct coord *c, char *err, size_t errlen)
     nng_url *url = NULL;
     nng_http_handler *h = NULL;
     int rv;
-    snprintf(urltext, sizeof(urltext), "http://%s", c->http_addr);
+    nng_tls_config *tc = NULL;
+    bool tls = tls_files_on(&c->tls);
+    snprintf(urltext, sizeof(urltext), "%s://%s", tls ? "https" : "http", c->http_addr);
+    if (tls && tls_config_new(&tc, TLS_HTTP_SERVER, &c->tls, NULL, err, errlen) != 0)
+        return KOLO_EINVAL;
     if ((rv = nng_url_parse(&url, urltext)) != 0) {
+        if (tc)
+            nng_tls_config_free(tc);
         snprintf(err, errlen, "invalid HTTP address '%s' (want ADDR:PORT)", c->http_addr);
         return KOLO_EINVAL;
     }
@@ -1127,6 +1147,10 @@ int coord_http_start(struct coord *c, char *err, size_t errlen)
         (rv = nng_http_handler_alloc(&h, "/", http_cb)) != 0) {
         snprintf(err, errlen, "cannot create the HTTP server on %s: %s", c->http_addr,
                  nng_strerror(rv));
+        goto fail;
+    }
+    if (tc && (rv = nng_http_server_set_tls(c->http, tc)) != 0) {
+        snprintf(err, errlen, "cannot serve HTTPS on %s: %s", c->http_addr, nng_strerror(rv));
         goto fail;
     }
     nng_http_handler_set_method(h, NULL);
@@ -1148,10 +1172,16 @@ int coord_http_start(struct coord *c, char *err, size_t errlen)
         port = ((sa.s_in.sa_port & 0xff) << 8) | (sa.s_in.sa_port >> 8);
     else if (nng_http_server_get_addr(c->http, &sa) == 0 && sa.s_family == NNG_AF_INET6)
         port = ((sa.s_in6.sa_port & 0xff) << 8) | (sa.s_in6.sa_port >> 8);
-    snprintf(c->http_url, sizeof(c->http_url), "http://%s:%d", url->u_hostname, port);
+    snprintf(c->http_url, sizeof(c->http_url), "%s://%s:%d", tls ? "https" : "http",
+             url->u_hostname, port);
+    c->http_port = port;
     nng_url_free(url);
+    if (tc)
+        nng_tls_config_free(tc); /* the server holds its own reference */
     return 0;
 fail:
+    if (tc)
+        nng_tls_config_free(tc);
     if (c->http) {
         nng_http_server_release(c->http);
         c->http = NULL;

@@ -29,6 +29,7 @@
 #include "coord.h"
 #include "rpc.h"
 #include "store.h"
+#include "tls.h"
 
 #define COORD_CRON_MS 100
 #define COORD_MAX_NP  65536
@@ -254,6 +255,8 @@ struct coord_metrics {
     uint64_t http_errors_4xx;
     uint64_t http_errors_5xx;
     uint64_t http_auth_failed;
+    uint64_t http_closed[3]; /* HTTP_CLOSED_*: connections coord_http_guard shut down */
+    uint64_t http_conns;     /* HTTP connections at its last look */
     uint64_t store_errors;
     uint64_t output_lines;
     uint64_t stale_generation; /* fenced requests from older generations */
@@ -284,6 +287,7 @@ struct coord_metrics {
 
 struct coord {
     struct coord_config cfg;
+    struct tls_files tls; /* cfg.tls copied; off when none */
     char *listen, *http_addr, *db_path, *token, *dashboard_dir; /* owned copies */
     /* without a token: a random secret of this process, from which the
      * jobs' mesh keys are derived (coord_negot.c); empty with a token */
@@ -295,6 +299,8 @@ struct coord {
 
     struct rpc_server *rpc;
     nng_http_server *http;
+    int http_port;          /* bound */
+    uint64_t http_guarded;  /* mono ms of coord_http_guard's last look */
     pthread_t thread;
 
     pthread_mutex_t mtx; /* the state lock: see the top of this file */
@@ -487,6 +493,17 @@ bool coord_timeline_available(const struct coord *c, const struct job *j);
  * its value into out. */
 bool coord_http_query(const char *query, const char *key, char *out, size_t size);
 int coord_http_start(struct coord *c, char *err, size_t errlen);
+
+/* Limits on HTTP connections (coord_http_guard.c), checked every
+ * HTTP_GUARD_MS from the cron: idle (no byte either way) at most
+ * cfg.http_idle_ms (HTTP_IDLE_MS by default), at most HTTP_MAX_PER_SOURCE from one address and
+ * HTTP_MAX_CONNS in all; the longest idle go first. */
+#define HTTP_GUARD_MS 1000
+#define HTTP_IDLE_MS 60000
+#define HTTP_MAX_PER_SOURCE 64
+#define HTTP_MAX_CONNS 1024
+enum { HTTP_CLOSED_IDLE, HTTP_CLOSED_PER_SOURCE, HTTP_CLOSED_TOTAL };
+void coord_http_guard(struct coord *c, uint64_t now);
 void coord_http_handle(struct coord *c, nng_aio *aio);
 void coord_http_stop(struct coord *c);
 

@@ -11,6 +11,7 @@
 #include "errors.h"
 #include "knobs.h"
 #include "log.h"
+#include "tls.h"
 #include "util.h"
 
 static const char usage[] =
@@ -20,9 +21,9 @@ static const char usage[] =
 int cmd_coordinator(int argc, char **argv)
 {
     char *listen = NULL, *http = NULL, *db = NULL, *token_file = NULL, *dashboard = NULL,
-         *log_level = NULL;
+         *log_level = NULL, *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL, *tls_dir = NULL;
     int64_t lease = 0, heartbeat = 0, grace = 0, max_msg = 0, contexts = 0;
-    int64_t snap_keep = 0, snap_max = 0, snap_upload = 0;
+    int64_t snap_keep = 0, snap_max = 0, snap_upload = 0, http_idle = 0;
     struct knob tab[] = {
         {"listen", NULL, NULL, KNOB_STR, "tcp://127.0.0.1:7070", 0, -1,
          "RPC address for agents, workers and clients (port 0 picks one)", &listen},
@@ -41,6 +42,10 @@ int cmd_coordinator(int argc, char **argv)
          &max_msg},
         {"rpc-contexts", NULL, NULL, KNOB_INT, "1024", 4, 65536,
          "concurrent RPC calls, parked ones included", &contexts},
+        {"http-idle-timeout", NULL, NULL, KNOB_DURATION, "60s", 1000, 86400000,
+         "an HTTP connection that moves no byte this long is closed (also: 64 connections per "
+         "client address, 1024 in all)",
+         &http_idle},
         {"dashboard-dir", NULL, NULL, KNOB_STR, NULL, 0, -1,
          "directory of the dashboard's static files served at /", &dashboard},
         {"snapshot-keep", NULL, NULL, KNOB_INT, "3", 1, 100000,
@@ -53,6 +58,7 @@ int cmd_coordinator(int argc, char **argv)
          "a partial snapshot upload that makes no progress this long is dropped", &snap_upload},
         {"log-level", NULL, "KOLO_LOG_LEVEL", KNOB_STR, "info", 0, -1,
          "trace, debug, info, warn, error or off", &log_level},
+        TLS_KNOBS(tls_cert, tls_key, tls_ca, tls_dir),
     };
     size_t n = sizeof(tab) / sizeof(tab[0]);
     char err[512];
@@ -81,6 +87,12 @@ int cmd_coordinator(int argc, char **argv)
         knobs_free(tab, n);
         return 2;
     }
+    struct tls_files tls;
+    if (tls_files_init(&tls, tls_cert, tls_key, tls_ca, tls_dir, err, sizeof(err)) != 0) {
+        fprintf(stderr, "kolo coordinator: %s\n", err);
+        knobs_free(tab, n);
+        return 2;
+    }
     char *token = NULL;
     if (token_file && read_token_file(token_file, &token, err, sizeof(err)) != 0) {
         fprintf(stderr, "kolo coordinator: %s\n", err);
@@ -101,6 +113,8 @@ int cmd_coordinator(int argc, char **argv)
         .snapshot_keep = snap_keep,
         .snapshot_max_bytes = snap_max,
         .snapshot_upload_ms = snap_upload,
+        .tls = &tls,
+        .http_idle_ms = http_idle,
     };
     /* Block the stop signals before threads start so only sigwait sees them. */
     sigset_t set;

@@ -775,7 +775,8 @@ void ctx_rpc_config(const struct kolo_ctx *c, char *ident, size_t identlen,
                                      .identity = ident,
                                      .job_id = c->job,
                                      .generation = c->generation,
-                                     .rank = c->rank};
+                                     .rank = c->rank,
+                                     .tls = &c->tls};
 }
 
 void ctx_token_release(struct kolo_ctx *c)
@@ -1096,6 +1097,12 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
     if (!c->coord_url || (token && !c->coord_token)) {
         ctx_free(c);
         return KOLO_ENOMEM;
+    }
+    char tls_err[512];
+    if ((code = tls_files_from_env(&c->tls, tls_err, sizeof tls_err)) != 0) {
+        LOGE("kolo", "rank %d: %s", c->rank, tls_err);
+        ctx_free(c);
+        return code;
     }
     char ident[64];
     struct rpc_client_config rc;

@@ -33,8 +33,10 @@ int kolo_timeline(kolo_ctx *c, const char *path)
     /* copies: c's may go once mu is released */
     snprintf(url, sizeof(url), "%s", c->coord_url);
     token = c->coord_token ? strdup(c->coord_token) : NULL;
+    struct tls_files tls = c->tls;
     rc.url = url;
     rc.token = token;
+    rc.tls = &tls;
     pthread_mutex_unlock(&c->mu);
     struct rpc_client *cli = NULL;
     int code = rpc_client_open(&cli, &rc);

@@ -24,6 +24,7 @@
 #include "kolo.pb-c.h"
 #include "round.h"
 #include "rpc.h"
+#include "tls.h"
 
 #define WORKER_NEGOTIATE_WAIT_MS 1000
 #define WORKER_NAME_MAX 512
@@ -160,6 +161,7 @@ struct kolo_ctx {
     /* ---- snapshot.c (under mu) ---- */
     char *coord_url, *coord_token; /* kolo_init's, for the snapshot connection */
     bool coord_token_job; /* coord_token is the job's credential, not the cluster's */
+    struct tls_files tls; /* KOLO_TLS_*: how to reach a TLS coordinator (common/tls.h) */
     struct rpc_client *snap_rpc;   /* its own connection, opened on first use */
     int snap_calls;                /* snapshot calls running (kolo_fini waits) */
     uint64_t snap_seq;             /* puts so far */

@@ -59,7 +59,7 @@ grep -q "refused a data-plane connection" "$WORK/run.out" "$WORK/run.err" ||
   fail "no refusal logged: $(cat "$WORK/run.err")"
 wait_for 10 sh -c "curl -sf '$HTTP/api/v1/events' | grep -q 'dataplane.refused'" ||
   fail "no dataplane.refused event: $(curl -sf "$HTTP/api/v1/events")"
-metric_at_least() { curl -sf "$HTTP/metrics" | grep -q "kolo_dataplane_rejected_total{reason=\"$1\"} [1-9]"; }
+metric_at_least() { curl -sf "$HTTP/metrics" | has "kolo_dataplane_rejected_total{reason=\"$1\"} [1-9]"; }
 wait_for 10 metric_at_least auth || fail "forged proof not counted: $(curl -sf "$HTTP/metrics" | grep dataplane)"
 metric_at_least malformed || fail "garbage not counted: $(curl -sf "$HTTP/metrics" | grep dataplane)"
 
@@ -70,7 +70,7 @@ grep -q "$TOKEN" "$WORK/env.out" && fail "the cluster token reached the job"
 grep -q ':KOLO_TOKEN=' "$WORK/env.out" && fail "KOLO_TOKEN set in the job"
 CRED=$(sed -n 's/.*:KOLO_JOB_TOKEN=\([0-9a-f]*\)$/\1/p' "$WORK/env.out" | head -1)
 [ ${#CRED} -eq 64 ] || fail "no job credential: $(cat "$WORK/env.out")"
-curl -sf "$HTTP/api/v1/jobs/2/output" | grep -q "$TOKEN" && fail "token in the output route"
+curl -sf "$HTTP/api/v1/jobs/2/output" | has "$TOKEN" && fail "token in the output route"
 printf '%s\n' "$CRED" >"$WORK/cred"
 chmod 600 "$WORK/cred"
 "$KOLO" status --coordinator "$RPC" --token-file "$WORK/cred" >"$WORK/st.out" 2>&1 &&

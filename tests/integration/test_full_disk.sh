@@ -26,7 +26,7 @@ wait_for 30 grep -q "line 4 of" "$WORK/run.out" || fail "the job did not start: 
 
 note "the disk fills up"
 dd if=/dev/zero of="$WORK/db/filler" bs=64k 2>/dev/null || true
-degraded() { curl -s "$HTTP/metrics" | grep -qx 'kolo_store_degraded 1'; }
+degraded() { curl -s "$HTTP/metrics" | grep -x 'kolo_store_degraded 1' >/dev/null; }
 wait_for 20 degraded || fail "not degraded on a full disk: $(curl -s "$HTTP/metrics" | grep degraded)"
 code=$(curl -s -o "$WORK/hz.json" -w '%{http_code}' "$HTTP/healthz")
 [ "$code" = 503 ] && has '"degraded"' <"$WORK/hz.json" || fail "healthz on a full disk: $code $(cat "$WORK/hz.json")"
@@ -39,7 +39,7 @@ note "space returns"
 rm -f "$WORK/db/filler"
 healthy() { [ "$(curl -s -o /dev/null -w '%{http_code}' "$HTTP/healthz")" = 200 ]; }
 wait_for 20 healthy || fail "did not recover: $(curl -s "$HTTP/healthz")"
-curl -s "$HTTP/metrics" | grep -qx 'kolo_store_degraded 0' || fail "still degraded"
+curl -s "$HTTP/metrics" | grep -x 'kolo_store_degraded 0' >/dev/null || fail "still degraded"
 wait_for 60 sh -c "! kill -0 $RUN_PID 2>/dev/null" || fail "the job did not finish"
 wait "$RUN_PID" || fail "the job failed: $(tail -5 "$WORK/run.err")"
 
