@@ -207,6 +207,7 @@ struct rpc_call {
      * kept the call (counted in that connection's parked) */
     uint32_t pipe_id;
     bool answered, parked;
+    bool unreserved; /* counted in srv->unreserved_calls until answered */
 };
 
 /* What the server knows of one connection (nng pipe), under srv->mtx. */
@@ -227,6 +228,9 @@ struct rpc_server {
     size_t max_msg;
     int ncalls;
     struct rpc_call *calls;
+    char *reserved_prefix; /* NULL: nothing reserved */
+    int reserved;
+    int unreserved_calls; /* under mtx: calls of other methods not yet answered */
     rpc_handler_fn handler;
     void *arg;
     atomic_bool closing;
@@ -368,7 +372,9 @@ static void call_send_frame(struct rpc_call *c, int status, const void *body, si
     struct pipe_rec *pr = c->parked ? pipe_find(srv, c->pipe_id) : NULL;
     if (pr)
         pr->parked--;
-    c->parked = false;
+    if (c->unreserved)
+        srv->unreserved_calls--;
+    c->parked = c->unreserved = false;
     nng_mtx_unlock(srv->mtx);
     if (enc == 0) {
         if (nng_msg_alloc(&m, 0) == 0 && nng_msg_append(m, data, dlen) != 0) {
@@ -466,32 +472,54 @@ static int call_validate(struct rpc_call *c)
     return 0;
 }
 
-/* A valid request proves its connection; one connection may hold at most
- * RPC_MAX_PARKED_PER_CONN calls the handler keeps (long polls), so one
- * client cannot take every receive context (heartbeats need some). */
+static bool is_reserved(const struct rpc_server *srv, const char *method)
+{
+    return srv->reserved_prefix &&
+           strncmp(method, srv->reserved_prefix, strlen(srv->reserved_prefix)) == 0;
+}
+
+/* A valid request proves its connection. The calls the handler keeps
+ * (long polls) are bounded twice, so no client takes every receive
+ * context: one connection may hold RPC_MAX_PARKED_PER_CONN of them, and
+ * calls outside the reserved methods (the agents'), kept or running, all
+ * together ncalls - reserved. */
 static int call_admit(struct rpc_call *c)
 {
     struct rpc_server *srv = c->srv;
+    bool reserved = is_reserved(srv, c->frame.method);
     nng_mtx_lock(srv->mtx);
     struct pipe_rec *r = pipe_find(srv, c->pipe_id);
     if (r && !r->proven) {
         r->proven = true;
         srv->nunproven--;
     }
-    bool full = r && r->parked >= RPC_MAX_PARKED_PER_CONN;
-    if (full)
+    bool conn_full = r && r->parked >= RPC_MAX_PARKED_PER_CONN;
+    bool all_full = !reserved && srv->reserved &&
+                    srv->unreserved_calls >= srv->ncalls - srv->reserved;
+    if (conn_full || all_full) {
         srv->stats.busy_refused++;
-    else
+    } else {
         srv->stats.requests++;
+        /* counted from here, not from when the handler keeps it: calls
+         * admitted together cannot overshoot */
+        if (srv->reserved && !reserved) {
+            srv->unreserved_calls++;
+            c->unreserved = true;
+        }
+    }
     nng_mtx_unlock(srv->mtx);
-    if (full) {
-        char msg[160];
+    char msg[240];
+    if (conn_full)
         snprintf(msg, sizeof msg, "this connection already has %d calls waiting (the most one "
                  "connection may hold); try again when one returns", RPC_MAX_PARKED_PER_CONN);
-        call_send_frame(c, KOLO_EBUSY, msg, strlen(msg));
-        return -1;
-    }
-    return 0;
+    else if (all_full)
+        snprintf(msg, sizeof msg, "the server holds %d waiting calls, all it takes besides the "
+                 "%d kept for %s calls; try again when one returns (or raise --rpc-contexts)",
+                 srv->ncalls - srv->reserved, srv->reserved, srv->reserved_prefix);
+    else
+        return 0;
+    call_send_frame(c, KOLO_EBUSY, msg, strlen(msg));
+    return -1;
 }
 
 static void call_cb(void *arg)
@@ -512,7 +540,7 @@ static void call_cb(void *arg)
         }
         c->req = nng_aio_get_msg(c->aio);
         c->pipe_id = (uint32_t)nng_pipe_id(nng_msg_get_pipe(c->req));
-        c->answered = c->parked = false;
+        c->answered = c->parked = c->unreserved = false;
         if (call_validate(c) != 0)
             return;
         if (call_admit(c) != 0)
@@ -649,6 +677,10 @@ int rpc_server_open(struct rpc_server **out, const struct rpc_server_config *cfg
     srv->handshake_ms = cfg->handshake_ms > 0 ? cfg->handshake_ms : RPC_HANDSHAKE_MS;
     srv->max_unproven = cfg->max_unproven > 0 ? cfg->max_unproven : RPC_MAX_UNPROVEN;
     srv->token = cfg->token ? strdup(cfg->token) : NULL;
+    if (cfg->reserved_prefix && cfg->reserved > 0 && cfg->reserved < srv->ncalls) {
+        srv->reserved_prefix = strdup(cfg->reserved_prefix);
+        srv->reserved = srv->reserved_prefix ? cfg->reserved : 0;
+    }
     srv->calls = calloc((size_t)srv->ncalls, sizeof(*srv->calls));
     srv->replay = srv->token ? calloc(REPLAY_BUCKETS * REPLAY_WAYS, sizeof(*srv->replay)) : NULL;
     if (!srv->calls || (cfg->token && (!srv->token || !srv->replay)) ||
@@ -656,6 +688,7 @@ int rpc_server_open(struct rpc_server **out, const struct rpc_server_config *cfg
         free(srv->calls);
         free(srv->replay);
         free(srv->token);
+        free(srv->reserved_prefix);
         free(srv);
         return KOLO_ENOMEM;
     }
@@ -665,6 +698,7 @@ int rpc_server_open(struct rpc_server **out, const struct rpc_server_config *cfg
         free(srv->calls);
         free(srv->replay);
         free(srv->token);
+        free(srv->reserved_prefix);
         free(srv);
         return KOLO_EIO;
     }
@@ -741,6 +775,7 @@ void rpc_server_close(struct rpc_server *srv)
     free(srv->calls);
     free(srv->replay);
     free(srv->token);
+    free(srv->reserved_prefix);
     free(srv);
 }
 

@@ -118,6 +118,13 @@ struct rpc_server_config {
     int handshake_ms;  /* 0 = RPC_HANDSHAKE_MS (tests shorten it) */
     int max_unproven;  /* 0 = RPC_MAX_UNPROVEN */
     const struct tls_files *tls; /* NULL or off: plain tcp:// (tls.h) */
+    /* Capacity kept for the calls that keep hosts alive: methods starting
+     * with reserved_prefix (e.g. "AgentService.") may always be received,
+     * because other calls the handler keeps (long polls) may hold at most
+     * contexts - reserved contexts; beyond, other calls get KOLO_EBUSY.
+     * NULL or 0: nothing reserved. */
+    const char *reserved_prefix;
+    int reserved;
     rpc_handler_fn handler;
     void *arg;
 };
@@ -131,7 +138,8 @@ struct rpc_server_stats {
     uint64_t replies_failed;
     uint64_t conns_evicted;   /* unproven connections closed for a newer one */
     uint64_t conns_timed_out; /* connections silent past RPC_HANDSHAKE_MS */
-    uint64_t busy_refused;    /* calls over RPC_MAX_PARKED_PER_CONN */
+    uint64_t busy_refused;    /* calls over RPC_MAX_PARKED_PER_CONN, or over the
+                                 unreserved capacity (reserved_prefix) */
 };
 
 int rpc_server_open(struct rpc_server **srv, const struct rpc_server_config *cfg);

@@ -452,12 +452,17 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
         coord_free(c);
         return rv;
     }
+    int contexts = (int)(c->cfg.rpc_contexts > 0 ? c->cfg.rpc_contexts : 1024);
     struct rpc_server_config rc = {
         .url = c->listen,
         .token = c->token,
         .max_msg = (size_t)(c->cfg.max_msg > 0 ? c->cfg.max_msg : 0),
-        .contexts = (int)(c->cfg.rpc_contexts > 0 ? c->cfg.rpc_contexts : 1024),
+        .contexts = contexts,
         .tls = &c->tls,
+        /* Agents' heartbeats and reports keep hosts alive: long polls of
+         * clients and ranks may never take their receive contexts (F10). */
+        .reserved_prefix = "AgentService.",
+        .reserved = contexts >= 64 ? contexts / 16 : (contexts + 3) / 4,
         .handler = rpc_handler,
         .arg = c,
     };

@@ -41,7 +41,9 @@ int cmd_coordinator(int argc, char **argv)
         {"max-msg", NULL, NULL, KNOB_SIZE, "16M", 4096, 1LL << 30, "RPC message size cap",
          &max_msg},
         {"rpc-contexts", NULL, NULL, KNOB_INT, "1024", 4, 65536,
-         "concurrent RPC calls, parked ones included", &contexts},
+         "concurrent RPC calls, parked ones included (1/16 kept for agents' heartbeats and "
+         "reports)",
+         &contexts},
         {"http-idle-timeout", NULL, NULL, KNOB_DURATION, "60s", 1000, 86400000,
          "an HTTP connection that moves no byte this long is closed (also: 64 connections per "
          "client address, 1024 in all)",

@@ -38,7 +38,7 @@ static void handler(struct rpc_call *call, void *arg)
         pthread_mutex_unlock(&park_mtx);
         return;
     }
-    if (strcmp(f->method, "T.Never") == 0) {
+    if (strcmp(f->method, "T.Never") == 0 || strcmp(f->method, "T.AgentNever") == 0) {
         /* keep it forever (closed with the server) */
         return;
     }
@@ -594,6 +594,61 @@ static void test_connection_hygiene(void)
     rpc_server_close(srv);
 }
 
+/* Calls of the reserved methods (the agents') are received whatever the
+ * other long polls hold (issue 15, F10): other parked calls together get
+ * contexts - reserved, then KOLO_EBUSY. */
+static void test_reserved_capacity(void)
+{
+    struct rpc_server *srv = NULL;
+    struct rpc_server_config cfg = {.url = "tcp://127.0.0.1:0",
+                                    .contexts = 24,
+                                    .reserved_prefix = "T.Agent",
+                                    .reserved = 6,
+                                    .handler = handler};
+    REQUIRE(rpc_server_open(&srv, &cfg) == 0);
+    char url[128];
+    snprintf(url, sizeof url, "%s", rpc_server_url(srv));
+    /* three clients park 18 calls: all the unreserved capacity */
+    struct rpc_client *pollers[3];
+    int before = atomic_load(&handled);
+    for (int c = 0; c < 3; c++) {
+        pollers[c] = client(url, NULL);
+        for (int i = 0; i < 6; i++)
+            REQUIRE(rpc_client_call_async(pollers[c], "T.Never", "x", 1, 10000, ignore_done,
+                                          NULL) == 0);
+    }
+    uint64_t t0 = now_mono_ms();
+    while (atomic_load(&handled) - before < 18 && now_mono_ms() - t0 < 5000)
+        usleep(10000);
+    CHECK_EQ_INT(atomic_load(&handled) - before, 18);
+    struct rpc_client *cli = client(url, NULL);
+    void *rep;
+    size_t len;
+    char err[256];
+    /* another call is refused, with the way out in the message */
+    CHECK_EQ_INT(rpc_client_call(cli, "T.Echo", "a", 1, &rep, &len, 3000, err, sizeof err),
+                 KOLO_EBUSY);
+    CHECK(strstr(err, "--rpc-contexts") != NULL);
+    /* an agent's calls get through, parked ones too */
+    for (int i = 0; i < 5; i++)
+        REQUIRE(rpc_client_call_async(cli, "T.AgentNever", "x", 1, 10000, ignore_done, NULL) ==
+                0);
+    t0 = now_mono_ms();
+    while (atomic_load(&handled) - before < 23 && now_mono_ms() - t0 < 5000)
+        usleep(10000);
+    CHECK_EQ_INT(rpc_client_call(cli, "T.AgentEcho", "hb", 2, &rep, &len, 3000, err, sizeof err),
+                 0);
+    CHECK(len == 2 && memcmp(rep, "hb", 2) == 0);
+    free(rep);
+    struct rpc_server_stats st;
+    rpc_server_get_stats(srv, &st);
+    CHECK_EQ_INT((int)st.busy_refused, 1);
+    rpc_client_close(cli);
+    for (int c = 0; c < 3; c++)
+        rpc_client_close(pollers[c]);
+    rpc_server_close(srv);
+}
+
 int main(void)
 {
     test_frame_codec();
@@ -604,6 +659,7 @@ int main(void)
     test_auth();
     test_job_credential();
     test_connection_hygiene();
+    test_reserved_capacity();
     test_bad_frames();
     TEST_DONE();
 }

@@ -4,6 +4,7 @@
  * registration, leases, launch orders, the job state machine, output
  * streams, restarts, and bad input.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +23,7 @@
 
 static char dbpath[256];
 
-static struct coord *start(void)
+static struct coord *start_with(int rpc_contexts)
 {
     struct coord *c = NULL;
     char err[512];
@@ -33,12 +34,18 @@ static struct coord *start(void)
         .lease_ms = LEASE_MS,
         .heartbeat_ms = HB_MS,
         .stop_grace_ms = 1000,
+        .rpc_contexts = rpc_contexts,
     };
     int rv = coord_start(&c, &cfg, err, sizeof(err));
     if (rv)
         fprintf(stderr, "coord_start: %s\n", err);
     REQUIRE(rv == 0);
     return c;
+}
+
+static struct coord *start(void)
+{
+    return start_with(0);
 }
 
 static struct rpc_client *connect_to(struct coord *c, const char *who)
@@ -650,11 +657,80 @@ static void test_job_credential_scope(void)
     coord_stop(c);
 }
 
+static void stream_done(void *arg, int code, const void *rep, size_t len, const char *err)
+{
+    (void)rep, (void)len, (void)err;
+    if (code == KOLO_EBUSY)
+        atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+/* F10 as it was reproduced: output streams parked until they hold every
+ * receive context starved the heartbeats and the host was lost. Now a
+ * sixteenth of the contexts (a quarter below 64) stays for the agents:
+ * the streams beyond the rest get KOLO_EBUSY, heartbeats keep the lease
+ * and the job runs on. */
+static void test_parked_streams_leave_heartbeats_room(void)
+{
+    struct coord *c = start_with(64); /* 4 kept for the agent, 60 for the rest */
+    struct fake_agent *a = new_agent(c, "host-a", "alpha", 1);
+    struct rpc_client *admin = connect_to(c, "admin");
+    char err[512];
+    int rv;
+    uint64_t job = submit(admin, 1, NULL, 0, NULL, err);
+    agent_event(a, job, 1, 0, KOLO__WORKER_EVENT_KIND__WORKER_STARTED, 0, 0, NULL);
+    /* 64 streams on each of two connections: 128 asked, 60 kept */
+    struct rpc_client *streams[2] = {connect_to(c, "s1"), connect_to(c, "s2")};
+    static atomic_int busy;
+    Kolo__StreamOutputRequest sreq = KOLO__STREAM_OUTPUT_REQUEST__INIT;
+    sreq.job_id = job;
+    sreq.wait_ms = 5 * LEASE_MS / 2;
+    uint8_t body[64];
+    size_t blen = protobuf_c_message_pack(&sreq.base, body);
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < 64; i++)
+            REQUIRE(rpc_client_call_async(streams[s], "AdminService.StreamOutput", body, blen,
+                                          8 * LEASE_MS, stream_done, &busy) == 0);
+    /* the agent heart-beats through two leases */
+    uint64_t t0 = now_mono_ms();
+    int beats = 0;
+    while (now_mono_ms() - t0 < 2 * LEASE_MS) {
+        Kolo__HeartbeatReply *hb = agent_heartbeat(a, 100, &rv);
+        CHECK_EQ_INT(rv, 0);
+        if (!hb)
+            break;
+        beats++;
+        protobuf_c_message_free_unpacked(&hb->base, NULL);
+    }
+    CHECK(beats >= 4);
+    CHECK_EQ_INT(atomic_load(&busy), 128 - 60);
+    /* an operator's call waits its turn (KOLO_EBUSY until the streams
+     * time out), then finds the job running on its live host */
+    Kolo__GetJobRequest greq = KOLO__GET_JOB_REQUEST__INIT;
+    greq.job_id = job;
+    void *rep = NULL;
+    t0 = now_mono_ms();
+    while ((rv = call(admin, "AdminService.GetJob", &greq.base, &kolo__job_info__descriptor, &rep,
+                      3000, err)) == KOLO_EBUSY &&
+           now_mono_ms() - t0 < 4 * LEASE_MS)
+        usleep(100 * 1000);
+    CHECK_EQ_INT(rv, 0);
+    if (rep) {
+        CHECK_EQ_STR(((Kolo__JobInfo *)rep)->state, "running");
+        protobuf_c_message_free_unpacked(rep, NULL);
+    }
+    for (int s = 0; s < 2; s++)
+        rpc_client_close(streams[s]);
+    free_agent(a);
+    rpc_client_close(admin);
+    coord_stop(c);
+}
+
 int main(void)
 {
     char dir[] = "/tmp/kolo-test-coord-XXXXXX";
     REQUIRE(mkdtemp(dir));
-    const char *tests[] = {"launch", "failure", "pending", "leases", "restart", "open", "scope"};
+    const char *tests[] = {"launch", "failure", "pending", "leases",
+                           "restart", "open", "scope", "parked"};
     for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
         snprintf(dbpath, sizeof(dbpath), "%s/%s.db", dir, tests[i]);
         switch (i) {
@@ -678,6 +754,9 @@ int main(void)
             break;
         case 6:
             test_job_credential_scope();
+            break;
+        case 7:
+            test_parked_streams_leave_heartbeats_room();
             break;
         }
     }
