@@ -46,6 +46,11 @@
  * against ~13 us going straight to futex and ~50 us after a 2 us spin). After each slice a
  * sleeper checks the peers' pidfds (a pidfd polls readable once the
  * process exited, zombie or not), the abort record and its deadline.
+ * The deadline is a liveness bound, not a time limit: each wait for a
+ * peer gets the operation's whole span, so a long operation whose peers
+ * keep posting (a loaded host, a stopping and resuming process) finishes
+ * however long it takes, and a frozen peer is given up on one span after
+ * its last post.
  *
  * Failure is sticky: the first rank that sees one (a dead pid, a
  * deadline, mismatched alltoall sizes) records it in the header and wakes
@@ -172,6 +177,10 @@ struct shmcoll {
     int *pfd_rank;
     int npfd;
     uint64_t spin_ns, yield_ns;
+    /* Liveness, not a time limit: the span of the running operation's
+     * deadline (shm_begin). Each wait for a peer gets the whole span, so an
+     * operation may outlast it as long as the peers keep posting. */
+    uint64_t window;
     bool creator, unlinked, claimed;
     char name[NAME_MAX + 2];
 };
@@ -384,7 +393,11 @@ static int shm_wait_slow(struct shmcoll *s, int j, uint64_t target, uint64_t dea
     struct shm_ctrl *cj = ctrl_of(s, j);
     uint32_t want = (uint32_t)target;
     int rc = 0;
-    uint64_t next_check = now_mono_ms() + SHM_SLICE_MS;
+    uint64_t start = now_mono_ms();
+    uint64_t next_check = start + SHM_SLICE_MS;
+    /* the peers moved up to now: this wait gets the operation's whole span */
+    if (deadline && s->window)
+        deadline = start + s->window;
 
     coll_waiting(&s->c, j);
     atomic_fetch_add_explicit(&cj->sleepers, 1, memory_order_seq_cst);
@@ -403,8 +416,9 @@ static int shm_wait_slow(struct shmcoll *s, int j, uint64_t target, uint64_t dea
             next_check = now + SHM_SLICE_MS;
         }
         if (deadline && now >= deadline) {
-            rc = shm_fail(s, KOLO_ETIMEDOUT, s->me, true, "rank %d timed out waiting for rank %d",
-                          s->me, j);
+            rc = shm_fail(s, KOLO_ETIMEDOUT, s->me, true,
+                          "rank %d timed out waiting for rank %d (no progress for %llu ms)", s->me,
+                          j, (unsigned long long)(deadline - start));
             break;
         }
         uint64_t slice = next_check - now;
@@ -472,6 +486,13 @@ static inline int shm_wait_peer(struct shmcoll *s, int j, uint64_t target, uint6
         } while (now_ns() - t0 < s->yield_ns);
     }
     return shm_wait_slow(s, j, target, deadline);
+}
+
+/* shm_begin starts an operation whose deadline is deadline (0: none). */
+static void shm_begin(struct shmcoll *s, uint64_t deadline)
+{
+    uint64_t now = now_mono_ms();
+    s->window = !deadline ? 0 : deadline > now ? deadline - now : 1;
 }
 
 /* shm_wait_all: every other rank posted event target. */
@@ -649,6 +670,7 @@ static int shm_allreduce(struct coll *c, kolo_dtype dtype, kolo_op op, const voi
                          size_t count, uint64_t deadline)
 {
     struct shmcoll *s = (struct shmcoll *)c;
+    shm_begin(s, deadline);
     int erc = shm_enter(s);
     if (erc)
         return erc;
@@ -699,6 +721,7 @@ static int shm_allgatherv(struct coll *c, const void *in_, void *out_, const siz
                           uint64_t deadline)
 {
     struct shmcoll *s = (struct shmcoll *)c;
+    shm_begin(s, deadline);
     const unsigned char *in = in_;
     unsigned char *out = out_;
     int erc = shm_enter(s);
@@ -755,6 +778,7 @@ static int shm_allgatherv(struct coll *c, const void *in_, void *out_, const siz
 static int shm_broadcast(struct coll *c, void *buf_, size_t bytes, int root, uint64_t deadline)
 {
     struct shmcoll *s = (struct shmcoll *)c;
+    shm_begin(s, deadline);
     unsigned char *buf = buf_;
     int erc = shm_enter(s);
     if (erc)
@@ -822,6 +846,7 @@ static int shm_alltoallv(struct coll *c, const void *in_, const size_t *send, vo
                          const size_t *recv, uint64_t deadline)
 {
     struct shmcoll *s = (struct shmcoll *)c;
+    shm_begin(s, deadline);
     const unsigned char *in = in_;
     unsigned char *out = out_;
     const int n = s->n, me = s->me;
@@ -940,6 +965,7 @@ static int shm_reducescatter(struct coll *c, kolo_dtype dtype, kolo_op op, const
                              void *out_, const size_t *counts, uint64_t deadline)
 {
     struct shmcoll *s = (struct shmcoll *)c;
+    shm_begin(s, deadline);
     const unsigned char *in = in_;
     unsigned char *out = out_;
     const int n = s->n, me = s->me;
@@ -1014,6 +1040,7 @@ static void bell_ring_rank(struct shmcoll *s, int r)
 static int shm_round(struct coll *c, uint64_t *vec, size_t nwords, uint64_t deadline)
 {
     struct shmcoll *s = (struct shmcoll *)c;
+    shm_begin(s, deadline);
     int erc = shm_enter(s);
     if (erc)
         return erc;
@@ -1113,6 +1140,7 @@ static int shm_idle_wait(struct coll *c, uint64_t seen64, int timeout_ms, bool s
 static int shm_barrier(struct coll *c, uint64_t deadline)
 {
     struct shmcoll *s = (struct shmcoll *)c;
+    shm_begin(s, deadline);
     int erc = shm_enter(s);
     if (erc)
         return erc;
