@@ -555,8 +555,11 @@ static void render_metrics(struct coord *c, struct buf *b)
                "# TYPE kolo_store_degraded gauge\nkolo_store_degraded %d\n"
                "# HELP kolo_degraded 1 while the coordinator cannot rely on its state store "
                "(the same as kolo_store_degraded).\n# TYPE kolo_degraded gauge\n"
-               "kolo_degraded %d\n",
-               degraded, degraded);
+               "kolo_degraded %d\n"
+               "# HELP kolo_store_cache_bytes Heap SQLite's page cache and schema hold for the "
+               "state store (grows with the database up to the cache's cap).\n"
+               "# TYPE kolo_store_cache_bytes gauge\nkolo_store_cache_bytes %lld\n",
+               degraded, degraded, store_cache_bytes(c->store));
     coord_snap_render_metrics(c, b);
     coord_report_render_metrics(c, b); /* issue 6 */
 }

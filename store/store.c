@@ -799,6 +799,15 @@ int store_integrity_check(struct store *st, char *err, size_t errlen)
     return code;
 }
 
+long long store_cache_bytes(struct store *st)
+{
+    int cache = 0, schema = 0, hi = 0;
+    if (!st || sqlite3_db_status(st->db, SQLITE_DBSTATUS_CACHE_USED, &cache, &hi, 0) != SQLITE_OK ||
+        sqlite3_db_status(st->db, SQLITE_DBSTATUS_SCHEMA_USED, &schema, &hi, 0) != SQLITE_OK)
+        return -1;
+    return (long long)cache + schema;
+}
+
 int store_schema_version(struct store *st)
 {
     if (!st)

@@ -108,6 +108,9 @@ const char *store_last_error(const struct store *st);
 int store_integrity_check(struct store *st, char *err, size_t errlen);
 /* store_schema_version returns PRAGMA user_version, or -1 on error. */
 int store_schema_version(struct store *st);
+/* store_cache_bytes: the heap SQLite's page cache and schema hold for
+ * this store now (it grows with the database up to the cache's cap). */
+long long store_cache_bytes(struct store *st);
 /* Group several writes into one durable transaction. Calls nest: only the
  * outermost begin/commit pair is a real transaction, inner levels are
  * savepoints, so an inner rollback undoes only its own writes. */
