@@ -438,6 +438,7 @@ static int call_validate(struct rpc_call *c)
         return -1;
     }
     const char *why = NULL;
+    bool authentic = false; /* the MAC verified: the refusal may use the caller's key */
     c->job_key[0] = '\0';
     if (srv->token) {
         uint64_t now = now_stepless_ms();
@@ -449,7 +450,7 @@ static int call_validate(struct rpc_call *c)
             why = "this server requires the cluster token (configure --token-file)";
         else if (rpc_frame_verify(data, len, job_key ? c->job_key : srv->token) != 0)
             why = job_key ? "wrong job credential" : "wrong cluster token";
-        else if (skew > RPC_AUTH_WINDOW_MS)
+        else if ((authentic = true, skew > RPC_AUTH_WINDOW_MS))
             why = "request timestamp outside the accepted window (clock skew?)";
         else {
             nng_mtx_lock(srv->mtx);
@@ -462,8 +463,11 @@ static int call_validate(struct rpc_call *c)
         why = "the client sent a cluster token but this server has none configured";
     }
     if (why) {
-        /* the refusal is answered with the cluster key (or none) */
-        memset(c->job_key, 0, sizeof c->job_key);
+        /* The refusal is answered with the key the request proved (the
+         * client learns our time from it: a stale request), else with the
+         * cluster key (or none). */
+        if (!authentic)
+            memset(c->job_key, 0, sizeof c->job_key);
         count(srv, &srv->stats.auth_failed);
         LOGW("rpc", "refused %s from '%s': %s", c->frame.method, c->frame.identity, why);
         call_send_frame(c, KOLO_EAUTH, why, strlen(why));
@@ -792,6 +796,9 @@ struct rpc_client {
     uint64_t job_id, generation;
     int32_t rank;
     atomic_int pipes; /* connected pipes; 0 means "cannot connect" on timeout */
+    /* the server's clock less ours, learned from its authenticated replies:
+     * requests carry our time plus this, so they are fresh by its clock */
+    _Atomic int64_t clock_offset_ms;
     nng_cv *idle;     /* signalled when async_calls drops to 0 */
     int async_calls;  /* under mtx */
     struct acall *dead; /* finished async calls, freed outside callbacks */
@@ -964,7 +971,7 @@ static int client_encode(struct rpc_client *cli, const char *method, const void 
     memset(f, 0, sizeof(*f));
     f->version = KOLO_PROTO_VERSION;
     f->kind = RPC_REQUEST;
-    f->ts_ms = now_stepless_ms();
+    f->ts_ms = now_stepless_ms() + (uint64_t)atomic_load(&cli->clock_offset_ms);
     random_bytes(f->nonce, sizeof(f->nonce));
     str_copy(f->method, method, sizeof(f->method));
     nng_mtx_lock(cli->mtx);
@@ -990,12 +997,31 @@ static int client_encode(struct rpc_client *cli, const char *method, const void 
     return 0;
 }
 
-/* Checks a reply against its request; on success *rf describes it. */
+/* The server's time, from a reply it authenticated: when our clock and
+ * its differ by more than a quarter of the freshness window, requests
+ * carry its time from now on (freshness does not rest on agreeing wall
+ * clocks: issue 15, F9). True when the offset moved. */
+static bool client_learn_clock(struct rpc_client *cli, uint64_t server_ms)
+{
+    int64_t off = (int64_t)(server_ms - now_stepless_ms());
+    int64_t cur = atomic_load(&cli->clock_offset_ms);
+    if (llabs(off - cur) <= RPC_AUTH_WINDOW_MS / 4)
+        return false;
+    atomic_store(&cli->clock_offset_ms, off);
+    LOGW("rpc", "the clock of %s differs from ours by %+lld ms: requests use its time", cli->url,
+         (long long)off);
+    return true;
+}
+
+/* Checks a reply against its request; on success *rf describes it.
+ * *clock_moved (may be NULL): the reply taught us the server's time. */
 static int client_check_reply(struct rpc_client *cli, nng_msg *m, const struct rpc_frame *req,
-                              struct rpc_frame *rf, char *err, size_t errlen)
+                              struct rpc_frame *rf, bool *clock_moved, char *err, size_t errlen)
 {
     const uint8_t *body = nng_msg_body(m);
     size_t blen = nng_msg_len(m);
+    if (clock_moved)
+        *clock_moved = false;
     if (rpc_frame_decode(body, blen, rf) != 0 || rf->kind != RPC_REPLY)
         return errf(err, errlen, KOLO_EPROTO, "malformed reply from %s", cli->url);
     if (memcmp(rf->nonce, req->nonce, RPC_NONCE_LEN) != 0)
@@ -1004,7 +1030,15 @@ static int client_check_reply(struct rpc_client *cli, nng_msg *m, const struct r
         return errf(err, errlen, KOLO_EVERSION,
                        "protocol version mismatch: this client speaks version %u, %s speaks %u",
                        KOLO_PROTO_VERSION, cli->url, rf->version);
-    if (cli->token && rf->status != KOLO_EAUTH && rpc_frame_verify(body, blen, cli->token) != 0)
+    /* only the key's holder can have written a verified reply, and it
+     * echoes our nonce: its time is the server's, now */
+    bool verified = cli->token && rpc_frame_verify(body, blen, cli->token) == 0;
+    if (verified) {
+        bool moved = client_learn_clock(cli, rf->ts_ms);
+        if (clock_moved)
+            *clock_moved = moved;
+    }
+    if (cli->token && rf->status != KOLO_EAUTH && !verified)
         return errf(err, errlen, KOLO_EAUTH,
                        "reply from %s is not authenticated with the cluster token", cli->url);
     if (rf->status != 0)
@@ -1032,8 +1066,9 @@ static int transport_err(struct rpc_client *cli, int rv, const char *method, int
     return errf(err, errlen, KOLO_EIO, "%s: %s", method, nng_strerror(rv));
 }
 
-int rpc_client_call(struct rpc_client *cli, const char *method, const void *req, size_t req_len,
-                    void **rep, size_t *rep_len, int timeout_ms, char *err, size_t errlen)
+static int client_call_once(struct rpc_client *cli, const char *method, const void *req,
+                            size_t req_len, void **rep, size_t *rep_len, int timeout_ms,
+                            bool *clock_moved, char *err, size_t errlen)
 {
     struct rpc_frame f, rf;
     nng_ctx ctx;
@@ -1092,7 +1127,7 @@ int rpc_client_call(struct rpc_client *cli, const char *method, const void *req,
         goto out;
     }
     m = nng_aio_get_msg(aio);
-    if ((code = client_check_reply(cli, m, &f, &rf, err, errlen)) != 0)
+    if ((code = client_check_reply(cli, m, &f, &rf, clock_moved, err, errlen)) != 0)
         goto out;
     if (rf.body_len && rep) {
         *rep = malloc(rf.body_len);
@@ -1114,6 +1149,24 @@ out:
     nng_mtx_unlock(cli->mtx);
     nng_aio_free(aio);
     nng_ctx_close(ctx);
+    return code;
+}
+
+int rpc_client_call(struct rpc_client *cli, const char *method, const void *req, size_t req_len,
+                    void **rep, size_t *rep_len, int timeout_ms, char *err, size_t errlen)
+{
+    bool moved = false;
+    uint64_t t0 = now_mono_ms();
+    int code = client_call_once(cli, method, req, req_len, rep, rep_len, timeout_ms, &moved, err,
+                                errlen);
+    /* refused as stale by a server whose clock is not ours: once more, on
+     * its time, within what is left of the caller's time */
+    if (code == KOLO_EAUTH && moved) {
+        uint64_t spent = now_mono_ms() - t0;
+        int left = timeout_ms > (int)spent ? timeout_ms - (int)spent : 1;
+        code = client_call_once(cli, method, req, req_len, rep, rep_len, left, &moved, err,
+                                errlen);
+    }
     return code;
 }
 
@@ -1194,7 +1247,7 @@ static void acall_cb(void *arg)
     }
     nng_msg *m = nng_aio_get_msg(a->aio);
     struct rpc_frame rf;
-    int code = client_check_reply(a->cli, m, &a->f, &rf, err, sizeof(err));
+    int code = client_check_reply(a->cli, m, &a->f, &rf, NULL, err, sizeof(err));
     if (code == 0)
         acall_finish(a, 0, rf.body, rf.body_len, "");
     else

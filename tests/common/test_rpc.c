@@ -20,6 +20,9 @@
 #include "test.h"
 #include "util.h"
 
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+
 #define TOKEN "0123456789abcdef-test-token"
 
 static atomic_int handled;
@@ -649,6 +652,88 @@ static void test_reserved_capacity(void)
     rpc_server_close(srv);
 }
 
+/* A server whose clock runs 10 minutes ahead of ours from its start
+ * (issue 15, F9: a clock already wrong when a process starts), speaking
+ * the frame format by hand: it refuses a request outside its freshness
+ * window with an authenticated reply carrying its time, and answers the
+ * rest. */
+#define SKEW_MS (10 * 60 * 1000)
+struct skewed {
+    nng_socket sock;
+    int stale, fresh;
+    pthread_t th;
+};
+
+static void *skewed_serve(void *arg)
+{
+    struct skewed *s = arg;
+    nng_msg *m;
+    while (nng_recvmsg(s->sock, &m, 0) == 0) {
+        struct rpc_frame req, rep = {.version = KOLO_PROTO_VERSION, .kind = RPC_REPLY};
+        if (rpc_frame_decode(nng_msg_body(m), nng_msg_len(m), &req) != 0 ||
+            rpc_frame_verify(nng_msg_body(m), nng_msg_len(m), TOKEN) != 0) {
+            nng_msg_free(m);
+            continue;
+        }
+        uint64_t now = now_stepless_ms() + SKEW_MS;
+        uint64_t skew = req.ts_ms > now ? req.ts_ms - now : now - req.ts_ms;
+        rep.ts_ms = now;
+        memcpy(rep.nonce, req.nonce, RPC_NONCE_LEN);
+        if (skew > RPC_AUTH_WINDOW_MS) {
+            s->stale++;
+            rep.status = KOLO_EAUTH;
+            rep.body = (const uint8_t *)"stale";
+            rep.body_len = 5;
+        } else {
+            s->fresh++;
+            rep.body = req.body;
+            rep.body_len = req.body_len;
+        }
+        uint8_t *data;
+        size_t len;
+        REQUIRE(rpc_frame_encode(&rep, TOKEN, &data, &len) == 0);
+        nng_msg_clear(m); /* the body; the header routes the reply back */
+        REQUIRE(nng_msg_append(m, data, len) == 0);
+        free(data);
+        if (nng_sendmsg(s->sock, m, 0) != 0)
+            nng_msg_free(m);
+    }
+    return NULL;
+}
+
+static void test_learns_server_clock(void)
+{
+    struct skewed s = {0};
+    nng_listener l;
+    REQUIRE(nng_rep0_open_raw(&s.sock) == 0);
+    REQUIRE(nng_listen(s.sock, "tcp://127.0.0.1:0", &l, 0) == 0);
+    int port = 0;
+    REQUIRE(nng_listener_get_int(l, NNG_OPT_TCP_BOUND_PORT, &port) == 0);
+    REQUIRE(pthread_create(&s.th, NULL, skewed_serve, &s) == 0);
+    char url[64];
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", port);
+    struct rpc_client *cli = client(url, TOKEN);
+    void *rep;
+    size_t len;
+    char err[256];
+    /* refused once as stale, answered on the server's time */
+    CHECK_EQ_INT(rpc_client_call(cli, "T.Echo", "tick", 4, &rep, &len, 3000, err, sizeof err), 0);
+    CHECK(len == 4 && memcmp(rep, "tick", 4) == 0);
+    free(rep);
+    CHECK_EQ_INT(s.stale, 1);
+    /* from then on every request is fresh by its clock */
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ_INT(rpc_client_call(cli, "T.Echo", "tock", 4, &rep, &len, 3000, err, sizeof err),
+                     0);
+        free(rep);
+    }
+    CHECK_EQ_INT(s.stale, 1);
+    CHECK_EQ_INT(s.fresh, 4);
+    rpc_client_close(cli);
+    nng_close(s.sock);
+    pthread_join(s.th, NULL);
+}
+
 int main(void)
 {
     test_frame_codec();
@@ -660,6 +745,7 @@ int main(void)
     test_job_credential();
     test_connection_hygiene();
     test_reserved_capacity();
+    test_learns_server_clock();
     test_bad_frames();
     TEST_DONE();
 }
