@@ -11,7 +11,7 @@
 use_python
 mkdir "$WORK/db"
 mount -t tmpfs -o size=16m tmpfs "$WORK/db"
-trap 'rc=$?; umount -l "$WORK/db" 2>/dev/null; (exit $rc); cleanup' EXIT
+trap 'rc=$?; umount -l "$WORK/db" 2>/dev/null; set +e; (exit $rc); cleanup' EXIT
 
 make_token
 start_coordinator db/coord --token-file "$WORK/token"
