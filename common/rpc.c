@@ -862,6 +862,16 @@ static int client_dial(struct rpc_client *cli, const struct rpc_client_config *c
     return 0;
 }
 
+/* Frees a client rpc_client_open gave up on after its lock and condition
+ * variable were made (no call ever ran on it). */
+static void client_free_unopened(struct rpc_client *cli)
+{
+    nng_cv_free(cli->idle);
+    nng_mtx_free(cli->mtx);
+    free(cli->token);
+    free(cli);
+}
+
 int rpc_client_open(struct rpc_client **out, const struct rpc_client_config *cfg)
 {
     struct rpc_client *cli = calloc(1, sizeof(*cli));
@@ -885,9 +895,7 @@ int rpc_client_open(struct rpc_client **out, const struct rpc_client_config *cfg
     }
     rpc_client_set_identity(cli, cfg->identity, cfg->job_id, cfg->generation, cfg->rank);
     if ((rv = nng_req0_open(&cli->sock)) != 0) {
-        nng_mtx_free(cli->mtx);
-        free(cli->token);
-        free(cli);
+        client_free_unopened(cli);
         return KOLO_EIO;
     }
     nng_socket_set_size(cli->sock, NNG_OPT_RECVMAXSZ, cli->max_msg + RPC_HEADER_LEN + 512);
@@ -901,9 +909,7 @@ int rpc_client_open(struct rpc_client **out, const struct rpc_client_config *cfg
     nng_pipe_notify(cli->sock, NNG_PIPE_EV_REM_POST, client_pipe_cb, cli);
     if ((rv = client_dial(cli, cfg)) != 0) {
         nng_close(cli->sock);
-        nng_mtx_free(cli->mtx);
-        free(cli->token);
-        free(cli);
+        client_free_unopened(cli);
         return KOLO_EINVAL;
     }
     *out = cli;

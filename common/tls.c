@@ -160,14 +160,11 @@ int tls_url(char *out, size_t outlen, const char *url, const struct tls_files *f
     bool on = tls_files_on(f);
     for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) {
         size_t pl = strlen(schemes[i].plain), sl = strlen(schemes[i].secure);
-        const char *rest = NULL;
-        if (strncmp(url, schemes[i].plain, pl) == 0)
-            rest = url + pl;
-        else if (strncmp(url, schemes[i].secure, sl) == 0)
-            rest = url + sl;
-        else
+        bool secure = strncmp(url, schemes[i].secure, sl) == 0;
+        if (!secure && strncmp(url, schemes[i].plain, pl) != 0)
             continue;
-        if (rest == url + sl && !on)
+        const char *rest = url + (secure ? sl : pl);
+        if (secure && !on)
             return errf(err, errlen, KOLO_EINVAL,
                         "%s is a TLS address and needs --tls-ca (or KOLO_TLS_CA)", url);
         if ((size_t)snprintf(out, outlen, "%s%s", on ? schemes[i].secure : schemes[i].plain,
