@@ -178,7 +178,7 @@ struct shmcoll {
     int npfd;
     uint64_t spin_ns, yield_ns;
     /* Liveness, not a time limit: the span of the running operation's
-     * deadline (shm_begin). Each wait for a peer gets the whole span, so an
+     * deadline (shm_enter). Each wait for a peer gets the whole span, so an
      * operation may outlast it as long as the peers keep posting. */
     uint64_t window;
     bool creator, unlinked, claimed;
@@ -346,9 +346,12 @@ static int shm_check_abort(struct shmcoll *s, int j)
 
 /* shm_enter: whether a collective may start. A group where some rank
  * already failed starts nothing more, so that a late rank does not
- * finish an operation its peers gave up on. */
-static inline int shm_enter(struct shmcoll *s)
+ * finish an operation its peers gave up on. It also starts the
+ * operation's liveness span (s->window) from its deadline (0: none). */
+static inline int shm_enter(struct shmcoll *s, uint64_t deadline)
 {
+    uint64_t now = now_mono_ms();
+    s->window = !deadline ? 0 : deadline > now ? deadline - now : 1;
     if (s->c.failed)
         return s->c.failed;
     if (atomic_load_explicit(&s->hdr->abort_rank, memory_order_acquire))
@@ -486,13 +489,6 @@ static inline int shm_wait_peer(struct shmcoll *s, int j, uint64_t target, uint6
         } while (now_ns() - t0 < s->yield_ns);
     }
     return shm_wait_slow(s, j, target, deadline);
-}
-
-/* shm_begin starts an operation whose deadline is deadline (0: none). */
-static void shm_begin(struct shmcoll *s, uint64_t deadline)
-{
-    uint64_t now = now_mono_ms();
-    s->window = !deadline ? 0 : deadline > now ? deadline - now : 1;
 }
 
 /* shm_wait_all: every other rank posted event target. */
@@ -670,8 +666,7 @@ static int shm_allreduce(struct coll *c, kolo_dtype dtype, kolo_op op, const voi
                          size_t count, uint64_t deadline)
 {
     struct shmcoll *s = (struct shmcoll *)c;
-    shm_begin(s, deadline);
-    int erc = shm_enter(s);
+    int erc = shm_enter(s, deadline);
     if (erc)
         return erc;
     size_t es = kolo_dtype_size(dtype);
@@ -721,10 +716,9 @@ static int shm_allgatherv(struct coll *c, const void *in_, void *out_, const siz
                           uint64_t deadline)
 {
     struct shmcoll *s = (struct shmcoll *)c;
-    shm_begin(s, deadline);
     const unsigned char *in = in_;
     unsigned char *out = out_;
-    int erc = shm_enter(s);
+    int erc = shm_enter(s, deadline);
     if (erc)
         return erc;
     if (!bytes)
@@ -778,9 +772,8 @@ static int shm_allgatherv(struct coll *c, const void *in_, void *out_, const siz
 static int shm_broadcast(struct coll *c, void *buf_, size_t bytes, int root, uint64_t deadline)
 {
     struct shmcoll *s = (struct shmcoll *)c;
-    shm_begin(s, deadline);
     unsigned char *buf = buf_;
-    int erc = shm_enter(s);
+    int erc = shm_enter(s, deadline);
     if (erc)
         return erc;
     if (root < 0 || root >= s->n)
@@ -846,11 +839,10 @@ static int shm_alltoallv(struct coll *c, const void *in_, const size_t *send, vo
                          const size_t *recv, uint64_t deadline)
 {
     struct shmcoll *s = (struct shmcoll *)c;
-    shm_begin(s, deadline);
     const unsigned char *in = in_;
     unsigned char *out = out_;
     const int n = s->n, me = s->me;
-    int erc = shm_enter(s);
+    int erc = shm_enter(s, deadline);
     if (erc)
         return erc;
     if (!send || !recv)
@@ -965,11 +957,10 @@ static int shm_reducescatter(struct coll *c, kolo_dtype dtype, kolo_op op, const
                              void *out_, const size_t *counts, uint64_t deadline)
 {
     struct shmcoll *s = (struct shmcoll *)c;
-    shm_begin(s, deadline);
     const unsigned char *in = in_;
     unsigned char *out = out_;
     const int n = s->n, me = s->me;
-    int erc = shm_enter(s);
+    int erc = shm_enter(s, deadline);
     if (erc)
         return erc;
     size_t es = kolo_dtype_size(dtype);
@@ -1040,8 +1031,7 @@ static void bell_ring_rank(struct shmcoll *s, int r)
 static int shm_round(struct coll *c, uint64_t *vec, size_t nwords, uint64_t deadline)
 {
     struct shmcoll *s = (struct shmcoll *)c;
-    shm_begin(s, deadline);
-    int erc = shm_enter(s);
+    int erc = shm_enter(s, deadline);
     if (erc)
         return erc;
     size_t bytes = nwords * sizeof(uint64_t);
@@ -1140,8 +1130,7 @@ static int shm_idle_wait(struct coll *c, uint64_t seen64, int timeout_ms, bool s
 static int shm_barrier(struct coll *c, uint64_t deadline)
 {
     struct shmcoll *s = (struct shmcoll *)c;
-    shm_begin(s, deadline);
-    int erc = shm_enter(s);
+    int erc = shm_enter(s, deadline);
     if (erc)
         return erc;
     if (s->n == 1)
@@ -1403,7 +1392,7 @@ int shmcoll_ready(struct coll *c, const int *pids, uint64_t deadline)
     struct shmcoll *s = (struct shmcoll *)c;
     if (!s || !pids)
         return KOLO_EINVAL;
-    int erc = shm_enter(s);
+    int erc = shm_enter(s, deadline);
     if (erc)
         return erc;
     pid_t self = getpid();
