@@ -14,7 +14,8 @@ import statistics
 import sys
 from collections import defaultdict
 
-IMPL_NAMES = {"kolo": "kolo", "openmpi": "Open MPI", "gloo": "Gloo"}
+IMPL_NAMES = {"kolo": "kolo", "kolo-sealed": "kolo, sealed", "openmpi": "Open MPI",
+              "gloo": "Gloo"}
 
 
 def fmt_size(b):
@@ -211,12 +212,16 @@ def main():
                   "Open MPI: `--mca btl tcp,self`, orted started in the other namespace by "
                   "bench/nsrsh.sh; Gloo: one rank per namespace, GLOO_SOCKET_IFNAME = the veth.")
         md.append("")
-        md.append("Cells: median / p99 µs (bus bandwidth); ratios of the medians.")
+        md.append("Cells: median / p99 µs (bus bandwidth); ratios of the medians. \"kolo, "
+                  "sealed\" is kolo with `--encrypt-data` (AES-256-GCM records on the data "
+                  "plane); sealed/kolo gives its cost at the median and at p99.")
         md.append("")
-        md.append("| size | kolo | Open MPI (TCP) | Gloo (TCP) | kolo/MPI | kolo/Gloo |")
-        md.append("|---:|---:|---:|---:|---:|---:|")
+        md.append("| size | kolo | kolo, sealed | Open MPI (TCP) | Gloo (TCP) | kolo/MPI | "
+                  "kolo/Gloo | sealed/kolo p50 | sealed/kolo p99 | sealed/MPI | sealed/Gloo |")
+        md.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for b in ns_sizes:
             k = get("netns", "kolo", "allreduce", 2, b)
+            ks = get("netns", "kolo-sealed", "allreduce", 2, b)
             o = get("netns", "openmpi", "allreduce", 2, b)
             g = get("netns", "gloo", "allreduce", 2, b)
 
@@ -225,9 +230,13 @@ def main():
                     return "—"
                 p99 = f" / {fmt_num(x['p99_us'])}" if x.get("p99_us") is not None else ""
                 return f"{fmt_num(x['median_us'])}{p99} ({fmt_bw(x['busbw_gbs'])})"
-            md.append(f"| {fmt_size(b)} | {c(k)} | {c(o)} | {c(g)} | "
+            md.append(f"| {fmt_size(b)} | {c(k)} | {c(ks)} | {c(o)} | {c(g)} | "
                       f"{ratio(k and k['median_us'], o and o['median_us'])} | "
-                      f"{ratio(k and k['median_us'], g and g['median_us'])} |")
+                      f"{ratio(k and k['median_us'], g and g['median_us'])} | "
+                      f"{ratio(ks and ks['median_us'], k and k['median_us'])} | "
+                      f"{ratio(ks and ks.get('p99_us'), k and k.get('p99_us'))} | "
+                      f"{ratio(ks and ks['median_us'], o and o['median_us'])} | "
+                      f"{ratio(ks and ks['median_us'], g and g['median_us'])} |")
         md.append("")
         rtt = get("netns", "tcp", "rtt", 2, 4)
         k4 = get("netns", "kolo", "allreduce", 2, 4)

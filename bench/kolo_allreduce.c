@@ -70,10 +70,13 @@ static void report(kolo_ctx *ctx, const char *kind, size_t bytes, double *t, int
     int n = kolo_size(ctx);
     double med = t[iters / 2];
     double algbw = (double)bytes / med / 1e3; /* GB/s */
-    printf("{\"impl\":\"kolo\",\"kind\":\"%s\",\"np\":%d,\"bytes\":%zu,\"iters\":%d,"
+    /* a sealed data plane reports as its own implementation */
+    const char *impl = getenv("KOLO_DATA_ENCRYPT") && atoi(getenv("KOLO_DATA_ENCRYPT")) ? "kolo-sealed"
+                                                                                      : "kolo";
+    printf("{\"impl\":\"%s\",\"kind\":\"%s\",\"np\":%d,\"bytes\":%zu,\"iters\":%d,"
            "\"median_us\":%.2f,\"min_us\":%.2f,\"p90_us\":%.2f,\"p99_us\":%.2f,"
            "\"algbw_gbs\":%.3f,\"busbw_gbs\":%.3f",
-           kind, n, bytes, iters, med, t[0], t[(iters * 9) / 10], t[(iters * 99) / 100], algbw,
+           impl, kind, n, bytes, iters, med, t[0], t[(iters * 9) / 10], t[(iters * 99) / 100], algbw,
            algbw * 2.0 * (n - 1) / n);
     if (csw >= 0)
         printf(",\"ctxsw_per_iter\":%.2f", csw);

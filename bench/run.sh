@@ -306,9 +306,18 @@ if [ "$NETNS" = 1 ]; then
         sleep 0.2
     done
 
+    kolo_run_flags=()
     cmd_kolo_netns() {
         CMD=("${SUDO[@]}" ip netns exec "$ns_a" "$build/bin/kolo" run --coordinator "$coord_url"
-            --token-file "$tmp/token" -np 2 -H "nsA:1,nsB:1" -- "$build/bin/kolo-bench-allreduce" "$@")
+            --token-file "$tmp/token" -np 2 -H "nsA:1,nsB:1" "${kolo_run_flags[@]}"
+            -- "$build/bin/kolo-bench-allreduce" "$@")
+    }
+    # The same with the data plane sealed (--encrypt-data, AES-256-GCM):
+    # what encryption costs, beside the peers.
+    cmd_kolosealed_netns() {
+        kolo_run_flags=(--encrypt-data)
+        cmd_kolo_netns "$@"
+        kolo_run_flags=()
     }
     cmd_mpi_netns() {
         # --bind-to none: each emulated host would bind its rank to core 0
@@ -333,7 +342,7 @@ if [ "$NETNS" = 1 ]; then
     for round in $(seq 1 "$REPS"); do
         launch netns "$round" "netns-tcp-rtt-r$round" cmd_tcp_rtt
         wait "$rtt_server" 2>/dev/null || true # it ends with its client
-        for impl in $(impl_order "$round"); do
+        for impl in $(impl_order "$round") kolosealed; do
             tx0="$(veth_tx)"
             # shellcheck disable=SC2086
             launch netns "$round" "netns-$impl-r$round" "cmd_${impl}_netns" sizes $NETNS_SIZES

@@ -23,7 +23,7 @@ struct run_opts {
     char *tls_cert, *tls_key, *tls_ca, *tls_dir; /* common/tls.h */
     int64_t start_timeout, slots, grace;
     int64_t fusion_threshold_mb, cache_capacity, stall_warning_s, stall_shutdown_s;
-    bool verbose, stall_check, version, check_build;
+    bool verbose, stall_check, version, check_build, encrypt_data;
     /* elastic (horovodrun's names); any of min/max-np or a discovery script
      * makes the job elastic */
     int64_t min_np, max_np, reset_limit, elastic_timeout;

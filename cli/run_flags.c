@@ -326,6 +326,10 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
          "the coordinator writes a Chrome-trace timeline of the job's negotiation to this path "
          "on its host (HOROVOD_TIMELINE; relative: to the job's cwd)",
          &o->timeline_filename},
+        {"encrypt-data", NULL, "", KNOB_BOOL, "false", 0, -1,
+         "seal the job's TCP data plane with AES-256-GCM (needs libssl3 on every host; "
+         "shared memory is unchanged); sets KOLO_DATA_ENCRYPT for the job",
+         &o->encrypt_data},
 
         {"min-np", "--min-num-proc", "", KNOB_INT, "0", 0, 65536,
          "elastic: keep running while at least this many workers are alive (default -np)",
@@ -649,6 +653,8 @@ char **run_job_env(struct knob *tab, size_t n, const struct run_opts *o)
     if (!rc && from_user(tab, n, "stall-check-shutdown-time-seconds"))
         rc = env_add(&env, &k, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=%lld",
                      (long long)o->stall_shutdown_s);
+    if (!rc && from_user(tab, n, "encrypt-data"))
+        rc = env_add(&env, &k, "KOLO_DATA_ENCRYPT=%d", o->encrypt_data ? 1 : 0);
     if (!rc && from_user(tab, n, "timeline-filename"))
         rc = env_add(&env, &k, "HOROVOD_TIMELINE=%s", o->timeline_filename);
     if (!rc && from_user(tab, n, "log-level")) {

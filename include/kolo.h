@@ -146,6 +146,11 @@ typedef struct kolo_config {
     /* The job's own credential (KOLO_JOB_TOKEN, what agents give their
      * workers): used instead of token, it opens this job's calls only. */
     const char *job_token;
+    /* 1: seal the TCP data plane (AES-256-GCM records keyed per
+     * connection; needs libcrypto at run time). Every rank of the job
+     * must agree: a rank with another setting is refused. Shared memory
+     * stays as it is (it never leaves the host). */
+    int encrypt_data;
 } kolo_config;
 
 /*
@@ -225,7 +230,8 @@ KOLO_API int kolo_hosts_updated(const kolo_ctx *ctx, uint64_t *stamp_ms, int *ki
 
 /* kolo_last_error returns the detail of the last failure on ctx (the
  * text of a mismatch, the peer that died), "" if none. Valid until the
- * next call on ctx from the same thread. */
+ * next call on ctx from the same thread. With ctx NULL: why this
+ * thread's last kolo_init failed ("" after one that succeeded). */
 KOLO_API const char *kolo_last_error(const kolo_ctx *ctx);
 
 /* kolo_dtype_size returns the size of one element in bytes (0 if dtype

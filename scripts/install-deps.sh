@@ -5,14 +5,15 @@
 # playwright-core from npm: scripts/test.sh), gdb (a failed integration
 # test prints the stacks of the workers it leaves behind) and clang with
 # its libFuzzer runtime (tests/fuzz). openssl makes TLS files
-# (scripts/tls-certs.sh, and the TLS tests).
+# (scripts/tls-certs.sh, and the TLS tests); libssl3's libcrypto is what
+# an encrypted data plane (--encrypt-data) loads at run time.
 # Idempotent: installs only what is missing, so running it twice is cheap.
 set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config git
   libprotobuf-c-dev protobuf-c-compiler libnng-dev libuv1-dev libsqlite3-dev
-  sqlite3 curl procps iproute2 nftables python3 openssl
+  sqlite3 curl procps iproute2 nftables python3 openssl libssl3
   python3-numpy python3-torch python3-pytest python3-sklearn
 )
 if [ "${1:-}" = "--test" ]; then

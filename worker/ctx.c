@@ -33,6 +33,7 @@
 #include "creds.h"
 #include "log.h"
 #include "mesh.h"
+#include "seal.h"
 #include "transport.h"
 #include "util.h"
 
@@ -140,6 +141,7 @@ static int config_from_env(kolo_config *cfg, char *err, size_t errlen)
             cfg->fusion_threshold = -1; /* Horovod: 0 disables fusion */
     }
     cfg->disable_shm = env_int("KOLO_DISABLE_SHM", 0);
+    cfg->encrypt_data = env_int("KOLO_DATA_ENCRYPT", 0);
     if (env_int("KOLO_ELASTIC", 0)) {
         cfg->worker_id = env_u64("KOLO_WORKER_ID");
         cfg->elastic_timeout_ms = env_int("KOLO_ELASTIC_TIMEOUT_MS", 0);
@@ -326,7 +328,10 @@ static int data_key(const struct kolo_ctx *c, const struct rdv *rv, unsigned cha
 
 static int connect_mesh(struct kolo_ctx *c, struct rdv *rv, char *err, size_t errlen)
 {
-    struct mesh_spec spec = {.me = {.job = c->job, .generation = c->generation, .rank = c->rank},
+    struct mesh_spec spec = {.me = {.job = c->job,
+                                    .generation = c->generation,
+                                    .rank = c->rank,
+                                    .encrypt = c->encrypt_data},
                              .size = c->size,
                              .listen_fd = rv->listen_fd,
                              .deadline = now_mono_ms() + (uint64_t)c->timeout_ms};
@@ -1039,17 +1044,19 @@ static int join_elastic(struct kolo_ctx *c, const kolo_config *given, char *err,
     }
 }
 
-int kolo_init(kolo_ctx **out, const kolo_config *given)
+/* The detail of this thread's last failed kolo_init: kolo_last_error(NULL). */
+static _Thread_local char init_error[1024];
+
+static int init_ctx(kolo_ctx **out, const kolo_config *given, char *err, size_t errlen)
 {
     kolo_config env_cfg;
-    char err[1024] = "";
     int code;
     if (!out)
         return KOLO_EINVAL;
     *out = NULL;
     const kolo_config *cfg = given;
     if (!cfg) {
-        if ((code = config_from_env(&env_cfg, err, sizeof(err))) != 0) {
+        if ((code = config_from_env(&env_cfg, err, errlen)) != 0) {
             LOGE("kolo", "%s", err);
             return code;
         }
@@ -1078,6 +1085,7 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
     c->process_set = cfg->process_set;
     c->elastic = cfg->worker_id != 0;
     c->disable_shm = cfg->disable_shm != 0;
+    c->encrypt_data = cfg->encrypt_data != 0;
     c->host_id = cfg->host_id ? strdup(cfg->host_id) : NULL;
     c->data_addr = cfg->data_addr ? strdup(cfg->data_addr) : NULL;
     /* Horovod's stall inspector knobs, read here so kolo run passes them
@@ -1098,9 +1106,16 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
         ctx_free(c);
         return KOLO_ENOMEM;
     }
-    char tls_err[512];
-    if ((code = tls_files_from_env(&c->tls, tls_err, sizeof tls_err)) != 0) {
-        LOGE("kolo", "rank %d: %s", c->rank, tls_err);
+    if ((code = tls_files_from_env(&c->tls, err, errlen)) != 0) {
+        LOGE("kolo", "rank %d: %s", c->rank, err);
+        ctx_free(c);
+        return code;
+    }
+    /* A job that asked for a sealed data plane never runs without one. */
+    char why[512];
+    if (c->encrypt_data && (code = seal_available(why, sizeof why)) != 0) {
+        snprintf(err, errlen, "KOLO_DATA_ENCRYPT=1 but %s", why);
+        LOGE("kolo", "rank %d: %s", c->rank, err);
         ctx_free(c);
         return code;
     }
@@ -1108,8 +1123,8 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
     struct rpc_client_config rc;
     ctx_rpc_config(c, ident, sizeof ident, &rc);
     if ((code = rpc_client_open(&c->rpc, &rc)) != 0) {
-        LOGE("kolo", "rank %d: cannot open the coordinator connection %s", c->rank,
-             cfg->coordinator);
+        snprintf(err, errlen, "cannot open the coordinator connection %s", cfg->coordinator);
+        LOGE("kolo", "rank %d: %s", c->rank, err);
         ctx_free(c);
         return code;
     }
@@ -1117,8 +1132,8 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
     if (!cfg->worker_id && !c->process_set)
         c->session = next_session(c->job, c->generation, c->rank);
     if (cfg->worker_id) {
-        code = join_elastic(c, cfg, err, sizeof(err));
-    } else if ((code = setup_data_plane(c, cfg, err, sizeof(err))) != 0) {
+        code = join_elastic(c, cfg, err, errlen);
+    } else if ((code = setup_data_plane(c, cfg, err, errlen)) != 0) {
         LOGE("kolo", "rank %d: %s", c->rank, err);
     }
     if (code || (code = fast_init(c)) != 0) {
@@ -1132,9 +1147,10 @@ int kolo_init(kolo_ctx **out, const kolo_config *given)
     c->bg_running = true;
     if (pthread_create(&c->watch, NULL, watch_main, c) == 0)
         c->watch_running = true;
-    LOGI("kolo", "rank %d of %d joined job %llu generation %llu (%s, %s)", c->rank, c->size,
+    LOGI("kolo", "rank %d of %d joined job %llu generation %llu (%s, %s%s)", c->rank, c->size,
          (unsigned long long)c->job, (unsigned long long)c->generation, c->coll->ops->name,
-         c->fast ? "readiness rounds" : "coordinator only");
+         c->fast ? "readiness rounds" : "coordinator only",
+         c->encrypt_data ? ", TCP sealed with AES-256-GCM" : "");
     *out = c;
     return 0;
 }
@@ -1178,7 +1194,8 @@ int kolo_process_set_init(kolo_ctx *c, int set_id, const int *ranks, int nranks,
                        .generation = c->generation, .rank = me, .size = nranks,
                        .host_id = c->host_id, .data_addr = c->data_addr,
                        .timeout_ms = c->timeout_ms, .fusion_threshold = c->fusion_threshold,
-                       .disable_shm = c->disable_shm, .process_set = set_id};
+                       .disable_shm = c->disable_shm, .process_set = set_id,
+                       .encrypt_data = c->encrypt_data};
     const char *mine = c->peer_hosts[c->rank];
     int my_host_first = me;
     for (int i = 0; i < nranks; i++) {
@@ -1334,7 +1351,18 @@ int kolo_hosts_updated(const kolo_ctx *c, uint64_t *stamp_ms, int *kind)
     return 0;
 }
 
+int kolo_init(kolo_ctx **out, const kolo_config *given)
+{
+    char err[sizeof init_error] = "";
+    int code = init_ctx(out, given, err, sizeof err);
+    if (code)
+        snprintf(init_error, sizeof init_error, "%s", err[0] ? err : kolo_strerror(code));
+    else
+        init_error[0] = '\0';
+    return code;
+}
+
 const char *kolo_last_error(const kolo_ctx *c)
 {
-    return c ? c->last_error : "";
+    return c ? c->last_error : init_error;
 }

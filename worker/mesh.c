@@ -27,7 +27,7 @@
 static _Atomic uint64_t rejected[MESH_REJECT_N], unreported[MESH_REJECT_N];
 
 static const char *const reject_names[MESH_REJECT_N] = {
-    "malformed", "stale", "version", "auth", "closed", "timeout", "duplicate", "crowded",
+    "malformed", "stale", "version", "auth", "closed", "timeout", "duplicate", "crowded", "setting",
 };
 
 const char *mesh_reject_name(enum mesh_reject r)
@@ -86,6 +86,8 @@ static enum mesh_reject reason_of(int code)
         return MESH_REJECT_CLOSED;
     case KOLO_ETIMEDOUT:
         return MESH_REJECT_TIMEOUT;
+    case KOLO_EINVAL:
+        return MESH_REJECT_SETTING;
     default:
         return MESH_REJECT_MALFORMED;
     }

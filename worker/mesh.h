@@ -48,6 +48,7 @@ enum mesh_reject {
     MESH_REJECT_TIMEOUT,   /* no handshake within MESH_HANDSHAKE_MS */
     MESH_REJECT_DUPLICATE, /* a rank already connected, or not a higher rank */
     MESH_REJECT_CROWDED,   /* evicted: MESH_PENDING others were waiting */
+    MESH_REJECT_SETTING,   /* another data-plane encryption setting */
     MESH_REJECT_N
 };
 const char *mesh_reject_name(enum mesh_reject r);

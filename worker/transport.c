@@ -131,7 +131,7 @@ static int timed_out(struct leg *legs, int nlegs)
         struct leg *l = &legs[i];
         /* A partial transfer leaves the stream out of step with the
          * peer's idea of it; nobody can use the connection after that. */
-        if (leg_open(l) && l->done > 0)
+        if (leg_open(l) && (l->done > 0 || (l->send && xport_mid_send(l->x))))
             xport_fail(l->x, KOLO_ETIMEDOUT, "timed out %s rank %d after %zu of %zu bytes",
                        l->send ? "sending to" : "receiving from", l->x->peer, l->done, l->len);
     }

@@ -53,6 +53,11 @@ struct xport_ops {
     /* true when try_* costs no system call while nothing moves (shm), so
      * a waiter spins for KOLO_SPIN_US before it arms and sleeps. */
     bool spin;
+    /* Optional: true while a send is part-way through a unit the
+     * transport cannot split (an encrypted record, seal.h) although
+     * try_send has not counted its bytes yet. A caller that gives up then
+     * leaves the stream out of step, as if bytes had moved. */
+    bool (*mid_send)(const struct xport *x);
 };
 
 struct xport {
@@ -64,7 +69,7 @@ struct xport {
     bool spin;
     int peer;      /* peer rank */
     int failed;    /* sticky KOLO_E* once the connection broke */
-    char why[128]; /* what broke it */
+    char why[200]; /* what broke it */
 };
 
 /* Blocking helpers built on the table; deadline is CLOCK_MONOTONIC ms
@@ -85,6 +90,12 @@ int xport_recv(struct xport *x, void *buf, size_t len, uint64_t deadline);
 int xport_sendrecv(struct xport *xs, const void *sbuf, size_t slen, struct xport *xr, void *rbuf,
                    size_t rlen, uint64_t deadline);
 void xport_close(struct xport *x);
+/* true when giving up on x now would leave its stream out of step even
+ * though no byte was counted (ops->mid_send) */
+static inline bool xport_mid_send(const struct xport *x)
+{
+    return x->ops->mid_send && x->ops->mid_send(x);
+}
 
 /* xport_spin_us: how long a blocked wait spins before it sleeps, in
  * microseconds. Knob KOLO_SPIN_US (default 20, 0 = never spin, at most
@@ -107,6 +118,9 @@ struct tcp_ident {
     uint64_t job, generation;
     int rank;
     unsigned char key[32];
+    /* seal every byte after the handshake (seal.h): both ends must agree,
+     * or the acceptor refuses the connection (KOLO_EINVAL) */
+    bool encrypt;
 };
 
 /* A listener on addr ("0.0.0.0", "127.0.0.1", ...) port 0; *port is the
@@ -125,8 +139,9 @@ int tcp_listen(const char *addr, int *fd, int *port);
  * Codes: a refusal fails the connection with the acceptor's code
  * (KOLO_ESTALE for another generation, KOLO_EPROTO for another job,
  * another rank or a malformed hello, KOLO_EVERSION for another protocol
- * version); a peer without the generation's key fails it with
- * KOLO_EAUTH. tcp_accept returns the code of a connection it refused
+ * version, KOLO_EINVAL for another encryption setting); a peer without
+ * the generation's key fails it with KOLO_EAUTH, and so does a sealed
+ * record that fails its tag. tcp_accept returns the code of a connection it refused
  * (and closed): the caller decides whether to keep accepting. Both wait
  * until the deadline at most (KOLO_ETIMEDOUT). */
 int tcp_connect(const char *addr, int port, const struct tcp_ident *me, int to_rank,

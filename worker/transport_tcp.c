@@ -18,7 +18,7 @@
  * see common/creds.h). Three records, integers little-endian:
  *
  *   hello  (connector, 56 B): magic "KOLX" u32 | version u16 | kind 1 u16 |
- *          status u32 | reserved u32 | job u64 | generation u64 |
+ *          status u32 | flags u32 | job u64 | generation u64 |
  *          from rank i32 | to rank i32 | connector nonce [16]
  *   answer (acceptor, 88 B):  the same 56-byte layout, kind 2, carrying
  *          the acceptor's status (0 or the KOLO_E* code of its refusal),
@@ -40,6 +40,15 @@
  * a connector never waits for the acceptor, so ranks may connect and
  * accept in any order.
  *
+ * Encryption. Flag bit 0 of a hello says the connector seals the stream
+ * (KOLO_DATA_ENCRYPT); an acceptor whose own setting differs refuses the
+ * connection (KOLO_EINVAL), and since both MACs cover the hello nobody
+ * between them can turn the flag off. Once the handshake is done, a
+ * sealed connection carries AES-256-GCM records (seal.h) under two keys
+ * derived from the handshake, one per direction:
+ *   HMAC-SHA256(key, "kolo-seal-c2a" | hello | acceptor nonce) and "-a2c".
+ * Without the flag the bytes go on the socket as they are.
+ *
  * Failure. EOF, ECONNRESET, EPIPE and the like become KOLO_EPEER with the
  * peer's rank in the message; the failure is sticky.
  */
@@ -60,6 +69,7 @@
 #include "errors.h"
 #include "hmac.h"
 #include "log.h"
+#include "seal.h"
 #include "util.h"
 
 #define HELLO_MAGIC       0x584c4f4bu /* "KOLX" as little-endian bytes */
@@ -67,6 +77,7 @@
 #define HELLO_KIND_HELLO  1
 #define HELLO_KIND_ANSWER 2
 #define HELLO_NONCE       16
+#define HELLO_FLAG_SEALED 1u
 #define HELLO_LEN         56
 #define ANSWER_LEN        (HELLO_LEN + SHA256_LEN)
 #define PROOF_LEN         SHA256_LEN
@@ -75,7 +86,7 @@
 struct hello {
     uint32_t magic;
     uint16_t version, kind;
-    uint32_t status;
+    uint32_t status, flags;
     uint64_t job, generation;
     int32_t from, to;
     unsigned char nonce[HELLO_NONCE];
@@ -106,6 +117,8 @@ struct tcp_conn {
     /* the record being sent or received and how far it got */
     unsigned char io[ANSWER_LEN];
     size_t io_len, io_done;
+    /* the record layer once the handshake is done, when me.encrypt */
+    struct seal *seal;
 };
 
 static void put_le(unsigned char *p, uint64_t v, int bytes)
@@ -128,7 +141,7 @@ static void hello_encode(const struct hello *h, unsigned char *p)
     put_le(p + 4, h->version, 2);
     put_le(p + 6, h->kind, 2);
     put_le(p + 8, h->status, 4);
-    put_le(p + 12, 0, 4);
+    put_le(p + 12, h->flags, 4);
     put_le(p + 16, h->job, 8);
     put_le(p + 24, h->generation, 8);
     put_le(p + 32, (uint32_t)h->from, 4);
@@ -142,6 +155,7 @@ static void hello_decode(const unsigned char *p, struct hello *h)
     h->version = (uint16_t)get_le(p + 4, 2);
     h->kind = (uint16_t)get_le(p + 6, 2);
     h->status = (uint32_t)get_le(p + 8, 4);
+    h->flags = (uint32_t)get_le(p + 12, 4);
     h->job = get_le(p + 16, 8);
     h->generation = get_le(p + 24, 8);
     h->from = (int32_t)(uint32_t)get_le(p + 32, 4);
@@ -248,6 +262,8 @@ static const char *refusal_text(uint32_t status)
         return "another generation";
     case KOLO_EVERSION:
         return "another protocol version";
+    case KOLO_EINVAL:
+        return "another data-plane encryption setting (KOLO_DATA_ENCRYPT)";
     default:
         return "another job or rank";
     }
@@ -345,6 +361,7 @@ static ssize_t hello_start(struct tcp_conn *c)
     struct hello h = {.magic = HELLO_MAGIC,
                       .version = HELLO_VERSION,
                       .kind = HELLO_KIND_HELLO,
+                      .flags = c->me.encrypt ? HELLO_FLAG_SEALED : 0,
                       .job = c->me.job,
                       .generation = c->me.generation,
                       .from = c->me.rank,
@@ -368,8 +385,9 @@ static ssize_t answer_check(struct tcp_conn *c)
         return xport_fail(&c->base, KOLO_EVERSION, "rank %d speaks transport version %u, not %u",
                           peer, h.version, HELLO_VERSION);
     if (h.status != 0) {
-        int code =
-            h.status == KOLO_ESTALE || h.status == KOLO_EVERSION ? (int)h.status : KOLO_EPROTO;
+        int code = h.status == KOLO_ESTALE || h.status == KOLO_EVERSION || h.status == KOLO_EINVAL
+                       ? (int)h.status
+                       : KOLO_EPROTO;
         return xport_fail(&c->base, code,
                           "rank %d refused the connection: %s (it runs job %llu generation %llu)",
                           peer, refusal_text(h.status), (unsigned long long)h.job,
@@ -400,6 +418,8 @@ static int hello_verdict(const struct hello *h, const struct tcp_ident *me)
         return KOLO_EPROTO;
     if (h->generation != me->generation)
         return KOLO_ESTALE;
+    if (((h->flags & HELLO_FLAG_SEALED) != 0) != me->encrypt)
+        return KOLO_EINVAL;
     return 0;
 }
 
@@ -432,6 +452,7 @@ static ssize_t answer_start(struct tcp_conn *c)
                       .version = HELLO_VERSION,
                       .kind = HELLO_KIND_ANSWER,
                       .status = (uint32_t)c->refusal,
+                      .flags = c->me.encrypt ? HELLO_FLAG_SEALED : 0,
                       .job = c->me.job,
                       .generation = c->me.generation,
                       .from = c->me.rank,
@@ -471,6 +492,27 @@ static ssize_t proof_check(struct tcp_conn *c)
     return 0;
 }
 
+/* The handshake is done: a sealed connection starts its record layer,
+ * keyed from the transcript both ends now share. */
+static ssize_t seal_start(struct tcp_conn *c)
+{
+    if (!c->me.encrypt)
+        return 0;
+    unsigned char c2a[SHA256_LEN], a2c[SHA256_LEN];
+    transcript_mac(c, "kolo-seal-c2a", c2a);
+    transcript_mac(c, "kolo-seal-a2c", a2c);
+    bool connector = c->hs == HS_SEND_PROOF;
+    char err[256];
+    int rc = connector ? seal_new(c2a, a2c, &c->seal, err, sizeof err)
+                       : seal_new(a2c, c2a, &c->seal, err, sizeof err);
+    memset(c2a, 0, sizeof c2a);
+    memset(a2c, 0, sizeof a2c);
+    if (rc)
+        return xport_fail(&c->base, rc, "cannot encrypt the connection to rank %d: %s",
+                          c->base.peer, err);
+    return 0;
+}
+
 /* Runs the handshake as far as it goes without blocking, or up to state
  * stop: 0 (there, or waiting for the socket: c->hs says which) or
  * -KOLO_E* (failed). */
@@ -500,7 +542,7 @@ static ssize_t hs_run(struct tcp_conn *c, enum hs stop)
             c->hs = HS_SEND_PROOF;
             break;
         case HS_SEND_PROOF:
-            if ((r = io_send(c)) <= 0)
+            if ((r = io_send(c)) <= 0 || (r = seal_start(c)) < 0)
                 return r;
             c->hs = HS_DONE;
             break;
@@ -534,7 +576,8 @@ static ssize_t hs_run(struct tcp_conn *c, enum hs stop)
             c->hs = HS_WAIT_PROOF;
             break;
         case HS_WAIT_PROOF:
-            if ((r = io_recv(c)) <= 0 || (r = proof_check(c)) < 0)
+            if ((r = io_recv(c)) <= 0 || (r = proof_check(c)) < 0 ||
+                (r = seal_start(c)) < 0)
                 return r;
             c->hs = HS_DONE;
             break;
@@ -566,6 +609,35 @@ static short hs_events(const struct tcp_conn *c)
     }
 }
 
+/* A record layer's result as try_* returns it: the count, or the
+ * connection's failure. */
+static ssize_t sealed_result(struct tcp_conn *c, ssize_t r, const char *doing)
+{
+    if (r >= 0)
+        return r;
+    switch ((enum seal_error)r) {
+    case SEAL_ERRNO:
+        return sock_fail(c, errno, doing);
+    case SEAL_EOF:
+        return xport_fail(&c->base, KOLO_EPEER, "rank %d closed the connection", c->base.peer);
+    case SEAL_FORGED:
+    case SEAL_GARBLED:
+        return xport_fail(&c->base, KOLO_EAUTH, "encrypted stream from rank %d: %s", c->base.peer,
+                          seal_error_text((enum seal_error)r));
+    case SEAL_MISUSE:
+    case SEAL_CRYPTO:
+        break;
+    }
+    return xport_fail(&c->base, KOLO_ESYS, "encrypted stream to rank %d: %s", c->base.peer,
+                      seal_error_text((enum seal_error)r));
+}
+
+static bool tcp_mid_send(const struct xport *x)
+{
+    const struct tcp_conn *c = (const struct tcp_conn *)x;
+    return c->seal && seal_midrecord(c->seal);
+}
+
 static ssize_t tcp_try_send(struct xport *x, const void *buf, size_t len)
 {
     struct tcp_conn *c = (struct tcp_conn *)x;
@@ -576,6 +648,8 @@ static ssize_t tcp_try_send(struct xport *x, const void *buf, size_t len)
         return r < 0 ? r : 0;
     if (len == 0)
         return 0;
+    if (c->seal)
+        return sealed_result(c, seal_send(c->seal, c->fd, buf, len), "sending");
     ssize_t n = send(c->fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n >= 0)
         return n;
@@ -594,6 +668,8 @@ static ssize_t tcp_try_recv(struct xport *x, void *buf, size_t len)
         return r < 0 ? r : 0;
     if (len == 0)
         return 0;
+    if (c->seal)
+        return sealed_result(c, seal_recv(c->seal, c->fd, buf, len), "receiving");
     ssize_t n = recv(c->fd, buf, len, MSG_DONTWAIT);
     if (n > 0)
         return n;
@@ -619,6 +695,7 @@ static void tcp_close(struct xport *x)
 {
     struct tcp_conn *c = (struct tcp_conn *)x;
     close(c->fd);
+    seal_free(c->seal);
     free(c);
 }
 
@@ -639,6 +716,7 @@ static const struct xport_ops tcp_ops = {
     .close = tcp_close,
     .interrupt = tcp_interrupt,
     .spin = false,
+    .mid_send = tcp_mid_send,
 };
 
 static int conn_new(int fd, const struct tcp_ident *me, int peer, enum hs hs, struct xport **out)

@@ -100,6 +100,7 @@ struct kolo_ctx {
     /* what a process set's context is made from (kolo_process_set_init) */
     char *host_id, *data_addr;
     bool disable_shm;
+    bool encrypt_data; /* seal the TCP data plane (seal.h) */
     char **peer_hosts;  /* [size]: each rank's host id, from the rendezvous */
     uint64_t update_ms; /* pending membership update (under mu) */
     int update_kind;

@@ -217,9 +217,10 @@ class Engine:
                 ctx = ctypes.c_void_p()
                 rc = lib.kolo_init(ctypes.byref(ctx), None)
                 if rc:
+                    why = lib.kolo_last_error(None).decode(errors="replace")
                     raise HorovodInternalError(
-                        "kolo: init failed: %s (%s); set KOLO_LOG_LEVEL=info for details"
-                        % (lib.kolo_strerror(rc).decode(), lib.kolo_errname(rc).decode()))
+                        "kolo: init failed: %s (%s)"
+                        % (why or lib.kolo_strerror(rc).decode(), lib.kolo_errname(rc).decode()))
                 self._lib, self._ctx, self._solo = lib, ctx, False
                 self._topo = (lib.kolo_rank(ctx), lib.kolo_size(ctx), lib.kolo_local_rank(ctx),
                               lib.kolo_local_size(ctx), lib.kolo_cross_rank(ctx),

@@ -6,6 +6,8 @@
 #   the allreduce is exact, nothing waits for the idle socket, the
 #   refusals are logged and counted in kolo_dataplane_rejected_total;
 # - the data port listens on the advertised address only;
+# - with --encrypt-data the same job runs sealed (AES-256-GCM records),
+#   and a rank configured otherwise is refused, the reason in its exception;
 # - a job's environment holds KOLO_JOB_TOKEN, never the cluster token,
 #   even when the submitter exported it; that credential is no cluster
 #   token;
@@ -62,6 +64,20 @@ wait_for 10 sh -c "curl -sf '$HTTP/api/v1/events' | grep -q 'dataplane.refused'"
 metric_at_least() { curl -sf "$HTTP/metrics" | has "kolo_dataplane_rejected_total{reason=\"$1\"} [1-9]"; }
 wait_for 10 metric_at_least auth || fail "forged proof not counted: $(curl -sf "$HTTP/metrics" | grep dataplane)"
 metric_at_least malformed || fail "garbage not counted: $(curl -sf "$HTTP/metrics" | grep dataplane)"
+
+note "a sealed data plane (--encrypt-data): the same sums; a rank set otherwise is refused"
+KOLO_LOG_LEVEL=info "$KOLO" run -np 2 --encrypt-data --coordinator "$RPC" --token-file "$WORK/token" \
+  -- /usr/bin/python3 "$DATA/late_rank.py" 0 >"$WORK/seal.out" 2>"$WORK/seal.err" ||
+  fail "sealed job failed: $(cat "$WORK/seal.out" "$WORK/seal.err")"
+[ "$(grep -c 'result 3 3 3 3$' "$WORK/seal.out")" -eq 2 ] || fail "wrong sealed sums: $(cat "$WORK/seal.out")"
+[ "$(grep -c 'TCP sealed with AES-256-GCM' "$WORK/seal.out" "$WORK/seal.err" | awk -F: '{s+=$2} END {print s}')" -eq 2 ] ||
+  fail "ranks did not say they seal: $(cat "$WORK/seal.err")"
+"$KOLO" run -np 2 --encrypt-data --start-timeout 20 --coordinator "$RPC" --token-file "$WORK/token" \
+  -- /usr/bin/python3 "$DATA/late_rank.py" 0 1 >"$WORK/mixed.out" 2>&1 &&
+  fail "a job whose ranks disagree about sealing succeeded: $(cat "$WORK/mixed.out")"
+# the reason is in the exception itself, without asking for logs
+grep -q "init failed: .*KOLO_DATA_ENCRYPT" "$WORK/mixed.out" ||
+  fail "the refusal gave no reason: $(cat "$WORK/mixed.out")"
 
 note "a job's environment: its own credential, not the cluster token"
 KOLO_TOKEN="$TOKEN" "$KOLO" run -np 1 --coordinator "$RPC" --token-file "$WORK/token" -- env \

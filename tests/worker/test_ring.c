@@ -65,8 +65,9 @@
 /* Elements per rank in the failure tests: 4 MiB of float32. */
 #define FAIL_COUNT ((size_t)1 << 20)
 
-enum kind { KIND_TCP, KIND_SHM, KIND_TCP_RING };
-static const char *const kind_names[] = {"tcp", "shm", "tcp-ring-only"};
+/* KIND_TCP_SEALED: the mesh with the encrypted record layer (seal.h) */
+enum kind { KIND_TCP, KIND_SHM, KIND_TCP_RING, KIND_TCP_SEALED };
+static const char *const kind_names[] = {"tcp", "shm", "tcp-ring-only", "tcp+seal"};
 
 /* A rank's connections can be wrapped so that they break after a byte
  * budget: the rank then closes every real connection it has, as a
@@ -259,14 +260,18 @@ static struct world *world_new(enum kind kind, int n, int fault_rank, size_t bud
             for (int i = 0; i < j; i++) {
                 if (!connected(kind, n, i, j))
                     continue;
-                REQUIRE(tcp_connect("127.0.0.1", port[i], IDENT(JOB, GEN, j), i, dl, &peers[j][i]) == 0);
+                struct tcp_ident me = *IDENT(JOB, GEN, j);
+                me.encrypt = kind == KIND_TCP_SEALED;
+                REQUIRE(tcp_connect("127.0.0.1", port[i], &me, i, dl, &peers[j][i]) == 0);
                 expect[i]++;
             }
         }
         for (int i = 0; i < n; i++) {
             for (int k = 0; k < expect[i]; k++) {
                 struct xport *x;
-                REQUIRE(tcp_accept(lfd[i], IDENT(JOB, GEN, i), dl, &x) == 0);
+                struct tcp_ident me = *IDENT(JOB, GEN, i);
+                me.encrypt = kind == KIND_TCP_SEALED;
+                REQUIRE(tcp_accept(lfd[i], &me, dl, &x) == 0);
                 REQUIRE(x->peer > i && x->peer < n && !peers[i][x->peer]);
                 peers[i][x->peer] = x;
             }
@@ -708,6 +713,8 @@ static void test_correctness(void)
     }
     /* ranks 0..4 in a ring without the mesh: the ring algorithms only */
     test_world(KIND_TCP_RING, 5);
+    /* sealed: the pipelined flows resume records the socket took part of */
+    test_world(KIND_TCP_SEALED, 3);
 }
 
 /* ------------------------------------------------------------------ failures */

@@ -53,10 +53,21 @@
 #define SYS_pidfd_open 434
 #endif
 
-enum kind { TCP, SHM };
+/* SEALED is tcp with the encrypted record layer (seal.h). */
+enum kind { TCP, SHM, SEALED, NKINDS };
 /* How shm connections watch their peer in this process (for messages). */
 static const char *watch_mode = "pidfd";
-static const char *kind_name[] = {"tcp", "shm"};
+static const char *kind_name[] = {"tcp", "shm", "tcp+seal"};
+
+static bool is_tcp(enum kind k)
+{
+    return k != SHM;
+}
+
+/* Who rank r is on a connection of kind k. */
+#define IDENT_K(k, j, g, r)                                                                       \
+    (&(struct tcp_ident){                                                                          \
+        .job = (j), .generation = (g), .rank = (r), .key = TEST_KEY, .encrypt = (k) == SEALED})
 static const size_t sizes[] = {0, 1, 7, 4099, MiB, BIG};
 #define NSIZES (sizeof sizes / sizeof sizes[0])
 
@@ -159,12 +170,12 @@ struct pair {
 static void pair_open(enum kind k, struct pair *p)
 {
     memset(p, 0, sizeof *p);
-    if (k == TCP) {
+    if (is_tcp(k)) {
         int lfd, port;
         REQUIRE(tcp_listen("127.0.0.1", &lfd, &port) == 0);
         /* connect first, accept second: the connector does not wait. */
-        REQUIRE(tcp_connect("127.0.0.1", port, IDENT(JOB, GEN, 0), 1, deadline_in(5000), &p->x[0]) == 0);
-        REQUIRE(tcp_accept(lfd, IDENT(JOB, GEN, 1), deadline_in(5000), &p->x[1]) == 0);
+        REQUIRE(tcp_connect("127.0.0.1", port, IDENT_K(k, JOB, GEN, 0), 1, deadline_in(5000), &p->x[0]) == 0);
+        REQUIRE(tcp_accept(lfd, IDENT_K(k, JOB, GEN, 1), deadline_in(5000), &p->x[1]) == 0);
         CHECK_EQ_INT(p->x[0]->peer, 1);
         CHECK_EQ_INT(p->x[1]->peer, 0);
         close(lfd);
@@ -292,7 +303,7 @@ static struct xport *proc_pair_open(enum kind k, struct proc_pair *pp, rank_body
     memset(pp, 0, sizeof *pp);
     pp->kind = k;
     pp->lfd = -1;
-    if (k == TCP) {
+    if (is_tcp(k)) {
         REQUIRE(tcp_listen("127.0.0.1", &pp->lfd, &pp->port) == 0);
     } else {
         new_segment_name(pp->name, sizeof pp->name);
@@ -306,9 +317,9 @@ static struct xport *proc_pair_open(enum kind k, struct proc_pair *pp, rank_body
         test_failures = 0; /* the child reports its own checks only */
         struct xport *x = NULL;
         struct shm_segment *seg = NULL;
-        if (k == TCP) {
+        if (is_tcp(k)) {
             close(pp->lfd);
-            REQUIRE(tcp_connect("127.0.0.1", pp->port, IDENT(JOB, GEN, 1), 0, deadline_in(5000), &x) == 0);
+            REQUIRE(tcp_connect("127.0.0.1", pp->port, IDENT_K(k, JOB, GEN, 1), 0, deadline_in(5000), &x) == 0);
         } else {
             /* The inherited handle is the parent's; a rank attaches its
              * own, as a separate process would. */
@@ -326,8 +337,8 @@ static struct xport *proc_pair_open(enum kind k, struct proc_pair *pp, rank_body
     }
     pp->child = pid;
     struct xport *x = NULL;
-    if (k == TCP) {
-        REQUIRE(tcp_accept(pp->lfd, IDENT(JOB, GEN, 0), deadline_in(5000), &x) == 0);
+    if (is_tcp(k)) {
+        REQUIRE(tcp_accept(pp->lfd, IDENT_K(k, JOB, GEN, 0), deadline_in(5000), &x) == 0);
         close(pp->lfd);
         pp->lfd = -1;
     } else {
@@ -464,7 +475,7 @@ static void test_throughput(void)
         return;
     }
     int reps = 8;
-    for (int k = TCP; k <= SHM; k++) {
+    for (int k = 0; k < NKINDS; k++) {
         double one = bench(k, false, reps);
         double both = bench(k, true, reps);
         printf("throughput %s, 2 processes, 64 MiB x %d: one-way %.2f GB/s; sendrecv both ways "
@@ -529,7 +540,7 @@ static void ring_prepare(struct ring_setup *s)
     s->any_shm = false;
     for (int i = 0; i < s->n; i++) {
         s->lfd[i] = -1;
-        if (s->kinds[i] == TCP)
+        if (is_tcp(s->kinds[i]))
             REQUIRE(tcp_listen("127.0.0.1", &s->lfd[i], &s->port[i]) == 0);
         else
             s->any_shm = true;
@@ -546,8 +557,8 @@ static void ring_dial(const struct ring_setup *s, struct ring_rank *rr, const pi
     int n = s->n, r = rr->rank, nx = (r + 1) % n;
     if (s->any_shm && !rr->seg)
         REQUIRE(shm_segment_attach(s->name, n, 0, &rr->seg) == 0);
-    if (s->kinds[r] == TCP)
-        REQUIRE(tcp_connect("127.0.0.1", s->port[r], IDENT(JOB, GEN, r), nx, deadline_in(5000),
+    if (is_tcp(s->kinds[r]))
+        REQUIRE(tcp_connect("127.0.0.1", s->port[r], IDENT_K(s->kinds[r], JOB, GEN, r), nx, deadline_in(5000),
                             &rr->next) == 0);
     else
         REQUIRE(shm_connect(rr->seg, r, nx, nx, pids[nx], &rr->next) == 0);
@@ -557,8 +568,8 @@ static void ring_dial(const struct ring_setup *s, struct ring_rank *rr, const pi
 static void ring_accept(const struct ring_setup *s, struct ring_rank *rr, const pid_t *pids)
 {
     int n = s->n, r = rr->rank, pv = (r + n - 1) % n;
-    if (s->kinds[pv] == TCP)
-        REQUIRE(tcp_accept(s->lfd[pv], IDENT(JOB, GEN, r), deadline_in(5000), &rr->prev) == 0);
+    if (is_tcp(s->kinds[pv]))
+        REQUIRE(tcp_accept(s->lfd[pv], IDENT_K(s->kinds[pv], JOB, GEN, r), deadline_in(5000), &rr->prev) == 0);
     else
         REQUIRE(shm_connect(rr->seg, r, pv, pv, pids[pv], &rr->prev) == 0);
     CHECK_EQ_INT(rr->prev->peer, pv);
@@ -678,6 +689,8 @@ static void test_rings(void)
          * other within the same xport_sendrecv. */
         {3, {TCP, SHM, SHM}, "mixed"},
         {5, {SHM, TCP, SHM, TCP, SHM}, "mixed"},
+        {3, {SEALED, SEALED, SEALED}, "sealed"},
+        {4, {SEALED, SHM, TCP, SHM}, "sealed, mixed"},
     };
     /* The big block is over the ring's capacity either way; sanitizer
      * builds copy ten times slower, so theirs is smaller. */
@@ -1044,7 +1057,7 @@ int main(void)
     test_spin_knob();
     test_segments();
     test_hello();
-    for (int k = TCP; k <= SHM; k++) {
+    for (int k = 0; k < NKINDS; k++) {
         uint64_t t = now_mono_ms();
         test_sizes_threads(k);
         test_sizes_procs(k);
