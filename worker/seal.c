@@ -190,6 +190,11 @@ bool seal_midrecord(const struct seal *s)
     return s->tx_len > 0 && s->tx_done > 0;
 }
 
+bool seal_buffered(const struct seal *s)
+{
+    return s->p_off < s->p_len || s->rx_end > s->rx_start;
+}
+
 const char *seal_error_text(enum seal_error e)
 {
     switch (e) {

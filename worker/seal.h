@@ -70,6 +70,9 @@ ssize_t seal_send(struct seal *s, int fd, const void *buf, size_t len);
 ssize_t seal_recv(struct seal *s, int fd, void *buf, size_t len);
 /* true while a record is part-way onto the wire */
 bool seal_midrecord(const struct seal *s);
+/* true while received bytes wait in s (a record, or part of one, read
+ * ahead): a poll() on the socket does not see them */
+bool seal_buffered(const struct seal *s);
 const char *seal_error_text(enum seal_error e);
 
 #endif

@@ -58,6 +58,10 @@ struct xport_ops {
      * try_send has not counted its bytes yet. A caller that gives up then
      * leaves the stream out of step, as if bytes had moved. */
     bool (*mid_send)(const struct xport *x);
+    /* Optional: true when bytes the transport already took off the wire
+     * wait in it (an encrypted record read ahead): try_recv returns them
+     * at once, and a poll() on the fd would not say they are there. */
+    bool (*buffered)(const struct xport *x);
 };
 
 struct xport {
@@ -95,6 +99,13 @@ void xport_close(struct xport *x);
 static inline bool xport_mid_send(const struct xport *x)
 {
     return x->ops->mid_send && x->ops->mid_send(x);
+}
+/* true when x holds received bytes a poll() on its fd cannot see
+ * (ops->buffered): whoever waits for "the peer sent something" by polling
+ * the fd must ask this first */
+static inline bool xport_buffered(const struct xport *x)
+{
+    return x->ops->buffered && x->ops->buffered(x);
 }
 
 /* xport_spin_us: how long a blocked wait spins before it sleeps, in

@@ -638,6 +638,12 @@ static bool tcp_mid_send(const struct xport *x)
     return c->seal && seal_midrecord(c->seal);
 }
 
+static bool tcp_buffered(const struct xport *x)
+{
+    const struct tcp_conn *c = (const struct tcp_conn *)x;
+    return c->seal && seal_buffered(c->seal);
+}
+
 static ssize_t tcp_try_send(struct xport *x, const void *buf, size_t len)
 {
     struct tcp_conn *c = (struct tcp_conn *)x;
@@ -717,6 +723,7 @@ static const struct xport_ops tcp_ops = {
     .interrupt = tcp_interrupt,
     .spin = false,
     .mid_send = tcp_mid_send,
+    .buffered = tcp_buffered,
 };
 
 static int conn_new(int fd, const struct tcp_ident *me, int peer, enum hs hs, struct xport **out)

@@ -72,6 +72,14 @@ KOLO_LOG_LEVEL=info "$KOLO" run -np 2 --encrypt-data --coordinator "$RPC" --toke
 [ "$(grep -c 'result 3 3 3 3$' "$WORK/seal.out")" -eq 2 ] || fail "wrong sealed sums: $(cat "$WORK/seal.out")"
 [ "$(grep -c 'TCP sealed with AES-256-GCM' "$WORK/seal.out" "$WORK/seal.err" | awk -F: '{s+=$2} END {print s}')" -eq 2 ] ||
   fail "ranks did not say they seal: $(cat "$WORK/seal.err")"
+# 16 MiB allreduces, each followed by a barrier: the peer's next round
+# message arrives with the last record and is read ahead, where a poll on
+# the socket cannot see it (the idle wait must ask the transport)
+KOLO_DISABLE_SHM=1 "$KOLO" run -np 2 --encrypt-data --coordinator "$RPC" --token-file "$WORK/token" \
+  -- "$(dirname "$KOLO")/kolo-bench-allreduce" sizes 16777216 >"$WORK/seal-big.out" 2>&1 ||
+  fail "sealed 16 MiB allreduces failed: $(tail -n 5 "$WORK/seal-big.out")"
+grep -q '"impl":"kolo-sealed".*"bytes":16777216' "$WORK/seal-big.out" ||
+  fail "no sealed 16 MiB result: $(cat "$WORK/seal-big.out")"
 "$KOLO" run -np 2 --encrypt-data --start-timeout 20 --coordinator "$RPC" --token-file "$WORK/token" \
   -- /usr/bin/python3 "$DATA/late_rank.py" 0 1 >"$WORK/mixed.out" 2>&1 &&
   fail "a job whose ranks disagree about sealing succeeded: $(cat "$WORK/mixed.out")"

@@ -255,6 +255,31 @@ static void test_tamper(enum tamper what)
     session_close(s);
 }
 
+/* Two records sent, one asked for: the second was read ahead with it,
+ * so the socket is empty while the transport holds data. Whoever waits
+ * for "the peer sent something" with poll() must ask xport_buffered
+ * (the ring's idle wait once hung there, a barrier after 16 MiB). */
+static void test_read_ahead(void)
+{
+    struct session *s = &sess;
+    session_open(s, PASS, true);
+    unsigned char one[100] = {1}, two[100] = {2};
+    CHECK_EQ_INT(xport_send(s->c, one, sizeof one, deadline_in(5000)), 0);
+    CHECK_EQ_INT(xport_send(s->c, two, sizeof two, deadline_in(5000)), 0);
+    usleep(100000); /* both records are in the acceptor's socket */
+    unsigned char got[100];
+    CHECK_EQ_INT(xport_recv(s->a, got, sizeof got, deadline_in(5000)), 0);
+    CHECK(got[0] == 1);
+    CHECK(xport_buffered(s->a));
+    short ev = 0;
+    struct pollfd p = {.fd = s->a->ops->arm(s->a, false, true, &ev), .events = POLLIN};
+    CHECK_EQ_INT(poll(&p, 1, 0), 0); /* what the idle wait would have slept on */
+    CHECK_EQ_INT(xport_recv(s->a, got, sizeof got, deadline_in(5000)), 0);
+    CHECK(got[0] == 2);
+    CHECK(!xport_buffered(s->a));
+    session_close(s);
+}
+
 /* One end seals, the other does not: the acceptor refuses, both know why. */
 static void test_mismatch(bool connector_seals)
 {
@@ -388,6 +413,7 @@ int main(int argc, char **argv)
     test_partial_records();
     test_wire(false);
     test_wire(true);
+    test_read_ahead();
     test_tamper(FLIP);
     test_tamper(GARBLE_LENGTH);
     test_tamper(REPLAY);
