@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <unistd.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -308,13 +309,29 @@ static void coord_cron(struct coord *c)
     coord_http_guard(c, now);
 }
 
-/* The tick: every COORD_CRON_MS, under the state lock. */
+/* How often the tick hands freed heap back to the system. */
+#define COORD_TRIM_MS 30000
+
+/* The tick: every COORD_CRON_MS, under the state lock. Every
+ * COORD_TRIM_MS, outside it, malloc_trim: elastic resets and bursts of
+ * calls free memory all over malloc's arenas (nng's threads each have
+ * one), and glibc keeps such pages unless asked; a long elastic soak saw
+ * the coordinator's RSS creep by that much (docs/reliability.md). */
 static void *coord_main(void *arg)
 {
     struct coord *c = arg;
+    uint64_t trimmed = now_mono_ms();
     pthread_mutex_lock(&c->mtx);
     while (!c->stopping) {
         coord_cron(c);
+        if (c->last_cron - trimmed >= COORD_TRIM_MS) {
+            pthread_mutex_unlock(&c->mtx);
+            malloc_trim(0);
+            pthread_mutex_lock(&c->mtx);
+            trimmed = c->last_cron;
+            if (c->stopping)
+                break;
+        }
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         ts.tv_nsec += COORD_CRON_MS * 1000000L;

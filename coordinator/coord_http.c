@@ -20,6 +20,7 @@
 #include "coord_static.h"
 
 #include <ctype.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -560,6 +561,16 @@ static void render_metrics(struct coord *c, struct buf *b)
                "state store (grows with the database up to the cache's cap).\n"
                "# TYPE kolo_store_cache_bytes gauge\nkolo_store_cache_bytes %lld\n",
                degraded, degraded, store_cache_bytes(c->store));
+    /* The allocator's view, to tell live memory from pages it holds on
+     * to (the soak compares both with RSS). */
+    struct mallinfo2 mi = mallinfo2();
+    buf_printf(b,
+               "# HELP kolo_heap_in_use_bytes Heap the coordinator's allocations hold now.\n"
+               "# TYPE kolo_heap_in_use_bytes gauge\nkolo_heap_in_use_bytes %zu\n"
+               "# HELP kolo_heap_free_bytes Freed heap the allocator keeps for reuse instead of "
+               "returning it to the system.\n"
+               "# TYPE kolo_heap_free_bytes gauge\nkolo_heap_free_bytes %zu\n",
+               mi.uordblks + mi.hblkhd, mi.fordblks);
     coord_snap_render_metrics(c, b);
     coord_report_render_metrics(c, b); /* issue 6 */
 }

@@ -33,6 +33,10 @@ sample() { # pid [cache_kb] -> "rss_kb fds cache_kb"
 store_cache_kb() {
   curl -sf "$HTTP/metrics" | awk '$1 == "kolo_store_cache_bytes" { printf "%d", $2 / 1024 }'
 }
+heap_kb() { # the coordinator's allocator: "in-use-kB held-free-kB"
+  curl -sf "$HTTP/metrics" | awk '$1 == "kolo_heap_in_use_bytes" { u = $2 }
+    $1 == "kolo_heap_free_bytes" { f = $2 } END { printf "%d %d", u / 1024, f / 1024 }'
+}
 : >"$WORK/samples"
 t_end=$(( $(date +%s) + SOAK_MIN * 60 ))
 next_kill=$(( $(date +%s) + KILL_EVERY ))
@@ -44,6 +48,7 @@ while [ "$(date +%s)" -lt "$t_end" ]; do
     line="$now coord $(sample "$COORD_PID" "$(store_cache_kb)")"
     for i in "${!AGENTS[@]}"; do line="$line agent$i $(sample "${AGENTS[$i]}")"; done
     echo "$line" >>"$WORK/samples"
+    echo "$now $(heap_kb)" >>"$WORK/heap"
     next_sample=$(( now + 30 ))
   fi
   if [ "$now" -ge "$next_kill" ] && gen_size_is 3; then
@@ -62,6 +67,8 @@ done
 note "$kills kills in $SOAK_MIN min; step $(last_step)"
 note "samples (unix time, then name RSS-kB fds SQLite-cache-kB per daemon):"
 sed 's/^/  sample /' "$WORK/samples"
+note "the coordinator's heap (unix time, in-use kB, freed-but-held kB):"
+sed 's/^/  heap /' "$WORK/heap"
 finish_job 120
 report soak --commit $COMMIT --max-lost $COMMIT
 "$PY" - "$WORK/samples" <<'PY' || fail "a daemon grew"

@@ -18,9 +18,7 @@ if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
   rm -rf "$WORK"
   exit 77
 fi
-SEED="${KOLO_SEED:-$(( (RANDOM << 15 | RANDOM) % 1000000 ))}"
-RANDOM=$SEED
-note "seed $SEED (KOLO_SEED=$SEED replays this run)"
+seed_random
 : >"$WORK/faults.log"
 RUN_ARGS=()      # extra `kolo run` flags (--token-file)
 JOB=""

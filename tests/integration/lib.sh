@@ -71,6 +71,14 @@ wait_for() {
 }
 
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+# Seeds bash's RANDOM from KOLO_SEED, or from a fresh seed, and prints it,
+# so a test whose faults land at random instants replays with
+# KOLO_SEED=<seed> (tests/faults/matrix.py passes one per run).
+seed_random() {
+  SEED="${KOLO_SEED:-$(( (RANDOM << 15 | RANDOM) % 1000000 ))}"
+  RANDOM=$SEED
+  note "seed $SEED (KOLO_SEED=$SEED replays this run)"
+}
 
 # use_python: jobs run /usr/bin/python3 with numpy and the source tree's
 # kolo package (PYTHONPATH); the test is skipped where there is none. Sets

@@ -6,7 +6,9 @@
 #   - no acknowledged snapshot is lost: the newest three acknowledged ones
 #     (retention 3) are stored, with the checksums the worker logged;
 #   - PRAGMA integrity_check is ok.
+# The kills' instants are drawn from KOLO_SEED (printed; it replays a run).
 . "$(dirname "$0")/lib.sh"
+seed_random
 CHECK="${KOLO_STORE_CHECK:?set KOLO_STORE_CHECK to kolo-test-store-check}"
 /usr/bin/python3 -c "import torch" 2>/dev/null || { echo "SKIP: no torch for /usr/bin/python3"; exit 77; }
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"

@@ -64,6 +64,7 @@ struct relay {
     /* the first sealed record, for REPLAY */
     unsigned char first[SEAL_RECORD_MAX + 64];
     size_t nfirst;
+    bool replayed;
     pthread_t t;
 };
 
@@ -107,7 +108,7 @@ static void *relay_main(void *p)
                     buf[i] ^= 0x01; /* a ciphertext byte of the first record */
                 if (r->what == GARBLE_LENGTH && at == 3)
                     buf[i] = 0x7f; /* a length far over the record maximum */
-                if (r->what != REPLAY || at >= sizeof r->first)
+                if (r->what != REPLAY || r->replayed || r->nfirst == sizeof r->first)
                     continue;
                 r->first[r->nfirst++] = buf[i];
                 size_t whole = r->nfirst >= 4 ? 4 + SEAL_TAG_LEN + (r->first[0] | r->first[1] << 8 |
@@ -119,7 +120,7 @@ static void *relay_main(void *p)
                         send(b, r->first, whole, MSG_NOSIGNAL) != (ssize_t)whole)
                         goto out;
                     from = i + 1;
-                    r->nfirst = sizeof r->first; /* once */
+                    r->replayed = true; /* once */
                 }
             }
             if (send(b, buf + from, (size_t)(n - from), MSG_NOSIGNAL) != n - from)
