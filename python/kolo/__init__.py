@@ -17,6 +17,7 @@ from .process_sets import (ProcessSet, global_process_set, add_process_set,  # n
                            remove_process_set)
 from ._engine import Average, Sum, Adasum, Min, Max, Product  # noqa: F401
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, KoloError  # noqa: F401
+from ._run import run  # noqa: F401  (kolo.run(fn, np=N): horovod.run's)
 
 __version__ = "0.1.0"
 

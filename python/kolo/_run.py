@@ -1,0 +1,180 @@
+"""kolo.run(fn): run a Python function on np workers and get its results.
+
+What `horovod.run(fn, np=4)` and HorovodRunner's `hr.run(train_fn)` do,
+for notebooks and scripts: the function and its arguments are pickled
+with cloudpickle (so lambdas, closures and functions defined in a
+notebook cell travel), every worker runs it under `kolo run`, and the
+caller gets the return values in rank order. The function calls
+`kolo.init()` / `hvd.init()` itself, as with Horovod.
+
+How it travels. The caller writes the pickle to a private (0700)
+directory and starts `kolo run -np N -- python3 -m kolo._run_worker DIR`
+(an embedded coordinator unless `coordinator=` names a cluster). On
+other hosts the directory is not there, so the pickle also rides in the
+job's environment (`KOLO_RUN_PAYLOAD`, base64) when it is small enough
+(MAX_ENV_PAYLOAD); a larger one needs a directory every host sees
+(`workdir=`). Each worker prints its result as one marked line on its
+stdout, which kolo run streams back through the coordinator from any
+host: the caller takes those lines out and prints everything else (a
+notebook cell shows the workers' output as they run).
+
+Failure. A worker whose function raises prints the exception (pickled
+when it can be) with its traceback; the caller raises it again, with the
+rank and the worker's traceback in its message. A job that fails
+otherwise (a worker killed, no slots) raises RuntimeError with kolo run's
+reason.
+"""
+import base64
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+
+RESULT_MARK = "@@kolo.run.result@@ "
+ERROR_MARK = "@@kolo.run.error@@ "
+MAX_ENV_PAYLOAD = 96 << 10  # Linux caps one variable at 128 KiB
+
+
+def _pickle():
+    try:
+        import cloudpickle
+    except ImportError:
+        raise ImportError("kolo.run needs cloudpickle to ship the function (Debian: apt-get "
+                          "install python3-cloudpickle)") from None
+    return cloudpickle
+
+
+def _kolo_binary():
+    """$KOLO_BIN, then kolo next to this package's build tree, then PATH."""
+    env = os.environ.get("KOLO_BIN")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(os.path.dirname(here))
+    build = os.environ.get("KOLO_BUILD_DIR") or os.path.join(repo, "build")
+    local = os.path.join(build, "bin", "kolo")
+    if os.access(local, os.X_OK):
+        return local
+    found = shutil.which("kolo")
+    if found:
+        return found
+    raise FileNotFoundError("kolo.run cannot find the kolo program: put it on PATH or set "
+                            "KOLO_BIN")
+
+
+class WorkerError(RuntimeError):
+    """A worker's exception that could not be pickled back: its type name,
+    text and traceback, as the worker printed them."""
+
+
+def run(fn, args=(), kwargs=None, np=2, min_np=None, max_np=None, hosts=None, hostfile=None,
+        coordinator=None, token_file=None, start_timeout=None, env=None, workdir=None,
+        executable=None, output_filename=None, verbose=None, stream=True, run_args=(),
+        **ignored):
+    """Runs fn(*args, **kwargs) on np workers; returns the list of their
+    return values, rank 0 first.
+
+    np, min_np, max_np, hosts ("h1:2,h2:2"), hostfile, start_timeout
+    (seconds), output_filename and verbose are horovodrun's (and
+    horovod.run's); coordinator (an RPC URL) and token_file submit to a
+    running cluster instead of an embedded one. env: extra variables for
+    the workers. workdir: a directory every host sees, for functions
+    whose pickle is too large for the environment. executable: the
+    workers' Python (default /usr/bin/python3 when it exists, else this
+    interpreter). stream: print the workers' output as it comes
+    (otherwise it is dropped). run_args: more `kolo run` flags
+    (["--encrypt-data"], ["--state-dir", DIR], ...). horovod.run's SSH, MPI and Gloo arguments
+    (ssh_port, use_gloo, use_mpi, mpi_args, network_interface, ...) are
+    accepted and ignored: kolo has no use for them.
+    """
+    if not callable(fn):
+        raise TypeError("kolo.run: fn must be callable, got %r" % (fn,))
+    if int(np) < 1:
+        raise ValueError("kolo.run: np must be at least 1, got %r" % (np,))
+    cloudpickle = _pickle()
+    payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+    python = executable or ("/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK)
+                            else sys.executable)
+    tmp = tempfile.mkdtemp(prefix="kolo-run-", dir=workdir)  # 0700
+    try:
+        with open(os.path.join(tmp, "payload.pkl"), "wb") as f:
+            f.write(payload)
+        cmd = [_kolo_binary(), "run", "-np", str(int(np))]
+        for flag, value in (("--min-np", min_np), ("--max-np", max_np), ("-H", hosts),
+                            ("--hostfile", hostfile), ("--coordinator", coordinator),
+                            ("--token-file", token_file), ("--start-timeout", start_timeout),
+                            ("--output-filename", output_filename)):
+            if value is not None:
+                cmd += [flag, str(value)]
+        if verbose:
+            cmd.append("--verbose")
+        cmd += [str(a) for a in run_args]
+        cmd += ["--", python, "-m", "kolo._run_worker", tmp]
+        child_env = dict(os.environ)
+        # the workers import this same kolo package
+        pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        child_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (pkg_root, child_env.get("PYTHONPATH")) if p)
+        encoded = base64.b64encode(payload).decode()
+        if len(encoded) <= MAX_ENV_PAYLOAD:
+            child_env["KOLO_RUN_PAYLOAD"] = encoded
+        elif (coordinator or hosts or hostfile) and workdir is None:
+            raise ValueError("kolo.run: the function and its arguments pickle to %d bytes, too "
+                             "many for the job's environment; pass workdir= a directory every "
+                             "host sees" % len(payload))
+        child_env.update({k: str(v) for k, v in (env or {}).items()})
+        elastic = min_np is not None or max_np is not None
+        return _launch(cmd, child_env, None if elastic else int(np), stream)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _launch(cmd, env, np, stream):
+    """Runs kolo run; np None (elastic): whatever ranks finished."""
+    results, errors = {}, {}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, errors="replace", bufsize=1)
+    err_tail = []
+
+    def pump_stderr():
+        for line in proc.stderr:
+            err_tail.append(line)
+            del err_tail[:-20]
+            if stream:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+
+    t = threading.Thread(target=pump_stderr, daemon=True)
+    t.start()
+    for line in proc.stdout:
+        # kolo run prints "[rank]<stdout>:text"
+        head, sep, text = line.partition("]<stdout>:")
+        if sep and head.startswith("[") and head[1:].isdigit():
+            rank = int(head[1:])
+            if text.startswith(RESULT_MARK):
+                results[rank] = text[len(RESULT_MARK):].strip()
+                continue
+            if text.startswith(ERROR_MARK):
+                errors[rank] = text[len(ERROR_MARK):].strip()
+                continue
+        if stream:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+    rc = proc.wait()
+    t.join(timeout=5)
+    cloudpickle = _pickle()
+    if errors:
+        rank = min(errors)
+        exc, tb = cloudpickle.loads(base64.b64decode(errors[rank]))
+        if isinstance(exc, BaseException):
+            if hasattr(exc, "add_note"):
+                exc.add_note("kolo.run: raised on rank %d; its traceback:\n%s" % (rank, tb))
+            raise exc from WorkerError("rank %d raised, worker traceback:\n%s" % (rank, tb))
+        raise WorkerError("rank %d raised %s\n%s" % (rank, exc, tb))
+    if rc != 0 or not results or (np is not None and len(results) != np):
+        why = "".join(line for line in err_tail if line.startswith("[kolo]")).strip()
+        raise RuntimeError("kolo.run: the job failed (exit code %d)%s" %
+                           (rc, ": " + why if why else ""))
+    return [cloudpickle.loads(base64.b64decode(results[r])) for r in sorted(results)]
