@@ -12,7 +12,12 @@
 #include "rpc.h"
 
 int cmd_run(int argc, char **argv);
+/* ops.c: the operator's commands */
 int cmd_status(int argc, char **argv);
+int cmd_jobs(int argc, char **argv);
+int cmd_hosts(int argc, char **argv);
+int cmd_logs(int argc, char **argv);
+int cmd_stop(int argc, char **argv);
 
 /* cli_token loads the token from path (NULL/"" = none); 0 or an error. */
 int cli_token(const char *path, char **token, char *err, size_t errlen);

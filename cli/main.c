@@ -15,11 +15,31 @@ static const char usage[] =
     "  run          launch a training job (horovodrun-compatible): kolo run -np 4 -- python "
     "train.py\n"
     "  status       show hosts and jobs of a running coordinator\n"
+    "  jobs, hosts  list them (-o json for scripts)\n"
+    "  logs         a job's output: kolo logs [-f] [--rank N] JOB\n"
+    "  stop         stop a job: kolo stop JOB\n"
     "  coordinator  run the cluster coordinator (RPC, REST, dashboard, SQLite state)\n"
     "  agent        run the host agent that starts and watches workers\n"
     "  version      print the version\n"
     "\n"
     "`kolo <command> --help` lists the command's options.\n";
+
+/* Every subcommand: its name and its entry point, given argv from the
+ * subcommand's name on. */
+static const struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+} commands[] = {
+    {"run", cmd_run},
+    {"status", cmd_status},
+    {"jobs", cmd_jobs},
+    {"hosts", cmd_hosts},
+    {"logs", cmd_logs},
+    {"stop", cmd_stop},
+    {"coordinator", cmd_coordinator},
+    {"agent", cmd_agent},
+    {"__exec", cmd_exec_shim},
+};
 
 int main(int argc, char **argv)
 {
@@ -28,16 +48,9 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *cmd = argv[1];
-    if (strcmp(cmd, "run") == 0)
-        return cmd_run(argc - 1, argv + 1);
-    if (strcmp(cmd, "status") == 0)
-        return cmd_status(argc - 1, argv + 1);
-    if (strcmp(cmd, "coordinator") == 0)
-        return cmd_coordinator(argc - 1, argv + 1);
-    if (strcmp(cmd, "agent") == 0)
-        return cmd_agent(argc - 1, argv + 1);
-    if (strcmp(cmd, "__exec") == 0)
-        return cmd_exec_shim(argc - 1, argv + 1);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(cmd, commands[i].name) == 0)
+            return commands[i].fn(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("kolo %s\n", KOLO_VERSION);
         return 0;

@@ -1,0 +1,414 @@
+/*
+ * ops.c - the operator's commands against a running coordinator:
+ *
+ *   kolo status              hosts and jobs, for a person
+ *   kolo jobs  [-o json]     the jobs
+ *   kolo hosts [-o json]     the hosts
+ *   kolo logs [-f] [--rank N] JOB
+ *                            a job's output so far (-f: and what follows,
+ *                            until the job ends)
+ *   kolo stop [--reason TEXT] JOB
+ *
+ * DESIGN. Every command takes the same connection flags (--coordinator,
+ * --token-file, --timeout and the TLS ones: struct conn, CONN_KNOBS) and
+ * speaks AdminService over RPC, so the token rules are the coordinator's
+ * (an admin call needs the cluster token beyond loopback, as REST
+ * writes do). -o json prints what a script wants: one JSON document, the
+ * same field names as the REST API (docs/api.md). Exit codes a script can
+ * rely on: 0 done, 1 the coordinator refused or could not be reached (the
+ * reason on stderr), 2 a usage error, 3 no such job.
+ */
+#include "cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "buf.h"
+#include "errors.h"
+#include "json.h"
+#include "knobs.h"
+#include "kolo.pb-c.h"
+#include "tls.h"
+
+#define EXIT_REFUSED  1
+#define EXIT_USAGE    2
+#define EXIT_NOTFOUND 3
+
+/* ---------------------------------------------------------------- connection */
+
+struct conn {
+    char *url, *token_file, *output;
+    char *tls_cert, *tls_key, *tls_ca, *tls_dir;
+    int64_t timeout;
+    char *token;
+    struct rpc_client *cli;
+};
+
+#define CONN_KNOBS(c)                                                                              \
+    {"coordinator", NULL, "KOLO_RUN_COORDINATOR", KNOB_STR, "tcp://127.0.0.1:7070", 0, -1,        \
+     "coordinator RPC address", &(c)->url},                                                       \
+        {"token-file", NULL, NULL, KNOB_STR, NULL, 0, -1, "file holding the cluster token",       \
+         &(c)->token_file},                                                                        \
+        {"timeout", NULL, "", KNOB_DURATION, "5s", 100, 600000, "how long to wait for answers",    \
+         &(c)->timeout},                                                                           \
+        TLS_KNOBS((c)->tls_cert, (c)->tls_key, (c)->tls_ca, (c)->tls_dir)
+#define OUTPUT_KNOB(c)                                                                             \
+    {"output", "-o", "", KNOB_STR, "table", 0, -1, "table or json", &(c)->output}
+
+/* Parses argv with tab; *rest is the first operand. 0 to go on, else the
+ * exit code (help printed: 0; a bad flag: 2). */
+static int parse(const char *cmd, const char *usage, struct knob *tab, size_t n, int argc,
+                 char **argv, int *rest, int min_operands, int max_operands)
+{
+    char err[1024];
+    int rv = knobs_parse(tab, n, argc, argv, rest, usage, stdout, err, sizeof err);
+    if (rv == KNOBS_HELP || rv == KNOBS_DUMPED)
+        return -1;
+    int operands = argc - *rest;
+    if (rv != KNOBS_OK || operands < min_operands || operands > max_operands) {
+        fprintf(stderr, "kolo %s: %s\n%s\n", cmd,
+                rv != KNOBS_OK        ? err
+                : operands < min_operands ? "missing argument"
+                                          : "unexpected argument",
+                usage);
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
+static int conn_open(struct conn *c, const char *cmd)
+{
+    char err[1024], who[32];
+    struct tls_files tls;
+    snprintf(who, sizeof who, "kolo-%s", cmd);
+    if (c->output && strcmp(c->output, "table") && strcmp(c->output, "json")) {
+        fprintf(stderr, "kolo %s: -o takes table or json, not '%s'\n", cmd, c->output);
+        return EXIT_USAGE;
+    }
+    if (cli_token(c->token_file, &c->token, err, sizeof err) != 0 ||
+        tls_files_init(&tls, c->tls_cert, c->tls_key, c->tls_ca, c->tls_dir, err, sizeof err) !=
+            0 ||
+        cli_connect(&c->cli, c->url, c->token, &tls, who, err, sizeof err) != 0) {
+        fprintf(stderr, "kolo %s: %s\n", cmd, err);
+        return EXIT_REFUSED;
+    }
+    return 0;
+}
+
+static void conn_close(struct conn *c, struct knob *tab, size_t n)
+{
+    rpc_client_close(c->cli);
+    free(c->token);
+    knobs_free(tab, n);
+}
+
+static bool as_json(const struct conn *c)
+{
+    return c->output && strcmp(c->output, "json") == 0;
+}
+
+/* Calls method about job (0: none); on failure prints why and returns
+ * the exit code. */
+static int call(struct conn *c, const char *cmd, uint64_t job, const char *method,
+                const ProtobufCMessage *req, const ProtobufCMessageDescriptor *rep_desc,
+                ProtobufCMessage **rep, int timeout_ms)
+{
+    char err[1024];
+    int rv = cli_call(c->cli, method, req, rep_desc, rep, timeout_ms ? timeout_ms : (int)c->timeout,
+                      err, sizeof err);
+    if (rv == 0)
+        return 0;
+    if (job)
+        fprintf(stderr, "kolo %s: job %llu: %s\n", cmd, (unsigned long long)job, err);
+    else
+        fprintf(stderr, "kolo %s: %s\n", cmd, err);
+    return rv == KOLO_ENOTFOUND ? EXIT_NOTFOUND : EXIT_REFUSED;
+}
+
+/* A job id operand: a positive integer, or a usage error. */
+static int job_operand(const char *cmd, const char *text, uint64_t *id)
+{
+    char *end;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (!*text || *end || v == 0) {
+        fprintf(stderr, "kolo %s: '%s' is not a job id\n", cmd, text);
+        return EXIT_USAGE;
+    }
+    *id = v;
+    return 0;
+}
+
+static void print_json(struct buf *b)
+{
+    fwrite(b->data, 1, b->len, stdout);
+    fputc('\n', stdout);
+    buf_free(b);
+}
+
+/* ---------------------------------------------------------------- rendering */
+
+static void hosts_table(const Kolo__ListHostsReply *h)
+{
+    printf("HOSTS (%zu)\n", h->n_hosts);
+    printf("  %-32s %-16s %-15s %-7s %-11s %s\n", "ID", "NAME", "ADDR", "STATE", "SLOTS",
+           "LEASE AGE");
+    for (size_t i = 0; i < h->n_hosts; i++) {
+        const Kolo__HostInfo *x = h->hosts[i];
+        char slots[32];
+        snprintf(slots, sizeof slots, "%d/%d", x->slots_used, x->slots);
+        printf("  %-32s %-16s %-15s %-7s %-11s %.1fs\n", x->id, x->name, x->addr, x->state, slots,
+               (double)x->lease_age_ms / 1000.0);
+    }
+}
+
+static void hosts_json(const Kolo__ListHostsReply *h)
+{
+    struct buf b = {0};
+    struct jw w;
+    jw_init(&w, &b);
+    jw_arr_begin(&w);
+    for (size_t i = 0; i < h->n_hosts; i++) {
+        const Kolo__HostInfo *x = h->hosts[i];
+        jw_obj_begin(&w);
+        jw_kstr(&w, "id", x->id);
+        jw_kstr(&w, "name", x->name);
+        jw_kstr(&w, "hostname", x->hostname);
+        jw_kstr(&w, "addr", x->addr);
+        jw_kstr(&w, "state", x->state);
+        jw_kint(&w, "slots", x->slots);
+        jw_kint(&w, "slots_used", x->slots_used);
+        jw_kuint(&w, "lease_age_ms", x->lease_age_ms);
+        jw_kuint(&w, "registered_ms", x->registered_ms);
+        jw_obj_end(&w);
+    }
+    jw_arr_end(&w);
+    print_json(&b);
+}
+
+static bool job_ended(const char *state)
+{
+    return strcmp(state, "pending") != 0 && strcmp(state, "running") != 0;
+}
+
+static void jobs_table(const Kolo__ListJobsReply *j)
+{
+    printf("JOBS (%zu)\n", j->n_jobs);
+    printf("  %-6s %-10s %-4s %-5s %-20s %s\n", "ID", "STATE", "NP", "EXIT", "SUBMITTED",
+           "COMMAND");
+    for (size_t i = 0; i < j->n_jobs; i++) {
+        const Kolo__JobInfo *x = j->jobs[i];
+        char when[32] = "-", exitc[16] = "-";
+        time_t t = (time_t)(x->submitted_ms / 1000);
+        struct tm tm;
+        if (x->submitted_ms && localtime_r(&t, &tm))
+            strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+        if (job_ended(x->state))
+            snprintf(exitc, sizeof exitc, "%d", x->exit_code);
+        printf("  %-6llu %-10s %-4d %-5s %-20s", (unsigned long long)x->id, x->state, x->np, exitc,
+               when);
+        for (size_t a = 0; a < x->n_argv && a < 8; a++)
+            printf(" %s", x->argv[a]);
+        if (x->n_argv > 8)
+            printf(" ...");
+        printf("\n");
+        if (x->reason && x->reason[0])
+            printf("         %s\n", x->reason);
+    }
+}
+
+static void jobs_json(const Kolo__ListJobsReply *j)
+{
+    struct buf b = {0};
+    struct jw w;
+    jw_init(&w, &b);
+    jw_arr_begin(&w);
+    for (size_t i = 0; i < j->n_jobs; i++) {
+        const Kolo__JobInfo *x = j->jobs[i];
+        jw_obj_begin(&w);
+        jw_kuint(&w, "id", x->id);
+        jw_kstr(&w, "name", x->name);
+        jw_kstr(&w, "state", x->state);
+        jw_kint(&w, "np", x->np);
+        jw_key(&w, "exit_code");
+        if (job_ended(x->state))
+            jw_int(&w, x->exit_code);
+        else
+            jw_null(&w);
+        jw_kstr(&w, "reason", x->reason);
+        jw_key(&w, "argv");
+        jw_arr_begin(&w);
+        for (size_t a = 0; a < x->n_argv; a++)
+            jw_str(&w, x->argv[a]);
+        jw_arr_end(&w);
+        jw_kstr(&w, "cwd", x->cwd);
+        jw_kstr(&w, "hosts", x->hosts);
+        jw_kuint(&w, "generation", x->generation);
+        jw_kint(&w, "ranks_alive", x->ranks_alive);
+        jw_kbool(&w, "elastic", x->elastic);
+        jw_kint(&w, "resets", x->resets);
+        jw_kuint(&w, "submitted_ms", x->submitted_ms);
+        jw_kuint(&w, "started_ms", x->started_ms);
+        jw_kuint(&w, "ended_ms", x->ended_ms);
+        jw_obj_end(&w);
+    }
+    jw_arr_end(&w);
+    print_json(&b);
+}
+
+/* ---------------------------------------------------------------- commands */
+
+/* status, jobs, hosts: which lists to print. */
+static int list_cmd(const char *cmd, bool hosts, bool jobs, bool output, int argc, char **argv)
+{
+    char usage[160];
+    snprintf(usage, sizeof usage, "usage: kolo %s [--coordinator URL] [--token-file PATH]%s", cmd,
+             output ? " [-o table|json]" : "");
+    struct conn c = {0};
+    struct knob tab[] = {CONN_KNOBS(&c), OUTPUT_KNOB(&c)};
+    size_t n = sizeof tab / sizeof tab[0] - (output ? 0 : 1);
+    int rest = 0;
+    int code = parse(cmd, usage, tab, n, argc, argv, &rest, 0, 0);
+    if (code || (code = conn_open(&c, cmd)) != 0) {
+        conn_close(&c, tab, n);
+        return code < 0 ? 0 : code;
+    }
+    ProtobufCMessage *h = NULL, *j = NULL;
+    Kolo__ListHostsRequest hreq = KOLO__LIST_HOSTS_REQUEST__INIT;
+    Kolo__ListJobsRequest jreq = KOLO__LIST_JOBS_REQUEST__INIT;
+    if (hosts)
+        code = call(&c, cmd, 0, "AdminService.ListHosts", &hreq.base,
+                    &kolo__list_hosts_reply__descriptor, &h, 0);
+    if (!code && jobs)
+        code = call(&c, cmd, 0, "AdminService.ListJobs", &jreq.base,
+                    &kolo__list_jobs_reply__descriptor, &j, 0);
+    if (!code) {
+        if (!output) /* status: both, for a person */
+            printf("coordinator %s\n", c.url);
+        if (h)
+            as_json(&c) ? hosts_json((Kolo__ListHostsReply *)h)
+                        : hosts_table((Kolo__ListHostsReply *)h);
+        if (j)
+            as_json(&c) ? jobs_json((Kolo__ListJobsReply *)j)
+                        : jobs_table((Kolo__ListJobsReply *)j);
+    }
+    if (h)
+        protobuf_c_message_free_unpacked(h, NULL);
+    if (j)
+        protobuf_c_message_free_unpacked(j, NULL);
+    conn_close(&c, tab, n);
+    return code;
+}
+
+int cmd_status(int argc, char **argv)
+{
+    return list_cmd("status", true, true, false, argc, argv);
+}
+
+int cmd_jobs(int argc, char **argv)
+{
+    return list_cmd("jobs", false, true, true, argc, argv);
+}
+
+int cmd_hosts(int argc, char **argv)
+{
+    return list_cmd("hosts", true, false, true, argc, argv);
+}
+
+#define LOGS_WAIT_MS 5000
+
+int cmd_logs(int argc, char **argv)
+{
+    static const char usage[] =
+        "usage: kolo logs [-f] [--rank N] [--coordinator URL] [--token-file PATH] JOB";
+    struct conn c = {0};
+    bool follow = false;
+    int64_t rank = -1;
+    struct knob tab[] = {
+        CONN_KNOBS(&c),
+        {"follow", "-f", "", KNOB_BOOL, "false", 0, -1,
+         "keep printing new lines until the job ends", &follow},
+        {"rank", NULL, "", KNOB_INT, "-1", -1, 1 << 20,
+         "only this rank's lines, without the [rank]<stream>: prefix", &rank},
+    };
+    size_t n = sizeof tab / sizeof tab[0];
+    int rest = 0;
+    uint64_t job = 0;
+    int code = parse("logs", usage, tab, n, argc, argv, &rest, 1, 1);
+    if (code || (code = job_operand("logs", argv[rest], &job)) != 0 ||
+        (code = conn_open(&c, "logs")) != 0) {
+        conn_close(&c, tab, n);
+        return code < 0 ? 0 : code;
+    }
+    uint64_t after = 0;
+    for (;;) {
+        Kolo__StreamOutputRequest req = KOLO__STREAM_OUTPUT_REQUEST__INIT;
+        req.job_id = job;
+        req.after_seq = after;
+        req.wait_ms = follow ? LOGS_WAIT_MS : 0;
+        req.max_lines = 2000;
+        ProtobufCMessage *msg = NULL;
+        if ((code = call(&c, "logs", job, "AdminService.StreamOutput", &req.base,
+                         &kolo__stream_output_reply__descriptor, &msg,
+                         (int)c.timeout + (follow ? LOGS_WAIT_MS : 0))) != 0)
+            break;
+        const Kolo__StreamOutputReply *rep = (Kolo__StreamOutputReply *)msg;
+        for (size_t i = 0; i < rep->n_lines; i++) {
+            const Kolo__OutputLine *l = rep->lines[i];
+            bool err_stream = l->stream == KOLO__OUTPUT_STREAM__OUTPUT_STDERR;
+            if (rank >= 0 && l->rank != rank)
+                continue;
+            FILE *f = err_stream ? stderr : stdout;
+            if (rank < 0)
+                fprintf(f, "[%d]<%s>:", l->rank, err_stream ? "stderr" : "stdout");
+            fwrite(l->text.data, 1, l->text.len, f);
+            fputc('\n', f);
+        }
+        fflush(stdout);
+        bool more = rep->next_seq > after && rep->n_lines > 0;
+        after = rep->next_seq;
+        bool done = rep->done;
+        protobuf_c_message_free_unpacked(msg, NULL);
+        /* without -f: until what is stored now is printed; with it: until
+         * the job ended and nothing is left */
+        if (!more && (!follow || done))
+            break;
+    }
+    conn_close(&c, tab, n);
+    return code;
+}
+
+int cmd_stop(int argc, char **argv)
+{
+    static const char usage[] =
+        "usage: kolo stop [--reason TEXT] [--coordinator URL] [--token-file PATH] JOB";
+    struct conn c = {0};
+    char *reason = NULL;
+    struct knob tab[] = {
+        CONN_KNOBS(&c),
+        {"reason", NULL, "", KNOB_STR, "stopped with kolo stop", 0, -1,
+         "why, for the job's record and the dashboard", &reason},
+    };
+    size_t n = sizeof tab / sizeof tab[0];
+    int rest = 0;
+    uint64_t job = 0;
+    int code = parse("stop", usage, tab, n, argc, argv, &rest, 1, 1);
+    if (code || (code = job_operand("stop", argv[rest], &job)) != 0 ||
+        (code = conn_open(&c, "stop")) != 0) {
+        conn_close(&c, tab, n);
+        return code < 0 ? 0 : code;
+    }
+    Kolo__StopJobRequest req = KOLO__STOP_JOB_REQUEST__INIT;
+    req.job_id = job;
+    req.reason = reason;
+    ProtobufCMessage *msg = NULL;
+    code = call(&c, "stop", job, "AdminService.StopJob", &req.base, &kolo__stop_job_reply__descriptor,
+                &msg, 0);
+    if (!code) {
+        printf("job %llu: %s\n", (unsigned long long)job, ((Kolo__StopJobReply *)msg)->state);
+        protobuf_c_message_free_unpacked(msg, NULL);
+    }
+    conn_close(&c, tab, n);
+    return code;
+}

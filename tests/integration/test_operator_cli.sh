@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The operator's commands (cli/ops.c) against a real coordinator with a
+# token and one agent, while a 2-rank job runs:
+# - kolo jobs / kolo hosts, as tables and as JSON (-o json) a script parses;
+# - kolo logs JOB: the output so far; --rank N: that rank's lines alone,
+#   without prefixes; -f follows until the job ends;
+# - kolo stop JOB: the job stops (state "stopped", the reason kept), the
+#   following kolo logs -f and the submitting kolo run both end;
+# - exit codes: 2 for usage errors, 3 for an unknown job, 1 without the
+#   token.
+. "$(dirname "$0")/lib.sh"
+token_cluster 2
+T=(--coordinator "$RPC" --token-file "$WORK/token")
+PY=/usr/bin/python3
+
+note "a 2-rank job that counts"
+"$KOLO" run -np 2 "${T[@]}" --name counter -- sh -c \
+  'i=0; while :; do echo "tick $KOLO_RANK $i"; i=$((i+1)); sleep 0.1; done' \
+  >"$WORK/run.out" 2>"$WORK/run.err" &
+RUN_PID=$!
+PIDS+=("$RUN_PID")
+ticks() { grep -c '<stdout>:tick' "$WORK/run.out" 2>/dev/null || true; }
+ticks_at_least() { [ "$(ticks)" -ge "$1" ]; }
+wait_for 20 ticks_at_least 6 || fail "the job did not start: $(cat "$WORK/run.err")"
+
+note "kolo jobs / kolo hosts"
+"$KOLO" jobs "${T[@]}" >"$WORK/jobs.txt" || fail "kolo jobs failed"
+has "running" <"$WORK/jobs.txt" || fail "no running job: $(cat "$WORK/jobs.txt")"
+"$KOLO" jobs "${T[@]}" -o json >"$WORK/jobs.json" || fail "kolo jobs -o json failed"
+JOB=$("$PY" -c '
+import json, sys
+jobs = json.load(open(sys.argv[1]))
+[j] = [j for j in jobs if j["name"] == "counter"]
+assert j["state"] == "running" and j["np"] == 2 and j["exit_code"] is None, j
+assert j["argv"][0] == "sh" and j["ranks_alive"] == 2, j
+print(j["id"])' "$WORK/jobs.json") || fail "kolo jobs -o json: $(cat "$WORK/jobs.json")"
+"$KOLO" hosts "${T[@]}" -o json | "$PY" -c '
+import json, sys
+[h] = json.load(sys.stdin)
+assert h["name"] == "a" and h["state"] == "alive" and h["slots"] == 2 and h["slots_used"] == 2, h' ||
+  fail "kolo hosts -o json"
+"$KOLO" hosts "${T[@]}" | has " alive " || fail "kolo hosts table"
+"$KOLO" status "${T[@]}" | has "counter\|sh -c" || fail "kolo status"
+
+note "kolo logs"
+"$KOLO" logs "${T[@]}" "$JOB" >"$WORK/logs.out" 2>&1 || fail "kolo logs failed"
+has '^\[0\]<stdout>:tick 0 0$' <"$WORK/logs.out" || fail "rank 0's first line missing: $(head "$WORK/logs.out")"
+has '^\[1\]<stdout>:tick 1 0$' <"$WORK/logs.out" || fail "rank 1's first line missing"
+"$KOLO" logs "${T[@]}" --rank 1 "$JOB" >"$WORK/rank1.out" || fail "kolo logs --rank failed"
+head -n 1 "$WORK/rank1.out" | has '^tick 1 0$' || fail "--rank 1: $(head -n 3 "$WORK/rank1.out")"
+grep -v '^tick 1 ' "$WORK/rank1.out" | has . && fail "--rank 1 printed other lines"
+
+note "kolo logs -f, then kolo stop"
+"$KOLO" logs -f "${T[@]}" --rank 0 "$JOB" >"$WORK/follow.out" 2>&1 &
+FOLLOW=$!
+PIDS+=("$FOLLOW")
+n0=$(ticks)
+wait_for 10 ticks_at_least $((n0 + 10)) || fail "the job stopped ticking"
+"$KOLO" stop "${T[@]}" --reason "maintenance window" "$JOB" >"$WORK/stop.out" ||
+  fail "kolo stop failed: $(cat "$WORK/stop.out")"
+wait_for 20 sh -c "! kill -0 $FOLLOW 2>/dev/null" || fail "kolo logs -f did not end with the job"
+wait "$FOLLOW" || fail "kolo logs -f exited $?"
+last=$(tail -n 1 "$WORK/follow.out")
+[ "${last%% *}" = tick ] || fail "kolo logs -f: $(tail -n 3 "$WORK/follow.out")"
+[ "$(wc -l <"$WORK/follow.out")" -gt 10 ] || fail "kolo logs -f followed too little"
+wait_for 20 sh -c "! kill -0 $RUN_PID 2>/dev/null" || fail "kolo run did not end"
+wait "$RUN_PID" && fail "kolo run exited 0 for a stopped job"
+"$KOLO" jobs "${T[@]}" -o json | "$PY" -c '
+import json, sys
+[j] = [j for j in json.load(sys.stdin) if j["id"] == int(sys.argv[1])]
+assert j["state"] == "stopped" and "maintenance window" in j["reason"], j' "$JOB" ||
+  fail "the job is not stopped with its reason"
+
+note "exit codes"
+code() { set +e; "$@" >"$WORK/code.out" 2>&1; echo $?; set -e; }
+[ "$(code "$KOLO" logs "${T[@]}" 99999)" = 3 ] || fail "unknown job: $(cat "$WORK/code.out")"
+has "99999" <"$WORK/code.out" || fail "unknown job not named: $(cat "$WORK/code.out")"
+[ "$(code "$KOLO" logs "${T[@]}" abc)" = 2 ] || fail "a bad id is a usage error"
+[ "$(code "$KOLO" logs "${T[@]}")" = 2 ] || fail "a missing id is a usage error"
+[ "$(code "$KOLO" jobs "${T[@]}" -o yaml)" = 2 ] || fail "-o yaml is a usage error"
+[ "$(code "$KOLO" jobs --coordinator "$RPC")" = 1 ] || fail "no token: $(cat "$WORK/code.out")"
+has "token" <"$WORK/code.out" || fail "no token: no reason given: $(cat "$WORK/code.out")"
+[ "$(code "$KOLO" stop "${T[@]}" 99999)" = 3 ] || fail "stop of an unknown job: $(cat "$WORK/code.out")"
+"$KOLO" logs --help | has "follow" || fail "kolo logs --help"
+echo PASS
