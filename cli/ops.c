@@ -8,6 +8,9 @@
  *                            a job's output so far (-f: and what follows,
  *                            until the job ends)
  *   kolo stop [--reason TEXT] JOB
+ *   kolo drain HOST / kolo undrain HOST
+ *                            no new work on the host, elastic jobs leave it
+ *                            (by id or name) / usable again
  *
  * DESIGN. Every command takes the same connection flags (--coordinator,
  * --token-file, --timeout and the TLS ones: struct conn, CONN_KNOBS) and
@@ -16,7 +19,7 @@
  * writes do). -o json prints what a script wants: one JSON document, the
  * same field names as the REST API (docs/api.md). Exit codes a script can
  * rely on: 0 done, 1 the coordinator refused or could not be reached (the
- * reason on stderr), 2 a usage error, 3 no such job.
+ * reason on stderr), 2 a usage error, 3 no such job or host.
  */
 #include "cli.h"
 
@@ -411,4 +414,47 @@ int cmd_stop(int argc, char **argv)
     }
     conn_close(&c, tab, n);
     return code;
+}
+
+static int drain_cmd(const char *cmd, bool undrain, int argc, char **argv)
+{
+    char usage[160];
+    snprintf(usage, sizeof usage,
+             "usage: kolo %s [--coordinator URL] [--token-file PATH] [-o table|json] HOST", cmd);
+    struct conn c = {0};
+    struct knob tab[] = {CONN_KNOBS(&c), OUTPUT_KNOB(&c)};
+    size_t n = sizeof tab / sizeof tab[0];
+    int rest = 0;
+    int code = parse(cmd, usage, tab, n, argc, argv, &rest, 1, 1);
+    if (code || (code = conn_open(&c, cmd)) != 0) {
+        conn_close(&c, tab, n);
+        return code < 0 ? 0 : code;
+    }
+    Kolo__DrainHostRequest req = KOLO__DRAIN_HOST_REQUEST__INIT;
+    req.host = argv[rest];
+    req.undrain = undrain;
+    ProtobufCMessage *msg = NULL;
+    code = call(&c, cmd, 0, "AdminService.DrainHost", &req.base, &kolo__host_info__descriptor,
+                &msg, 0);
+    if (!code) {
+        /* the host, as kolo hosts shows it */
+        Kolo__HostInfo *h = (Kolo__HostInfo *)msg;
+        Kolo__ListHostsReply one = KOLO__LIST_HOSTS_REPLY__INIT;
+        one.n_hosts = 1;
+        one.hosts = &h;
+        as_json(&c) ? hosts_json(&one) : hosts_table(&one);
+        protobuf_c_message_free_unpacked(msg, NULL);
+    }
+    conn_close(&c, tab, n);
+    return code;
+}
+
+int cmd_drain(int argc, char **argv)
+{
+    return drain_cmd("drain", false, argc, argv);
+}
+
+int cmd_undrain(int argc, char **argv)
+{
+    return drain_cmd("undrain", true, argc, argv);
 }

@@ -38,6 +38,31 @@ struct host *coord_host_find(struct coord *c, const char *id)
     return NULL;
 }
 
+struct host *coord_host_named(struct coord *c, const char *id_or_name)
+{
+    struct host *h = coord_host_find(c, id_or_name);
+    for (struct host *x = c->hosts; !h && x; x = x->next)
+        if (strcmp(x->name, id_or_name) == 0)
+            h = x;
+    return h;
+}
+
+void coord_host_drain(struct coord *c, struct host *h, bool drain, const char *via)
+{
+    if (h->drained == drain)
+        return;
+    h->drained = drain;
+    coord_host_persist(c, h);
+    coord_event(c, 0, h->id, drain ? "host.drained" : "host.undrained", "host %s %s through %s",
+                h->name,
+                drain ? "drained: no new work, elastic jobs leave it" : "undrained: usable again",
+                via);
+    if (drain)
+        coord_elastic_host_drained(c, h);
+    else
+        coord_jobs_place_pending(c);
+}
+
 struct host *coord_host_by_session(struct coord *c, const char *session)
 {
     if (!session || !session[0])

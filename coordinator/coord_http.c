@@ -876,27 +876,13 @@ static void route(struct coord *c, struct http_req *r, struct http_out *o)
         if (n > 0 && n < sizeof(id)) {
             memcpy(id, rest, n);
             id[n] = '\0';
-            h = coord_host_find(c, id);
-            for (struct host *x = c->hosts; !h && x; x = x->next)
-                if (strcmp(x->name, id) == 0)
-                    h = x;
+            h = coord_host_named(c, id);
         }
         if (!h) {
             out_json_error(o, 404, "no such host");
             return;
         }
-        if (h->drained != drain) {
-            h->drained = drain;
-            coord_host_persist(c, h);
-            coord_event(c, 0, h->id, drain ? "host.drained" : "host.undrained",
-                        "host %s %s through the REST API", h->name,
-                        drain ? "drained: no new work, elastic jobs leave it"
-                              : "undrained: usable again");
-            if (drain)
-                coord_elastic_host_drained(c, h);
-            else
-                coord_jobs_place_pending(c);
-        }
+        coord_host_drain(c, h, drain, "the REST API");
         jw_init(&w, &o->body);
         render_host(c, &w, h);
     } else if (strcmp(p, "/api/v1/events") == 0) {

@@ -201,6 +201,7 @@ struct work {
     X(WORKER_REPORT, "WorkerService.Report")                                                       \
     X(WORKER_TIMELINE, "WorkerService.Timeline")                                                   \
     X(ADMIN_GET_EPOCHS, "AdminService.GetEpochs")                                                  \
+    X(ADMIN_DRAIN, "AdminService.DrainHost")                                                       \
     X(UNKNOWN, "unknown")
 
 enum coord_method {
@@ -335,6 +336,12 @@ void coord_store_failed(struct coord *c, const char *what);
 
 /* coord_hosts.c */
 struct host *coord_host_find(struct coord *c, const char *id);
+/* coord_host_named: the host with this id, else the first with this name. */
+struct host *coord_host_named(struct coord *c, const char *id_or_name);
+/* coord_host_drain drains h (no new work; elastic jobs leave it) or makes
+ * it usable again, kept over restarts, with an event naming `via` (how
+ * the operator asked: "the REST API", "kolo drain"). */
+void coord_host_drain(struct coord *c, struct host *h, bool drain, const char *via);
 /* coord_hosts_extend_leases gives every live host ms more (the coordinator
  * stood still that long: coord.c, coord_cron). */
 void coord_hosts_extend_leases(struct coord *c, uint64_t ms);

@@ -930,6 +930,27 @@ static void job_info_clear(Kolo__JobInfo *ji)
     }
 }
 
+/* A host as the admin replies describe it; inv is the inventory's storage. */
+static void host_info_fill(struct coord *c, struct host *h, Kolo__HostInfo *info,
+                           Kolo__HostInventory *inv, uint64_t now)
+{
+    kolo__host_info__init(info);
+    kolo__host_inventory__init(inv);
+    inv->cpus = h->cpus;
+    inv->gpus = h->gpus;
+    inv->mem_bytes = h->mem_bytes;
+    info->id = h->id;
+    info->name = h->name;
+    info->hostname = h->hostname;
+    info->addr = h->addr;
+    info->slots = h->slots;
+    info->slots_used = coord_host_slots_used(c, h);
+    info->state = h->state != HOST_ALIVE ? "lost" : h->drained ? "drained" : "alive";
+    info->inventory = inv;
+    info->lease_age_ms = now - h->last_seen_mono;
+    info->registered_ms = h->registered_ms;
+}
+
 static void admin_error(struct coord *c, struct rpc_call *call, enum coord_method m, int code,
                         const char *fmt, const char *detail)
 {
@@ -959,6 +980,9 @@ void coord_rpc_admin(struct coord *c, struct rpc_call *call, enum coord_method m
         break;
     case M_ADMIN_STREAM:
         desc = &kolo__stream_output_request__descriptor;
+        break;
+    case M_ADMIN_DRAIN:
+        desc = &kolo__drain_host_request__descriptor;
         break;
     default:
         admin_error(c, call, m, KOLO_ENOMETHOD, "unknown method '%s'", f->method);
@@ -1052,6 +1076,20 @@ void coord_rpc_admin(struct coord *c, struct rpc_call *call, enum coord_method m
         free(ptrs);
         break;
     }
+    case M_ADMIN_DRAIN: {
+        Kolo__DrainHostRequest *req = (Kolo__DrainHostRequest *)msg;
+        struct host *h = coord_host_named(c, req->host);
+        if (!h) {
+            admin_error(c, call, m, KOLO_ENOTFOUND, "no such host '%s'", req->host);
+            break;
+        }
+        coord_host_drain(c, h, !req->undrain, req->undrain ? "kolo undrain" : "kolo drain");
+        Kolo__HostInfo info;
+        Kolo__HostInventory inv;
+        host_info_fill(c, h, &info, &inv, now_mono_ms());
+        coord_send_pb(call, &info.base);
+        break;
+    }
     case M_ADMIN_LIST_HOSTS: {
         size_t total = 0;
         for (struct host *h = c->hosts; h; h = h->next)
@@ -1069,21 +1107,7 @@ void coord_rpc_admin(struct coord *c, struct rpc_call *call, enum coord_method m
         size_t n = 0;
         uint64_t now = now_mono_ms();
         for (struct host *h = c->hosts; h; h = h->next, n++) {
-            kolo__host_info__init(&infos[n]);
-            kolo__host_inventory__init(&inv[n]);
-            inv[n].cpus = h->cpus;
-            inv[n].gpus = h->gpus;
-            inv[n].mem_bytes = h->mem_bytes;
-            infos[n].id = h->id;
-            infos[n].name = h->name;
-            infos[n].hostname = h->hostname;
-            infos[n].addr = h->addr;
-            infos[n].slots = h->slots;
-            infos[n].slots_used = coord_host_slots_used(c, h);
-            infos[n].state = h->state != HOST_ALIVE ? "lost" : h->drained ? "drained" : "alive";
-            infos[n].inventory = &inv[n];
-            infos[n].lease_age_ms = now - h->last_seen_mono;
-            infos[n].registered_ms = h->registered_ms;
+            host_info_fill(c, h, &infos[n], &inv[n], now);
             ptrs[n] = &infos[n];
         }
         Kolo__ListHostsReply rep = KOLO__LIST_HOSTS_REPLY__INIT;

@@ -90,7 +90,7 @@ M = {name: i for i, name in enumerate([
     "AdminService.ListJobs", "AdminService.ListHosts", "AdminService.StreamOutput",
     "WorkerService.Rendezvous", "WorkerService.Negotiate", "WorkerService.PutSnapshot",
     "WorkerService.GetSnapshot", "WorkerService.Report", "WorkerService.Timeline",
-    "AdminService.GetEpochs", "unknown"])}
+    "AdminService.GetEpochs", "AdminService.DrainHost", "unknown"])}
 
 
 def call(fname, method, body):
@@ -125,6 +125,8 @@ call("worker_report", "WorkerService.Report",
      ld(1, vint(1, 1) + vint(2, 1) + vint(3, 1795690000000) + vint(4, 128) +
         ld(5, '{"loss": 0.5}')) + vint(3, 0) + ld(5, ld(1, "auth") + vint(2, 2)))
 call("get_epochs", "AdminService.GetEpochs", vint(1, 1))
+call("drain", "AdminService.DrainHost", ld(1, "node-1"))
+call("undrain", "AdminService.DrainHost", ld(1, "host-0123456789abcdef") + vint(2, 1))
 
 # fuzz_coord_http: raw requests, as curl, a browser and a scanner send them.
 for fname, req in [

@@ -6,8 +6,9 @@
 #   without prefixes; -f follows until the job ends;
 # - kolo stop JOB: the job stops (state "stopped", the reason kept), the
 #   following kolo logs -f and the submitting kolo run both end;
-# - exit codes: 2 for usage errors, 3 for an unknown job, 1 without the
-#   token.
+# - kolo drain HOST: no job is placed there; kolo undrain: jobs run again;
+# - exit codes: 2 for usage errors, 3 for an unknown job or host, 1
+#   without the token.
 . "$(dirname "$0")/lib.sh"
 token_cluster 2
 T=(--coordinator "$RPC" --token-file "$WORK/token")
@@ -71,6 +72,24 @@ import json, sys
 assert j["state"] == "stopped" and "maintenance window" in j["reason"], j' "$JOB" ||
   fail "the job is not stopped with its reason"
 
+note "kolo drain / kolo undrain"
+"$KOLO" drain "${T[@]}" -o json a | "$PY" -c '
+import json, sys
+[h] = json.load(sys.stdin)
+assert h["name"] == "a" and h["state"] == "drained", h' || fail "kolo drain a"
+"$KOLO" hosts "${T[@]}" | has " drained " || fail "kolo hosts does not show the drain"
+set +e
+"$KOLO" run -np 1 "${T[@]}" --start-timeout 2 -- true >"$WORK/drained.out" 2>&1
+rc=$?
+set -e
+[ $rc -ne 0 ] || fail "a job was placed on a drained host"
+has "slots" <"$WORK/drained.out" || fail "no reason: $(cat "$WORK/drained.out")"
+"$KOLO" undrain "${T[@]}" a | has " alive " || fail "kolo undrain a"
+"$KOLO" run -np 1 "${T[@]}" -- true >"$WORK/undrained.out" 2>&1 ||
+  fail "no job runs after undrain: $(cat "$WORK/undrained.out")"
+curl -sf "$HTTP/api/v1/events" | has "drained: no new work.*kolo drain" ||
+  fail "no host.drained event naming kolo drain"
+
 note "exit codes"
 code() { set +e; "$@" >"$WORK/code.out" 2>&1; echo $?; set -e; }
 [ "$(code "$KOLO" logs "${T[@]}" 99999)" = 3 ] || fail "unknown job: $(cat "$WORK/code.out")"
@@ -81,5 +100,8 @@ has "99999" <"$WORK/code.out" || fail "unknown job not named: $(cat "$WORK/code.
 [ "$(code "$KOLO" jobs --coordinator "$RPC")" = 1 ] || fail "no token: $(cat "$WORK/code.out")"
 has "token" <"$WORK/code.out" || fail "no token: no reason given: $(cat "$WORK/code.out")"
 [ "$(code "$KOLO" stop "${T[@]}" 99999)" = 3 ] || fail "stop of an unknown job: $(cat "$WORK/code.out")"
+[ "$(code "$KOLO" drain "${T[@]}" nosuchhost)" = 3 ] || fail "drain of an unknown host: $(cat "$WORK/code.out")"
+has "nosuchhost" <"$WORK/code.out" || fail "the unknown host is not named"
+[ "$(code "$KOLO" drain "${T[@]}")" = 2 ] || fail "drain without a host is a usage error"
 "$KOLO" logs --help | has "follow" || fail "kolo logs --help"
 echo PASS
