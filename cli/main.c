@@ -18,6 +18,7 @@ static const char usage[] =
     "  jobs, hosts  list them (-o json for scripts)\n"
     "  logs         a job's output: kolo logs [-f] [--rank N] JOB\n"
     "  stop         stop a job: kolo stop JOB\n"
+    "  attach       follow a job (kolo run --detach) and exit with its code\n"
     "  drain        no new work on a host, elastic jobs leave it (undrain: back)\n"
     "  coordinator  run the cluster coordinator (RPC, REST, dashboard, SQLite state)\n"
     "  agent        run the host agent that starts and watches workers\n"
@@ -37,6 +38,7 @@ static const struct {
     {"hosts", cmd_hosts},
     {"logs", cmd_logs},
     {"stop", cmd_stop},
+    {"attach", cmd_attach},
     {"drain", cmd_drain},
     {"undrain", cmd_undrain},
     {"coordinator", cmd_coordinator},

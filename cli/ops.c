@@ -8,6 +8,8 @@
  *                            a job's output so far (-f: and what follows,
  *                            until the job ends)
  *   kolo stop [--reason TEXT] JOB
+ *   kolo attach JOB          follow a job (one submitted with kolo run
+ *                            --detach) as kolo run would, exit with its code
  *   kolo drain HOST / kolo undrain HOST
  *                            no new work on the host, elastic jobs leave it
  *                            (by id or name) / usable again
@@ -22,6 +24,7 @@
  * reason on stderr), 2 a usage error, 3 no such job or host.
  */
 #include "cli.h"
+#include "run.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -457,4 +460,32 @@ int cmd_drain(int argc, char **argv)
 int cmd_undrain(int argc, char **argv)
 {
     return drain_cmd("undrain", true, argc, argv);
+}
+
+int cmd_attach(int argc, char **argv)
+{
+    static const char usage[] = "usage: kolo attach [--coordinator URL] [--token-file PATH] JOB";
+    struct conn c = {0};
+    struct knob tab[] = {CONN_KNOBS(&c)};
+    size_t n = sizeof tab / sizeof tab[0];
+    int rest = 0;
+    uint64_t job = 0;
+    int code = parse("attach", usage, tab, n, argc, argv, &rest, 1, 1);
+    if (code || (code = job_operand("attach", argv[rest], &job)) != 0 ||
+        (code = conn_open(&c, "attach")) != 0) {
+        conn_close(&c, tab, n);
+        return code < 0 ? 0 : code;
+    }
+    Kolo__GetJobRequest req = KOLO__GET_JOB_REQUEST__INIT;
+    req.job_id = job;
+    ProtobufCMessage *msg = NULL;
+    code = call(&c, "attach", job, "AdminService.GetJob", &req.base, &kolo__job_info__descriptor,
+                &msg, 0);
+    if (!code) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+        /* Ctrl-C leaves the job running: only kolo run stops what it started */
+        code = run_follow(c.cli, job, 0, NULL);
+    }
+    conn_close(&c, tab, n);
+    return code;
 }

@@ -255,9 +255,7 @@ static void print_epochs(struct rpc_client *cli, uint64_t job_id, int64_t *print
 }
 /* ---- issue 6: per-epoch lines (end) ---- */
 
-/* Streams the job's output until it is done; returns the exit code. */
-static int stream_job(struct rpc_client *cli, uint64_t job_id, int64_t grace,
-                      struct run_output *files)
+int run_follow(struct rpc_client *cli, uint64_t job_id, int64_t grace, struct run_output *files)
 {
     uint64_t after = 0;
     char last_reason[512] = "";
@@ -582,7 +580,12 @@ int cmd_run(int argc, char **argv)
     if (coord && coord_http_url(coord)[0])
         fprintf(stderr, "[kolo] job %llu on the dashboard: %s/#/jobs/%llu\n",
                 (unsigned long long)job_id, coord_http_url(coord), (unsigned long long)job_id);
-    code = stream_job(cli, job_id, o.grace, files);
+    if (o.detach) { /* kolo attach JOB follows it later */
+        printf("%llu\n", (unsigned long long)job_id);
+        code = 0;
+        goto out;
+    }
+    code = run_follow(cli, job_id, o.grace, files);
 
 out:
     free(args);

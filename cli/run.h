@@ -13,8 +13,11 @@
 
 #include "knobs.h"
 
+struct rpc_client;
+struct run_output;
+
 /* Room for every knob of kolo run's table. */
-#define RUN_MAX_KNOBS 64
+#define RUN_MAX_KNOBS 80
 
 struct run_opts {
     int64_t np;
@@ -23,7 +26,7 @@ struct run_opts {
     char *tls_cert, *tls_key, *tls_ca, *tls_dir; /* common/tls.h */
     int64_t start_timeout, slots, grace;
     int64_t fusion_threshold_mb, cache_capacity, stall_warning_s, stall_shutdown_s;
-    bool verbose, stall_check, version, check_build, encrypt_data;
+    bool verbose, stall_check, version, check_build, encrypt_data, detach;
     /* elastic (horovodrun's names); any of min/max-np or a discovery script
      * makes the job elastic */
     int64_t min_np, max_np, reset_limit, elastic_timeout;
@@ -54,6 +57,14 @@ int run_flags_log_level(const struct run_opts *o);
  * run_job_env_free.
  */
 char **run_job_env(struct knob *tab, size_t n, const struct run_opts *o);
+/*
+ * run_follow prints the job's output as kolo run does ([rank]<stream>:),
+ * its epoch lines and why it is pending, until it ends; returns its exit
+ * code (1 when it could not be followed). A SIGINT/SIGTERM that kolo run
+ * caught stops the job, waiting up to grace + 10 s; files: NULL, or
+ * --output-filename's files.
+ */
+int run_follow(struct rpc_client *cli, uint64_t job_id, int64_t grace, struct run_output *files);
 void run_job_env_free(char **env);
 
 /* run_print_check_build prints what this kolo was built with, in the

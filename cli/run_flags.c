@@ -290,6 +290,10 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
         {"output-filename", NULL, "", KNOB_STR, NULL, 0, -1,
          "also write each rank's output to DIR/rank.<N>/stdout and DIR/rank.<N>/stderr",
          &o->output_filename},
+        {"detach", "-d", "", KNOB_BOOL, "false", 0, -1,
+         "submit to --coordinator, print the job id and return (kolo attach JOB follows it, "
+         "kolo logs JOB shows its output)",
+         &o->detach},
         {"verbose", NULL, "", KNOB_BOOL, "false", 0, -1,
          "log what the embedded coordinator and agent do", &o->verbose},
         {"log-level", NULL, "KOLO_LOG_LEVEL", KNOB_STR, "warn", 0, -1,
@@ -546,6 +550,11 @@ int run_flags_finish(struct knob *tab, size_t n, struct run_opts *o, char *err, 
                      "%lld, %lld)", (long long)lo, (long long)o->np, (long long)hi);
             return KOLO_EINVAL;
         }
+    }
+    if (o->detach && !(o->coordinator && o->coordinator[0])) {
+        snprintf(err, errlen, "--detach needs --coordinator: an embedded coordinator ends with "
+                              "kolo run");
+        return KOLO_EINVAL;
     }
     const struct knob *lk = knob_named(tab, n, "log-level");
     if (o->log_level && log_parse_level(o->log_level) < 0) {

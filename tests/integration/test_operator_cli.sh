@@ -6,6 +6,8 @@
 #   without prefixes; -f follows until the job ends;
 # - kolo stop JOB: the job stops (state "stopped", the reason kept), the
 #   following kolo logs -f and the submitting kolo run both end;
+# - kolo run --detach prints the job id; kolo attach follows the job and
+#   exits with its code;
 # - kolo drain HOST: no job is placed there; kolo undrain: jobs run again;
 # - exit codes: 2 for usage errors, 3 for an unknown job or host, 1
 #   without the token.
@@ -13,6 +15,7 @@
 token_cluster 2
 T=(--coordinator "$RPC" --token-file "$WORK/token")
 PY=/usr/bin/python3
+code() { set +e; "$@" >"$WORK/code.out" 2>&1; echo $?; set -e; }
 
 note "a 2-rank job that counts"
 "$KOLO" run -np 2 "${T[@]}" --name counter -- sh -c \
@@ -90,8 +93,20 @@ has "slots" <"$WORK/drained.out" || fail "no reason: $(cat "$WORK/drained.out")"
 curl -sf "$HTTP/api/v1/events" | has "drained: no new work.*kolo drain" ||
   fail "no host.drained event naming kolo drain"
 
+note "kolo run --detach, kolo attach"
+JOB2=$("$KOLO" run --detach "${T[@]}" -np 1 -- sh -c 'echo hello; sleep 1; echo bye; exit 4') ||
+  fail "kolo run --detach failed"
+[ "$JOB2" -gt "$JOB" ] 2>/dev/null || fail "kolo run --detach printed '$JOB2', not a job id"
+set +e
+"$KOLO" attach "${T[@]}" "$JOB2" >"$WORK/attach.out" 2>"$WORK/attach.err"
+rc=$?
+set -e
+[ $rc -eq 4 ] || fail "kolo attach exited $rc, not the job's 4: $(cat "$WORK/attach.err")"
+has '^\[0\]<stdout>:hello$' <"$WORK/attach.out" || fail "attach: $(cat "$WORK/attach.out")"
+has '^\[0\]<stdout>:bye$' <"$WORK/attach.out" || fail "attach missed the end"
+[ "$(code "$KOLO" attach "${T[@]}" 99999)" = 3 ] || fail "attach to an unknown job"
+
 note "exit codes"
-code() { set +e; "$@" >"$WORK/code.out" 2>&1; echo $?; set -e; }
 [ "$(code "$KOLO" logs "${T[@]}" 99999)" = 3 ] || fail "unknown job: $(cat "$WORK/code.out")"
 has "99999" <"$WORK/code.out" || fail "unknown job not named: $(cat "$WORK/code.out")"
 [ "$(code "$KOLO" logs "${T[@]}" abc)" = 2 ] || fail "a bad id is a usage error"
