@@ -169,28 +169,25 @@ static void hosts_table(const Kolo__ListHostsReply *h)
     }
 }
 
-static void hosts_json(const Kolo__ListHostsReply *h)
+/* The hosts as a JSON array, into w. */
+static void hosts_json(struct jw *w, const Kolo__ListHostsReply *h)
 {
-    struct buf b = {0};
-    struct jw w;
-    jw_init(&w, &b);
-    jw_arr_begin(&w);
+    jw_arr_begin(w);
     for (size_t i = 0; i < h->n_hosts; i++) {
         const Kolo__HostInfo *x = h->hosts[i];
-        jw_obj_begin(&w);
-        jw_kstr(&w, "id", x->id);
-        jw_kstr(&w, "name", x->name);
-        jw_kstr(&w, "hostname", x->hostname);
-        jw_kstr(&w, "addr", x->addr);
-        jw_kstr(&w, "state", x->state);
-        jw_kint(&w, "slots", x->slots);
-        jw_kint(&w, "slots_used", x->slots_used);
-        jw_kuint(&w, "lease_age_ms", x->lease_age_ms);
-        jw_kuint(&w, "registered_ms", x->registered_ms);
-        jw_obj_end(&w);
+        jw_obj_begin(w);
+        jw_kstr(w, "id", x->id);
+        jw_kstr(w, "name", x->name);
+        jw_kstr(w, "hostname", x->hostname);
+        jw_kstr(w, "addr", x->addr);
+        jw_kstr(w, "state", x->state);
+        jw_kint(w, "slots", x->slots);
+        jw_kint(w, "slots_used", x->slots_used);
+        jw_kuint(w, "lease_age_ms", x->lease_age_ms);
+        jw_kuint(w, "registered_ms", x->registered_ms);
+        jw_obj_end(w);
     }
-    jw_arr_end(&w);
-    print_json(&b);
+    jw_arr_end(w);
 }
 
 static bool job_ended(const char *state)
@@ -224,56 +221,54 @@ static void jobs_table(const Kolo__ListJobsReply *j)
     }
 }
 
-static void jobs_json(const Kolo__ListJobsReply *j)
+/* The jobs as a JSON array, into w. */
+static void jobs_json(struct jw *w, const Kolo__ListJobsReply *j)
 {
-    struct buf b = {0};
-    struct jw w;
-    jw_init(&w, &b);
-    jw_arr_begin(&w);
+    jw_arr_begin(w);
     for (size_t i = 0; i < j->n_jobs; i++) {
         const Kolo__JobInfo *x = j->jobs[i];
-        jw_obj_begin(&w);
-        jw_kuint(&w, "id", x->id);
-        jw_kstr(&w, "name", x->name);
-        jw_kstr(&w, "state", x->state);
-        jw_kint(&w, "np", x->np);
-        jw_key(&w, "exit_code");
+        jw_obj_begin(w);
+        jw_kuint(w, "id", x->id);
+        jw_kstr(w, "name", x->name);
+        jw_kstr(w, "state", x->state);
+        jw_kint(w, "np", x->np);
+        jw_key(w, "exit_code");
         if (job_ended(x->state))
-            jw_int(&w, x->exit_code);
+            jw_int(w, x->exit_code);
         else
-            jw_null(&w);
-        jw_kstr(&w, "reason", x->reason);
-        jw_key(&w, "argv");
-        jw_arr_begin(&w);
+            jw_null(w);
+        jw_kstr(w, "reason", x->reason);
+        jw_key(w, "argv");
+        jw_arr_begin(w);
         for (size_t a = 0; a < x->n_argv; a++)
-            jw_str(&w, x->argv[a]);
-        jw_arr_end(&w);
-        jw_kstr(&w, "cwd", x->cwd);
-        jw_kstr(&w, "hosts", x->hosts);
-        jw_kuint(&w, "generation", x->generation);
-        jw_kint(&w, "ranks_alive", x->ranks_alive);
-        jw_kbool(&w, "elastic", x->elastic);
-        jw_kint(&w, "resets", x->resets);
-        jw_kuint(&w, "submitted_ms", x->submitted_ms);
-        jw_kuint(&w, "started_ms", x->started_ms);
-        jw_kuint(&w, "ended_ms", x->ended_ms);
-        jw_obj_end(&w);
+            jw_str(w, x->argv[a]);
+        jw_arr_end(w);
+        jw_kstr(w, "cwd", x->cwd);
+        jw_kstr(w, "hosts", x->hosts);
+        jw_kuint(w, "generation", x->generation);
+        jw_kint(w, "ranks_alive", x->ranks_alive);
+        jw_kbool(w, "elastic", x->elastic);
+        jw_kint(w, "resets", x->resets);
+        jw_kuint(w, "submitted_ms", x->submitted_ms);
+        jw_kuint(w, "started_ms", x->started_ms);
+        jw_kuint(w, "ended_ms", x->ended_ms);
+        jw_obj_end(w);
     }
-    jw_arr_end(&w);
-    print_json(&b);
+    jw_arr_end(w);
 }
 
 /* ---------------------------------------------------------------- commands */
 
 /* status, jobs, hosts: which lists to print. */
-static int list_cmd(const char *cmd, bool hosts, bool jobs, bool output, int argc, char **argv)
+static int list_cmd(const char *cmd, bool hosts, bool jobs, int argc, char **argv)
 {
+    bool both = hosts && jobs;
     char usage[160];
-    snprintf(usage, sizeof usage, "usage: kolo %s [--coordinator URL] [--token-file PATH]%s", cmd,
-             output ? " [-o table|json]" : "");
+    snprintf(usage, sizeof usage,
+             "usage: kolo %s [--coordinator URL] [--token-file PATH] [-o table|json]", cmd);
     struct conn c = {0};
     struct knob tab[] = {CONN_KNOBS(&c), OUTPUT_KNOB(&c)};
-    size_t n = sizeof tab / sizeof tab[0] - (output ? 0 : 1);
+    size_t n = sizeof tab / sizeof tab[0];
     int rest = 0;
     int code = parse(cmd, usage, tab, n, argc, argv, &rest, 0, 0);
     if (code || (code = conn_open(&c, cmd)) != 0) {
@@ -289,15 +284,32 @@ static int list_cmd(const char *cmd, bool hosts, bool jobs, bool output, int arg
     if (!code && jobs)
         code = call(&c, cmd, 0, "AdminService.ListJobs", &jreq.base,
                     &kolo__list_jobs_reply__descriptor, &j, 0);
-    if (!code) {
-        if (!output) /* status: both, for a person */
+    if (!code && as_json(&c)) {
+        /* jobs, hosts: the array; status: {"coordinator", "hosts", "jobs"} */
+        struct buf b = {0};
+        struct jw w;
+        jw_init(&w, &b);
+        if (both) {
+            jw_obj_begin(&w);
+            jw_kstr(&w, "coordinator", c.url);
+            jw_key(&w, "hosts");
+        }
+        if (h)
+            hosts_json(&w, (Kolo__ListHostsReply *)h);
+        if (both)
+            jw_key(&w, "jobs");
+        if (j)
+            jobs_json(&w, (Kolo__ListJobsReply *)j);
+        if (both)
+            jw_obj_end(&w);
+        print_json(&b);
+    } else if (!code) {
+        if (both)
             printf("coordinator %s\n", c.url);
         if (h)
-            as_json(&c) ? hosts_json((Kolo__ListHostsReply *)h)
-                        : hosts_table((Kolo__ListHostsReply *)h);
+            hosts_table((Kolo__ListHostsReply *)h);
         if (j)
-            as_json(&c) ? jobs_json((Kolo__ListJobsReply *)j)
-                        : jobs_table((Kolo__ListJobsReply *)j);
+            jobs_table((Kolo__ListJobsReply *)j);
     }
     if (h)
         protobuf_c_message_free_unpacked(h, NULL);
@@ -309,17 +321,17 @@ static int list_cmd(const char *cmd, bool hosts, bool jobs, bool output, int arg
 
 int cmd_status(int argc, char **argv)
 {
-    return list_cmd("status", true, true, false, argc, argv);
+    return list_cmd("status", true, true, argc, argv);
 }
 
 int cmd_jobs(int argc, char **argv)
 {
-    return list_cmd("jobs", false, true, true, argc, argv);
+    return list_cmd("jobs", false, true, argc, argv);
 }
 
 int cmd_hosts(int argc, char **argv)
 {
-    return list_cmd("hosts", true, false, true, argc, argv);
+    return list_cmd("hosts", true, false, argc, argv);
 }
 
 #define LOGS_WAIT_MS 5000
@@ -327,12 +339,14 @@ int cmd_hosts(int argc, char **argv)
 int cmd_logs(int argc, char **argv)
 {
     static const char usage[] =
-        "usage: kolo logs [-f] [--rank N] [--coordinator URL] [--token-file PATH] JOB";
+        "usage: kolo logs [-f] [--rank N] [-o table|json] [--coordinator URL] [--token-file PATH] "
+        "JOB";
     struct conn c = {0};
     bool follow = false;
     int64_t rank = -1;
     struct knob tab[] = {
         CONN_KNOBS(&c),
+        OUTPUT_KNOB(&c),
         {"follow", "-f", "", KNOB_BOOL, "false", 0, -1,
          "keep printing new lines until the job ends", &follow},
         {"rank", NULL, "", KNOB_INT, "-1", -1, 1 << 20,
@@ -365,6 +379,19 @@ int cmd_logs(int argc, char **argv)
             bool err_stream = l->stream == KOLO__OUTPUT_STREAM__OUTPUT_STDERR;
             if (rank >= 0 && l->rank != rank)
                 continue;
+            if (as_json(&c)) { /* JSON Lines, every stream on stdout */
+                struct buf b = {0};
+                struct jw w;
+                jw_init(&w, &b);
+                jw_obj_begin(&w);
+                jw_kint(&w, "rank", l->rank);
+                jw_kstr(&w, "stream", err_stream ? "stderr" : "stdout");
+                jw_key(&w, "text");
+                jw_strn(&w, (const char *)l->text.data, l->text.len);
+                jw_obj_end(&w);
+                print_json(&b);
+                continue;
+            }
             FILE *f = err_stream ? stderr : stdout;
             if (rank < 0)
                 fprintf(f, "[%d]<%s>:", l->rank, err_stream ? "stderr" : "stdout");
@@ -445,7 +472,15 @@ static int drain_cmd(const char *cmd, bool undrain, int argc, char **argv)
         Kolo__ListHostsReply one = KOLO__LIST_HOSTS_REPLY__INIT;
         one.n_hosts = 1;
         one.hosts = &h;
-        as_json(&c) ? hosts_json(&one) : hosts_table(&one);
+        if (as_json(&c)) {
+            struct buf b = {0};
+            struct jw w;
+            jw_init(&w, &b);
+            hosts_json(&w, &one);
+            print_json(&b);
+        } else {
+            hosts_table(&one);
+        }
         protobuf_c_message_free_unpacked(msg, NULL);
     }
     conn_close(&c, tab, n);

@@ -54,6 +54,19 @@ has '^\[1\]<stdout>:tick 1 0$' <"$WORK/logs.out" || fail "rank 1's first line mi
 head -n 1 "$WORK/rank1.out" | has '^tick 1 0$' || fail "--rank 1: $(head -n 3 "$WORK/rank1.out")"
 grep -v '^tick 1 ' "$WORK/rank1.out" | has . && fail "--rank 1 printed other lines"
 
+"$KOLO" status "${T[@]}" -o json | "$PY" -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["coordinator"].startswith("tcp://") and d["hosts"][0]["name"] == "a", d
+assert any(j["name"] == "counter" for j in d["jobs"]), d' || fail "kolo status -o json"
+"$KOLO" logs "${T[@]}" -o json --rank 1 "$JOB" >"$WORK/logs.jsonl" || fail "kolo logs -o json"
+"$PY" -c '
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+assert lines[0] == {"rank": 1, "stream": "stdout", "text": "tick 1 0"}, lines[0]
+assert all(l["rank"] == 1 for l in lines) and len(lines) >= 3, lines' "$WORK/logs.jsonl" ||
+  fail "kolo logs -o json: $(head -n 3 "$WORK/logs.jsonl")"
+
 note "kolo logs -f, then kolo stop"
 "$KOLO" logs -f "${T[@]}" --rank 0 "$JOB" >"$WORK/follow.out" 2>&1 &
 FOLLOW=$!
