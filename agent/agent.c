@@ -30,6 +30,7 @@
 
 #include "agent_int.h"
 #include "errors.h"
+#include "kolo.pb-c.h"
 #include "log.h"
 #include "rpc.h"
 #include "util.h"
@@ -472,6 +473,25 @@ int agent_host_id(const struct agent *a, char *out, size_t n)
         return KOLO_EINVAL;
     memcpy(out, a->host_id, strlen(a->host_id) + 1);
     return 0;
+}
+
+int agent_drain_self(struct agent *a, int timeout_ms, char *err, size_t errlen)
+{
+    Kolo__DrainHostRequest req = KOLO__DRAIN_HOST_REQUEST__INIT;
+    req.host = a->host_id;
+    req.leaving = true;
+    size_t len = kolo__drain_host_request__get_packed_size(&req);
+    uint8_t *body = malloc(len ? len : 1);
+    if (!body)
+        return KOLO_ENOMEM;
+    kolo__drain_host_request__pack(&req, body);
+    void *rep = NULL;
+    size_t rep_len = 0;
+    int rc = rpc_client_call(a->rpc, "AdminService.DrainHost", body, len, &rep, &rep_len,
+                             timeout_ms, err, errlen);
+    free(body);
+    free(rep);
+    return rc;
 }
 
 void agent_get_stats(struct agent *a, struct agent_stats *st)

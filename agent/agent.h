@@ -62,6 +62,16 @@ void agent_stop(struct agent *a);
  * was written by hand) into out; 0, or KOLO_EINVAL when n is too small. */
 int agent_host_id(const struct agent *a, char *out, size_t n);
 
+/*
+ * agent_drain_self asks the coordinator to drain this host because the
+ * agent is shutting down (a spot notice, systemd stop): no new work, and
+ * elastic jobs leave at their next commit, which stops the workers here;
+ * the host is undrained when an agent registers for it again. 0, or the
+ * error with the reason in err (the coordinator unreachable or refusing
+ * within timeout_ms).
+ */
+int agent_drain_self(struct agent *a, int timeout_ms, char *err, size_t errlen);
+
 /* agent_get_stats fills st with a consistent snapshot of the counters. */
 void agent_get_stats(struct agent *a, struct agent_stats *st);
 

@@ -23,14 +23,61 @@
 
 static const char usage[] =
     "usage: kolo agent --coordinator tcp://HOST:PORT [--slots N] [--name NAME] "
-    "[--token-file PATH] [--addr ADDR] [--state-dir DIR] [--stop-grace 5s] [--log-level L]";
+    "[--token-file PATH] [--addr ADDR] [--state-dir DIR] [--stop-grace 5s] [--drain-grace 30s] "
+    "[--log-level L]";
+
+/* A signal to stop (a spot notice's handler, systemd, Ctrl-C): drain the
+ * host so elastic jobs leave it at their next commit (no step lost), wait
+ * until the workers are gone or grace_ms passed (then agent_stop stops
+ * what is left and those jobs fall back to their last commit), or a
+ * second signal says not to wait. */
+static void drain_then_wait(struct agent *a, int sig, const sigset_t *set, int64_t grace_ms)
+{
+    struct agent_stats st;
+    agent_get_stats(a, &st);
+    if (st.workers_alive == 0) {
+        LOGI("agent", "received %s, stopping (no workers running)", strsignal(sig));
+        return;
+    }
+    char err[512];
+    uint64_t deadline = now_mono_ms() + (uint64_t)grace_ms;
+    int timeout = grace_ms < 5000 ? (int)grace_ms : 5000;
+    if (agent_drain_self(a, timeout, err, sizeof err) != 0) {
+        LOGW("agent", "received %s; cannot drain the host through the coordinator (%s): "
+             "stopping %d worker(s) now", strsignal(sig), err, st.workers_alive);
+        return;
+    }
+    LOGI("agent", "received %s: host drained, waiting up to %lld ms for %d worker(s) to leave "
+         "(elastic jobs leave at their next commit; a second signal stops them now)",
+         strsignal(sig), (long long)grace_ms, st.workers_alive);
+    const struct timespec poll = {0, 100 * 1000000L};
+    siginfo_t si;
+    for (;;) {
+        agent_get_stats(a, &st);
+        if (st.workers_alive == 0) {
+            LOGI("agent", "every worker left; stopping");
+            return;
+        }
+        if (now_mono_ms() >= deadline) {
+            LOGW("agent", "%d worker(s) still running after the drain grace; stopping them",
+                 st.workers_alive);
+            return;
+        }
+        int again = sigtimedwait(set, &si, &poll);
+        if (again > 0) {
+            LOGW("agent", "received %s again: stopping %d worker(s) now", strsignal(again),
+                 st.workers_alive);
+            return;
+        }
+    }
+}
 
 int cmd_agent(int argc, char **argv)
 {
     char *coordinator = NULL, *name = NULL, *token_file = NULL, *addr = NULL;
     char *state_dir = NULL, *log_level = NULL, *token = NULL;
     char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL, *tls_dir = NULL;
-    int64_t slots = 0, grace = 0;
+    int64_t slots = 0, grace = 0, drain_grace = 0;
     struct knob tab[] = {
         {"coordinator", NULL, NULL, KNOB_STR, NULL, 1, 0,
          "coordinator RPC address, tcp://HOST:PORT", &coordinator, NULL},
@@ -49,6 +96,11 @@ int cmd_agent(int argc, char **argv)
          NULL},
         {"stop-grace", NULL, NULL, KNOB_DURATION, "5s", 0, 3600000,
          "how long a stopped worker gets between SIGTERM and SIGKILL", &grace, NULL},
+        {"drain-grace", NULL, NULL, KNOB_DURATION, "30s", 0, 3600000,
+         "on SIGTERM or SIGINT, drain the host first: elastic jobs leave at their next commit "
+         "and the agent waits up to this long for its workers to go before it stops them "
+         "(0: stop at once)",
+         &drain_grace, NULL},
         {"log-level", NULL, "KOLO_LOG_LEVEL", KNOB_STR, NULL, 1, 0,
          "trace, debug, info, warn, error or off (default: info)", &log_level, NULL},
         TLS_KNOBS(tls_cert, tls_key, tls_ca, tls_dir),
@@ -133,13 +185,13 @@ int cmd_agent(int argc, char **argv)
 
     siginfo_t si;
     const struct timespec tick = {1, 0};
-    for (;;) {
-        int sig = sigtimedwait(&set, &si, &tick);
-        if (sig > 0) {
-            LOGI("agent", "received %s, stopping", strsignal(sig));
-            break;
-        }
+    int sig;
+    while ((sig = sigtimedwait(&set, &si, &tick)) <= 0) {
     }
+    if (drain_grace > 0)
+        drain_then_wait(a, sig, &set, drain_grace);
+    else
+        LOGI("agent", "received %s, stopping", strsignal(sig));
     agent_stop(a);
 
 out:

@@ -374,7 +374,8 @@ static int load_host_cb(const struct store_host *sh, void *arg)
     h->last_seen_ms = sh->last_seen_ms;
     /* A host that was alive gets a fresh lease to re-register in. */
     /* "drained" is a live host that takes no new work (kept over restarts) */
-    h->drained = strcmp(sh->state, "drained") == 0;
+    h->leaving = strcmp(sh->state, "leaving") == 0; /* its agent drained it as it stopped */
+    h->drained = h->leaving || strcmp(sh->state, "drained") == 0;
     h->state = strcmp(sh->state, "alive") == 0 || h->drained ? HOST_ALIVE : HOST_LOST;
     h->lease_deadline = now_mono_ms() + (uint64_t)c->cfg.lease_ms;
     h->last_seen_mono = now_mono_ms();

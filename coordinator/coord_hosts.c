@@ -47,11 +47,12 @@ struct host *coord_host_named(struct coord *c, const char *id_or_name)
     return h;
 }
 
-void coord_host_drain(struct coord *c, struct host *h, bool drain, const char *via)
+void coord_host_drain(struct coord *c, struct host *h, bool drain, bool leaving, const char *via)
 {
     if (h->drained == drain)
-        return;
+        return; /* an operator's drain stays one; a second drain changes nothing */
     h->drained = drain;
+    h->leaving = drain && leaving;
     coord_host_persist(c, h);
     coord_event(c, 0, h->id, drain ? "host.drained" : "host.undrained", "host %s %s through %s",
                 h->name,
@@ -99,7 +100,10 @@ void coord_host_persist(struct coord *c, struct host *h)
         .gpus = h->gpus,
         .gpu_names = h->gpu_names_json,
         .mem_bytes = h->mem_bytes,
-        .state = h->drained ? "drained" : h->state == HOST_ALIVE ? "alive" : "lost",
+        .state = h->leaving   ? "leaving"
+                 : h->drained ? "drained"
+                 : h->state == HOST_ALIVE ? "alive"
+                                          : "lost",
         .registered_ms = h->registered_ms,
         .last_seen_ms = h->last_seen_ms,
         .order = h->order,
@@ -307,6 +311,10 @@ void coord_rpc_agent_register(struct coord *c, struct rpc_call *call)
     rep.heartbeat_ms = (uint32_t)c->cfg.heartbeat_ms;
     coord_send_pb(call, &rep.base);
     kolo__register_request__free_unpacked(req, NULL);
+    /* A host its agent drained as it stopped is back in service once a new
+     * agent runs there (not when the leaving one re-registers mid-drain). */
+    if (h->leaving && kind == REG_RESTART)
+        coord_host_drain(c, h, false, false, "its agent's return");
     /* New capacity may let a pending job start. */
     coord_jobs_place_pending(c);
 }

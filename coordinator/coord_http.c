@@ -882,7 +882,7 @@ static void route(struct coord *c, struct http_req *r, struct http_out *o)
             out_json_error(o, 404, "no such host");
             return;
         }
-        coord_host_drain(c, h, drain, "the REST API");
+        coord_host_drain(c, h, drain, false, "the REST API");
         jw_init(&w, &o->body);
         render_host(c, &w, h);
     } else if (strcmp(p, "/api/v1/events") == 0) {

@@ -51,6 +51,7 @@ struct host {
     uint64_t mem_bytes;
     enum host_state state;
     bool drained; /* POST /api/v1/hosts/{id}/drain: no new work, elastic jobs leave */
+    bool leaving; /* drained by its agent's shutdown: undrained when it registers again */
     int64_t order;
     uint64_t registered_ms;  /* wall clock, first registration */
     uint64_t last_seen_ms;   /* wall clock */
@@ -339,9 +340,11 @@ struct host *coord_host_find(struct coord *c, const char *id);
 /* coord_host_named: the host with this id, else the first with this name. */
 struct host *coord_host_named(struct coord *c, const char *id_or_name);
 /* coord_host_drain drains h (no new work; elastic jobs leave it) or makes
- * it usable again, kept over restarts, with an event naming `via` (how
- * the operator asked: "the REST API", "kolo drain"). */
-void coord_host_drain(struct coord *c, struct host *h, bool drain, const char *via);
+ * it usable again, kept over restarts, with an event naming `via` (who
+ * asked: "the REST API", "kolo drain"). leaving: the host's own agent is
+ * shutting down, so its next registration undrains it; it never turns an
+ * operator's drain into that. */
+void coord_host_drain(struct coord *c, struct host *h, bool drain, bool leaving, const char *via);
 /* coord_hosts_extend_leases gives every live host ms more (the coordinator
  * stood still that long: coord.c, coord_cron). */
 void coord_hosts_extend_leases(struct coord *c, uint64_t ms);

@@ -1083,7 +1083,10 @@ void coord_rpc_admin(struct coord *c, struct rpc_call *call, enum coord_method m
             admin_error(c, call, m, KOLO_ENOTFOUND, "no such host '%s'", req->host);
             break;
         }
-        coord_host_drain(c, h, !req->undrain, req->undrain ? "kolo undrain" : "kolo drain");
+        coord_host_drain(c, h, !req->undrain, req->leaving,
+                         req->leaving   ? "its agent's shutdown"
+                         : req->undrain ? "kolo undrain"
+                                        : "kolo drain");
         Kolo__HostInfo info;
         Kolo__HostInventory inv;
         host_info_fill(c, h, &info, &inv, now_mono_ms());
