@@ -19,6 +19,8 @@ packages=(
 if [ "${1:-}" = "--test" ]; then
   packages+=(chromium gdb clang libclang-rt-14-dev)
   command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
+  # kubectl kustomize renders deploy/k8s offline (tests/deploy)
+  command -v kubectl >/dev/null || packages+=(kubernetes-client)
 fi
 
 missing=()

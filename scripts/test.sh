@@ -8,6 +8,8 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/install-deps.sh" --test
 echo "== browser test tools (playwright-core from npm)"
 (cd "$root/tests/browser" && npm ci --no-audit --no-fund --loglevel=error)
+echo "== Kubernetes schema tools (kubernetes-models from npm)"
+(cd "$root/tests/deploy" && npm ci --no-audit --no-fund --loglevel=error)
 
 jobs="$(nproc)"
 echo "== build"
