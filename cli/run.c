@@ -452,6 +452,7 @@ int cmd_run(int argc, char **argv)
     char *state_dir = NULL;
     const char *url = o.coordinator;
     int code = 1;
+    struct slurm_alloc alloc = {0};
 
     if (o.output_filename &&
         run_output_open(&files, o.output_filename, (int)o.np, err, sizeof(err)) != 0) {
@@ -464,6 +465,11 @@ int cmd_run(int argc, char **argv)
         goto out;
     }
 
+    if (o.slurm && slurm_detect(&alloc, err, sizeof err) != 0) {
+        fprintf(stderr, "kolo run: --slurm: %s\n", err);
+        code = 2;
+        goto out;
+    }
     if (!url || !url[0]) {
         state_dir = o.state_dir ? strdup(o.state_dir) : cli_state_dir();
         char runs[4096], db[4200], agent_dir[4200];
@@ -485,8 +491,12 @@ int cmd_run(int argc, char **argv)
             goto out;
         }
         snprintf(agent_dir, sizeof(agent_dir), "%s/agent-localhost", state_dir);
+        /* on Slurm the nodes' agents must reach it: not loopback */
+        char listen[96] = "tcp://127.0.0.1:0";
+        if (o.slurm)
+            slurm_listen_url(listen, sizeof listen);
         struct coord_config cc = {
-            .listen = "tcp://127.0.0.1:0",
+            .listen = listen,
             .http = o.http,
             .db_path = db,
             .token = token,
@@ -498,6 +508,18 @@ int cmd_run(int argc, char **argv)
         if (coord_start(&coord, &cc, err, sizeof(err)) != 0) {
             fprintf(stderr, "kolo run: cannot start the embedded coordinator: %s\n", err);
             goto out;
+        }
+        if (o.slurm) {
+            const char *tf = o.token_file ? o.token_file : run_token_path;
+            if (slurm_agents_start(&alloc, coord_rpc_url(coord), tf, o.grace,
+                                   o.verbose ? "info" : "warn", err, sizeof err) != 0) {
+                fprintf(stderr, "kolo run: %s\n", err);
+                goto out;
+            }
+            url = coord_rpc_url(coord);
+            fprintf(stderr, "[kolo] Slurm job %s: one agent per node on %d node(s) (srun), "
+                    "coordinator %s\n", alloc.job_id, alloc.nnodes, url);
+            goto connect;
         }
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
         int slots = (int)o.slots;
@@ -527,9 +549,20 @@ int cmd_run(int argc, char **argv)
                     run_token_path);
     }
 
+connect:
     if (cli_connect(&cli, url, token, &tls, "kolo-run", err, sizeof(err)) != 0) {
         fprintf(stderr, "kolo run: %s\n", err);
         goto out;
+    }
+    if (alloc.srun) {
+        if (slurm_agents_wait(cli, &alloc, 60000, err, sizeof err) != 0) {
+            fprintf(stderr, "kolo run: %s\n", err);
+            goto out;
+        }
+        if (!o.hosts && !(o.hosts = slurm_hosts(&alloc))) {
+            fprintf(stderr, "kolo run: out of memory\n");
+            goto out;
+        }
     }
     Kolo__SubmitJobRequest req = KOLO__SUBMIT_JOB_REQUEST__INIT;
     req.argv = argv + rest;
@@ -594,6 +627,8 @@ out:
     run_job_env_free(flag_env);
     if (agent)
         agent_stop(agent);
+    slurm_agents_stop(&alloc, o.grace + 10000);
+    slurm_alloc_free(&alloc);
     if (coord)
         coord_stop(coord);
     if (run_token_path[0])

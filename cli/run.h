@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include "knobs.h"
 
@@ -27,6 +28,7 @@ struct run_opts {
     int64_t start_timeout, slots, grace;
     int64_t fusion_threshold_mb, cache_capacity, stall_warning_s, stall_shutdown_s;
     bool verbose, stall_check, version, check_build, encrypt_data, detach;
+    bool slurm; /* --slurm; see run_slurm.c (on by itself inside an allocation) */
     /* elastic (horovodrun's names); any of min/max-np or a discovery script
      * makes the job elastic */
     int64_t min_np, max_np, reset_limit, elastic_timeout;
@@ -65,6 +67,37 @@ char **run_job_env(struct knob *tab, size_t n, const struct run_opts *o);
  * --output-filename's files.
  */
 int run_follow(struct rpc_client *cli, uint64_t job_id, int64_t grace, struct run_output *files);
+
+/* ---- run_slurm.c: kolo run inside a Slurm allocation ---- */
+
+struct slurm_alloc {
+    char job_id[32];
+    int nnodes;
+    char **nodes; /* host names, in the allocation's order */
+    int *tasks;   /* tasks per node */
+    int tasks_max, cpus_min;
+    pid_t *srun; /* the agents' srun, one per node (slurm_agents_start) */
+};
+/* true when SLURM_JOB_ID and SLURM_JOB_NODELIST are set */
+bool slurm_in_allocation(void);
+/* Reads the allocation (0), KOLO_ENOTFOUND outside one, or an error with
+ * the reason in err. */
+int slurm_detect(struct slurm_alloc *a, char *err, size_t errlen);
+void slurm_alloc_free(struct slurm_alloc *a);
+/* "tcp://ADDR:0" for the coordinator: this host's first non-loopback IPv4
+ * address (what the nodes reach), else loopback */
+void slurm_listen_url(char *out, size_t n);
+/* "node:tasks,..." for -H (malloc'd), NULL when out of memory */
+char *slurm_hosts(const struct slurm_alloc *a);
+/* Starts one agent per node, each its own srun step (a->srun). */
+int slurm_agents_start(struct slurm_alloc *a, const char *url, const char *token_file,
+                       int64_t stop_grace_ms, const char *log_level, char *err, size_t errlen);
+/* Waits until every node's agent is alive on the coordinator. */
+int slurm_agents_wait(struct rpc_client *cli, struct slurm_alloc *a, int64_t timeout_ms, char *err,
+                      size_t errlen);
+/* Ends the steps: SIGTERM to the agents (scancel --signal), each srun
+ * killed after wait_ms. */
+void slurm_agents_stop(struct slurm_alloc *a, int64_t wait_ms);
 void run_job_env_free(char **env);
 
 /* run_print_check_build prints what this kolo was built with, in the

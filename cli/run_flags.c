@@ -290,6 +290,11 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
         {"output-filename", NULL, "", KNOB_STR, NULL, 0, -1,
          "also write each rank's output to DIR/rank.<N>/stdout and DIR/rank.<N>/stderr",
          &o->output_filename},
+        {"slurm", NULL, "", KNOB_BOOL, "false", 0, -1,
+         "run on the Slurm allocation this runs in: one agent per node through srun, ranks "
+         "placed by the allocation (on by itself inside salloc/sbatch without --coordinator; "
+         "--no-slurm keeps the job on this machine)",
+         &o->slurm},
         {"detach", "-d", "", KNOB_BOOL, "false", 0, -1,
          "submit to --coordinator, print the job id and return (kolo attach JOB follows it, "
          "kolo logs JOB shows its output)",
@@ -550,6 +555,17 @@ int run_flags_finish(struct knob *tab, size_t n, struct run_opts *o, char *err, 
                      "%lld, %lld)", (long long)lo, (long long)o->np, (long long)hi);
             return KOLO_EINVAL;
         }
+    }
+    bool remote = o->coordinator && o->coordinator[0];
+    /* Inside salloc/sbatch, the allocation is where to run, unless the
+     * user said otherwise (--no-slurm, or a coordinator of their own). */
+    if (!o->slurm && strcmp(knob_named(tab, n, "slurm")->source, "default") == 0 && !remote &&
+        slurm_in_allocation())
+        o->slurm = true;
+    if (o->slurm && remote) {
+        snprintf(err, errlen, "--slurm starts its own coordinator; it cannot be used with "
+                              "--coordinator");
+        return KOLO_EINVAL;
     }
     if (o->detach && !(o->coordinator && o->coordinator[0])) {
         snprintf(err, errlen, "--detach needs --coordinator: an embedded coordinator ends with "

@@ -18,6 +18,8 @@ packages=(
 )
 if [ "${1:-}" = "--test" ]; then
   packages+=(chromium gdb clang libclang-rt-14-dev)
+  # a real Slurm on this machine for tests/integration/test_slurm.sh
+  packages+=(slurmd slurmctld slurm-client munge)
   command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
   # kubectl kustomize renders deploy/k8s offline (tests/deploy)
   command -v kubectl >/dev/null || packages+=(kubernetes-client)

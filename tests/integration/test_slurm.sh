@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# kolo run on a real Slurm: munged, slurmctld and two slurmd on this
+# machine (scripts/slurm-local.sh, everything under a temporary folder,
+# all stopped at the end):
+# - inside `salloc -N2 --ntasks-per-node=2`, `kolo run -np 4` needs no host
+#   list: one agent per node through srun, 2 ranks on each node, sums right,
+#   and nothing left behind (agents, their state, the step);
+# - deploy/slurm/kolo.sbatch runs the same through sbatch;
+# - outside an allocation --slurm is refused with the reason;
+# - elastic: kill -9 of node n2's slurmd, agent and workers during training
+#   shrinks the job to n1's 2 ranks, which finish with the fault-free
+#   weights.
+# Root only (slurmd runs jobs as their users); under CI a missing Slurm
+# fails the test instead of skipping it.
+. "$(dirname "$0")/lib.sh"
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+need() {
+  [ "${CI:-}" = true ] && fail "$1"
+  skip "$1"
+}
+[ "$(id -u)" = 0 ] || need "Slurm's daemons need root"
+for c in slurmctld slurmd munged salloc sbatch srun scontrol; do
+  command -v "$c" >/dev/null || need "no $c (apt-get install slurmd slurmctld slurm-client munge)"
+done
+/usr/bin/python3 -c "import numpy" 2>/dev/null || need "no numpy for /usr/bin/python3"
+export PYTHONPATH="$ROOT/python" KOLO_LIBRARY="${KOLO_LIBRARY:-}"
+[ -n "$KOLO_LIBRARY" ] || unset KOLO_LIBRARY
+SL="$WORK/slurm"
+trap 'rc=$?; set +e; "$ROOT/scripts/slurm-local.sh" stop "$SL"; (exit $rc); cleanup' EXIT
+"$ROOT/scripts/slurm-local.sh" start "$SL" >"$WORK/slurm-start.out" 2>&1 ||
+  fail "Slurm did not start: $(cat "$WORK/slurm-start.out")"
+export SLURM_CONF="$SL/slurm.conf"
+export TMPDIR="$WORK/tmp"
+mkdir -p "$TMPDIR"
+cat >"$WORK/job.py" <<'PY'
+import os, numpy as np, kolo
+kolo.init()
+got = kolo.allreduce(np.full(2, kolo.rank() + 1.0), op=kolo.Sum)
+print("rank %d of %d on %s sum %g" % (kolo.rank(), kolo.size(), os.environ.get("SLURMD_NODENAME"), got[0]), flush=True)
+kolo.shutdown()
+PY
+no_agents() { ! pgrep -f "kolo agent --coordinator .* --name n[12] " >/dev/null; }
+
+note "salloc -N2 --ntasks-per-node=2 kolo run -np 4"
+(cd "$WORK" && timeout 120 salloc -Q -N2 --ntasks-per-node=2 "$KOLO" run -np 4 -- \
+  /usr/bin/python3 "$WORK/job.py") >"$WORK/salloc.out" 2>"$WORK/salloc.err" ||
+  fail "the job failed: $(cat "$WORK/salloc.out" "$WORK/salloc.err")"
+[ "$(grep -c 'sum 10$' "$WORK/salloc.out")" -eq 4 ] || fail "wrong results: $(cat "$WORK/salloc.out")"
+[ "$(grep -c ' on n1 sum' "$WORK/salloc.out")" -eq 2 ] && [ "$(grep -c ' on n2 sum' "$WORK/salloc.out")" -eq 2 ] ||
+  fail "not 2 ranks per node: $(cat "$WORK/salloc.out")"
+has "one agent per node on 2 node(s)" <"$WORK/salloc.err" || fail "no Slurm line: $(cat "$WORK/salloc.err")"
+wait_for 10 no_agents || fail "agents left running"
+ls "$TMPDIR" | grep -q "^kolo-agent-" && fail "agent state left: $(ls "$TMPDIR")"
+[ -z "$(squeue -h)" ] || fail "allocations left: $(squeue)"
+
+note "sbatch deploy/slurm/kolo.sbatch"
+(cd "$WORK" && KOLO="$KOLO" sbatch --wait --output="$WORK/sbatch.out" \
+  "$ROOT/deploy/slurm/kolo.sbatch" "$WORK/job.py") >"$WORK/sbatch.submit" 2>&1 ||
+  fail "sbatch failed: $(cat "$WORK/sbatch.submit" "$WORK/sbatch.out" 2>/dev/null)"
+[ "$(grep -c 'sum 10$' "$WORK/sbatch.out")" -eq 4 ] || fail "sbatch: $(cat "$WORK/sbatch.out")"
+
+note "--slurm outside an allocation"
+set +e
+(env -u SLURM_JOB_ID -u SLURM_JOB_NODELIST "$KOLO" run --slurm -np 2 -- true) >"$WORK/outside.out" 2>&1
+rc=$?
+set -e
+[ $rc -eq 2 ] || fail "--slurm outside an allocation exited $rc"
+has "not inside a Slurm allocation" <"$WORK/outside.out" || fail "no reason: $(cat "$WORK/outside.out")"
+
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  note "elastic: node n2 dies during training"
+  (cd "$WORK" && timeout 150 salloc -Q --no-kill -N2 --ntasks-per-node=2 "$KOLO" run -np 4 --min-np 2 \
+    --elastic-timeout 60 -- /usr/bin/python3 "$ROOT/tests/python/elastic_worker.py" --steps 150 \
+    --commit 5 --delay 0.05) \
+    >"$WORK/elastic.out" 2>"$WORK/elastic.err" &
+  EL=$!
+  PIDS+=("$EL")
+  full_steps() { [ "$(grep -c '<stdout>:STEP .* size 4 ' "$WORK/elastic.out" 2>/dev/null || true)" -ge "$1" ]; }
+  wait_for 90 full_steps 40 || fail "no training on 4 ranks: $(tail -n 5 "$WORK/elastic.err")"
+  # the node goes: its slurmd, and its agent (whose workers die with it)
+  kill -9 "$(cat "$SL/slurmd-n2.pid")"
+  AG=$(pgrep -f "kolo agent --coordinator .* --name n2 " || true)
+  [ -n "$AG" ] || fail "no agent on n2"
+  kill -9 $AG
+  note "killed n2: its slurmd and agent $AG"
+  wait_for 160 sh -c "! kill -0 $EL 2>/dev/null" || fail "the elastic job hangs: $(tail -n 10 "$WORK/elastic.err")"
+  wait "$EL" || fail "the elastic job failed: $(tail -n 20 "$WORK/elastic.err")"
+  has '<stdout>:STEP .* size 2 ' <"$WORK/elastic.out" || fail "the job did not go on with 2 ranks"
+  has '<stdout>:RESET size 2 ' <"$WORK/elastic.out" || fail "no reset to 2 ranks"
+  [ "$(grep -c '<stdout>:FINAL 150 ' "$WORK/elastic.out")" -eq 2 ] || fail "the survivors did not finish: $(grep FINAL "$WORK/elastic.out")"
+else
+  note "no torch: the elastic part is skipped"
+fi
+echo PASS
