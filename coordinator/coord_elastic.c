@@ -585,6 +585,7 @@ static void form(struct coord *c, struct job *j, struct rank *ranks, int n, cons
     el->wait_deadline = 0;
     el->update_ms = 0;
     el->update_kind = 0;
+    el->leave_why[0] = '\0';
     if (j->generation > 1) {
         el->resets++;
         c->m.generations++;
@@ -739,6 +740,7 @@ void coord_elastic_host_drained(struct coord *c, struct host *h)
          * generation leaves the host out. */
         j->el->update_ms = now_wall_ms();
         j->el->update_kind |= 1;
+        snprintf(j->el->leave_why, sizeof j->el->leave_why, "host %s drained", h->name);
         coord_negot_hosts_updated(c, j, j->el->update_ms, j->el->update_kind);
         coord_event(c, j->id, h->id, "job.hosts_updated",
                     "host %s drained: job %llu will leave it at its next commit", h->name,
@@ -893,9 +895,11 @@ void coord_elastic_assign(struct coord *c, struct job *j, struct rpc_call *call,
     if (!j->el->waiting && coord_negot_rank_joined(j, idx) && !j->el->update_kind) {
         grace = true; /* see RESET_GRACE_MS */
     } else if (!j->el->waiting && coord_negot_rank_joined(j, idx)) {
-        char why[160];
+        char why[240];
         if (j->el->update_kind & 2)
             snprintf(why, sizeof(why), "capacity to grow into (rank %d reset to take it)", idx);
+        else if (j->el->leave_why[0])
+            snprintf(why, sizeof(why), "%s (rank %d reset to leave it)", j->el->leave_why, idx);
         else
             snprintf(why, sizeof(why), "hosts removed (rank %d reset to leave them)", idx);
         regroup(c, j, CAUSE_CAPACITY, why);

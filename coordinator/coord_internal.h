@@ -127,6 +127,7 @@ struct elastic {
      * added, 3 mixed) */
     uint64_t update_ms;
     int update_kind;
+    char leave_why[160]; /* why hosts are being left ("host b drained"), for the cause */
     bool finishing; /* a member exited 0: the job is ending, no new generations */
     uint64_t closed_mono; /* monotonic ms the generation closed; 0 once the next one joined */
     struct exclusion *excl;

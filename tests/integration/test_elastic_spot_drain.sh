@@ -27,6 +27,7 @@ t_notice=$(now_s)
 kill -TERM "$B_PID"
 wait_for 20 gen_after "$gen0" || fail "the job did not leave the host whose agent got SIGTERM"
 gen_size_is 2 || fail "the new generation has $(gen_size) rank(s), want 2"
+gens_json | has '"cause":"host b drained' || fail "the reset's cause is not the drain: $(gen_cause)"
 wait_for 30 gone "$B_PID" || fail "agent b did not exit after its workers left"
 grep -q "host drained, waiting" "$WORK/agent-b.log" || fail "agent b did not drain: $(tail -5 "$WORK/agent-b.log")"
 grep -q "every worker left" "$WORK/agent-b.log" || fail "agent b stopped workers itself: $(tail -5 "$WORK/agent-b.log")"
