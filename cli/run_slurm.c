@@ -41,12 +41,6 @@
 #include "kolo.pb-c.h"
 #include "util.h"
 
-bool slurm_in_allocation(void)
-{
-    const char *id = getenv("SLURM_JOB_ID"), *nodes = getenv("SLURM_JOB_NODELIST");
-    return id && id[0] && nodes && nodes[0];
-}
-
 /* Expands Slurm's "2(x3),1" into counts, one per node; the number of
  * nodes, or -1 when the text is not in that form. */
 static int expand_counts(const char *text, int *out, int max)
