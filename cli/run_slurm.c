@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "capture.h"
 #include "errors.h"
 #include "kolo.pb-c.h"
 #include "util.h"
@@ -75,58 +76,20 @@ static int expand_counts(const char *text, int *out, int max)
     return n;
 }
 
-/* Runs argv and returns its stdout (malloc'd), or NULL. */
-static char *capture(char *const argv[])
+/* Slurm's client commands answer in well under a second; a controller
+ * that does not answer must not hang kolo run. */
+#define SLURM_CMD_TIMEOUT_MS 30000
+#define SLURM_CMD_MAX_OUTPUT (4u << 20)
+
+/* Runs one of Slurm's client commands: its stdout (malloc'd), or NULL with
+ * the reason in err. */
+static char *slurm_cmd(char *const argv[], char *err, size_t errlen)
 {
-    int fds[2];
-    if (pipe(fds) != 0)
+    char what[96], *out = NULL;
+    snprintf(what, sizeof what, "`%s %s`", argv[0], argv[1] ? argv[1] : "");
+    if (capture_run(argv, what, SLURM_CMD_TIMEOUT_MS, SLURM_CMD_MAX_OUTPUT, &out, err, errlen))
         return NULL;
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(fds[0]);
-        close(fds[1]);
-        return NULL;
-    }
-    if (pid == 0) {
-        dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
-        execvp(argv[0], argv);
-        _exit(127);
-    }
-    close(fds[1]);
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    ssize_t r;
-    while (buf && (r = read(fds[0], buf + len, cap - len - 1)) != 0) {
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            break;
-        }
-        len += (size_t)r;
-        if (cap - len < 2) {
-            char *grown = realloc(buf, cap * 2);
-            if (!grown) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = grown;
-            cap *= 2;
-        }
-    }
-    close(fds[0]);
-    int st = 0;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-    }
-    if (buf)
-        buf[len] = '\0';
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        free(buf);
-        return NULL;
-    }
-    return buf;
+    return out;
 }
 
 void slurm_listen_url(char *out, size_t n)
@@ -168,10 +131,11 @@ int slurm_detect(struct slurm_alloc *a, char *err, size_t errlen)
     }
     snprintf(a->job_id, sizeof a->job_id, "%s", getenv("SLURM_JOB_ID"));
     char *argv[] = {"scontrol", "show", "hostnames", getenv("SLURM_JOB_NODELIST"), NULL};
-    char *names = capture(argv);
+    char why[256];
+    char *names = slurm_cmd(argv, why, sizeof why);
     if (!names) {
-        snprintf(err, errlen, "`scontrol show hostnames %s` failed (is Slurm's client on PATH?)",
-                 getenv("SLURM_JOB_NODELIST"));
+        snprintf(err, errlen, "cannot expand SLURM_JOB_NODELIST=%s: %s (is Slurm's client on PATH?)",
+                 getenv("SLURM_JOB_NODELIST"), why);
         return KOLO_ESYS;
     }
     for (char *save = NULL, *t = strtok_r(names, " \n", &save); t; t = strtok_r(NULL, " \n", &save)) {
@@ -333,13 +297,19 @@ void slurm_agents_stop(struct slurm_alloc *a, int64_t wait_ms)
     char job[64];
     snprintf(job, sizeof job, "--jobs=%s", a->job_id);
     char *ls[] = {"squeue", "--steps", job, "--noheader", "--format=%i %j", NULL};
-    char *text = capture(ls);
+    char why[256];
+    char *text = slurm_cmd(ls, why, sizeof why);
+    if (!text)
+        fprintf(stderr, "[kolo] cannot list the agents' job steps: %s\n", why);
     for (char *save = NULL, *l = text ? strtok_r(text, "\n", &save) : NULL; l;
          l = strtok_r(NULL, "\n", &save)) {
         char id[64], name[64];
         if (sscanf(l, "%63s %63s", id, name) == 2 && strcmp(name, "kolo-agents") == 0) {
             char *argv[] = {"scancel", "--quiet", "--signal=TERM", id, NULL};
-            free(capture(argv));
+            char *said = slurm_cmd(argv, why, sizeof why);
+            if (!said)
+                fprintf(stderr, "[kolo] %s\n", why);
+            free(said);
         }
     }
     free(text);

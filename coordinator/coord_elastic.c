@@ -51,19 +51,14 @@
  */
 #include "coord_internal.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "buf.h"
+#include "capture.h"
 #include "errors.h"
 #include "json.h"
 #include "kolo.pb-c.h"
@@ -939,89 +934,13 @@ void coord_elastic_assign(struct coord *c, struct job *j, struct rpc_call *call,
 #define DISCOVERY_MAX_OUTPUT (1 << 20)
 #define DISCOVERY_MAX_HOSTS  4096
 
-/* Runs script with /bin/sh, in its own process group, for at most
- * DISCOVERY_TIMEOUT_MS. 0 with the output in *out (caller frees), or an
- * error with a message in err. */
+/* Runs script with /bin/sh for at most DISCOVERY_TIMEOUT_MS: 0 with its
+ * output in *out (caller frees), or an error with a message in err. */
 static int run_script(const char *script, char **out, char *err, size_t errlen)
 {
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) {
-        snprintf(err, errlen, "pipe: %s", strerror(errno));
-        return KOLO_ESYS;
-    }
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t at;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawnattr_init(&at);
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP);
-    posix_spawnattr_setpgroup(&at, 0);
     char *argv[] = {"/bin/sh", "-c", (char *)script, NULL};
-    extern char **environ;
-    pid_t pid;
-    int rc = posix_spawn(&pid, "/bin/sh", &fa, &at, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&at);
-    close(fds[1]);
-    if (rc != 0) {
-        close(fds[0]);
-        snprintf(err, errlen, "cannot run the host discovery script: %s", strerror(rc));
-        return KOLO_ESYS;
-    }
-    struct buf b;
-    buf_init(&b);
-    uint64_t deadline = now_mono_ms() + DISCOVERY_TIMEOUT_MS;
-    bool timed_out = false, too_big = false;
-    for (;;) {
-        uint64_t now = now_mono_ms();
-        if (now >= deadline) {
-            timed_out = true;
-            break;
-        }
-        struct pollfd p = {.fd = fds[0], .events = POLLIN};
-        int n = poll(&p, 1, (int)(deadline - now));
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            timed_out = n == 0;
-            break;
-        }
-        char chunk[4096];
-        ssize_t got = read(fds[0], chunk, sizeof(chunk));
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            break;
-        if (b.len + (size_t)got > DISCOVERY_MAX_OUTPUT) {
-            too_big = true;
-            break;
-        }
-        buf_append(&b, chunk, (size_t)got);
-    }
-    close(fds[0]);
-    if (timed_out || too_big)
-        kill(-pid, SIGKILL);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-        ;
-    if (timed_out || too_big || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || b.oom) {
-        if (timed_out)
-            snprintf(err, errlen, "the host discovery script ran over %d s", DISCOVERY_TIMEOUT_MS / 1000);
-        else if (too_big)
-            snprintf(err, errlen, "the host discovery script printed over 1 MiB");
-        else if (WIFSIGNALED(status))
-            snprintf(err, errlen, "the host discovery script was killed by signal %d",
-                     WTERMSIG(status));
-        else
-            snprintf(err, errlen, "the host discovery script exited with code %d",
-                     WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-        buf_free(&b);
-        return KOLO_EIO;
-    }
-    *out = buf_steal(&b, NULL);
-    buf_free(&b);
-    return *out ? 0 : KOLO_ENOMEM;
+    return capture_run(argv, "the host discovery script", DISCOVERY_TIMEOUT_MS,
+                       DISCOVERY_MAX_OUTPUT, out, err, errlen);
 }
 
 /* Parses "host" / "host:slots" lines (blank lines and '#' comments are
