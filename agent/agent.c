@@ -99,7 +99,7 @@ static int load_host_id(struct agent *a, char *err, size_t errlen)
         if (rc) {
             free(data);
             return errf(err, errlen, rc, "cannot read host id from %s: %s", path,
-                           kolo_strerror(rc));
+                           abi_strerror(rc));
         }
         size_t b = 0, e = len;
         while (b < e && (data[b] == ' ' || data[b] == '\n' || data[b] == '\r' || data[b] == '\t'))

@@ -390,7 +390,7 @@ static void *report_main(void *arg)
             stale_gen = NO_GEN;
             if (fault != rc)
                 LOGW("agent", "cannot report to coordinator %s (%s), retrying", a->url,
-                     err[0] ? err : kolo_strerror(rc));
+                     err[0] ? err : abi_strerror(rc));
             fault = rc;
         }
         retry_at = now + jitter(backoff);
@@ -423,7 +423,7 @@ int link_start(struct agent *a, char *err, size_t errlen)
     if (rc == 0)
         rc = rpc_client_open(&a->hb_rpc, &cc);
     if (rc) {
-        snprintf(err, errlen, "cannot open a connection to %s: %s", a->url, kolo_strerror(rc));
+        snprintf(err, errlen, "cannot open a connection to %s: %s", a->url, abi_strerror(rc));
         rpc_client_close(a->rpc);
         a->rpc = NULL;
         a->hb_rpc = NULL;

@@ -199,7 +199,7 @@ static ProtobufCMessage *call_pb(struct rpc_client *cli, const char *method,
     int rv = rpc_client_call(cli, method, buf, len, &out, &olen, 10000, err, sizeof(err));
     free(buf);
     if (rv) {
-        fprintf(stderr, "coord_load: %s: %s: %s\n", method, kolo_errname(rv), err);
+        fprintf(stderr, "coord_load: %s: %s: %s\n", method, abi_errname(rv), err);
         exit(1);
     }
     ProtobufCMessage *m = protobuf_c_message_unpack(rd, NULL, olen, out);
@@ -235,7 +235,7 @@ static void *heartbeat_main(void *arg)
                                  sizeof(err));
         free(buf);
         if (rv) {
-            fprintf(stderr, "coord_load: heartbeat: %s: %s\n", kolo_errname(rv), err);
+            fprintf(stderr, "coord_load: heartbeat: %s: %s\n", abi_errname(rv), err);
             continue;
         }
         Kolo__HeartbeatReply *rep = kolo__heartbeat_reply__unpack(NULL, olen, out);
@@ -278,7 +278,7 @@ static void rendezvous_done(void *arg, int code, const void *rep, size_t len, co
         return;
     }
     if (code) {
-        fail("rank %d: Rendezvous: %s: %s", r->rank, kolo_errname(code), err);
+        fail("rank %d: Rendezvous: %s: %s", r->rank, abi_errname(code), err);
         return;
     }
     Kolo__RendezvousReply *m = kolo__rendezvous_reply__unpack(NULL, len, rep);
@@ -318,7 +318,7 @@ static void rendezvous_send(struct rank *r)
                                    rendezvous_done, r);
     free(buf);
     if (rv)
-        fail("rank %d: cannot send Rendezvous (%s)", r->rank, kolo_errname(rv));
+        fail("rank %d: cannot send Rendezvous (%s)", r->rank, abi_errname(rv));
 }
 
 /* The rank finished its step: go on, or stop at the target. */
@@ -347,7 +347,7 @@ static void negotiate_done(void *arg, int code, const void *rep, size_t len, con
         return;
     }
     if (code) {
-        fail("rank %d: Negotiate: %s: %s", r->rank, kolo_errname(code), err);
+        fail("rank %d: Negotiate: %s: %s", r->rank, abi_errname(code), err);
         return;
     }
     Kolo__NegotiateReply *m = kolo__negotiate_reply__unpack(NULL, len, rep);
@@ -397,7 +397,7 @@ static void park_done(void *arg, int code, const void *rep, size_t len, const ch
 {
     struct rank *r = arg;
     if (code && code != KOLO_ETIMEDOUT) {
-        fail("rank %d: long-poll: %s: %s", r->rank, kolo_errname(code), err);
+        fail("rank %d: long-poll: %s: %s", r->rank, abi_errname(code), err);
         atomic_fetch_sub(&g.parked, 1);
         return;
     }
@@ -421,7 +421,7 @@ static void park_send(struct rank *r)
     Kolo__NegotiateRequest req = KOLO__NEGOTIATE_REQUEST__INIT;
     int rv = negotiate_call(r, &req, park_done);
     if (rv) {
-        fail("rank %d: cannot send the long-poll (%s)", r->rank, kolo_errname(rv));
+        fail("rank %d: cannot send the long-poll (%s)", r->rank, abi_errname(rv));
         atomic_fetch_sub(&g.parked, 1);
     }
 }
@@ -434,7 +434,7 @@ static void report_done(void *arg, int code, const void *rep, size_t len, const 
     if (code) {
         if (atomic_fetch_add(&g.report_errors, 1) == 0)
             fprintf(stderr, "coord_load: rank %d: Report: %s: %s\n", r->rank,
-                    kolo_errname(code), err);
+                    abi_errname(code), err);
     }
     atomic_fetch_sub(&g.reports_out, 1);
 }
@@ -475,7 +475,7 @@ static void report_send(struct rank *r, double period_s, uint32_t *wait_us, uint
     free(buf);
     if (rv) {
         atomic_fetch_sub(&g.reports_out, 1);
-        fail("rank %d: cannot send a Report (%s)", r->rank, kolo_errname(rv));
+        fail("rank %d: cannot send a Report (%s)", r->rank, abi_errname(rv));
     }
 }
 
@@ -567,7 +567,7 @@ static void negotiate_send(struct rank *r, bool submit)
     free(cached);
     free(shapes);
     if (rv)
-        fail("rank %d: cannot send Negotiate (%s)", r->rank, kolo_errname(rv));
+        fail("rank %d: cannot send Negotiate (%s)", r->rank, abi_errname(rv));
 }
 
 /* ---------------------------------------------------------------- main */

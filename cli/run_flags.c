@@ -447,7 +447,7 @@ static int hostfile_read(const char *path, char **hosts, char *err, size_t errle
     int rc = read_file_all(path, &text, &len, YAML_MAX);
     if (rc) {
         snprintf(err, errlen, "--hostfile %s: %s", path,
-                 rc == KOLO_ENOTFOUND ? "no such file" : kolo_strerror(rc));
+                 rc == KOLO_ENOTFOUND ? "no such file" : abi_strerror(rc));
         return KOLO_EINVAL;
     }
     /* "h" becomes ",h:1": at most three times the input, plus a little. */

@@ -455,7 +455,7 @@ int knobs_read_text(const char *path, size_t max, const char *label, char **text
     int rc = read_file_all(path, text, &len, max);
     if (rc) {
         knobs_err(err, errlen, "%s %s: %s", label, path,
-                  rc == KOLO_ENOTFOUND ? "no such file" : kolo_strerror(rc));
+                  rc == KOLO_ENOTFOUND ? "no such file" : abi_strerror(rc));
         return rc;
     }
     if (memchr(*text, '\0', len)) {

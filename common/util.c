@@ -304,7 +304,7 @@ int read_token_file(const char *path, char **token, char *err, size_t errlen)
         if (rc == KOLO_ETOOBIG)
             set_err(err, errlen, "token file %s is larger than %d bytes", path, TOKEN_FILE_MAX);
         else
-            set_err(err, errlen, "cannot read token file %s: %s", path, kolo_strerror(rc));
+            set_err(err, errlen, "cannot read token file %s: %s", path, abi_strerror(rc));
         return rc;
     }
     if (memchr(data, '\0', len)) {

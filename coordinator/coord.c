@@ -485,7 +485,7 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
         .arg = c,
     };
     if ((rv = rpc_server_open(&c->rpc, &rc)) != 0) {
-        snprintf(err, errlen, "cannot listen on %s: %s", c->listen, kolo_strerror(rv));
+        snprintf(err, errlen, "cannot listen on %s: %s", c->listen, abi_strerror(rv));
         coord_free(c);
         return rv;
     }

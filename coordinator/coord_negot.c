@@ -172,13 +172,12 @@ struct negot {
     } *cbuckets[NEGOT_BUCKETS];
 };
 
-static const char *coll_names[] = {"ALLREDUCE", "ALLGATHER",     "BROADCAST", "ALLTOALL",
-                                   "REDUCESCATTER", "BARRIER", "JOIN"};
-static const char *dtype_names[] = {"HOROVOD_UINT8",   "HOROVOD_INT8",     "HOROVOD_INT16",
-                                    "HOROVOD_INT32",   "HOROVOD_INT64",    "HOROVOD_FLOAT16",
-                                    "HOROVOD_BFLOAT16", "HOROVOD_FLOAT32", "HOROVOD_FLOAT64"};
-static const size_t dtype_sizes[] = {1, 1, 2, 4, 8, 2, 2, 4, 8};
-static const char *op_names[] = {"SUM", "AVERAGE", "MIN", "MAX", "PRODUCT"};
+/* Horovod's names of the element types in its mismatch texts */
+static const char *const horovod_dtypes[KOLO_DTYPE_COUNT] = {
+#define HOROVOD_DTYPE_(sym, value, bytes, name) [value] = "HOROVOD_" #sym,
+    KOLO_DTYPES(HOROVOD_DTYPE_)
+#undef HOROVOD_DTYPE_
+};
 
 static void negot_drop_parked(struct negot *n, int code, const char *why);
 
@@ -638,12 +637,19 @@ static bool same_shape(const struct treq *a, const struct treq *b)
 
 static const char *cname(uint32_t coll)
 {
-    return coll < 7 ? coll_names[coll] : "UNKNOWN";
+    const char *s = abi_coll_symbol((int)coll);
+    return s ? s : "UNKNOWN";
 }
 
 static const char *dname(uint32_t dtype)
 {
-    return dtype < 9 ? dtype_names[dtype] : "UNKNOWN";
+    return dtype < KOLO_DTYPE_COUNT ? horovod_dtypes[dtype] : "UNKNOWN";
+}
+
+static const char *oname(uint32_t op)
+{
+    const char *s = abi_op_symbol((int)op);
+    return s ? s : "?";
 }
 
 /* Checks the ranks' requests for one tensor against each other; returns
@@ -659,7 +665,8 @@ static void check_entry(struct negot *n, struct entry *e, char *err, size_t errl
         return;
     }
     const char *op = cname(a->coll);
-    if (a->dtype >= 9 || a->coll > 6 || (a->coll == KOLO_COLL_ALLREDUCE && a->op > 4)) {
+    if (a->dtype >= KOLO_DTYPE_COUNT || a->coll >= KOLO_COLL_COUNT ||
+        (a->coll == KOLO_COLL_ALLREDUCE && a->op >= KOLO_OP_COUNT)) {
         snprintf(err, errlen, "Invalid request for tensor %s.", e->name);
         return;
     }
@@ -712,7 +719,7 @@ static void check_entry(struct negot *n, struct entry *e, char *err, size_t errl
                 snprintf(err, errlen,
                          "Mismatched reduction operation: One rank requested op %s, but another "
                          "rank requested op %s.",
-                         a->op < 5 ? op_names[a->op] : "?", b->op < 5 ? op_names[b->op] : "?");
+                         oname(a->op), oname(b->op));
                 return;
             }
             if (a->coll == KOLO_COLL_BROADCAST && a->root != b->root) {
@@ -893,7 +900,7 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
         }
         /* Take the longest run of fusable allreduces starting at i. */
         size_t j = i + 1;
-        int64_t bytes = elems(a, 0) * (int64_t)dtype_sizes[a->dtype];
+        int64_t bytes = elems(a, 0) * (int64_t)abi_dtype_size((int)a->dtype);
         if (a->coll == KOLO_COLL_ALLREDUCE) {
             while (j < nready) {
                 struct entry *f = ready[j];
@@ -904,8 +911,8 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
                 if (!b || b->coll != KOLO_COLL_ALLREDUCE)
                     break;
                 /* the rule the ranks' own rounds apply too (negotiation/round.h) */
-                int64_t fb = elems(b, 0) * (int64_t)dtype_sizes[b->dtype];
-                struct fusion_item fa = fusion_of(a, elems(a, 0) * (int64_t)dtype_sizes[a->dtype]),
+                int64_t fb = elems(b, 0) * (int64_t)abi_dtype_size((int)b->dtype);
+                struct fusion_item fa = fusion_of(a, elems(a, 0) * (int64_t)abi_dtype_size((int)a->dtype)),
                                    fi = fusion_of(b, fb);
                 if (!fusion_fits(&fa, bytes, &fi, n->fusion_threshold))
                     break;

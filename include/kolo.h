@@ -29,41 +29,10 @@ extern "C" {
 
 #define KOLO_API __attribute__((visibility("default")))
 
-/* The error codes: one table, also used by every other kolo component.
- * Codes are part of the ABI and the wire protocol: never renumbered. */
-#define KOLO_ERRORS(X)                                                                             \
-    X(OK, 0, "success")                                                                            \
-    X(EINVAL, 1, "invalid argument")                                                               \
-    X(ENOMEM, 2, "out of memory")                                                                  \
-    X(ETIMEDOUT, 3, "timed out")                                                                   \
-    X(ECLOSED, 4, "closed")                                                                        \
-    X(EPROTO, 5, "malformed message")                                                              \
-    X(EVERSION, 6, "protocol version mismatch")                                                    \
-    X(EAUTH, 7, "authentication failed")                                                           \
-    X(ETOOBIG, 8, "message too large")                                                             \
-    X(ENOMETHOD, 9, "unknown method")                                                              \
-    X(ENOTFOUND, 10, "not found")                                                                  \
-    X(EEXIST, 11, "already exists")                                                                \
-    X(ESTALE, 12, "stale session or generation")                                                   \
-    X(EBUSY, 13, "busy")                                                                           \
-    X(EIO, 14, "input/output error")                                                               \
-    X(ESTORE, 15, "state store error")                                                             \
-    X(ESHUTDOWN, 16, "shut down")                                                                  \
-    X(EPERM, 17, "permission denied")                                                              \
-    X(ENOSLOTS, 18, "not enough slots")                                                            \
-    X(EMISMATCH, 19, "mismatched collective arguments")                                            \
-    X(EINTERNAL, 20, "internal error")                                                             \
-    X(ENOTSUP, 21, "not supported")                                                                \
-    X(EPEER, 22, "peer failed")                                                                    \
-    X(ESYS, 23, "system call failed")                                                              \
-    X(ECONNREFUSED, 24, "connection refused")                                                      \
-    X(ESTATE, 25, "invalid state for this operation")
-
-enum kolo_err {
-#define KOLO_ERR_ENUM(name, code, text) KOLO_##name = code,
-    KOLO_ERRORS(KOLO_ERR_ENUM)
-#undef KOLO_ERR_ENUM
-};
+/* The shared vocabulary: error codes (enum kolo_err), element types
+ * (kolo_dtype), reductions (kolo_op) and collective kinds (kolo_coll), one
+ * table each. Values are part of the ABI and the wire protocol. */
+#include "kolo/abi.h"
 
 /* kolo_errname returns the symbolic name of code ("KOLO_ETIMEDOUT"), or
  * "KOLO_E?" for a code not in the table. Never NULL. */
@@ -71,43 +40,6 @@ KOLO_API const char *kolo_errname(int code);
 
 /* kolo_strerror returns a short English description of code. Never NULL. */
 KOLO_API const char *kolo_strerror(int code);
-
-/* Element types. Values are stable (used on the wire). */
-typedef enum kolo_dtype {
-    KOLO_UINT8 = 0,
-    KOLO_INT8 = 1,
-    KOLO_INT16 = 2,
-    KOLO_INT32 = 3,
-    KOLO_INT64 = 4,
-    KOLO_FLOAT16 = 5,
-    KOLO_BFLOAT16 = 6,
-    KOLO_FLOAT32 = 7,
-    KOLO_FLOAT64 = 8,
-    KOLO_DTYPE_COUNT
-} kolo_dtype;
-
-/* Reductions. AVERAGE is SUM followed by a division by the number of
- * ranks (for integers, rounding toward zero). */
-typedef enum kolo_op {
-    KOLO_SUM = 0,
-    KOLO_AVERAGE = 1,
-    KOLO_MIN = 2,
-    KOLO_MAX = 3,
-    KOLO_PRODUCT = 4,
-    KOLO_OP_COUNT
-} kolo_op;
-
-/* Collective kinds, as named in errors and the timeline. */
-typedef enum kolo_coll {
-    KOLO_COLL_ALLREDUCE = 0,
-    KOLO_COLL_ALLGATHER = 1,
-    KOLO_COLL_BROADCAST = 2,
-    KOLO_COLL_ALLTOALL = 3,
-    KOLO_COLL_REDUCESCATTER = 4,
-    KOLO_COLL_BARRIER = 5,
-    KOLO_COLL_JOIN = 6,
-    KOLO_COLL_COUNT
-} kolo_coll;
 
 typedef struct kolo_ctx kolo_ctx;
 typedef int64_t kolo_handle;
@@ -235,9 +167,13 @@ KOLO_API int kolo_hosts_updated(const kolo_ctx *ctx, uint64_t *stamp_ms, int *ki
 KOLO_API const char *kolo_last_error(const kolo_ctx *ctx);
 
 /* kolo_dtype_size returns the size of one element in bytes (0 if dtype
- * is invalid); kolo_dtype_name its name ("float32"). */
+ * is invalid); kolo_dtype_name its name ("float32"), kolo_op_name a
+ * reduction's ("sum"), kolo_coll_name a collective kind's ("allreduce"):
+ * "invalid" for a value outside the table, never NULL. */
 KOLO_API size_t kolo_dtype_size(kolo_dtype dtype);
 KOLO_API const char *kolo_dtype_name(kolo_dtype dtype);
+KOLO_API const char *kolo_op_name(kolo_op op);
+KOLO_API const char *kolo_coll_name(kolo_coll coll);
 
 /*
  * kolo_request is the general form of a collective operation, used by

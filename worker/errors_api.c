@@ -1,18 +1,42 @@
 /*
- * errors_api.c - libkolo's small, context-free helpers.
+ * errors_api.c - libkolo's names for its vocabulary (include/kolo/abi.h):
+ * the public face of common/abi.c.
  */
 #include "kolo.h"
 
+#include "abi.h"
+
+const char *kolo_errname(int code)
+{
+    return abi_errname(code);
+}
+
+const char *kolo_strerror(int code)
+{
+    return abi_strerror(code);
+}
+
 size_t kolo_dtype_size(kolo_dtype dtype)
 {
-    static const size_t sizes[KOLO_DTYPE_COUNT] = {1, 1, 2, 4, 8, 2, 2, 4, 8};
-    return (unsigned)dtype < KOLO_DTYPE_COUNT ? sizes[dtype] : 0;
+    return abi_dtype_size(dtype);
+}
+
+static const char *or_invalid(const char *name)
+{
+    return name ? name : "invalid";
 }
 
 const char *kolo_dtype_name(kolo_dtype dtype)
 {
-    static const char *names[KOLO_DTYPE_COUNT] = {"uint8",   "int8",     "int16",
-                                                  "int32",   "int64",    "float16",
-                                                  "bfloat16", "float32", "float64"};
-    return (unsigned)dtype < KOLO_DTYPE_COUNT ? names[dtype] : "invalid";
+    return or_invalid(abi_dtype_name(dtype));
+}
+
+const char *kolo_op_name(kolo_op op)
+{
+    return or_invalid(abi_op_name(op));
+}
+
+const char *kolo_coll_name(kolo_coll coll)
+{
+    return or_invalid(abi_coll_name(coll));
 }

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "errors.h"
+#include "kolo.h"
 #include "log.h"
 #include "util.h"
 

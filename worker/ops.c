@@ -388,15 +388,13 @@ static struct op *op_new(struct kolo_ctx *c, const kolo_request *r)
     char auto_name[64];
     const char *name = r->name;
     if (!name || !name[0]) {
-        static const char *kinds[] = {"allreduce", "allgather",     "broadcast", "alltoall",
-                                      "reducescatter", "barrier", "join"};
         if (r->coll == KOLO_COLL_BARRIER)
             snprintf(auto_name, sizeof(auto_name), "kolo.barrier.%llu",
                      (unsigned long long)++c->barriers);
         else if (r->coll == KOLO_COLL_JOIN)
             snprintf(auto_name, sizeof(auto_name), "kolo.join");
         else
-            snprintf(auto_name, sizeof(auto_name), "%s.noname.%llu", kinds[r->coll],
+            snprintf(auto_name, sizeof(auto_name), "%s.noname.%llu", kolo_coll_name(r->coll),
                      (unsigned long long)++c->unnamed);
         name = auto_name;
     }

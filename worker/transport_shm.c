@@ -71,6 +71,7 @@
 #include <unistd.h>
 
 #include "errors.h"
+#include "kolo.h"
 #include "log.h"
 #include "shm_names.h"
 #include "util.h"

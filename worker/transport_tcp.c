@@ -67,6 +67,7 @@
 #include <unistd.h>
 
 #include "errors.h"
+#include "kolo.h"
 #include "hmac.h"
 #include "log.h"
 #include "seal.h"

@@ -21,24 +21,14 @@ import warnings
 from . import _lib
 from .exceptions import HorovodInternalError
 
-# kolo_coll
-ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER, BARRIER, JOIN = range(7)
-COLL_NAMES = ["allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join"]
-
-# kolo_dtype
-UINT8, INT8, INT16, INT32, INT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64 = range(9)
-DTYPE_SIZE = [1, 1, 2, 4, 8, 2, 2, 4, 8]
-FLOATING = (FLOAT16, BFLOAT16, FLOAT32, FLOAT64)
-
-# kolo_op
-K_SUM, K_AVERAGE, K_MIN, K_MAX, K_PRODUCT = range(5)
+# the vocabulary (include/kolo/abi.h): collective kinds (ALLREDUCE, ...),
+# dtypes (UINT8 ... FLOAT64, DTYPE_SIZE, FLOATING), kolo's reductions
+# (K_SUM, ...) and error codes (E_INVAL, ...)
+from ._abi import *  # noqa: F401,F403 (bound from tables: see _abi)
 
 # Horovod's reduce-op values (horovod/common/basics: Average=0, Sum=1, ...)
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
 _KOLO_OP = {Average: K_AVERAGE, Sum: K_SUM, Min: K_MIN, Max: K_MAX, Product: K_PRODUCT}
-
-# error codes used here (include/kolo.h)
-E_INVAL, E_TIMEDOUT, E_NOTFOUND, E_EXIST, E_NOTSUP = 1, 3, 10, 11, 21
 
 WAIT_SLICE_MS = 200  # waits are sliced so that Ctrl-C reaches Python
 

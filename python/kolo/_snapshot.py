@@ -26,10 +26,7 @@ import json
 
 from . import _lib
 from . import _engine as _engine_mod
-
-E_NOTFOUND = 10
-E_STALE = 12
-E_SHUTDOWN = 16
+from ._abi import E_NOTFOUND, E_SHUTDOWN, E_STALE
 
 DEFAULT_PUT_TIMEOUT = 300.0
 DEFAULT_GET_TIMEOUT = 120.0

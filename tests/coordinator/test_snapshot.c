@@ -154,7 +154,7 @@ static uint64_t put_all(struct rpc_client *cli, const struct blob *b, uint64_t u
         Kolo__SnapshotAck *ack = NULL;
         int rv = put_chunk(cli, &a, &ack, err);
         if (rv) {
-            fprintf(stderr, "put chunk %u: %s: %s\n", i, kolo_errname(rv), err);
+            fprintf(stderr, "put chunk %u: %s: %s\n", i, abi_errname(rv), err);
             return 0;
         }
         if (i + 1 < n) {

@@ -34,6 +34,7 @@ DEB=$("$ROOT/scripts/package-deb.sh" "$BUILD") || fail "package-deb.sh failed"
 dpkg-deb -f "$DEB" Package Version Depends | has "^Package: kolo" || fail "no control file"
 dpkg-deb -c "$DEB" | awk '{print $6}' >"$WORK/contents"
 for f in ./usr/bin/kolo ./usr/lib/libkolo.so ./usr/lib/libkolo.so.0 ./usr/include/kolo.h \
+         ./usr/include/kolo/abi.h \
          ./usr/lib/python3/dist-packages/kolo/__init__.py \
          ./usr/lib/python3/dist-packages/kolo/torch/__init__.py \
          ./lib/systemd/system/kolo-coordinator.service ./lib/systemd/system/kolo-agent.service \
@@ -68,6 +69,11 @@ if command -v systemd-analyze >/dev/null; then
     /lib/systemd/system/kolo-agent.service >"$WORK/verify.out" 2>&1 ||
     fail "systemd-analyze verify: $(cat "$WORK/verify.out")"
 fi
+
+note "a C program builds against the installed header and library"
+printf '#include <kolo.h>\n#include <stdio.h>\nint main(void) { printf("%%s %%zu\\n", kolo_dtype_name(KOLO_FLOAT32), kolo_dtype_size(KOLO_FLOAT32)); return 0; }\n' >"$WORK/use.c"
+cc -o "$WORK/use" "$WORK/use.c" -lkolo 2>"$WORK/cc.err" || fail "cc against /usr/include/kolo.h failed: $(cat "$WORK/cc.err")"
+[ "$("$WORK/use")" = "float32 4" ] || fail "the program printed $("$WORK/use")"
 
 note "a 2-rank job from installed paths only"
 mkdir -p "$WORK/home"

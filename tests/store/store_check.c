@@ -50,7 +50,7 @@ static int check_snapshot(const struct store_snapshot *s, void *arg)
     for (uint32_t i = 0; i < s->nchunks; i++) {
         int rc = store_snapshot_chunk(st, s->job_id, s->id, i, hash_chunk, &r);
         if (rc) {
-            printf("snapshot %" PRIu64 ": chunk %u: %s\n", s->id, i, kolo_errname(rc));
+            printf("snapshot %" PRIu64 ": chunk %u: %s\n", s->id, i, abi_errname(rc));
             bad++;
             return 0;
         }

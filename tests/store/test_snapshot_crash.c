@@ -116,7 +116,7 @@ static void writer(int ack_fd, uint64_t job, uint64_t first)
         struct ack a = {k, 0};
         int rc = commit(st, job, k, buf, &a.id);
         if (rc != 0) {
-            fprintf(stderr, "writer: commit %" PRIu64 ": %s: %s\n", k, kolo_errname(rc),
+            fprintf(stderr, "writer: commit %" PRIu64 ": %s: %s\n", k, abi_errname(rc),
                     store_last_error(st));
             _exit(2);
         }

@@ -56,7 +56,7 @@ static struct store *open_store(const char *path)
     char err[256];
     int rc = store_open(&st, path, err, sizeof err);
     if (rc != 0)
-        fprintf(stderr, "store_open(%s): %s: %s\n", path, kolo_errname(rc), err);
+        fprintf(stderr, "store_open(%s): %s: %s\n", path, abi_errname(rc), err);
     REQUIRE(rc == 0 && st);
     return st;
 }

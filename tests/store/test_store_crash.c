@@ -131,7 +131,7 @@ static void writer(int ack_fd, uint64_t job, uint64_t first)
             break;
         }
         if (rc != 0) {
-            fprintf(stderr, "writer: write %" PRIu64 ": %s: %s\n", k, kolo_errname(rc),
+            fprintf(stderr, "writer: write %" PRIu64 ": %s: %s\n", k, abi_errname(rc),
                     store_last_error(st));
             _exit(2);
         }
