@@ -36,6 +36,11 @@
  * same kind), a fresh statement is prepared for that call and finalized
  * after it, since a prepared statement can run only one query at a time.
  *
+ * Files. This file owns the connection, the schema, the statement cache,
+ * transactions and errors; store_hosts.c, store_jobs.c (jobs, generations,
+ * ranks), store_log.c (events, output), store_snap.c and store_report.c
+ * hold the functions of their tables. store_internal.h is what they share.
+ *
  * Errors. SQLite's message is kept in st->errmsg for store_last_error().
  * Failures map to kolo codes: a primary-key or unique conflict is
  * KOLO_EEXIST, a foreign key that names a missing job or host is
@@ -52,6 +57,7 @@
 #include <sqlite3.h>
 
 #include "errors.h"
+#include "store_internal.h"
 
 /* How long a statement waits for another connection's lock before failing. */
 #define STORE_BUSY_TIMEOUT_MS 5000
@@ -202,7 +208,6 @@ static const char schema_v2[] =
 static const char schema_v3[] = "ALTER TABLE ranks ADD COLUMN worker_id INTEGER NOT NULL DEFAULT 0;"
                                 "ALTER TABLE jobs ADD COLUMN elastic TEXT;";
 
-/* ---- reports (issue 6): begin ---- */
 /*
  * Version 4: training progress reported by the workers.
  * - epochs: one row per (job, generation, rank, epoch); start_ms and
@@ -234,7 +239,6 @@ static const char schema_v4[] =
     "  PRIMARY KEY (job_id, rank, ts_ms)"
     ");"
     "CREATE INDEX steps_by_time ON steps(job_id, ts_ms);";
-/* ---- reports (issue 6): end ---- */
 
 /*
  * Version 5: snapshots.duration_ms, how long the coordinator took from an
@@ -257,146 +261,17 @@ _Static_assert(sizeof migrations / sizeof migrations[0] == STORE_SCHEMA_VERSION,
 
 /* -------------------------------------------------------------- statements */
 
-#define HOST_COLUMNS                                                                               \
-    "id, name, hostname, addr, slots, cpus, gpus, gpu_names, mem_bytes, state, "                   \
-    "registered_ms, last_seen_ms, agent_instance, reg_order"
-#define JOB_COLUMNS                                                                                \
-    "id, name, state, np, argv_json, env_json, cwd, hosts, exit_code, reason, generation, "        \
-    "start_timeout_ms, submitted_ms, started_ms, ended_ms, elastic"
-#define RANK_COLUMNS                                                                               \
-    "job_id, generation, rank, host_id, local_rank, local_size, cross_rank, cross_size, "          \
-    "state, exit_code, term_signal, pid, worker_id"
-#define EVENT_COLUMNS  "id, ts_ms, job_id, host_id, kind, message"
-#define OUTPUT_COLUMNS "job_id, seq, rank, stream, text, ts_ms"
-#define SNAPSHOT_COLUMNS                                                                           \
-    "id, job_id, generation, rank, upload_id, created_ms, meta_json, total_bytes, checksum, "      \
-    "chunks, duration_ms"
-
-/* Placeholders are positional and bound in the order they appear. */
-#define STORE_STATEMENTS(X)                                                                        \
-    X(BEGIN, "BEGIN IMMEDIATE")                                                                    \
-    X(COMMIT, "COMMIT")                                                                            \
-    X(ROLLBACK, "ROLLBACK")                                                                        \
-    X(SAVEPOINT, "SAVEPOINT store_nested")                                                         \
-    X(RELEASE, "RELEASE store_nested")                                                             \
-    X(ROLLBACK_TO, "ROLLBACK TO store_nested")                                                     \
-    X(USER_VERSION, "PRAGMA user_version")                                                         \
-    X(META_GET, "SELECT value FROM meta WHERE key = ?")                                            \
-    X(META_PUT, "INSERT INTO meta(key, value) VALUES (?, ?) "                                      \
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value")                           \
-    X(HOST_PUT, "INSERT INTO hosts(" HOST_COLUMNS ") "                                             \
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "                                  \
-                "        (SELECT IFNULL(MAX(reg_order), 0) + 1 FROM hosts)) "                      \
-                "ON CONFLICT(id) DO UPDATE SET name = excluded.name, "                             \
-                "hostname = excluded.hostname, addr = excluded.addr, "                             \
-                "slots = excluded.slots, cpus = excluded.cpus, gpus = excluded.gpus, "             \
-                "gpu_names = excluded.gpu_names, mem_bytes = excluded.mem_bytes, "                 \
-                "state = excluded.state, last_seen_ms = excluded.last_seen_ms, "                   \
-                "agent_instance = excluded.agent_instance")                                        \
-    X(HOST_SET_STATE, "UPDATE hosts SET state = ?, last_seen_ms = ? WHERE id = ?")                 \
-    X(HOSTS_EACH, "SELECT " HOST_COLUMNS " FROM hosts ORDER BY reg_order")                         \
-    X(JOB_INSERT, "INSERT INTO jobs(name, state, np, argv_json, env_json, cwd, hosts, "            \
-                  "exit_code, reason, generation, start_timeout_ms, submitted_ms, "                \
-                  "started_ms, ended_ms, elastic) "                                                \
-                  "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")                          \
-    X(JOB_UPDATE, "UPDATE jobs SET state = ?, np = ?, hosts = ?, exit_code = ?, "                  \
-                  "reason = ?, generation = ?, start_timeout_ms = ?, started_ms = ?, "             \
-                  "ended_ms = ?, elastic = ? WHERE id = ?")                                        \
-    X(JOBS_EACH, "SELECT " JOB_COLUMNS " FROM jobs ORDER BY id")                                   \
-    X(GENERATION_ADD, "INSERT INTO generations(job_id, generation, cause, size, ts_ms) "           \
-                      "VALUES (?, ?, ?, ?, ?)")                                                    \
-    X(GENERATIONS_EACH, "SELECT generation, cause, size, ts_ms FROM generations "                  \
-                        "WHERE job_id = ? ORDER BY generation")                                    \
-    X(RANK_PUT, "INSERT INTO ranks(" RANK_COLUMNS ") "                                             \
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "                                  \
-                "ON CONFLICT(job_id, generation, rank) DO UPDATE SET "                             \
-                "host_id = excluded.host_id, local_rank = excluded.local_rank, "                   \
-                "local_size = excluded.local_size, cross_rank = excluded.cross_rank, "             \
-                "cross_size = excluded.cross_size, state = excluded.state, "                       \
-                "exit_code = excluded.exit_code, term_signal = excluded.term_signal, "             \
-                "pid = excluded.pid, worker_id = excluded.worker_id")                              \
-    X(RANK_UPDATE, "UPDATE ranks SET state = ?, exit_code = ?, term_signal = ?, pid = ? "          \
-                   "WHERE job_id = ? AND generation = ? AND rank = ?")                             \
-    X(RANKS_EACH, "SELECT " RANK_COLUMNS " FROM ranks "                                            \
-                  "WHERE job_id = ? AND generation = ? ORDER BY rank")                             \
-    X(EVENT_ADD, "INSERT INTO events(ts_ms, job_id, host_id, kind, message) "                      \
-                 "VALUES (?, ?, ?, ?, ?)")                                                         \
-    X(EVENTS_AFTER, "SELECT " EVENT_COLUMNS " FROM events "                                        \
-                    "WHERE id > ? ORDER BY id LIMIT ?")                                            \
-    X(EVENTS_AFTER_JOB, "SELECT " EVENT_COLUMNS " FROM events "                                    \
-                        "WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?")                         \
-    X(EVENTS_TAIL, "SELECT * FROM (SELECT " EVENT_COLUMNS " FROM events "                          \
-                   "ORDER BY id DESC LIMIT ?) ORDER BY id")                                        \
-    X(EVENTS_TAIL_JOB, "SELECT * FROM (SELECT " EVENT_COLUMNS " FROM events "                      \
-                       "WHERE job_id = ? ORDER BY id DESC LIMIT ?) ORDER BY id")                   \
-    X(OUTPUT_APPEND, "INSERT INTO output(" OUTPUT_COLUMNS ") VALUES (?, ?, ?, ?, ?, ?)")           \
-    X(OUTPUT_EACH, "SELECT " OUTPUT_COLUMNS " FROM output "                                        \
-                   "WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?")                            \
-    X(OUTPUT_MAX_SEQ, "SELECT IFNULL(MAX(seq), 0) FROM output WHERE job_id = ?")                   \
-    X(SNAP_INSERT, "INSERT INTO snapshots(job_id, generation, rank, upload_id, created_ms, "       \
-                   "meta_json, total_bytes, checksum, chunks, duration_ms) "                       \
-                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")                                        \
-    X(SNAP_CHUNK_INSERT, "INSERT INTO snapshot_chunks(snapshot_id, idx, data) VALUES (?, ?, ?)")   \
-    X(SNAP_SET_DURATION, "UPDATE snapshots SET duration_ms = ? WHERE job_id = ? AND id = ?")       \
-    X(SNAP_LATEST, "SELECT " SNAPSHOT_COLUMNS " FROM snapshots "                                   \
-                   "WHERE job_id = ? ORDER BY id DESC LIMIT 1")                                    \
-    X(SNAP_GET, "SELECT " SNAPSHOT_COLUMNS " FROM snapshots WHERE job_id = ? AND id = ?")          \
-    X(SNAP_BY_UPLOAD, "SELECT " SNAPSHOT_COLUMNS " FROM snapshots "                                \
-                      "WHERE job_id = ? AND upload_id = ?")                                        \
-    X(SNAPS_EACH, "SELECT " SNAPSHOT_COLUMNS " FROM snapshots "                                    \
-                  "WHERE job_id = ? ORDER BY id DESC LIMIT ?")                                     \
-    X(SNAP_CHUNK_GET, "SELECT c.data FROM snapshot_chunks c JOIN snapshots s "                     \
-                      "ON s.id = c.snapshot_id "                                                   \
-                      "WHERE s.job_id = ? AND c.snapshot_id = ? AND c.idx = ?")                    \
-    X(SNAP_PRUNE, "DELETE FROM snapshots WHERE job_id = ? AND id NOT IN "                          \
-                  "(SELECT id FROM snapshots WHERE job_id = ? ORDER BY id DESC LIMIT ?)")           \
-    X(EPOCH_START, "INSERT INTO epochs(job_id, generation, rank, epoch, start_ms) "                \
-                   "VALUES (?, ?, ?, ?, ?) ON CONFLICT(job_id, generation, rank, epoch) "           \
-                   "DO UPDATE SET start_ms = excluded.start_ms")                                   \
-    X(EPOCH_END, "INSERT INTO epochs(job_id, generation, rank, epoch, start_ms, end_ms, samples, "  \
-                 "metrics_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "                                  \
-                 "ON CONFLICT(job_id, generation, rank, epoch) DO UPDATE SET "                     \
-                 "start_ms = CASE WHEN start_ms > 0 THEN start_ms ELSE excluded.start_ms END, "    \
-                 "end_ms = excluded.end_ms, samples = excluded.samples, "                          \
-                 "metrics_json = excluded.metrics_json")                                           \
-    X(EPOCHS_EACH, "SELECT job_id, generation, rank, epoch, start_ms, end_ms, samples, "           \
-                   "metrics_json FROM epochs WHERE job_id = ? "                                    \
-                   "ORDER BY epoch, generation, rank")                                             \
-    X(STEP_ADD, "INSERT INTO steps(job_id, rank, host_id, ts_ms, seconds, n) "                     \
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(job_id, rank, ts_ms) DO UPDATE SET "        \
-                "seconds = (seconds * n + excluded.seconds * excluded.n) / (n + excluded.n), "     \
-                "n = n + excluded.n, host_id = excluded.host_id")                                  \
-    X(STEPS_EACH, "SELECT job_id, rank, host_id, ts_ms, seconds, n FROM steps "                    \
-                  "WHERE job_id = ? AND ts_ms >= ? ORDER BY ts_ms, rank")                          \
-    X(STEPS_PRUNE, "DELETE FROM steps WHERE job_id = ? AND ts_ms < "                               \
-                   "(SELECT ts_ms FROM steps WHERE job_id = ? ORDER BY ts_ms DESC "                \
-                   "LIMIT 1 OFFSET ?)")
-
-enum stmt_id {
-#define STMT_ENUM(name, sql) STMT_##name,
-    STORE_STATEMENTS(STMT_ENUM)
-#undef STMT_ENUM
-        STMT_COUNT
-};
-
 static const char *const stmt_sql[STMT_COUNT] = {
 #define STMT_SQL(name, sql) [STMT_##name] = sql,
     STORE_STATEMENTS(STMT_SQL)
 #undef STMT_SQL
 };
 
-struct store {
-    sqlite3 *db;
-    sqlite3_stmt *stmts[STMT_COUNT]; /* prepared on first use */
-    int txn_depth;                   /* store_begin levels open */
-    bool txn_lost;                   /* SQLite aborted the open transaction */
-    char errmsg[512];
-};
 
 /* ------------------------------------------------------------------ errors */
 
 /* store_fail records SQLite's message for rc and maps rc to a kolo code. */
-static int store_fail(struct store *st, int rc, const char *what)
+int store_fail(struct store *st, int rc, const char *what)
 {
     snprintf(st->errmsg, sizeof st->errmsg, "%s: %s", what, sqlite3_errmsg(st->db));
     switch (rc) {
@@ -411,7 +286,7 @@ static int store_fail(struct store *st, int rc, const char *what)
 }
 
 /* store_reject records why the store refused a call without asking SQLite. */
-static int store_reject(struct store *st, int code, const char *what)
+int store_reject(struct store *st, int code, const char *what)
 {
     snprintf(st->errmsg, sizeof st->errmsg, "%s", what);
     return code;
@@ -437,7 +312,7 @@ static bool store_txn_lost(struct store *st)
 
 /* stmt_get returns the cached statement for id, or a fresh one when the
  * cached one is busy in an enclosing iteration. */
-static int stmt_get(struct store *st, enum stmt_id id, sqlite3_stmt **out)
+int stmt_get(struct store *st, enum stmt_id id, sqlite3_stmt **out)
 {
     sqlite3_stmt *cached = st->stmts[id];
     if (cached && !sqlite3_stmt_busy(cached)) {
@@ -457,7 +332,7 @@ static int stmt_get(struct store *st, enum stmt_id id, sqlite3_stmt **out)
 
 /* stmt_done makes s ready for its next use, or frees it if it was a
  * one-off prepared by stmt_get for a nested call. */
-static void stmt_done(struct store *st, enum stmt_id id, sqlite3_stmt *s)
+void stmt_done(struct store *st, enum stmt_id id, sqlite3_stmt *s)
 {
     if (s == st->stmts[id]) {
         sqlite3_reset(s);
@@ -469,7 +344,7 @@ static void stmt_done(struct store *st, enum stmt_id id, sqlite3_stmt *s)
 
 /* stmt_data_get is stmt_get for statements that read or write tables:
  * they must not run once the caller's transaction has been lost. */
-static int stmt_data_get(struct store *st, enum stmt_id id, sqlite3_stmt **out)
+int stmt_data_get(struct store *st, enum stmt_id id, sqlite3_stmt **out)
 {
     if (store_txn_lost(st))
         return KOLO_ESTORE;
@@ -489,82 +364,8 @@ static int stmt_exec(struct store *st, enum stmt_id id)
     return err;
 }
 
-/*
- * A binder fills a statement's positional parameters left to right and
- * remembers the first failure, so a function binds all its values and
- * checks once. A NULL string is bound as SQL NULL.
- */
-struct binder {
-    sqlite3_stmt *s;
-    int index;
-    int rc;
-};
-
-static void bind_text(struct binder *b, const char *text)
-{
-    if (b->rc != SQLITE_OK)
-        return;
-    b->index++;
-    b->rc = text ? sqlite3_bind_text(b->s, b->index, text, -1, SQLITE_STATIC)
-                 : sqlite3_bind_null(b->s, b->index);
-}
-
-static void bind_null(struct binder *b)
-{
-    if (b->rc != SQLITE_OK)
-        return;
-    b->index++;
-    b->rc = sqlite3_bind_null(b->s, b->index);
-}
-
-static void bind_i64(struct binder *b, int64_t value)
-{
-    if (b->rc != SQLITE_OK)
-        return;
-    b->index++;
-    b->rc = sqlite3_bind_int64(b->s, b->index, value);
-}
-
-static void bind_double(struct binder *b, double value)
-{
-    if (b->rc != SQLITE_OK)
-        return;
-    b->index++;
-    b->rc = sqlite3_bind_double(b->s, b->index, value);
-}
-
-/* SQLite integers are signed 64-bit; the unsigned values stored here (ids,
- * timestamps, sequence numbers, byte counts) stay far below 2^63. */
-static void bind_u64(struct binder *b, uint64_t value)
-{
-    bind_i64(b, (int64_t)value);
-}
-
-static void bind_blob(struct binder *b, const void *data, size_t len)
-{
-    if (b->rc != SQLITE_OK)
-        return;
-    b->index++;
-    /* sqlite3_bind_blob turns a NULL pointer into SQL NULL; an empty line
-     * is a zero-length blob, not a missing one. */
-    if (len == 0)
-        b->rc = sqlite3_bind_zeroblob(b->s, b->index, 0);
-    else
-        b->rc = sqlite3_bind_blob64(b->s, b->index, data, len, SQLITE_STATIC);
-}
-
-static const char *col_text(sqlite3_stmt *s, int col)
-{
-    return (const char *)sqlite3_column_text(s, col);
-}
-
-static uint64_t col_u64(sqlite3_stmt *s, int col)
-{
-    return (uint64_t)sqlite3_column_int64(s, col);
-}
-
 /* step_write runs a bound INSERT/UPDATE to completion and releases s. */
-static int step_write(struct store *st, enum stmt_id id, sqlite3_stmt *s, const char *what)
+int step_write(struct store *st, enum stmt_id id, sqlite3_stmt *s, const char *what)
 {
     int rc = sqlite3_step(s);
     int err = rc == SQLITE_DONE ? 0 : store_fail(st, rc, what);
@@ -573,12 +374,69 @@ static int step_write(struct store *st, enum stmt_id id, sqlite3_stmt *s, const 
 }
 
 /* bind_failed releases s after a failed bind and reports it. */
-static int bind_failed(struct store *st, enum stmt_id id, sqlite3_stmt *s, int rc, const char *what)
+int bind_failed(struct store *st, enum stmt_id id, sqlite3_stmt *s, int rc, const char *what)
 {
     int err = store_fail(st, rc, what);
     stmt_done(st, id, s);
     return err;
 }
+
+/* query_start readies statement id for a query: the caller binds its
+ * parameters into b, then hands b to query_each. */
+int query_start(struct store *st, enum stmt_id id, struct binder *b)
+{
+    sqlite3_stmt *s;
+    int err = stmt_data_get(st, id, &s);
+    if (err)
+        return err;
+    *b = (struct binder){s, 0, SQLITE_OK};
+    return 0;
+}
+
+/* query_each steps the bound statement and calls row(s, ctx) on every row
+ * until one returns non-zero (which it then returns); it releases the
+ * statement in every case. A failed bind or step is reported as what. */
+int query_each(struct store *st, enum stmt_id id, struct binder *b, const char *what,
+                      int (*row)(sqlite3_stmt *s, void *ctx), void *ctx)
+{
+    if (b->rc != SQLITE_OK)
+        return bind_failed(st, id, b->s, b->rc, what);
+    int result = 0;
+    for (;;) {
+        int rc = sqlite3_step(b->s);
+        if (rc == SQLITE_DONE)
+            break;
+        if (rc != SQLITE_ROW) {
+            result = store_fail(st, rc, what);
+            break;
+        }
+        result = row(b->s, ctx);
+        if (result)
+            break;
+    }
+    stmt_done(st, id, b->s);
+    return result;
+}
+
+/* Stores n items (size bytes apart) with one(st, item) in one
+ * transaction: all of them or none, one fsync for the batch. */
+int put_all(struct store *st, const void *items, size_t n, size_t size,
+                   int (*one)(struct store *, const void *))
+{
+    if (n == 0)
+        return 0;
+    int err = store_begin(st);
+    if (err)
+        return err;
+    for (size_t i = 0; i < n && !err; i++)
+        err = one(st, (const char *)items + i * size);
+    if (err) {
+        store_rollback(st);
+        return err;
+    }
+    return store_commit(st);
+}
+
 
 /* ------------------------------------------------------------- open/close */
 
@@ -943,982 +801,3 @@ int store_meta_put(struct store *st, const char *key, const char *value)
     return step_write(st, STMT_META_PUT, s, "meta put");
 }
 
-/* ------------------------------------------------------------------ hosts */
-
-int store_host_put(struct store *st, const struct store_host *h)
-{
-    if (!st || !h || !h->id || !h->state)
-        return st ? store_reject(st, KOLO_EINVAL, "store_host_put: id and state are required")
-                  : KOLO_EINVAL;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_HOST_PUT, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_text(&b, h->id);
-    bind_text(&b, h->name);
-    bind_text(&b, h->hostname);
-    bind_text(&b, h->addr);
-    bind_i64(&b, h->slots);
-    bind_i64(&b, h->cpus);
-    bind_i64(&b, h->gpus);
-    bind_text(&b, h->gpu_names);
-    bind_u64(&b, h->mem_bytes);
-    bind_text(&b, h->state);
-    bind_u64(&b, h->registered_ms);
-    bind_u64(&b, h->last_seen_ms);
-    bind_text(&b, h->agent_instance);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_HOST_PUT, s, b.rc, "host put");
-    return step_write(st, STMT_HOST_PUT, s, "host put");
-}
-
-int store_host_set_state(struct store *st, const char *id, const char *state, uint64_t ts_ms)
-{
-    if (!st || !id || !state)
-        return st ? store_reject(st, KOLO_EINVAL, "store_host_set_state: invalid argument")
-                  : KOLO_EINVAL;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_HOST_SET_STATE, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_text(&b, state);
-    bind_u64(&b, ts_ms);
-    bind_text(&b, id);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_HOST_SET_STATE, s, b.rc, "host set state");
-    err = step_write(st, STMT_HOST_SET_STATE, s, "host set state");
-    if (!err && sqlite3_changes(st->db) == 0)
-        err = store_reject(st, KOLO_ENOTFOUND, "store_host_set_state: no such host");
-    return err;
-}
-
-int store_hosts_each(struct store *st, store_host_fn fn, void *arg)
-{
-    if (!st || !fn)
-        return KOLO_EINVAL;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_HOSTS_EACH, &s);
-    if (err)
-        return err;
-    int result = 0;
-    for (;;) {
-        int rc = sqlite3_step(s);
-        if (rc == SQLITE_DONE)
-            break;
-        if (rc != SQLITE_ROW) {
-            result = store_fail(st, rc, "hosts");
-            break;
-        }
-        struct store_host h = {
-            .id = col_text(s, 0),
-            .name = col_text(s, 1),
-            .hostname = col_text(s, 2),
-            .addr = col_text(s, 3),
-            .slots = sqlite3_column_int(s, 4),
-            .cpus = sqlite3_column_int(s, 5),
-            .gpus = sqlite3_column_int(s, 6),
-            .gpu_names = col_text(s, 7),
-            .mem_bytes = col_u64(s, 8),
-            .state = col_text(s, 9),
-            .registered_ms = col_u64(s, 10),
-            .last_seen_ms = col_u64(s, 11),
-            .agent_instance = col_text(s, 12),
-            .order = sqlite3_column_int64(s, 13),
-        };
-        result = fn(&h, arg);
-        if (result)
-            break;
-    }
-    stmt_done(st, STMT_HOSTS_EACH, s);
-    return result;
-}
-
-/* ------------------------------------------------------------------- jobs */
-
-int store_job_insert(struct store *st, struct store_job *job)
-{
-    if (!st || !job || !job->state)
-        return st ? store_reject(st, KOLO_EINVAL, "store_job_insert: state is required")
-                  : KOLO_EINVAL;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_JOB_INSERT, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_text(&b, job->name);
-    bind_text(&b, job->state);
-    bind_i64(&b, job->np);
-    bind_text(&b, job->argv_json);
-    bind_text(&b, job->env_json);
-    bind_text(&b, job->cwd);
-    bind_text(&b, job->hosts);
-    bind_i64(&b, job->exit_code);
-    bind_text(&b, job->reason);
-    bind_u64(&b, job->generation);
-    bind_i64(&b, job->start_timeout_ms);
-    bind_u64(&b, job->submitted_ms);
-    bind_u64(&b, job->started_ms);
-    bind_u64(&b, job->ended_ms);
-    bind_text(&b, job->elastic_json);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_JOB_INSERT, s, b.rc, "job insert");
-    err = step_write(st, STMT_JOB_INSERT, s, "job insert");
-    if (!err)
-        job->id = (uint64_t)sqlite3_last_insert_rowid(st->db);
-    return err;
-}
-
-int store_job_update(struct store *st, const struct store_job *job)
-{
-    if (!st || !job || job->id == 0 || !job->state)
-        return st ? store_reject(st, KOLO_EINVAL, "store_job_update: id and state are required")
-                  : KOLO_EINVAL;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_JOB_UPDATE, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_text(&b, job->state);
-    bind_i64(&b, job->np);
-    bind_text(&b, job->hosts);
-    bind_i64(&b, job->exit_code);
-    bind_text(&b, job->reason);
-    bind_u64(&b, job->generation);
-    bind_i64(&b, job->start_timeout_ms);
-    bind_u64(&b, job->started_ms);
-    bind_u64(&b, job->ended_ms);
-    bind_text(&b, job->elastic_json);
-    bind_u64(&b, job->id);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_JOB_UPDATE, s, b.rc, "job update");
-    err = step_write(st, STMT_JOB_UPDATE, s, "job update");
-    if (!err && sqlite3_changes(st->db) == 0)
-        err = store_reject(st, KOLO_ENOTFOUND, "store_job_update: no such job");
-    return err;
-}
-
-int store_jobs_each(struct store *st, store_job_fn fn, void *arg)
-{
-    if (!st || !fn)
-        return KOLO_EINVAL;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_JOBS_EACH, &s);
-    if (err)
-        return err;
-    int result = 0;
-    for (;;) {
-        int rc = sqlite3_step(s);
-        if (rc == SQLITE_DONE)
-            break;
-        if (rc != SQLITE_ROW) {
-            result = store_fail(st, rc, "jobs");
-            break;
-        }
-        struct store_job j = {
-            .id = col_u64(s, 0),
-            .name = col_text(s, 1),
-            .state = col_text(s, 2),
-            .np = sqlite3_column_int(s, 3),
-            .argv_json = col_text(s, 4),
-            .env_json = col_text(s, 5),
-            .cwd = col_text(s, 6),
-            .hosts = col_text(s, 7),
-            .exit_code = sqlite3_column_int(s, 8),
-            .reason = col_text(s, 9),
-            .generation = col_u64(s, 10),
-            .start_timeout_ms = (uint32_t)sqlite3_column_int64(s, 11),
-            .submitted_ms = col_u64(s, 12),
-            .started_ms = col_u64(s, 13),
-            .ended_ms = col_u64(s, 14),
-            .elastic_json = col_text(s, 15),
-        };
-        result = fn(&j, arg);
-        if (result)
-            break;
-    }
-    stmt_done(st, STMT_JOBS_EACH, s);
-    return result;
-}
-
-/* ---------------------------------------------------- generations, ranks */
-
-int store_generation_add(struct store *st, uint64_t job_id, uint64_t generation, const char *cause,
-                         int size, uint64_t ts_ms)
-{
-    if (!st || job_id == 0 || size < 0)
-        return st ? store_reject(st, KOLO_EINVAL, "store_generation_add: invalid argument")
-                  : KOLO_EINVAL;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_GENERATION_ADD, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_u64(&b, job_id);
-    bind_u64(&b, generation);
-    bind_text(&b, cause);
-    bind_i64(&b, size);
-    bind_u64(&b, ts_ms);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_GENERATION_ADD, s, b.rc, "generation add");
-    return step_write(st, STMT_GENERATION_ADD, s, "generation add");
-}
-
-int store_generations_each(struct store *st, uint64_t job_id, store_generation_fn fn, void *arg)
-{
-    if (!st || !fn)
-        return KOLO_EINVAL;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_GENERATIONS_EACH, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_u64(&b, job_id);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_GENERATIONS_EACH, s, b.rc, "generations");
-    int result = 0;
-    for (;;) {
-        int rc = sqlite3_step(s);
-        if (rc == SQLITE_DONE)
-            break;
-        if (rc != SQLITE_ROW) {
-            result = store_fail(st, rc, "generations");
-            break;
-        }
-        result = fn(col_u64(s, 0), col_text(s, 1), sqlite3_column_int(s, 2), col_u64(s, 3), arg);
-        if (result)
-            break;
-    }
-    stmt_done(st, STMT_GENERATIONS_EACH, s);
-    return result;
-}
-
-/* Stores n items (size bytes apart) with one(st, item) in one
- * transaction: all of them or none, one fsync for the batch. */
-static int put_all(struct store *st, const void *items, size_t n, size_t size,
-                   int (*one)(struct store *, const void *))
-{
-    if (n == 0)
-        return 0;
-    int err = store_begin(st);
-    if (err)
-        return err;
-    for (size_t i = 0; i < n && !err; i++)
-        err = one(st, (const char *)items + i * size);
-    if (err) {
-        store_rollback(st);
-        return err;
-    }
-    return store_commit(st);
-}
-
-static int rank_put_one(struct store *st, const void *item)
-{
-    const struct store_rank *r = item;
-    if (r->job_id == 0 || !r->state)
-        return store_reject(st, KOLO_EINVAL, "store_ranks_put: job_id and state are required");
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_RANK_PUT, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_u64(&b, r->job_id);
-    bind_u64(&b, r->generation);
-    bind_i64(&b, r->rank);
-    bind_text(&b, r->host_id);
-    bind_i64(&b, r->local_rank);
-    bind_i64(&b, r->local_size);
-    bind_i64(&b, r->cross_rank);
-    bind_i64(&b, r->cross_size);
-    bind_text(&b, r->state);
-    bind_i64(&b, r->exit_code);
-    bind_i64(&b, r->term_signal);
-    bind_i64(&b, r->pid);
-    bind_u64(&b, r->worker_id);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_RANK_PUT, s, b.rc, "rank put");
-    return step_write(st, STMT_RANK_PUT, s, "rank put");
-}
-
-int store_ranks_put(struct store *st, const struct store_rank *ranks, size_t n)
-{
-    if (!st || (!ranks && n > 0))
-        return st ? store_reject(st, KOLO_EINVAL, "store_ranks_put: invalid argument")
-                  : KOLO_EINVAL;
-    /* A generation's ranks are stored together or not at all. */
-    return put_all(st, ranks, n, sizeof(*ranks), rank_put_one);
-}
-
-int store_rank_update(struct store *st, const struct store_rank *r)
-{
-    if (!st || !r || r->job_id == 0 || !r->state)
-        return st ? store_reject(st, KOLO_EINVAL,
-                                 "store_rank_update: job_id and state are required")
-                  : KOLO_EINVAL;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_RANK_UPDATE, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_text(&b, r->state);
-    bind_i64(&b, r->exit_code);
-    bind_i64(&b, r->term_signal);
-    bind_i64(&b, r->pid);
-    bind_u64(&b, r->job_id);
-    bind_u64(&b, r->generation);
-    bind_i64(&b, r->rank);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_RANK_UPDATE, s, b.rc, "rank update");
-    err = step_write(st, STMT_RANK_UPDATE, s, "rank update");
-    if (!err && sqlite3_changes(st->db) == 0)
-        err = store_reject(st, KOLO_ENOTFOUND, "store_rank_update: no such rank");
-    return err;
-}
-
-int store_ranks_each(struct store *st, uint64_t job_id, uint64_t generation, store_rank_fn fn,
-                     void *arg)
-{
-    if (!st || !fn)
-        return KOLO_EINVAL;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_RANKS_EACH, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_u64(&b, job_id);
-    bind_u64(&b, generation);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_RANKS_EACH, s, b.rc, "ranks");
-    int result = 0;
-    for (;;) {
-        int rc = sqlite3_step(s);
-        if (rc == SQLITE_DONE)
-            break;
-        if (rc != SQLITE_ROW) {
-            result = store_fail(st, rc, "ranks");
-            break;
-        }
-        struct store_rank r = {
-            .job_id = col_u64(s, 0),
-            .generation = col_u64(s, 1),
-            .rank = sqlite3_column_int(s, 2),
-            .host_id = col_text(s, 3),
-            .local_rank = sqlite3_column_int(s, 4),
-            .local_size = sqlite3_column_int(s, 5),
-            .cross_rank = sqlite3_column_int(s, 6),
-            .cross_size = sqlite3_column_int(s, 7),
-            .state = col_text(s, 8),
-            .exit_code = sqlite3_column_int(s, 9),
-            .term_signal = sqlite3_column_int(s, 10),
-            .pid = sqlite3_column_int(s, 11),
-            .worker_id = col_u64(s, 12),
-        };
-        result = fn(&r, arg);
-        if (result)
-            break;
-    }
-    stmt_done(st, STMT_RANKS_EACH, s);
-    return result;
-}
-
-/* ----------------------------------------------------------------- events */
-
-int store_event_add(struct store *st, struct store_event *ev)
-{
-    if (!st || !ev || !ev->kind)
-        return st ? store_reject(st, KOLO_EINVAL, "store_event_add: kind is required")
-                  : KOLO_EINVAL;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_EVENT_ADD, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_u64(&b, ev->ts_ms);
-    /* 0 means "no job"; NULL keeps such events out of every per-job
-     * query and lets a later schema add a foreign key without rewriting. */
-    if (ev->job_id == 0)
-        bind_null(&b);
-    else
-        bind_u64(&b, ev->job_id);
-    bind_text(&b, ev->host_id);
-    bind_text(&b, ev->kind);
-    bind_text(&b, ev->message);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_EVENT_ADD, s, b.rc, "event add");
-    err = step_write(st, STMT_EVENT_ADD, s, "event add");
-    if (!err)
-        ev->id = sqlite3_last_insert_rowid(st->db);
-    return err;
-}
-
-int store_events_each(struct store *st, uint64_t job_id, int64_t after_id, int limit,
-                      store_event_fn fn, void *arg)
-{
-    if (!st || !fn)
-        return KOLO_EINVAL;
-    /* Four shapes, each its own statement so that SQLite can plan it on
-     * the right index: from an id forwards, or the newest `limit` (picked
-     * in descending order, then returned ascending), for all jobs or one.
-     * SQLite reads LIMIT -1 as no limit. */
-    bool tail = after_id < 0 && limit > 0;
-    int64_t sql_limit = limit > 0 ? limit : -1;
-    if (after_id < 0)
-        after_id = 0;
-    enum stmt_id id;
-    if (tail)
-        id = job_id ? STMT_EVENTS_TAIL_JOB : STMT_EVENTS_TAIL;
-    else
-        id = job_id ? STMT_EVENTS_AFTER_JOB : STMT_EVENTS_AFTER;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, id, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    if (job_id)
-        bind_u64(&b, job_id);
-    if (!tail)
-        bind_i64(&b, after_id);
-    bind_i64(&b, sql_limit);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, id, s, b.rc, "events");
-    int result = 0;
-    for (;;) {
-        int rc = sqlite3_step(s);
-        if (rc == SQLITE_DONE)
-            break;
-        if (rc != SQLITE_ROW) {
-            result = store_fail(st, rc, "events");
-            break;
-        }
-        struct store_event ev = {
-            .id = sqlite3_column_int64(s, 0),
-            .ts_ms = col_u64(s, 1),
-            .job_id = col_u64(s, 2), /* NULL reads as 0: no job */
-            .host_id = col_text(s, 3),
-            .kind = col_text(s, 4),
-            .message = col_text(s, 5),
-        };
-        result = fn(&ev, arg);
-        if (result)
-            break;
-    }
-    stmt_done(st, id, s);
-    return result;
-}
-
-/* ----------------------------------------------------------------- output */
-
-static int output_append_one(struct store *st, const void *item)
-{
-    const struct store_output *o = item;
-    if (o->job_id == 0 || (!o->text && o->text_len > 0))
-        return store_reject(st, KOLO_EINVAL, "store_output_append: invalid line");
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_OUTPUT_APPEND, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_u64(&b, o->job_id);
-    bind_u64(&b, o->seq);
-    bind_i64(&b, o->rank);
-    bind_i64(&b, o->stream);
-    bind_blob(&b, o->text, o->text_len);
-    bind_u64(&b, o->ts_ms);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_OUTPUT_APPEND, s, b.rc, "output append");
-    return step_write(st, STMT_OUTPUT_APPEND, s, "output append");
-}
-
-int store_output_append(struct store *st, const struct store_output *lines, size_t n)
-{
-    if (!st || (!lines && n > 0))
-        return st ? store_reject(st, KOLO_EINVAL, "store_output_append: invalid argument")
-                  : KOLO_EINVAL;
-    /* One transaction for the batch: one fsync instead of n, and a reader
-     * never sees half of what an agent sent in one message. */
-    return put_all(st, lines, n, sizeof(*lines), output_append_one);
-}
-
-int store_output_each(struct store *st, uint64_t job_id, uint64_t after_seq, int limit,
-                      store_output_fn fn, void *arg)
-{
-    if (!st || !fn)
-        return KOLO_EINVAL;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_OUTPUT_EACH, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_u64(&b, job_id);
-    bind_u64(&b, after_seq);
-    bind_i64(&b, limit > 0 ? limit : -1);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_OUTPUT_EACH, s, b.rc, "output");
-    int result = 0;
-    for (;;) {
-        int rc = sqlite3_step(s);
-        if (rc == SQLITE_DONE)
-            break;
-        if (rc != SQLITE_ROW) {
-            result = store_fail(st, rc, "output");
-            break;
-        }
-        /* sqlite3_column_text on a BLOB gives its bytes unchanged plus a
-         * terminating NUL, so callers may also treat a line as a C string
-         * when they know it holds none. It must come before column_bytes. */
-        const char *text = col_text(s, 4);
-        size_t len = (size_t)sqlite3_column_bytes(s, 4);
-        struct store_output o = {
-            .job_id = col_u64(s, 0),
-            .seq = col_u64(s, 1),
-            .rank = sqlite3_column_int(s, 2),
-            .stream = sqlite3_column_int(s, 3),
-            .text = text ? text : "",
-            .text_len = text ? len : 0,
-            .ts_ms = col_u64(s, 5),
-        };
-        result = fn(&o, arg);
-        if (result)
-            break;
-    }
-    stmt_done(st, STMT_OUTPUT_EACH, s);
-    return result;
-}
-
-int store_output_max_seq(struct store *st, uint64_t job_id, uint64_t *seq)
-{
-    if (!st || !seq)
-        return st ? store_reject(st, KOLO_EINVAL, "store_output_max_seq: invalid argument")
-                  : KOLO_EINVAL;
-    *seq = 0;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_OUTPUT_MAX_SEQ, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_u64(&b, job_id);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_OUTPUT_MAX_SEQ, s, b.rc, "output max seq");
-    int rc = sqlite3_step(s);
-    if (rc == SQLITE_ROW)
-        *seq = col_u64(s, 0);
-    else
-        err = store_fail(st, rc, "output max seq");
-    stmt_done(st, STMT_OUTPUT_MAX_SEQ, s);
-    return err;
-}
-
-/* -------------------------------------------------------------- snapshots */
-
-static int snapshot_chunk_put(struct store *st, uint64_t id, size_t idx, const struct store_blob *c)
-{
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_SNAP_CHUNK_INSERT, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_u64(&b, id);
-    bind_u64(&b, idx);
-    bind_blob(&b, c->data, c->len);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_SNAP_CHUNK_INSERT, s, b.rc, "snapshot chunk");
-    return step_write(st, STMT_SNAP_CHUNK_INSERT, s, "snapshot chunk");
-}
-
-static int snapshot_insert(struct store *st, struct store_snapshot *snap)
-{
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_SNAP_INSERT, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_u64(&b, snap->job_id);
-    bind_u64(&b, snap->generation);
-    bind_i64(&b, snap->rank);
-    /* upload ids are random 64-bit values: stored as their signed image */
-    bind_u64(&b, snap->upload_id);
-    bind_u64(&b, snap->created_ms);
-    bind_text(&b, snap->meta_json);
-    bind_u64(&b, snap->total_bytes);
-    bind_text(&b, snap->checksum);
-    bind_i64(&b, snap->nchunks);
-    bind_u64(&b, snap->duration_ms);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_SNAP_INSERT, s, b.rc, "snapshot insert");
-    err = step_write(st, STMT_SNAP_INSERT, s, "snapshot insert");
-    if (!err)
-        snap->id = (uint64_t)sqlite3_last_insert_rowid(st->db);
-    return err;
-}
-
-int store_snapshot_put(struct store *st, struct store_snapshot *snap,
-                       const struct store_blob *chunks, size_t n)
-{
-    if (!st)
-        return KOLO_EINVAL;
-    if (!snap || snap->job_id == 0 || !snap->meta_json || !snap->checksum || n == 0 ||
-        n != snap->nchunks || !chunks)
-        return store_reject(st, KOLO_EINVAL, "store_snapshot_put: invalid argument");
-    uint64_t total = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!chunks[i].data && chunks[i].len > 0)
-            return store_reject(st, KOLO_EINVAL, "store_snapshot_put: chunk without data");
-        total += chunks[i].len;
-    }
-    if (total != snap->total_bytes)
-        return store_reject(st, KOLO_EINVAL,
-                            "store_snapshot_put: chunk lengths do not add up to total_bytes");
-    /* The record and every chunk in one transaction: a reader (or a
-     * coordinator restarted after a crash) sees the snapshot whole or not
-     * at all, and a return of 0 means all of it is on disk. */
-    int err = store_begin(st);
-    if (err)
-        return err;
-    err = snapshot_insert(st, snap);
-    for (size_t i = 0; i < n && !err; i++)
-        err = snapshot_chunk_put(st, snap->id, i, &chunks[i]);
-    if (err) {
-        store_rollback(st);
-        snap->id = 0;
-        return err;
-    }
-    err = store_commit(st);
-    if (err)
-        snap->id = 0;
-    return err;
-}
-
-/* snapshot_rows steps a bound snapshot query and hands every row to fn;
- * *rows counts them. */
-static int snapshot_rows(struct store *st, enum stmt_id id, sqlite3_stmt *s, store_snapshot_fn fn,
-                         void *arg, int *rows)
-{
-    int result = 0;
-    *rows = 0;
-    for (;;) {
-        int rc = sqlite3_step(s);
-        if (rc == SQLITE_DONE)
-            break;
-        if (rc != SQLITE_ROW) {
-            result = store_fail(st, rc, "snapshots");
-            break;
-        }
-        (*rows)++;
-        struct store_snapshot snap = {
-            .id = col_u64(s, 0),
-            .job_id = col_u64(s, 1),
-            .generation = col_u64(s, 2),
-            .rank = sqlite3_column_int(s, 3),
-            .upload_id = col_u64(s, 4),
-            .created_ms = col_u64(s, 5),
-            .meta_json = col_text(s, 6),
-            .total_bytes = col_u64(s, 7),
-            .checksum = col_text(s, 8),
-            .nchunks = (uint32_t)sqlite3_column_int64(s, 9),
-            .duration_ms = col_u64(s, 10),
-        };
-        result = fn(&snap, arg);
-        if (result)
-            break;
-    }
-    stmt_done(st, id, s);
-    return result;
-}
-
-/* snapshot_one runs a query that names at most one snapshot: by the job,
- * and by a second key (an id, an upload id) when has_key. */
-static int snapshot_one(struct store *st, enum stmt_id id, uint64_t job_id, bool has_key,
-                        uint64_t key, store_snapshot_fn fn, void *arg)
-{
-    if (!st || !fn)
-        return KOLO_EINVAL;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, id, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_u64(&b, job_id);
-    if (has_key)
-        bind_u64(&b, key);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, id, s, b.rc, "snapshot");
-    int rows = 0;
-    int result = snapshot_rows(st, id, s, fn, arg, &rows);
-    if (result == 0 && rows == 0)
-        result = store_reject(st, KOLO_ENOTFOUND, "no such snapshot");
-    return result;
-}
-
-int store_snapshot_latest(struct store *st, uint64_t job_id, store_snapshot_fn fn, void *arg)
-{
-    return snapshot_one(st, STMT_SNAP_LATEST, job_id, false, 0, fn, arg);
-}
-
-int store_snapshot_get(struct store *st, uint64_t job_id, uint64_t id, store_snapshot_fn fn,
-                       void *arg)
-{
-    return snapshot_one(st, STMT_SNAP_GET, job_id, true, id, fn, arg);
-}
-
-int store_snapshot_by_upload(struct store *st, uint64_t job_id, uint64_t upload_id,
-                             store_snapshot_fn fn, void *arg)
-{
-    return snapshot_one(st, STMT_SNAP_BY_UPLOAD, job_id, true, upload_id, fn, arg);
-}
-
-int store_snapshots_each(struct store *st, uint64_t job_id, int limit, store_snapshot_fn fn,
-                         void *arg)
-{
-    if (!st || !fn)
-        return KOLO_EINVAL;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_SNAPS_EACH, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_u64(&b, job_id);
-    bind_i64(&b, limit > 0 ? limit : -1);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_SNAPS_EACH, s, b.rc, "snapshots");
-    int rows = 0;
-    return snapshot_rows(st, STMT_SNAPS_EACH, s, fn, arg, &rows);
-}
-
-int store_snapshot_chunk(struct store *st, uint64_t job_id, uint64_t id, uint32_t index,
-                         store_blob_fn fn, void *arg)
-{
-    if (!st || !fn)
-        return KOLO_EINVAL;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_SNAP_CHUNK_GET, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_u64(&b, job_id);
-    bind_u64(&b, id);
-    bind_i64(&b, index);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_SNAP_CHUNK_GET, s, b.rc, "snapshot chunk");
-    int rc = sqlite3_step(s);
-    int result;
-    if (rc == SQLITE_ROW) {
-        /* column_blob gives NULL for a zero-length blob */
-        const void *data = sqlite3_column_blob(s, 0);
-        size_t len = (size_t)sqlite3_column_bytes(s, 0);
-        result = fn(data ? data : "", len, arg);
-    } else if (rc == SQLITE_DONE) {
-        result = store_reject(st, KOLO_ENOTFOUND, "no such snapshot chunk");
-    } else {
-        result = store_fail(st, rc, "snapshot chunk");
-    }
-    stmt_done(st, STMT_SNAP_CHUNK_GET, s);
-    return result;
-}
-
-int store_snapshot_prune(struct store *st, uint64_t job_id, int keep, int *deleted)
-{
-    if (deleted)
-        *deleted = 0;
-    if (!st || keep < 1)
-        return st ? store_reject(st, KOLO_EINVAL, "store_snapshot_prune: keep must be >= 1")
-                  : KOLO_EINVAL;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_SNAP_PRUNE, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_u64(&b, job_id);
-    bind_u64(&b, job_id);
-    bind_i64(&b, keep);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_SNAP_PRUNE, s, b.rc, "snapshot prune");
-    err = step_write(st, STMT_SNAP_PRUNE, s, "snapshot prune");
-    /* sqlite3_changes counts the snapshots, not the cascaded chunks */
-    if (!err && deleted)
-        *deleted = sqlite3_changes(st->db);
-    return err;
-}
-
-int store_snapshot_set_duration(struct store *st, uint64_t job_id, uint64_t id,
-                                uint64_t duration_ms)
-{
-    if (!st)
-        return KOLO_EINVAL;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_SNAP_SET_DURATION, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_u64(&b, duration_ms);
-    bind_u64(&b, job_id);
-    bind_u64(&b, id);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_SNAP_SET_DURATION, s, b.rc, "snapshot duration");
-    err = step_write(st, STMT_SNAP_SET_DURATION, s, "snapshot duration");
-    if (!err && sqlite3_changes(st->db) == 0)
-        err = store_reject(st, KOLO_ENOTFOUND, "store_snapshot_set_duration: no such snapshot");
-    return err;
-}
-
-/* ---- reports (issue 6): begin ---- */
-/* ------------------------------------------------------------ reports */
-
-int store_epoch_report(struct store *st, const struct store_epoch *e, int phase)
-{
-    if (!st)
-        return KOLO_EINVAL;
-    if (!e || e->job_id == 0 || e->rank < 0 || e->epoch < 0 || (phase != 0 && phase != 1) ||
-        e->samples < 0)
-        return store_reject(st, KOLO_EINVAL, "store_epoch_report: invalid argument");
-    enum stmt_id id = phase == 0 ? STMT_EPOCH_START : STMT_EPOCH_END;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, id, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_u64(&b, e->job_id);
-    bind_u64(&b, e->generation);
-    bind_i64(&b, e->rank);
-    bind_i64(&b, e->epoch);
-    bind_u64(&b, e->start_ms);
-    if (phase == 1) {
-        bind_u64(&b, e->end_ms);
-        bind_i64(&b, e->samples);
-        bind_text(&b, e->metrics_json);
-    }
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, id, s, b.rc, "epoch report");
-    return step_write(st, id, s, "epoch report");
-}
-
-int store_epochs_each(struct store *st, uint64_t job_id, store_epoch_fn fn, void *arg)
-{
-    if (!st || !fn)
-        return KOLO_EINVAL;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_EPOCHS_EACH, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_u64(&b, job_id);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_EPOCHS_EACH, s, b.rc, "epochs");
-    int result = 0;
-    for (;;) {
-        int rc = sqlite3_step(s);
-        if (rc == SQLITE_DONE)
-            break;
-        if (rc != SQLITE_ROW) {
-            result = store_fail(st, rc, "epochs");
-            break;
-        }
-        struct store_epoch e = {
-            .job_id = col_u64(s, 0),
-            .generation = col_u64(s, 1),
-            .rank = sqlite3_column_int(s, 2),
-            .epoch = sqlite3_column_int64(s, 3),
-            .start_ms = col_u64(s, 4),
-            .end_ms = col_u64(s, 5),
-            .samples = sqlite3_column_int64(s, 6),
-            .metrics_json = col_text(s, 7),
-        };
-        result = fn(&e, arg);
-        if (result)
-            break;
-    }
-    stmt_done(st, STMT_EPOCHS_EACH, s);
-    return result;
-}
-
-static int step_add_one(struct store *st, const void *item)
-{
-    const struct store_step *p = item;
-    if (p->job_id == 0 || p->rank < 0 || p->n == 0 || !(p->seconds >= 0))
-        return store_reject(st, KOLO_EINVAL, "store_steps_add: invalid sample");
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_STEP_ADD, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_u64(&b, p->job_id);
-    bind_i64(&b, p->rank);
-    bind_text(&b, p->host_id);
-    bind_u64(&b, p->ts_ms);
-    bind_double(&b, p->seconds);
-    bind_i64(&b, p->n);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_STEP_ADD, s, b.rc, "step add");
-    return step_write(st, STMT_STEP_ADD, s, "step add");
-}
-
-int store_steps_add(struct store *st, const struct store_step *steps, size_t n)
-{
-    if (!st || (!steps && n > 0))
-        return st ? store_reject(st, KOLO_EINVAL, "store_steps_add: invalid argument")
-                  : KOLO_EINVAL;
-    return put_all(st, steps, n, sizeof(*steps), step_add_one);
-}
-
-int store_steps_each(struct store *st, uint64_t job_id, uint64_t since_ms, store_step_fn fn,
-                     void *arg)
-{
-    if (!st || !fn)
-        return KOLO_EINVAL;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_STEPS_EACH, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_u64(&b, job_id);
-    bind_u64(&b, since_ms);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_STEPS_EACH, s, b.rc, "steps");
-    int result = 0;
-    for (;;) {
-        int rc = sqlite3_step(s);
-        if (rc == SQLITE_DONE)
-            break;
-        if (rc != SQLITE_ROW) {
-            result = store_fail(st, rc, "steps");
-            break;
-        }
-        struct store_step p = {
-            .job_id = col_u64(s, 0),
-            .rank = sqlite3_column_int(s, 1),
-            .host_id = col_text(s, 2),
-            .ts_ms = col_u64(s, 3),
-            .seconds = sqlite3_column_double(s, 4),
-            .n = (uint32_t)sqlite3_column_int64(s, 5),
-        };
-        result = fn(&p, arg);
-        if (result)
-            break;
-    }
-    stmt_done(st, STMT_STEPS_EACH, s);
-    return result;
-}
-
-int store_steps_prune(struct store *st, uint64_t job_id, int keep, int *deleted)
-{
-    if (deleted)
-        *deleted = 0;
-    if (!st || keep < 1)
-        return st ? store_reject(st, KOLO_EINVAL, "store_steps_prune: keep must be >= 1")
-                  : KOLO_EINVAL;
-    sqlite3_stmt *s;
-    int err = stmt_data_get(st, STMT_STEPS_PRUNE, &s);
-    if (err)
-        return err;
-    struct binder b = {s, 0, SQLITE_OK};
-    bind_u64(&b, job_id);
-    bind_u64(&b, job_id);
-    bind_i64(&b, keep - 1);
-    if (b.rc != SQLITE_OK)
-        return bind_failed(st, STMT_STEPS_PRUNE, s, b.rc, "steps prune");
-    err = step_write(st, STMT_STEPS_PRUNE, s, "steps prune");
-    if (!err && deleted)
-        *deleted = sqlite3_changes(st->db);
-    return err;
-}
-/* ---- reports (issue 6): end ---- */
