@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "errors.h"
+#include "settings.h"
 #include "gpu.h"
 #include "creds.h"
 #include "log.h"
@@ -84,18 +85,6 @@ void ctx_fail(struct kolo_ctx *c, int code, const char *msg)
 
 /* ---------------------------------------------------------------- config */
 
-static int env_int(const char *name, int def)
-{
-    const char *v = getenv(name);
-    return v && v[0] ? atoi(v) : def;
-}
-
-static uint64_t env_u64(const char *name)
-{
-    const char *v = getenv(name);
-    return v && v[0] ? strtoull(v, NULL, 10) : 0;
-}
-
 /* The first non-loopback IPv4 address, or 127.0.0.1. */
 static void default_data_addr(char *out, size_t n)
 {
@@ -118,33 +107,30 @@ static void default_data_addr(char *out, size_t n)
 static int config_from_env(kolo_config *cfg, char *err, size_t errlen)
 {
     memset(cfg, 0, sizeof(*cfg));
-    cfg->coordinator = getenv("KOLO_COORDINATOR");
-    cfg->token = getenv("KOLO_TOKEN");
-    cfg->job_token = getenv("KOLO_JOB_TOKEN");
-    cfg->job_id = env_u64("KOLO_JOB");
-    cfg->generation = env_u64("KOLO_GENERATION");
-    cfg->rank = env_int("KOLO_RANK", -1);
-    cfg->size = env_int("KOLO_SIZE", -1);
-    cfg->local_rank = env_int("KOLO_LOCAL_RANK", 0);
-    cfg->local_size = env_int("KOLO_LOCAL_SIZE", 1);
-    cfg->cross_rank = env_int("KOLO_CROSS_RANK", 0);
-    cfg->cross_size = env_int("KOLO_CROSS_SIZE", 1);
-    cfg->host_id = getenv("KOLO_HOST_ID");
-    cfg->data_addr = getenv("KOLO_DATA_ADDR");
-    cfg->timeout_ms = env_int("KOLO_TIMEOUT_MS", 0);
-    const char *ft = getenv("KOLO_FUSION_THRESHOLD");
-    if (!ft || !ft[0])
-        ft = getenv("HOROVOD_FUSION_THRESHOLD");
-    if (ft && ft[0]) {
-        cfg->fusion_threshold = strtoll(ft, NULL, 10);
+    cfg->coordinator = settings_str(SET_COORDINATOR);
+    cfg->token = settings_str(SET_TOKEN);
+    cfg->job_token = settings_str(SET_JOB_TOKEN);
+    cfg->job_id = (uint64_t)settings_int(SET_JOB, 0);
+    cfg->generation = (uint64_t)settings_int(SET_GENERATION, 0);
+    cfg->rank = (int)settings_int(SET_RANK, -1);
+    cfg->size = (int)settings_int(SET_SIZE, -1);
+    cfg->local_rank = (int)settings_int(SET_LOCAL_RANK, 0);
+    cfg->local_size = (int)settings_int(SET_LOCAL_SIZE, 1);
+    cfg->cross_rank = (int)settings_int(SET_CROSS_RANK, 0);
+    cfg->cross_size = (int)settings_int(SET_CROSS_SIZE, 1);
+    cfg->host_id = settings_str(SET_HOST_ID);
+    cfg->data_addr = settings_str(SET_DATA_ADDR);
+    cfg->timeout_ms = (int)settings_int(SET_TIMEOUT_MS, 0);
+    if (settings_set(SET_FUSION_THRESHOLD)) {
+        cfg->fusion_threshold = settings_int(SET_FUSION_THRESHOLD, 0);
         if (cfg->fusion_threshold == 0)
             cfg->fusion_threshold = -1; /* Horovod: 0 disables fusion */
     }
-    cfg->disable_shm = env_int("KOLO_DISABLE_SHM", 0);
-    cfg->encrypt_data = env_int("KOLO_DATA_ENCRYPT", 0);
-    if (env_int("KOLO_ELASTIC", 0)) {
-        cfg->worker_id = env_u64("KOLO_WORKER_ID");
-        cfg->elastic_timeout_ms = env_int("KOLO_ELASTIC_TIMEOUT_MS", 0);
+    cfg->disable_shm = (int)settings_int(SET_DISABLE_SHM, 0);
+    cfg->encrypt_data = (int)settings_int(SET_DATA_ENCRYPT, 0);
+    if (settings_int(SET_ELASTIC, 0)) {
+        cfg->worker_id = (uint64_t)settings_int(SET_WORKER_ID, 0);
+        cfg->elastic_timeout_ms = (int)settings_int(SET_ELASTIC_TIMEOUT_MS, 0);
     }
     if (!cfg->coordinator || !cfg->coordinator[0] || cfg->rank < 0 || cfg->size < 1 ||
         !cfg->job_id) {
@@ -1055,6 +1041,11 @@ static int init_ctx(kolo_ctx **out, const kolo_config *given, char *err, size_t 
         return KOLO_EINVAL;
     *out = NULL;
     const kolo_config *cfg = given;
+    /* every knob of the environment parses, or the init fails naming it */
+    if ((code = settings_check(err, errlen)) != 0) {
+        LOGE("kolo", "%s", err);
+        return code;
+    }
     if (!cfg) {
         if ((code = config_from_env(&env_cfg, err, errlen)) != 0) {
             LOGE("kolo", "%s", err);
@@ -1090,11 +1081,11 @@ static int init_ctx(kolo_ctx **out, const kolo_config *given, char *err, size_t 
     c->data_addr = cfg->data_addr ? strdup(cfg->data_addr) : NULL;
     /* Horovod's stall inspector knobs, read here so kolo run passes them
      * through the environment like horovodrun does. */
-    if (env_int("HOROVOD_STALL_CHECK_DISABLE", 0))
+    if (settings_int(SET_STALL_CHECK_DISABLE, 0))
         c->stall_warning_ms = -1;
     else
-        c->stall_warning_ms = (int64_t)env_int("HOROVOD_STALL_CHECK_TIME_SECONDS", 0) * 1000;
-    c->stall_shutdown_ms = (int64_t)env_int("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0) * 1000;
+        c->stall_warning_ms = settings_int(SET_STALL_CHECK_TIME_SECONDS, 0) * 1000;
+    c->stall_shutdown_ms = settings_int(SET_STALL_SHUTDOWN_TIME_SECONDS, 0) * 1000;
     /* the job's credential when the agent gave one, else the cluster's */
     c->coord_token_job = cfg->job_token && cfg->job_token[0];
     const char *token = c->coord_token_job ? cfg->job_token

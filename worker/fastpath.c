@@ -44,6 +44,7 @@
 #include "errors.h"
 #include "log.h"
 #include "round.h"
+#include "settings.h"
 #include "util.h"
 
 #define FAST_STALL_MAX_MS 10000
@@ -59,10 +60,7 @@
  * (docs/libkolo.md). */
 static bool fast_wanted(void)
 {
-    const char *v = getenv("KOLO_FAST_PATH");
-    if (!v || !v[0] || strcmp(v, "auto") == 0)
-        return true;
-    return strcmp(v, "0") != 0;
+    return strcmp(settings_str(SET_FAST_PATH), "0") != 0;
 }
 
 int fast_init(struct kolo_ctx *c)

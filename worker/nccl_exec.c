@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "errors.h"
+#include "settings.h"
 #include "gpu.h"
 #include "log.h"
 #include "util.h"
@@ -318,16 +319,13 @@ static uint64_t host_key(void)
     return str_hash(both);
 }
 
-static int env_choice(const char *a, const char *b)
+/* a CHOICE knob of words 0, 1 (and force): -1 unset, 0, 1, 2 for force */
+static int choice_of(enum setting s)
 {
-    const char *v = getenv(a);
-    if ((!v || !v[0]) && b)
-        v = getenv(b);
-    if (!v || !v[0])
+    const char *v = settings_raw(s);
+    if (!v)
         return -1;
-    if (strcmp(v, "force") == 0)
-        return 2;
-    return atoi(v) != 0;
+    return strcmp(v, "force") == 0 ? 2 : strcmp(v, "0") != 0;
 }
 
 /* Every rank's record, in rank order (over the CPU data plane). */
@@ -579,8 +577,8 @@ static int gpu_setup(struct kolo_ctx *c, struct gpu *gp, uint64_t deadline)
     mine.ok = 1;
     mine.device = gp->device;
     mine.host = host_key();
-    mine.staging = env_choice("KOLO_GPU_STAGING", NULL);
-    int hier = env_choice("KOLO_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE");
+    mine.staging = choice_of(SET_GPU_STAGING);
+    int hier = choice_of(SET_HIERARCHICAL_ALLREDUCE);
     mine.hierarchical = hier < 0 ? 0 : hier;
     ncclUniqueId id;
     memset(&id, 0, sizeof(id));

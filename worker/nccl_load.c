@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "settings.h"
 #include "util.h"
 
 static struct gpu_libs libs;
@@ -37,9 +38,9 @@ static bool libs_ok;
 static char libs_err[512];
 static pthread_once_t libs_once = PTHREAD_ONCE_INIT;
 
-static void *open_first(const char *env, const char *const *names, char *tried, size_t n)
+static void *open_first(enum setting env, const char *const *names, char *tried, size_t n)
 {
-    const char *forced = getenv(env);
+    const char *forced = settings_raw(env);
     if (forced && forced[0]) {
         void *h = dlopen(forced, RTLD_NOW | RTLD_GLOBAL);
         if (!h)
@@ -74,7 +75,7 @@ static void load_once(void)
     static const char *const nccl_names[] = {"libnccl.so.2", "libnccl.so", NULL};
     static const char *const cuda_names[] = {"libcuda.so.1", "libcuda.so", NULL};
     char tried[300];
-    void *rt = open_first("KOLO_CUDART_LIBRARY", cudart_names, tried, sizeof(tried));
+    void *rt = open_first(SET_CUDART_LIBRARY, cudart_names, tried, sizeof(tried));
     if (!rt) {
         snprintf(libs_err, sizeof(libs_err),
                  "the CUDA runtime is not installed or not on the library path (tried %s)", tried);
@@ -123,7 +124,7 @@ static void load_once(void)
     }
     libs.device_count = n;
 
-    void *nc = open_first("KOLO_NCCL_LIBRARY", nccl_names, tried, sizeof(tried));
+    void *nc = open_first(SET_NCCL_LIBRARY, nccl_names, tried, sizeof(tried));
     if (!nc) {
         snprintf(libs_err, sizeof(libs_err),
                  "NCCL is not installed or not on the library path (tried %s)", tried);
@@ -155,7 +156,7 @@ static void load_once(void)
 
     /* The driver API is optional: without it only the scaling kernels are
      * missing, and operations that need them say so. */
-    void *drv = open_first("KOLO_CUDA_DRIVER_LIBRARY", cuda_names, tried, sizeof(tried));
+    void *drv = open_first(SET_CUDA_DRIVER_LIBRARY, cuda_names, tried, sizeof(tried));
     if (drv) {
         struct cuda_drv d = {0};
         *(void **)&d.ModuleLoadData = dlsym(drv, "cuModuleLoadData");

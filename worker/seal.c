@@ -29,6 +29,7 @@
 #include <sys/socket.h>
 
 #include "errors.h"
+#include "settings.h"
 
 #define SEAL_HDR_LEN   4
 #define SEAL_OVERHEAD  (SEAL_HDR_LEN + SEAL_TAG_LEN)
@@ -65,7 +66,7 @@ static void evp_load(void)
 {
     static const char *const names[] = {"libcrypto.so.3", "libcrypto.so.1.1", "libcrypto.so",
                                         NULL};
-    const char *forced = getenv("KOLO_CRYPTO_LIBRARY");
+    const char *forced = settings_raw(SET_CRYPTO_LIBRARY);
     void *h = NULL;
     if (forced && forced[0]) {
         h = dlopen(forced, RTLD_NOW | RTLD_LOCAL);

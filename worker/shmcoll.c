@@ -94,6 +94,7 @@
 #include "reduce.h"
 #include "transport.h"
 #include "round.h"
+#include "settings.h"
 #include "util.h"
 
 #define SHM_MAGIC   0x314c4f434d48534bULL /* "KSHMCOL1" */
@@ -233,19 +234,6 @@ static int pidfd_open_compat(pid_t pid)
 #else
     return (int)syscall(434, pid, 0);
 #endif
-}
-
-static long env_long(const char *name, long def, long lo, long hi)
-{
-    const char *v = getenv(name);
-    if (!v || !*v)
-        return def;
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || *end || x < lo || x > hi)
-        return def;
-    return x;
 }
 
 static inline struct shm_ctrl *ctrl_of(const struct shmcoll *s, int r)
@@ -1244,9 +1232,8 @@ static int shm_new(const char *name, int rank, int size, struct shmcoll **out)
     for (int r = 0; r < size; r++)
         s->pidfd[r] = -1;
     bool crowded = size > usable_cpus();
-    long spin = env_long("KOLO_SPIN_US", crowded ? SHM_SPIN_US_OVERSUBSCRIBED : SHM_SPIN_US_DEFAULT,
-                         0, 1000000);
-    long yield = env_long("KOLO_YIELD_US", crowded ? SHM_YIELD_US_OVERSUBSCRIBED : 0, 0, 1000000);
+    int64_t spin = settings_int(SET_SPIN_US, crowded ? SHM_SPIN_US_OVERSUBSCRIBED : SHM_SPIN_US_DEFAULT);
+    int64_t yield = settings_int(SET_YIELD_US, crowded ? SHM_YIELD_US_OVERSUBSCRIBED : 0);
     s->spin_ns = (uint64_t)spin * 1000u;
     s->yield_ns = (uint64_t)yield * 1000u;
     *out = s;
@@ -1290,8 +1277,8 @@ int shmcoll_create(const char *name, int rank, int size, size_t slot_bytes, stru
     *out = NULL;
 
     size_t chunk = slot_bytes ? slot_bytes / SHM_NBUF
-                              : (size_t)env_long("KOLO_SHM_CHUNK", SHM_CHUNK_DEFAULT, 1, 1L << 30);
-    size_t small = (size_t)env_long("KOLO_SHM_SMALL", SHM_SMALL_DEFAULT, 0, 64L << 20);
+                              : (size_t)settings_int(SET_SHM_CHUNK, SHM_CHUNK_DEFAULT);
+    size_t small = (size_t)settings_int(SET_SHM_SMALL, SHM_SMALL_DEFAULT);
     /* A chunk holds a cache line per rank at least (alltoall sub-areas),
      * a small slot an alltoall size row. */
     chunk = round_up(chunk > SHM_CHUNK_MIN ? chunk : SHM_CHUNK_MIN, 4096);

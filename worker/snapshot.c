@@ -40,6 +40,7 @@
 #include <time.h>
 
 #include "errors.h"
+#include "settings.h"
 #include "hmac.h"
 #include "log.h"
 #include "util.h"
@@ -160,15 +161,6 @@ void snapshot_ctx_free(struct kolo_ctx *c)
 
 /* ---------------------------------------------------------------- helpers */
 
-static size_t env_size(const char *name, size_t def, size_t lo, size_t hi)
-{
-    const char *v = getenv(name);
-    if (!v || !v[0])
-        return def;
-    unsigned long long x = strtoull(v, NULL, 10);
-    return x < lo ? lo : x > hi ? hi : (size_t)x;
-}
-
 /* A coordinator that is away, restarting or busy: try the same call
  * again. KOLO_ESHUTDOWN is a coordinator that is shutting down (a job
  * that ended answers KOLO_ESTATE). */
@@ -264,8 +256,7 @@ int kolo_snapshot_put(kolo_ctx *c, const void *data, size_t len, const char *met
         pthread_mutex_unlock(&c->mu);
         return KOLO_EINVAL;
     }
-    size_t chunk =
-        env_size("KOLO_SNAPSHOT_CHUNK_BYTES", SNAP_CHUNK_DEFAULT, SNAP_CHUNK_MIN, SNAP_CHUNK_MAX);
+    size_t chunk = (size_t)settings_int(SET_SNAPSHOT_CHUNK_BYTES, SNAP_CHUNK_DEFAULT);
     uint64_t nchunks = len ? ((uint64_t)len + chunk - 1) / chunk : 1;
     if (nchunks > SNAP_MAX_CHUNKS) {
         pthread_mutex_lock(&c->mu);
@@ -273,7 +264,7 @@ int kolo_snapshot_put(kolo_ctx *c, const void *data, size_t len, const char *met
         pthread_mutex_unlock(&c->mu);
         return KOLO_ETOOBIG;
     }
-    uint32_t keep = (uint32_t)env_size("KOLO_SNAPSHOT_KEEP", 0, 0, 100000);
+    uint32_t keep = (uint32_t)settings_int(SET_SNAPSHOT_KEEP, 0);
     uint64_t deadline = deadline_of(timeout_ms);
 
     struct rpc_client *rpc = NULL;

@@ -30,6 +30,7 @@
 #include <time.h>
 
 #include "errors.h"
+#include "settings.h"
 #include "util.h"
 
 #define SPIN_US_DEFAULT 20
@@ -41,13 +42,7 @@ static _Atomic int spin_us_setting = -1;
 
 static int spin_us_from_env(void)
 {
-    const char *s = getenv("KOLO_SPIN_US");
-    if (!s || !*s)
-        return SPIN_US_DEFAULT;
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (*end != '\0' || v < 0)
-        return SPIN_US_DEFAULT;
+    int64_t v = settings_int(SET_SPIN_US, SPIN_US_DEFAULT);
     return v > SPIN_US_MAX ? SPIN_US_MAX : (int)v;
 }
 
