@@ -2,10 +2,12 @@
  * coord_http.c - REST API, Prometheus metrics and static files over nng's
  * HTTP server.
  *
- * One handler takes the whole tree and routes by itself, so unknown paths
- * and wrong methods get kolo's JSON errors (404, 405) instead of nng's
- * HTML. The handler runs on an nng thread and only posts the request to
- * the main thread, which builds the answer from the state it owns.
+ * One handler takes the whole tree and routes by itself through one table
+ * (`routes`: method, path pattern, admin flag, handler), so unknown paths
+ * and wrong methods get kolo's JSON errors (404, 405 with Allow) instead
+ * of nng's HTML, and a new route is one line plus its handler. The handler
+ * runs on an nng thread and only posts the request to the main thread,
+ * which builds the answer from the state it owns.
  *
  * Authentication: reads are open (the listener is loopback unless a token
  * is configured). Anything that changes state needs
@@ -50,7 +52,7 @@ struct http_out {
     int status;
     const char *content_type;
     struct buf body;
-    const char *allow; /* for 405 */
+    char allow[32];    /* for 405: the methods the path takes */
     bool www_auth;     /* for 401 */
 };
 
@@ -806,255 +808,354 @@ static void route_static(struct coord *c, struct http_req *r, struct http_out *o
     free(data);
 }
 
-/* ---------------------------------------------------------------- router */
+/* ---------------------------------------------------------------- routes */
 
-static bool method_is(struct http_req *r, const char *m, struct http_out *o, const char *allow)
+/*
+ * A request on its way through the table: the route's captures are
+ * resolved (the job or host they name, NULL if none) before its handler
+ * runs. A handler answers into o; it returns true when it rendered a JSON
+ * document into w, which then gets its closing newline.
+ */
+struct route_req {
+    struct coord *c;
+    struct http_req *r;
+    struct http_out *o;
+    struct jw w;
+    struct job *job;   /* :job */
+    struct host *host; /* :host */
+};
+
+static bool get_healthz(struct route_req *x)
 {
-    if (strcmp(r->method, m) == 0 || (strcmp(m, "GET") == 0 && strcmp(r->method, "HEAD") == 0))
-        return true;
-    out_json_error(o, 405, "method not allowed on this route");
-    o->allow = allow;
+    /* 503 while the store refuses writes: a readiness probe takes the
+     * coordinator out until it stores again */
+    struct coord *c = x->c;
+    jw_obj_begin(&x->w);
+    jw_kstr(&x->w, "status", c->m.store_degraded ? "degraded" : "ok");
+    if (c->m.store_degraded) {
+        x->o->status = 503;
+        jw_kstr(&x->w, "reason", c->m.store_why);
+    }
+    jw_kstr(&x->w, "version", KOLO_VERSION);
+    jw_kstr(&x->w, "instance", c->instance);
+    jw_kuint(&x->w, "uptime_ms", now_wall_ms() - c->started_ms);
+    jw_obj_end(&x->w);
+    return true;
+}
+
+static bool get_metrics(struct route_req *x)
+{
+    x->o->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    render_metrics(x->c, &x->o->body);
     return false;
 }
 
+static bool get_hosts(struct route_req *x)
+{
+    jw_obj_begin(&x->w);
+    jw_key(&x->w, "hosts");
+    jw_arr_begin(&x->w);
+    for (struct host *h = x->c->hosts; h; h = h->next)
+        render_host(x->c, &x->w, h);
+    jw_arr_end(&x->w);
+    jw_obj_end(&x->w);
+    return true;
+}
+
+static bool drain_host(struct route_req *x, bool drain)
+{
+    coord_host_drain(x->c, x->host, drain, false, "the REST API");
+    render_host(x->c, &x->w, x->host);
+    return true;
+}
+
+static bool post_host_drain(struct route_req *x)
+{
+    return drain_host(x, true);
+}
+
+static bool post_host_undrain(struct route_req *x)
+{
+    return drain_host(x, false);
+}
+
+/* The newest events (of one job, or of all when job is 0). */
+static bool render_events(struct route_req *x, uint64_t job, uint64_t default_limit)
+{
+    uint64_t limit = default_limit;
+    if (!query_param(x->r->query, "limit", 1, 10000, &limit, x->o))
+        return false;
+    jw_obj_begin(&x->w);
+    jw_key(&x->w, "events");
+    jw_arr_begin(&x->w);
+    struct event_ctx ec = {&x->w};
+    store_events_each(x->c->store, job, -1, (int)limit, render_event_cb, &ec);
+    jw_arr_end(&x->w);
+    jw_obj_end(&x->w);
+    return true;
+}
+
+static bool get_events(struct route_req *x)
+{
+    uint64_t job = 0;
+    if (!query_param(x->r->query, "job", 1, INT64_MAX, &job, x->o))
+        return false;
+    if (job && !coord_job_find(x->c, job)) {
+        out_json_error(x->o, 404, "no such job");
+        return false;
+    }
+    return render_events(x, job, 100);
+}
+
+static bool get_jobs(struct route_req *x)
+{
+    jw_obj_begin(&x->w);
+    jw_key(&x->w, "jobs");
+    jw_arr_begin(&x->w);
+    bool full = http_reader_trusted(x->c, x->r);
+    for (struct job *j = x->c->jobs; j; j = j->next) {
+        jw_obj_begin(&x->w);
+        render_job_summary(&x->w, j, full);
+        jw_obj_end(&x->w);
+    }
+    jw_arr_end(&x->w);
+    jw_obj_end(&x->w);
+    return true;
+}
+
+static bool post_jobs(struct route_req *x)
+{
+    route_submit(x->c, x->r, x->o);
+    return false;
+}
+
+static bool get_job(struct route_req *x)
+{
+    render_job(x->c, &x->w, x->job, http_reader_trusted(x->c, x->r));
+    return true;
+}
+
+static bool post_job_stop(struct route_req *x)
+{
+    if (coord_job_stop(x->c, x->job, "stopped through the REST API") == KOLO_ESTATE) {
+        out_json_error(x->o, 409, "the job has already ended");
+        return false;
+    }
+    render_job(x->c, &x->w, x->job, true);
+    return true;
+}
+
+static bool get_job_output(struct route_req *x)
+{
+    if (!http_reader_trusted(x->c, x->r)) {
+        out_json_error(x->o, 401, "a job's output is shown to token holders only on this "
+                                  "listener: send 'Authorization: Bearer <token>'");
+        x->o->www_auth = true;
+        return false;
+    }
+    uint64_t after = 0, limit = 1000;
+    if (!query_param(x->r->query, "after", 0, INT64_MAX, &after, x->o) ||
+        !query_param(x->r->query, "limit", 1, 10000, &limit, x->o))
+        return false;
+    struct output_ctx oc = {&x->w, after};
+    jw_obj_begin(&x->w);
+    jw_key(&x->w, "lines");
+    jw_arr_begin(&x->w);
+    store_output_each(x->c->store, x->job->id, after, (int)limit, render_output_cb, &oc);
+    jw_arr_end(&x->w);
+    jw_kuint(&x->w, "next", oc.last);
+    jw_obj_end(&x->w);
+    return true;
+}
+
+static bool get_job_stalls(struct route_req *x)
+{
+    uint64_t min_age = 1000;
+    if (!query_param(x->r->query, "min_age_ms", 0, INT64_MAX, &min_age, x->o))
+        return false;
+    jw_obj_begin(&x->w);
+    jw_kuint(&x->w, "generation", x->job->generation);
+    jw_key(&x->w, "stalls");
+    coord_negot_render_stalls(x->job, &x->w, min_age);
+    jw_obj_end(&x->w);
+    return true;
+}
+
+static bool get_job_generations(struct route_req *x)
+{
+    jw_obj_begin(&x->w);
+    jw_kuint(&x->w, "current", x->job->generation);
+    jw_key(&x->w, "generations");
+    jw_arr_begin(&x->w);
+    if (store_generations_each(x->c->store, x->job->id, render_generation_cb, &x->w) < 0) {
+        out_json_error(x->o, 500, "cannot read the generations");
+        return false;
+    }
+    jw_arr_end(&x->w);
+    jw_obj_end(&x->w);
+    return true;
+}
+
+static bool get_job_snapshots(struct route_req *x)
+{
+    coord_snap_render_list(x->c, x->job, &x->w);
+    return true;
+}
+
+/* /epochs, /steps and /ranks: coord_report.c */
+static bool get_job_report(struct route_req *x)
+{
+    char why[300];
+    const char *sub = strrchr(x->r->path, '/');
+    int status = coord_report_route(x->c, x->job, sub, x->r->query, &x->w, why, sizeof why);
+    if (status != 200) {
+        out_json_error(x->o, status, why);
+        return false;
+    }
+    return true;
+}
+
+static bool get_job_timeline(struct route_req *x)
+{
+    char why[700];
+    int status = coord_timeline_serve(x->c, x->job, &x->o->body, why, sizeof why);
+    if (status != 200)
+        out_json_error(x->o, status, why);
+    return false;
+}
+
+static bool get_job_events(struct route_req *x)
+{
+    return render_events(x, x->job->id, 1000);
+}
+
+/* Bits of route.flags. */
+enum {
+    ROUTE_ADMIN = 1, /* changes state: needs the token (http_authorized) */
+};
+
+/* Patterns are paths whose ":job" and ":host" segments capture an id. */
+struct route {
+    const char *method;
+    const char *pattern;
+    unsigned flags;
+    bool (*handler)(struct route_req *x);
+};
+
+static const struct route routes[] = {
+    {"GET", "/healthz", 0, get_healthz},
+    {"GET", "/metrics", 0, get_metrics},
+    {"GET", "/api/v1/hosts", 0, get_hosts},
+    {"POST", "/api/v1/hosts/:host/drain", ROUTE_ADMIN, post_host_drain},
+    {"POST", "/api/v1/hosts/:host/undrain", ROUTE_ADMIN, post_host_undrain},
+    {"GET", "/api/v1/events", 0, get_events},
+    {"GET", "/api/v1/jobs", 0, get_jobs},
+    {"POST", "/api/v1/jobs", ROUTE_ADMIN, post_jobs},
+    {"GET", "/api/v1/jobs/:job", 0, get_job},
+    {"POST", "/api/v1/jobs/:job/stop", ROUTE_ADMIN, post_job_stop},
+    {"GET", "/api/v1/jobs/:job/output", 0, get_job_output},
+    {"GET", "/api/v1/jobs/:job/events", 0, get_job_events},
+    {"GET", "/api/v1/jobs/:job/stalls", 0, get_job_stalls},
+    {"GET", "/api/v1/jobs/:job/snapshots", 0, get_job_snapshots},
+    {"GET", "/api/v1/jobs/:job/generations", 0, get_job_generations},
+    {"GET", "/api/v1/jobs/:job/epochs", 0, get_job_report},
+    {"GET", "/api/v1/jobs/:job/steps", 0, get_job_report},
+    {"GET", "/api/v1/jobs/:job/ranks", 0, get_job_report},
+    {"GET", "/api/v1/jobs/:job/timeline", 0, get_job_timeline},
+};
+
+#define ROUTE_CAPTURE_MAX 64
+
+/* Matches path against pattern; a ":name" segment matches one segment
+ * (empty included: its lookup fails), copied into cap. */
+static bool route_match(const char *pattern, const char *path, char *cap, size_t caplen)
+{
+    cap[0] = '\0';
+    while (*pattern && *path) {
+        if (*pattern == ':') {
+            size_t n = strcspn(path, "/");
+            pattern += strcspn(pattern, "/");
+            if (n >= caplen)
+                n = caplen - 1; /* too long for any id: its lookup fails */
+            memcpy(cap, path, n);
+            cap[n] = '\0';
+            path += strcspn(path, "/");
+            continue;
+        }
+        if (*pattern++ != *path++)
+            return false;
+    }
+    return *pattern == '\0' && *path == '\0';
+}
+
+static bool method_matches(const char *route_method, const char *method)
+{
+    return strcmp(route_method, method) == 0 ||
+           (strcmp(route_method, "GET") == 0 && strcmp(method, "HEAD") == 0);
+}
+
+/* Resolves the route's capture; false (with a 404 answered) when the job
+ * or host it names does not exist. */
+static bool route_resolve(struct route_req *x, const struct route *rt, const char *cap)
+{
+    if (strstr(rt->pattern, ":job")) {
+        uint64_t id = 0;
+        x->job = parse_id(cap, &id) ? coord_job_find(x->c, id) : NULL;
+        if (!x->job) {
+            out_json_error(x->o, 404, "no such job");
+            return false;
+        }
+    } else if (strstr(rt->pattern, ":host")) {
+        x->host = cap[0] ? coord_host_named(x->c, cap) : NULL;
+        if (!x->host) {
+            out_json_error(x->o, 404, "no such host");
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The route for r: a path in the table with another method answers 405
+ * with the methods it takes; an unknown /api/ path 404; anything else is a
+ * dashboard file. */
 static void route(struct coord *c, struct http_req *r, struct http_out *o)
 {
-    struct jw w;
-    jw_init(&w, &o->body);
     o->status = 200;
     o->content_type = "application/json";
-    const char *p = r->path;
-
-    if (strcmp(p, "/healthz") == 0) {
-        if (!method_is(r, "GET", o, "GET"))
-            return;
-        /* 503 while the store refuses writes: a readiness probe takes
-         * the coordinator out until it stores again */
-        jw_obj_begin(&w);
-        jw_kstr(&w, "status", c->m.store_degraded ? "degraded" : "ok");
-        if (c->m.store_degraded) {
-            o->status = 503;
-            jw_kstr(&w, "reason", c->m.store_why);
-        }
-        jw_kstr(&w, "version", KOLO_VERSION);
-        jw_kstr(&w, "instance", c->instance);
-        jw_kuint(&w, "uptime_ms", now_wall_ms() - c->started_ms);
-        jw_obj_end(&w);
-    } else if (strcmp(p, "/metrics") == 0) {
-        if (!method_is(r, "GET", o, "GET"))
-            return;
-        o->content_type = "text/plain; version=0.0.4; charset=utf-8";
-        render_metrics(c, &o->body);
-        return;
-    } else if (strcmp(p, "/api/v1/hosts") == 0) {
-        if (!method_is(r, "GET", o, "GET"))
-            return;
-        jw_obj_begin(&w);
-        jw_key(&w, "hosts");
-        jw_arr_begin(&w);
-        for (struct host *h = c->hosts; h; h = h->next)
-            render_host(c, &w, h);
-        jw_arr_end(&w);
-        jw_obj_end(&w);
-    } else if (strncmp(p, "/api/v1/hosts/", 14) == 0) {
-        /* POST /api/v1/hosts/{id}/drain and /undrain */
-        const char *rest = p + 14, *slash = strrchr(rest, '/');
-        bool drain = slash && strcmp(slash, "/drain") == 0;
-        bool undrain = slash && strcmp(slash, "/undrain") == 0;
-        if (!drain && !undrain) {
-            out_json_error(o, 404, "no such route");
-            return;
-        }
-        if (!method_is(r, "POST", o, "POST"))
-            return;
-        buf_reset(&o->body);
-        if (!http_authorized(c, r, o))
-            return;
-        char id[64];
-        size_t n = (size_t)(slash - rest);
-        struct host *h = NULL;
-        if (n > 0 && n < sizeof(id)) {
-            memcpy(id, rest, n);
-            id[n] = '\0';
-            h = coord_host_named(c, id);
-        }
-        if (!h) {
-            out_json_error(o, 404, "no such host");
-            return;
-        }
-        coord_host_drain(c, h, drain, false, "the REST API");
-        jw_init(&w, &o->body);
-        render_host(c, &w, h);
-    } else if (strcmp(p, "/api/v1/events") == 0) {
-        if (!method_is(r, "GET", o, "GET"))
-            return;
-        uint64_t job = 0, limit = 100;
-        if (!query_param(r->query, "job", 1, INT64_MAX, &job, o) ||
-            !query_param(r->query, "limit", 1, 10000, &limit, o))
-            return;
-        if (job && !coord_job_find(c, job)) {
-            buf_reset(&o->body);
-            out_json_error(o, 404, "no such job");
-            return;
-        }
-        jw_obj_begin(&w);
-        jw_key(&w, "events");
-        jw_arr_begin(&w);
-        struct event_ctx ec = {&w};
-        store_events_each(c->store, job, -1, (int)limit, render_event_cb, &ec);
-        jw_arr_end(&w);
-        jw_obj_end(&w);
-    } else if (strcmp(p, "/api/v1/jobs") == 0) {
-        if (strcmp(r->method, "POST") == 0) {
-            buf_reset(&o->body);
-            if (http_authorized(c, r, o))
-                route_submit(c, r, o);
-            return;
-        }
-        if (!method_is(r, "GET", o, "GET, POST"))
-            return;
-        jw_obj_begin(&w);
-        jw_key(&w, "jobs");
-        jw_arr_begin(&w);
-        bool full = http_reader_trusted(c, r);
-        for (struct job *j = c->jobs; j; j = j->next) {
-            jw_obj_begin(&w);
-            render_job_summary(&w, j, full);
-            jw_obj_end(&w);
-        }
-        jw_arr_end(&w);
-        jw_obj_end(&w);
-    } else if (strncmp(p, "/api/v1/jobs/", 13) == 0) {
-        char idtext[32];
-        const char *rest = p + 13;
-        const char *slash = strchr(rest, '/');
-        size_t idlen = slash ? (size_t)(slash - rest) : strlen(rest);
-        uint64_t id = 0;
-        if (idlen >= sizeof(idtext)) {
-            out_json_error(o, 404, "no such job");
-            return;
-        }
-        memcpy(idtext, rest, idlen);
-        idtext[idlen] = '\0';
-        struct job *j = parse_id(idtext, &id) ? coord_job_find(c, id) : NULL;
-        const char *sub = slash ? slash : "";
-        if (strcmp(sub, "") && strcmp(sub, "/stop") && strcmp(sub, "/output") &&
-            strcmp(sub, "/events") && strcmp(sub, "/stalls") && strcmp(sub, "/snapshots") &&
-            strcmp(sub, "/generations") && strcmp(sub, "/epochs") && strcmp(sub, "/steps") &&
-            strcmp(sub, "/ranks") && strcmp(sub, "/timeline")) {
-            out_json_error(o, 404, "no such route");
-            return;
-        }
-        if (strcmp(sub, "/stop") == 0) {
-            if (!method_is(r, "POST", o, "POST"))
-                return;
-            buf_reset(&o->body);
-            if (!http_authorized(c, r, o))
-                return;
-            if (!j) {
-                out_json_error(o, 404, "no such job");
-                return;
-            }
-            int rv = coord_job_stop(c, j, "stopped through the REST API");
-            if (rv == KOLO_ESTATE) {
-                out_json_error(o, 409, "the job has already ended");
-                return;
-            }
-            jw_init(&w, &o->body);
-            render_job(c, &w, j, true);
-        } else {
-            if (!method_is(r, "GET", o, "GET"))
-                return;
-            if (!j) {
-                buf_reset(&o->body);
-                out_json_error(o, 404, "no such job");
-                return;
-            }
-            if (strcmp(sub, "/output") == 0) {
-                if (!http_reader_trusted(c, r)) {
-                    buf_reset(&o->body);
-                    out_json_error(o, 401, "a job's output is shown to token holders only on "
-                                   "this listener: send 'Authorization: Bearer <token>'");
-                    o->www_auth = true;
-                    return;
-                }
-                uint64_t after = 0, limit = 1000;
-                if (!query_param(r->query, "after", 0, INT64_MAX, &after, o) ||
-                    !query_param(r->query, "limit", 1, 10000, &limit, o))
-                    return;
-                struct output_ctx oc = {&w, after};
-                jw_obj_begin(&w);
-                jw_key(&w, "lines");
-                jw_arr_begin(&w);
-                store_output_each(c->store, j->id, after, (int)limit, render_output_cb, &oc);
-                jw_arr_end(&w);
-                jw_kuint(&w, "next", oc.last);
-                jw_obj_end(&w);
-            } else if (strcmp(sub, "/stalls") == 0) {
-                uint64_t min_age = 1000;
-                if (!query_param(r->query, "min_age_ms", 0, INT64_MAX, &min_age, o))
-                    return;
-                jw_obj_begin(&w);
-                jw_kuint(&w, "generation", j->generation);
-                jw_key(&w, "stalls");
-                coord_negot_render_stalls(j, &w, min_age);
-                jw_obj_end(&w);
-            } else if (strcmp(sub, "/generations") == 0) {
-                jw_obj_begin(&w);
-                jw_kuint(&w, "current", j->generation);
-                jw_key(&w, "generations");
-                jw_arr_begin(&w);
-                if (store_generations_each(c->store, j->id, render_generation_cb, &w) < 0) {
-                    buf_reset(&o->body);
-                    out_json_error(o, 500, "cannot read the generations");
-                    return;
-                }
-                jw_arr_end(&w);
-                jw_obj_end(&w);
-            } else if (strcmp(sub, "/snapshots") == 0) {
-                coord_snap_render_list(c, j, &w);
-            } else if (strcmp(sub, "/epochs") == 0 || strcmp(sub, "/steps") == 0 ||
-                       strcmp(sub, "/ranks") == 0) {
-                /* issue 6: coord_report.c */
-                char why[300];
-                int status = coord_report_route(c, j, sub, r->query, &w, why, sizeof why);
-                if (status != 200) {
-                    buf_reset(&o->body);
-                    out_json_error(o, status, why);
-                    return;
-                }
-            } else if (strcmp(sub, "/timeline") == 0) {
-                char why[700];
-                buf_reset(&o->body);
-                int status = coord_timeline_serve(c, j, &o->body, why, sizeof why);
-                if (status != 200)
-                    out_json_error(o, status, why);
-                return;
-            } else if (strcmp(sub, "/events") == 0) {
-                uint64_t limit = 1000;
-                if (!query_param(r->query, "limit", 1, 10000, &limit, o))
-                    return;
-                jw_obj_begin(&w);
-                jw_key(&w, "events");
-                jw_arr_begin(&w);
-                struct event_ctx ec = {&w};
-                store_events_each(c->store, j->id, -1, (int)limit, render_event_cb, &ec);
-                jw_arr_end(&w);
-                jw_obj_end(&w);
-            } else {
-                render_job(c, &w, j, http_reader_trusted(c, r));
-            }
-        }
-    } else if (strncmp(p, "/api/", 5) == 0) {
-        out_json_error(o, 404, "no such route");
-        return;
-    } else {
-        if (!method_is(r, "GET", o, "GET"))
-            return;
-        route_static(c, r, o);
+    char cap[ROUTE_CAPTURE_MAX], allow[64] = "";
+    const struct route *rt = NULL;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0] && !rt; i++) {
+        if (!route_match(routes[i].pattern, r->path, cap, sizeof cap))
+            continue;
+        if (method_matches(routes[i].method, r->method))
+            rt = &routes[i];
+        else
+            snprintf(allow + strlen(allow), sizeof allow - strlen(allow), "%s%s",
+                     allow[0] ? ", " : "", routes[i].method);
+    }
+    if (!rt && allow[0]) {
+        out_json_error(o, 405, "method not allowed on this route");
+        str_copy(o->allow, allow, sizeof o->allow);
         return;
     }
-    buf_putc(&o->body, '\n');
+    if (!rt) {
+        if (strncmp(r->path, "/api/", 5) == 0)
+            out_json_error(o, 404, "no such route");
+        else if (!method_matches("GET", r->method)) {
+            out_json_error(o, 405, "method not allowed on this route");
+            str_copy(o->allow, "GET", sizeof o->allow);
+        } else
+            route_static(c, r, o);
+        return;
+    }
+    if ((rt->flags & ROUTE_ADMIN) && !http_authorized(c, r, o))
+        return;
+    struct route_req x = {.c = c, .r = r, .o = o};
+    if (!route_resolve(&x, rt, cap))
+        return;
+    jw_init(&x.w, &o->body);
+    if (rt->handler(&x))
+        buf_putc(&o->body, '\n');
 }
 
 void coord_http_handle(struct coord *c, nng_aio *aio)
@@ -1101,7 +1202,7 @@ void coord_http_handle(struct coord *c, nng_aio *aio)
     nng_http_res_set_header(res, "Content-Type", o.content_type ? o.content_type : "text/plain");
     nng_http_res_set_header(res, "Cache-Control", "no-store");
     nng_http_res_set_header(res, "X-Content-Type-Options", "nosniff");
-    if (o.allow)
+    if (o.allow[0])
         nng_http_res_set_header(res, "Allow", o.allow);
     if (o.www_auth)
         nng_http_res_set_header(res, "WWW-Authenticate", "Bearer realm=\"kolo\"");
