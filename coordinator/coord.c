@@ -174,15 +174,24 @@ static void rpc_handler(struct rpc_call *call, void *arg)
     coord_post(c, w);
 }
 
+/* The method table (COORD_METHODS): who may call each and its handler. */
+enum method_who { WHO_HOST, WHO_WORKER, WHO_ADMIN, WHO_NONE };
+struct method {
+    const char *name;
+    enum method_who who;
+    void (*handler)(struct coord *c, struct rpc_call *call, enum coord_method m);
+};
+
+static const struct method methods[M_COUNT] = {
+#define COORD_METHOD_ROW(id, name, who, handler) [M_##id] = {name, WHO_##who, handler},
+    COORD_METHODS(COORD_METHOD_ROW)
+#undef COORD_METHOD_ROW
+};
+
 static enum coord_method method_lookup(const char *name)
 {
-    static const char *names[] = {
-#define COORD_METHOD_NAME(id, name) name,
-        COORD_METHODS(COORD_METHOD_NAME)
-#undef COORD_METHOD_NAME
-    };
     for (int i = 0; i < M_UNKNOWN; i++)
-        if (strcmp(names[i], name) == 0)
+        if (strcmp(methods[i].name, name) == 0)
             return (enum coord_method)i;
     return M_UNKNOWN;
 }
@@ -213,17 +222,8 @@ static bool admin_allowed(struct coord *c, struct rpc_call *call, enum coord_met
  * job is the one the credential was made for) and nothing else. */
 static bool scope_allows(struct coord *c, struct rpc_call *call, enum coord_method m)
 {
-    switch (m) {
-    case M_WORKER_RENDEZVOUS:
-    case M_WORKER_NEGOTIATE:
-    case M_WORKER_PUT_SNAPSHOT:
-    case M_WORKER_GET_SNAPSHOT:
-    case M_WORKER_TIMELINE:
-    case M_WORKER_REPORT:
+    if (methods[m].who == WHO_WORKER)
         return true;
-    default:
-        break;
-    }
     if (!rpc_call_job_scoped(call))
         return true;
     const struct rpc_frame *f = rpc_call_frame(call);
@@ -243,44 +243,15 @@ static void dispatch_rpc(struct coord *c, struct rpc_call *call)
     c->m.rpc_requests[m]++;
     if (!scope_allows(c, call, m))
         return;
-    switch (m) {
-    case M_AGENT_REGISTER:
-        coord_rpc_agent_register(c, call);
-        break;
-    case M_AGENT_HEARTBEAT:
-        coord_rpc_agent_heartbeat(c, call);
-        break;
-    case M_AGENT_REPORT:
-        coord_rpc_agent_report(c, call);
-        break;
-    case M_WORKER_RENDEZVOUS:
-    case M_WORKER_NEGOTIATE:
-        coord_rpc_worker(c, call, m);
-        break;
-    case M_WORKER_PUT_SNAPSHOT:
-    case M_WORKER_GET_SNAPSHOT:
-        coord_rpc_snapshot(c, call, m);
-        break;
-    case M_WORKER_TIMELINE:
-        coord_rpc_timeline(c, call);
-        break;
-    case M_ADMIN_GET_EPOCHS: /* issue 6 */
-        if (admin_allowed(c, call, m))
-            coord_rpc_report(c, call, m);
-        break;
-    case M_WORKER_REPORT: /* issue 6 */
-        coord_rpc_report(c, call, m);
-        break;
-    case M_UNKNOWN:
+    if (m == M_UNKNOWN) {
         c->m.rpc_errors[M_UNKNOWN]++;
         LOGW("coord", "unknown method '%s' from '%s'", f->method, f->identity);
         rpc_call_error(call, KOLO_ENOMETHOD, "unknown method '%s'", f->method);
-        break;
-    default:
-        if (admin_allowed(c, call, m))
-            coord_rpc_admin(c, call, m);
-        break;
+        return;
     }
+    if (methods[m].who == WHO_ADMIN && !admin_allowed(c, call, m))
+        return;
+    methods[m].handler(c, call, m);
 }
 
 /* ---------------------------------------------------------------- main loop */

@@ -186,8 +186,9 @@ static bool printable(const char *s, size_t max)
     return true;
 }
 
-void coord_rpc_agent_register(struct coord *c, struct rpc_call *call)
+void coord_rpc_agent_register(struct coord *c, struct rpc_call *call, enum coord_method m)
 {
+    (void)m;
     const struct rpc_frame *f = rpc_call_frame(call);
     Kolo__RegisterRequest *req = kolo__register_request__unpack(NULL, f->body_len, f->body);
     if (!req) {
@@ -338,8 +339,9 @@ static struct host *session_host(struct coord *c, struct rpc_call *call, enum co
     return h;
 }
 
-void coord_rpc_agent_heartbeat(struct coord *c, struct rpc_call *call)
+void coord_rpc_agent_heartbeat(struct coord *c, struct rpc_call *call, enum coord_method m)
 {
+    (void)m;
     const struct rpc_frame *f = rpc_call_frame(call);
     Kolo__HeartbeatRequest *req = kolo__heartbeat_request__unpack(NULL, f->body_len, f->body);
     if (!req) {
@@ -374,8 +376,9 @@ void coord_rpc_agent_heartbeat(struct coord *c, struct rpc_call *call)
     kolo__heartbeat_request__free_unpacked(req, NULL);
 }
 
-void coord_rpc_agent_report(struct coord *c, struct rpc_call *call)
+void coord_rpc_agent_report(struct coord *c, struct rpc_call *call, enum coord_method m)
 {
+    (void)m;
     const struct rpc_frame *f = rpc_call_frame(call);
     Kolo__ReportRequest *req = kolo__report_request__unpack(NULL, f->body_len, f->body);
     if (!req) {

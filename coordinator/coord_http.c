@@ -366,7 +366,7 @@ static int render_output_cb(const struct store_output *o, void *arg)
 static void render_metrics(struct coord *c, struct buf *b)
 {
     static const char *method_names[] = {
-#define COORD_METHOD_NAME(id, name) name,
+#define COORD_METHOD_NAME(id, name, who, handler) name,
         COORD_METHODS(COORD_METHOD_NAME)
 #undef COORD_METHOD_NAME
     };

@@ -186,28 +186,35 @@ struct work {
 };
 
 /* RPC methods, for dispatch and per-method metrics. */
+/*
+ * The RPC methods: X(ID, wire name, who may call it, handler). Every
+ * handler takes (c, call, m). Who: HOST (agents; the cluster token),
+ * WORKER (training processes; their job's credential is enough), ADMIN
+ * (users; the cluster token, or without one the coordinator's own uid).
+ * coord.c dispatches from this table; the metrics name methods by it.
+ */
 #define COORD_METHODS(X)                                                                           \
-    X(AGENT_REGISTER, "AgentService.RegisterHost")                                                 \
-    X(AGENT_HEARTBEAT, "AgentService.Heartbeat")                                                   \
-    X(AGENT_REPORT, "AgentService.Report")                                                         \
-    X(ADMIN_SUBMIT, "AdminService.SubmitJob")                                                      \
-    X(ADMIN_STOP, "AdminService.StopJob")                                                          \
-    X(ADMIN_GET_JOB, "AdminService.GetJob")                                                        \
-    X(ADMIN_LIST_JOBS, "AdminService.ListJobs")                                                    \
-    X(ADMIN_LIST_HOSTS, "AdminService.ListHosts")                                                  \
-    X(ADMIN_STREAM, "AdminService.StreamOutput")                                                   \
-    X(WORKER_RENDEZVOUS, "WorkerService.Rendezvous")                                               \
-    X(WORKER_NEGOTIATE, "WorkerService.Negotiate")                                                 \
-    X(WORKER_PUT_SNAPSHOT, "WorkerService.PutSnapshot")                                            \
-    X(WORKER_GET_SNAPSHOT, "WorkerService.GetSnapshot")                                            \
-    X(WORKER_REPORT, "WorkerService.Report")                                                       \
-    X(WORKER_TIMELINE, "WorkerService.Timeline")                                                   \
-    X(ADMIN_GET_EPOCHS, "AdminService.GetEpochs")                                                  \
-    X(ADMIN_DRAIN, "AdminService.DrainHost")                                                       \
-    X(UNKNOWN, "unknown")
+    X(AGENT_REGISTER, "AgentService.RegisterHost", HOST, coord_rpc_agent_register)                 \
+    X(AGENT_HEARTBEAT, "AgentService.Heartbeat", HOST, coord_rpc_agent_heartbeat)                  \
+    X(AGENT_REPORT, "AgentService.Report", HOST, coord_rpc_agent_report)                           \
+    X(ADMIN_SUBMIT, "AdminService.SubmitJob", ADMIN, coord_rpc_admin)                              \
+    X(ADMIN_STOP, "AdminService.StopJob", ADMIN, coord_rpc_admin)                                  \
+    X(ADMIN_GET_JOB, "AdminService.GetJob", ADMIN, coord_rpc_admin)                                \
+    X(ADMIN_LIST_JOBS, "AdminService.ListJobs", ADMIN, coord_rpc_admin)                            \
+    X(ADMIN_LIST_HOSTS, "AdminService.ListHosts", ADMIN, coord_rpc_admin)                          \
+    X(ADMIN_STREAM, "AdminService.StreamOutput", ADMIN, coord_rpc_admin)                           \
+    X(WORKER_RENDEZVOUS, "WorkerService.Rendezvous", WORKER, coord_rpc_worker)                     \
+    X(WORKER_NEGOTIATE, "WorkerService.Negotiate", WORKER, coord_rpc_worker)                       \
+    X(WORKER_PUT_SNAPSHOT, "WorkerService.PutSnapshot", WORKER, coord_rpc_snapshot)                \
+    X(WORKER_GET_SNAPSHOT, "WorkerService.GetSnapshot", WORKER, coord_rpc_snapshot)                \
+    X(WORKER_REPORT, "WorkerService.Report", WORKER, coord_rpc_report)                             \
+    X(WORKER_TIMELINE, "WorkerService.Timeline", WORKER, coord_rpc_timeline)                       \
+    X(ADMIN_GET_EPOCHS, "AdminService.GetEpochs", ADMIN, coord_rpc_report)                         \
+    X(ADMIN_DRAIN, "AdminService.DrainHost", ADMIN, coord_rpc_admin)                               \
+    X(UNKNOWN, "unknown", NONE, NULL)
 
 enum coord_method {
-#define COORD_METHOD_ENUM(id, name) M_##id,
+#define COORD_METHOD_ENUM(id, name, who, handler) M_##id,
     COORD_METHODS(COORD_METHOD_ENUM)
 #undef COORD_METHOD_ENUM
         M_COUNT
@@ -354,9 +361,9 @@ int coord_host_slots_used(struct coord *c, const struct host *h);
 void coord_hosts_cron(struct coord *c, uint64_t now);
 void coord_host_persist(struct coord *c, struct host *h);
 void coord_host_wake(struct coord *c, struct host *h);
-void coord_rpc_agent_register(struct coord *c, struct rpc_call *call);
-void coord_rpc_agent_heartbeat(struct coord *c, struct rpc_call *call);
-void coord_rpc_agent_report(struct coord *c, struct rpc_call *call);
+void coord_rpc_agent_register(struct coord *c, struct rpc_call *call, enum coord_method m);
+void coord_rpc_agent_heartbeat(struct coord *c, struct rpc_call *call, enum coord_method m);
+void coord_rpc_agent_report(struct coord *c, struct rpc_call *call, enum coord_method m);
 void coord_hosts_shutdown(struct coord *c);
 void coord_hosts_free(struct coord *c);
 
@@ -475,7 +482,7 @@ struct timeline *coord_timeline_open(const struct job *j);
 /* coord_timeline_open_path opens one at path (relative to the job's cwd). */
 struct timeline *coord_timeline_open_path(const struct job *j, const char *path);
 /* WorkerService.Timeline: start or stop the job's timeline at run time. */
-void coord_rpc_timeline(struct coord *c, struct rpc_call *call);
+void coord_rpc_timeline(struct coord *c, struct rpc_call *call, enum coord_method m);
 void coord_timeline_request(struct timeline *tl, const char *name, const char *op, int rank,
                             bool first);
 /* The tensor is ready: ends NEGOTIATE_<op>; with error set, that is all;

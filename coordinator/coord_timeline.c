@@ -555,8 +555,9 @@ void coord_timeline_free(struct timeline *tl)
  * rank calling start with the same file (as Horovod scripts do) opens it
  * once; a start with another file closes the first; stop closes it. From
  * the first call on, the job's HOROVOD_TIMELINE is no longer looked at. */
-void coord_rpc_timeline(struct coord *c, struct rpc_call *call)
+void coord_rpc_timeline(struct coord *c, struct rpc_call *call, enum coord_method m)
 {
+    (void)m;
     struct job *j = coord_worker_fence(c, call, M_WORKER_TIMELINE);
     if (!j)
         return;

@@ -18,7 +18,7 @@
 #include "rpc.h"
 
 static const char *methods[] = {
-#define FUZZ_METHOD_NAME(id, name) name,
+#define FUZZ_METHOD_NAME(id, name, who, handler) name,
     COORD_METHODS(FUZZ_METHOD_NAME)
 #undef FUZZ_METHOD_NAME
 };
