@@ -47,6 +47,7 @@
 #include "json.h"
 #include "kolo.pb-c.h"
 #include "log.h"
+#include "mismatch.h"
 #include "round.h"
 #include "util.h"
 
@@ -60,21 +61,10 @@
 #define STALL_WARN_MS 60000
 
 /* One rank's request for one tensor, copied out of the message. */
-struct treq {
-    uint32_t coll, dtype, op;
-    int ndim;
-    int64_t *shape;
-    double prescale, postscale;
-    int root;
-    int device;
-    int32_t *splits;
-    int nsplits;
-};
-
 struct entry {
     char *name;
     uint32_t cache_id;
-    struct treq **reqs; /* [size]; NULL = not yet submitted */
+    struct tensor_req **reqs; /* [size]; NULL = not yet submitted */
     uint8_t *borrowed;  /* [size]; 1 = reqs[r] is the cache template (in reqs' block) */
     int count;
     uint64_t first_mono;
@@ -157,7 +147,7 @@ struct negot {
     char *resume_failed;
     /* cache */
     char **cache_name;           /* [id] */
-    struct treq **cache_tmpl;    /* [id] */
+    struct tensor_req **cache_tmpl;    /* [id] */
     struct entry **cache_pending; /* [id] */
     uint64_t *cache_born;        /* [id]: when it was given (cache_clock) */
     uint64_t cache_clock;
@@ -172,18 +162,11 @@ struct negot {
     } *cbuckets[NEGOT_BUCKETS];
 };
 
-/* Horovod's names of the element types in its mismatch texts */
-static const char *const horovod_dtypes[KOLO_DTYPE_COUNT] = {
-#define HOROVOD_DTYPE_(sym, value, bytes, name) [value] = "HOROVOD_" #sym,
-    KOLO_DTYPES(HOROVOD_DTYPE_)
-#undef HOROVOD_DTYPE_
-};
-
 static void negot_drop_parked(struct negot *n, int code, const char *why);
 
 /* ---------------------------------------------------------------- memory */
 
-static void treq_free(struct treq *t)
+static void treq_free(struct tensor_req *t)
 {
     if (!t)
         return;
@@ -192,9 +175,9 @@ static void treq_free(struct treq *t)
     free(t);
 }
 
-static struct treq *treq_from(const Kolo__TensorRequest *m)
+static struct tensor_req *treq_from(const Kolo__TensorRequest *m)
 {
-    struct treq *t = calloc(1, sizeof(*t));
+    struct tensor_req *t = calloc(1, sizeof(*t));
     if (!t)
         return NULL;
     t->coll = m->coll;
@@ -217,9 +200,9 @@ static struct treq *treq_from(const Kolo__TensorRequest *m)
     return t;
 }
 
-static struct treq *treq_clone(const struct treq *s)
+static struct tensor_req *treq_clone(const struct tensor_req *s)
 {
-    struct treq *t = calloc(1, sizeof(*t));
+    struct tensor_req *t = calloc(1, sizeof(*t));
     if (!t)
         return NULL;
     *t = *s;
@@ -601,17 +584,7 @@ static void negot_wake(struct negot *n)
 
 /* ---------------------------------------------------------------- responses */
 
-static void fmt_shape(char *out, size_t size, const struct treq *t)
-{
-    size_t o = 0;
-    o += (size_t)snprintf(out + o, size - o, "[");
-    for (int i = 0; i < t->ndim && o < size; i++)
-        o += (size_t)snprintf(out + o, size - o, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
-    if (o < size)
-        snprintf(out + o, size - o, "]");
-}
-
-static int64_t elems(const struct treq *t, int from_dim)
+static int64_t elems(const struct tensor_req *t, int from_dim)
 {
     int64_t n = 1;
     for (int i = from_dim; i < t->ndim; i++)
@@ -619,7 +592,7 @@ static int64_t elems(const struct treq *t, int from_dim)
     return n;
 }
 
-static struct fusion_item fusion_of(const struct treq *t, int64_t bytes)
+static struct fusion_item fusion_of(const struct tensor_req *t, int64_t bytes)
 {
     struct fusion_item f = {.dtype = t->dtype,
                             .op = t->op,
@@ -630,156 +603,16 @@ static struct fusion_item fusion_of(const struct treq *t, int64_t bytes)
     return f;
 }
 
-static bool same_shape(const struct treq *a, const struct treq *b)
-{
-    return a->ndim == b->ndim && memcmp(a->shape, b->shape, (size_t)a->ndim * 8) == 0;
-}
-
-static const char *cname(uint32_t coll)
-{
-    const char *s = abi_coll_symbol((int)coll);
-    return s ? s : "UNKNOWN";
-}
-
-static const char *dname(uint32_t dtype)
-{
-    return dtype < KOLO_DTYPE_COUNT ? horovod_dtypes[dtype] : "UNKNOWN";
-}
-
-static const char *oname(uint32_t op)
-{
-    const char *s = abi_op_symbol((int)op);
-    return s ? s : "?";
-}
-
-/* Checks the ranks' requests for one tensor against each other; returns
- * an error text in err (Horovod's wording) or "" when they agree. */
+/* Checks the ranks' requests for one tensor against each other
+ * (negotiation/mismatch.c): Horovod's text in err, or "". */
 static void check_entry(struct negot *n, struct entry *e, char *err, size_t errlen)
 {
-    err[0] = '\0';
-    const struct treq *a = NULL;
-    for (int r = 0; r < n->size && !a; r++)
-        a = e->reqs[r];
-    if (!a) {
-        snprintf(err, errlen, "internal error: no request for %s", e->name);
-        return;
-    }
-    const char *op = cname(a->coll);
-    if (a->dtype >= KOLO_DTYPE_COUNT || a->coll >= KOLO_COLL_COUNT ||
-        (a->coll == KOLO_COLL_ALLREDUCE && a->op >= KOLO_OP_COUNT)) {
-        snprintf(err, errlen, "Invalid request for tensor %s.", e->name);
-        return;
-    }
-    for (int r = 0; r < n->size; r++) {
-        const struct treq *b = e->reqs[r];
-        if (!b || b == a)
-            continue;
-        if (b->coll != a->coll) {
-            snprintf(err, errlen,
-                     "Mismatched operations: One rank did an %s, but another rank did an %s.", op,
-                     cname(b->coll));
-            return;
-        }
-        if (b->dtype != a->dtype) {
-            snprintf(err, errlen,
-                     "Mismatched data types: One rank had type %s, but another rank had type %s.",
-                     dname(a->dtype), dname(b->dtype));
-            return;
-        }
-        if ((b->device < 0) != (a->device < 0)) {
-            snprintf(err, errlen,
-                     "Mismatched %s CPU/GPU device selection: One rank specified device %s, but "
-                     "another rank specified device %s.",
-                     op, a->device < 0 ? "CPU" : "GPU", b->device < 0 ? "CPU" : "GPU");
-            return;
-        }
-        switch (a->coll) {
-        case KOLO_COLL_ALLREDUCE:
-        case KOLO_COLL_BROADCAST:
-        case KOLO_COLL_REDUCESCATTER:
-            if (!same_shape(a, b)) {
-                char sa[256], sb[256];
-                fmt_shape(sa, sizeof(sa), a);
-                fmt_shape(sb, sizeof(sb), b);
-                snprintf(err, errlen,
-                         "Mismatched %s tensor shapes: One rank sent a tensor of shape %s, but "
-                         "another rank sent a tensor of shape %s.",
-                         op, sa, sb);
-                return;
-            }
-            if (a->coll != KOLO_COLL_BROADCAST &&
-                (a->prescale != b->prescale || a->postscale != b->postscale)) {
-                snprintf(err, errlen,
-                         "Mismatched prescale and/or postscale factors: One rank sent factors "
-                         "%g, %g, but another rank sent factors %g, %g.",
-                         a->prescale, a->postscale, b->prescale, b->postscale);
-                return;
-            }
-            if (a->coll != KOLO_COLL_BROADCAST && a->op != b->op) {
-                snprintf(err, errlen,
-                         "Mismatched reduction operation: One rank requested op %s, but another "
-                         "rank requested op %s.",
-                         oname(a->op), oname(b->op));
-                return;
-            }
-            if (a->coll == KOLO_COLL_BROADCAST && a->root != b->root) {
-                snprintf(err, errlen,
-                         "Mismatched BROADCAST root ranks: One rank specified root rank %d, but "
-                         "another rank specified root rank %d.",
-                         a->root, b->root);
-                return;
-            }
-            break;
-        case KOLO_COLL_ALLGATHER:
-        case KOLO_COLL_ALLTOALL:
-            if (a->ndim != b->ndim) {
-                snprintf(err, errlen,
-                         "Mismatched %s tensor shapes: One rank sent a tensor of rank %d, but "
-                         "another rank sent a tensor of rank %d.",
-                         op, a->ndim, b->ndim);
-                return;
-            }
-            for (int d = 1; d < a->ndim; d++) {
-                if (a->shape[d] != b->shape[d]) {
-                    snprintf(err, errlen,
-                             "Mismatched %s tensor shapes: One rank sent a tensor with dimension "
-                             "%d equal to %lld, but another rank sent a tensor with dimension %d "
-                             "equal to %lld.",
-                             op, d, (long long)a->shape[d], d, (long long)b->shape[d]);
-                    return;
-                }
-            }
-            break;
-        default:
-            break;
-        }
-    }
-    if ((a->coll == KOLO_COLL_ALLGATHER || a->coll == KOLO_COLL_ALLTOALL ||
-         a->coll == KOLO_COLL_REDUCESCATTER) &&
-        a->ndim == 0) {
-        snprintf(err, errlen, "Process-set rank zero tried to %s a rank-zero tensor.", op);
-        return;
-    }
-    if (a->coll == KOLO_COLL_BROADCAST && (a->root < 0 || a->root >= n->size)) {
-        snprintf(err, errlen, "Invalid BROADCAST root rank %d for %d rank(s).", a->root, n->size);
-        return;
-    }
-    if (n->njoined > 0) {
-        if (a->coll == KOLO_COLL_ALLGATHER)
-            snprintf(err, errlen,
-                     "Allgather is not supported with Join at this time. Specify "
-                     "sparse_as_dense=True if using DistributedOptimizer");
-        else if (a->coll == KOLO_COLL_ALLTOALL || a->coll == KOLO_COLL_BROADCAST ||
-                 a->coll == KOLO_COLL_REDUCESCATTER)
-            snprintf(err, errlen, "%s is not supported with Join at this time.",
-                     a->coll == KOLO_COLL_ALLTOALL    ? "Alltoall"
-                     : a->coll == KOLO_COLL_BROADCAST ? "Broadcast"
-                                                      : "Reducescatter");
-    }
+    mismatch_check(e->name, (const struct tensor_req *const *)e->reqs, n->size, n->njoined, err,
+                   errlen);
 }
 
 /* The response fields of one checked tensor (sizes, rows). */
-static int fill_sizes(struct negot *n, struct entry *e, const struct treq *a, int64_t **sizes,
+static int fill_sizes(struct negot *n, struct entry *e, const struct tensor_req *a, int64_t **sizes,
                       size_t *nsizes)
 {
     int64_t *s = NULL;
@@ -797,7 +630,7 @@ static int fill_sizes(struct negot *n, struct entry *e, const struct treq *a, in
         if (!s)
             return KOLO_ENOMEM;
         for (int src = 0; src < n->size; src++) {
-            const struct treq *t = e->reqs[src];
+            const struct tensor_req *t = e->reqs[src];
             for (int d = 0; d < n->size; d++) {
                 if (!t)
                     s[k++] = 0;
@@ -828,18 +661,18 @@ static void timeline_ready(struct negot *n, struct entry **ents, size_t k, char 
     struct buf b;
     buf_init(&b);
     for (size_t x = 0; x < k; x++) {
-        const struct treq *t = NULL;
+        const struct tensor_req *t = NULL;
         for (int r = 0; r < n->size && !t; r++)
             t = ents[x]->reqs[r];
         if (!t)
             continue;
         char shape[256];
-        fmt_shape(shape, sizeof(shape), t);
+        tensor_shape_text(shape, sizeof(shape), t);
         struct jw w;
         buf_reset(&b);
         jw_init(&w, &b);
         jw_obj_begin(&w);
-        jw_kstr(&w, "dtype", dname(t->dtype));
+        jw_kstr(&w, "dtype", mismatch_dtype_name(t->dtype));
         jw_kstr(&w, "shape", shape);
         jw_kuint(&w, "log_index", index);
         if (k > 1) {
@@ -850,7 +683,7 @@ static void timeline_ready(struct negot *n, struct entry **ents, size_t k, char 
             jw_arr_end(&w);
         }
         jw_obj_end(&w);
-        coord_timeline_ready(n->tl, ents[x]->name, cname(t->coll), index,
+        coord_timeline_ready(n->tl, ents[x]->name, mismatch_coll_name(t->coll), index,
                              b.oom ? NULL : buf_cstr(&b), NULL);
     }
     buf_free(&b);
@@ -866,7 +699,7 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
         coord_hist_observe(&c->m.negotiation_wait, (double)(now - ready[k]->first_mono) / 1000.0);
     /* Replaced cache templates may still be borrowed by entries of this
      * batch: free them at the end. */
-    struct treq **old = calloc(nready + 1, sizeof(*old));
+    struct tensor_req **old = calloc(nready + 1, sizeof(*old));
     size_t nold = 0;
     int32_t *joined = NULL;
     size_t njoined = 0;
@@ -880,7 +713,7 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
         struct entry *e = ready[i];
         char err[1024];
         check_entry(n, e, err, sizeof(err));
-        const struct treq *a = NULL;
+        const struct tensor_req *a = NULL;
         for (int r = 0; r < n->size && !a; r++)
             a = e->reqs[r];
         Kolo__Response resp = KOLO__RESPONSE__INIT;
@@ -894,7 +727,7 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
             if (log_append(c, n, &resp) != 0)
                 c->m.store_errors++;
             if (n->tl)
-                coord_timeline_ready(n->tl, e->name, cname(resp.coll), resp.index, NULL, err);
+                coord_timeline_ready(n->tl, e->name, mismatch_coll_name(resp.coll), resp.index, NULL, err);
             i++;
             continue;
         }
@@ -905,7 +738,7 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
             while (j < nready) {
                 struct entry *f = ready[j];
                 char ferr[1024];
-                const struct treq *b = NULL;
+                const struct tensor_req *b = NULL;
                 for (int r = 0; r < n->size && !b; r++)
                     b = f->reqs[r];
                 if (!b || b->coll != KOLO_COLL_ALLREDUCE)
@@ -942,7 +775,7 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
         }
         for (size_t x = 0; x < k; x++) {
             struct entry *f = ready[i + x];
-            const struct treq *b = NULL;
+            const struct tensor_req *b = NULL;
             for (int r = 0; r < n->size && !b; r++)
                 b = f->reqs[r];
             names[x] = f->name;
@@ -963,7 +796,7 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
                 if (id && n->cache_tmpl[id] == b) {
                     cids[x] = id; /* submitted through the cache: unchanged */
                 } else if (id && old) {
-                    struct treq *t = treq_clone(b);
+                    struct tensor_req *t = treq_clone(b);
                     if (t) {
                         if (n->cache_tmpl[id])
                             old[nold++] = n->cache_tmpl[id];
@@ -1602,7 +1435,7 @@ static const char *submit_one(struct negot *n, int rank, const Kolo__TensorReque
     e->count++;
     e->arrive_us[rank] = now_mono_us();
     if (n->tl)
-        coord_timeline_request(n->tl, e->name, cname(tr->coll), rank, e->count == 1);
+        coord_timeline_request(n->tl, e->name, mismatch_coll_name(tr->coll), rank, e->count == 1);
     return NULL;
 }
 
@@ -1870,7 +1703,7 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
             e->count++;
             e->arrive_us[rank] = now_mono_us();
             if (n->tl)
-                coord_timeline_request(n->tl, e->name, cname(e->reqs[rank]->coll), rank,
+                coord_timeline_request(n->tl, e->name, mismatch_coll_name(e->reqs[rank]->coll), rank,
                                        e->count == 1);
         }
         for (size_t i = 0; i < req->n_requests && !bad; i++)
