@@ -330,7 +330,7 @@ static void fast_round(struct kolo_ctx *c)
     size_t nwords = round_words(w);
     uint64_t k = c->round + 1;
     uint64_t flags = (c->joined ? ROUND_F_JOIN : 0) |
-                     (c->timeline_heard || c->moded_ops ? ROUND_F_SLOW : 0);
+                     (c->timeline_heard || c->timeline_asked || c->moded_ops ? ROUND_F_SLOW : 0);
     uint64_t *v = c->vec;
     round_init(v, k, c->cache_epoch, w, c->cursor, flags);
     memcpy(round_ready(v), c->ready_bits, w * sizeof(uint64_t));

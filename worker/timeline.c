@@ -61,10 +61,17 @@ int kolo_timeline(kolo_ctx *c, const char *path)
     free(out);
     rpc_client_close(cli);
     free(token);
+    pthread_mutex_lock(&c->mu);
     if (code) {
-        pthread_mutex_lock(&c->mu);
         ctx_set_error(c, "kolo_timeline: %s", err[0] ? err : kolo_strerror(code));
-        pthread_mutex_unlock(&c->mu);
+    } else {
+        /* The coordinator writes it now: this rank's next round asks for
+         * SLOW, so every rank's next ops reach the coordinator (and the
+         * timeline) without waiting for the long-poll to tell. Stopped,
+         * the long-poll's word ends SLOW. */
+        c->timeline_asked = path && path[0];
+        fast_news(c);
     }
+    pthread_mutex_unlock(&c->mu);
     return code;
 }

@@ -176,6 +176,9 @@ struct kolo_ctx {
     bool fast_dirty;   /* something new to contribute since the last round */
     bool join_mode;    /* a rank joined: every op goes through the coordinator */
     bool timeline_heard; /* the coordinator writes a timeline: ask for ROUND_F_SLOW */
+    bool timeline_asked; /* this rank started it (kolo_timeline): SLOW at once, not
+                          * once the long-poll tells, so the ops right after
+                          * start_timeline are in it */
     bool slow_mode;      /* some rank asked for ROUND_F_SLOW in the last round */
     /* Where a cached allreduce or a barrier goes (rounds or coordinator)
      * must be decided from the same round's outcome on every rank:

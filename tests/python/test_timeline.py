@@ -28,8 +28,10 @@ import kolo.torch as hvd
 
 hvd.init()
 hvd.allreduce(torch.ones(3), name="before")
+hvd.allreduce(torch.ones(3), name="cached")  # agreed by the ranks' rounds from now on
 hvd.barrier()
 hvd.start_timeline(sys.argv[1])  # every rank, as Horovod scripts do
+hvd.allreduce(torch.ones(3), name="cached")  # at once: in the timeline all the same
 hvd.allreduce(torch.ones(3), name="during")
 hvd.barrier()
 hvd.stop_timeline()
@@ -46,6 +48,7 @@ def test_start_and_stop_at_run_time(tmp_path):
     evs = load(path)
     names = {e["args"]["name"] for e in evs if e.get("name") == "process_name" and e["ph"] == "M"}
     assert "during" in names, names
+    assert "cached" in names, names  # the op right after start_timeline
     assert "before" not in names and "after" not in names, names
     ticks = [e for e in events_of(evs, "during") if e["ph"] == "X"]
     assert sorted(e["name"] for e in ticks) == ["0", "1"], ticks
