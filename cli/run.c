@@ -510,37 +510,38 @@ int cmd_run(int argc, char **argv)
             goto out;
         }
         if (o.slurm) {
+            /* one agent per node of the allocation, each its own srun step */
             const char *tf = o.token_file ? o.token_file : run_token_path;
             if (slurm_agents_start(&alloc, coord_rpc_url(coord), tf, o.grace,
                                    o.verbose ? "info" : "warn", err, sizeof err) != 0) {
                 fprintf(stderr, "kolo run: %s\n", err);
                 goto out;
             }
-            url = coord_rpc_url(coord);
             fprintf(stderr, "[kolo] Slurm job %s: one agent per node on %d node(s) (srun), "
-                    "coordinator %s\n", alloc.job_id, alloc.nnodes, url);
-            goto connect;
-        }
-        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        int slots = (int)o.slots;
-        if (slots <= 0)
-            slots = (int)(o.np > ncpu ? o.np : ncpu);
-        if (o.slots == 0 && o.max_np > slots)
-            slots = (int)o.max_np;
-        struct agent_config ac = {
-            .coordinator_url = coord_rpc_url(coord),
-            .token = token,
-            .name = "localhost",
-            .addr = "127.0.0.1",
-            .state_dir = agent_dir,
-            .slots = slots,
-            .stop_grace_ms = o.grace,
-            .exec_path = "/proc/self/exe",
-            .tls = &tls,
-        };
-        if (agent_start(&agent, &ac, err, sizeof(err)) != 0) {
-            fprintf(stderr, "kolo run: cannot start the embedded agent: %s\n", err);
-            goto out;
+                    "coordinator %s\n", alloc.job_id, alloc.nnodes, coord_rpc_url(coord));
+        } else {
+            /* one agent here, with a slot per CPU (or per rank) */
+            long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+            int slots = (int)o.slots;
+            if (slots <= 0)
+                slots = (int)(o.np > ncpu ? o.np : ncpu);
+            if (o.slots == 0 && o.max_np > slots)
+                slots = (int)o.max_np;
+            struct agent_config ac = {
+                .coordinator_url = coord_rpc_url(coord),
+                .token = token,
+                .name = "localhost",
+                .addr = "127.0.0.1",
+                .state_dir = agent_dir,
+                .slots = slots,
+                .stop_grace_ms = o.grace,
+                .exec_path = "/proc/self/exe",
+                .tls = &tls,
+            };
+            if (agent_start(&agent, &ac, err, sizeof(err)) != 0) {
+                fprintf(stderr, "kolo run: cannot start the embedded agent: %s\n", err);
+                goto out;
+            }
         }
         url = coord_rpc_url(coord);
         if (coord_http_url(coord)[0])
@@ -549,7 +550,6 @@ int cmd_run(int argc, char **argv)
                     run_token_path);
     }
 
-connect:
     if (cli_connect(&cli, url, token, &tls, "kolo-run", err, sizeof(err)) != 0) {
         fprintf(stderr, "kolo run: %s\n", err);
         goto out;

@@ -49,6 +49,7 @@ note "salloc -N2 --ntasks-per-node=2 kolo run -np 4"
 [ "$(grep -c ' on n1 sum' "$WORK/salloc.out")" -eq 2 ] && [ "$(grep -c ' on n2 sum' "$WORK/salloc.out")" -eq 2 ] ||
   fail "not 2 ranks per node: $(cat "$WORK/salloc.out")"
 has "one agent per node on 2 node(s)" <"$WORK/salloc.err" || fail "no Slurm line: $(cat "$WORK/salloc.err")"
+has "embedded coordinator .*, dashboard http://" <"$WORK/salloc.err" || fail "no dashboard line: $(cat "$WORK/salloc.err")"
 wait_for 10 no_agents || fail "agents left running"
 ls "$TMPDIR" | grep -q "^kolo-agent-" && fail "agent state left: $(ls "$TMPDIR")"
 [ -z "$(squeue -h)" ] || fail "allocations left: $(squeue)"
