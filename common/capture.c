@@ -37,36 +37,53 @@ static pid_t spawn_piped(char *const argv[], int out_fd, int *rc)
     return *rc ? -1 : pid;
 }
 
-/* Reads fd into b until EOF, the deadline or max_out bytes. */
-static void read_until(int fd, struct buf *b, uint64_t deadline, size_t max_out,
-                       bool *timed_out, bool *too_big)
+enum read_end { READ_EOF, READ_TIMEOUT, READ_TOO_BIG, READ_ERROR };
+
+/* Reads fd into b until EOF, the deadline, max_out bytes or an error. */
+static enum read_end read_until(int fd, struct buf *b, uint64_t deadline, size_t max_out)
 {
     for (;;) {
         uint64_t now = now_mono_ms();
-        if (now >= deadline) {
-            *timed_out = true;
-            return;
-        }
+        if (now >= deadline)
+            return READ_TIMEOUT;
         struct pollfd p = {.fd = fd, .events = POLLIN};
         int n = poll(&p, 1, (int)(deadline - now));
         if (n < 0 && errno == EINTR)
             continue;
-        if (n <= 0) {
-            *timed_out = n == 0;
-            return;
-        }
+        if (n < 0)
+            return READ_ERROR;
+        if (n == 0)
+            return READ_TIMEOUT;
         char chunk[4096];
         ssize_t got = read(fd, chunk, sizeof(chunk));
         if (got < 0 && errno == EINTR)
             continue;
-        if (got <= 0)
-            return;
-        if (b->len + (size_t)got > max_out) {
-            *too_big = true;
-            return;
-        }
+        if (got < 0)
+            return READ_ERROR;
+        if (got == 0)
+            return READ_EOF;
+        if (b->len + (size_t)got > max_out)
+            return READ_TOO_BIG;
         buf_append(b, chunk, (size_t)got);
     }
+}
+
+/* Reaps pid by the deadline (a program may close its output and still
+ * run); past it, kills its group and reaps it. True when it ran over. */
+static bool reap(pid_t pid, uint64_t deadline, int *status)
+{
+    for (;;) {
+        pid_t got = waitpid(pid, status, WNOHANG);
+        if (got == pid || (got < 0 && errno != EINTR))
+            return false;
+        if (now_mono_ms() >= deadline)
+            break;
+        usleep(1000);
+    }
+    kill(-pid, SIGKILL);
+    while (waitpid(pid, status, 0) < 0 && errno == EINTR)
+        ;
+    return true;
 }
 
 int capture_run(char *const argv[], const char *what, uint64_t timeout_ms, size_t max_out,
@@ -88,19 +105,22 @@ int capture_run(char *const argv[], const char *what, uint64_t timeout_ms, size_
     }
     struct buf b;
     buf_init(&b);
-    bool timed_out = false, too_big = false;
-    read_until(fds[0], &b, now_mono_ms() + timeout_ms, max_out, &timed_out, &too_big);
+    uint64_t deadline = now_mono_ms() + timeout_ms;
+    enum read_end end = read_until(fds[0], &b, deadline, max_out);
+    int read_errno = errno;
     close(fds[0]);
-    if (timed_out || too_big)
+    if (end != READ_EOF)
         kill(-pid, SIGKILL);
     int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-        ;
+    if (reap(pid, deadline, &status) && end == READ_EOF)
+        end = READ_TIMEOUT;
     rc = KOLO_EIO;
-    if (timed_out)
+    if (end == READ_TIMEOUT)
         snprintf(err, errlen, "%s ran over %.3g s", what, (double)timeout_ms / 1000.0);
-    else if (too_big)
+    else if (end == READ_TOO_BIG)
         snprintf(err, errlen, "%s printed over %zu bytes", what, max_out);
+    else if (end == READ_ERROR)
+        snprintf(err, errlen, "%s: reading its output failed: %s", what, strerror(read_errno));
     else if (WIFSIGNALED(status))
         snprintf(err, errlen, "%s was killed by signal %d", what, WTERMSIG(status));
     else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)

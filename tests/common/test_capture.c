@@ -94,6 +94,19 @@ static void test_deadline_kills_the_group(void)
     CHECK(gone);
 }
 
+/* A helper that closes its output and goes on running is still bounded
+ * by the deadline. */
+static void test_deadline_after_output(void)
+{
+    char err[256] = "", *out = NULL;
+    uint64_t t0 = now_mono_ms();
+    CHECK_EQ_INT(run_sh("echo early; exec >&-; sleep 30", 300, 1024, &out, err, sizeof err),
+                 KOLO_EIO);
+    CHECK(now_mono_ms() - t0 < 3000);
+    CHECK_EQ_STR(err, "the script ran over 0.3 s");
+    CHECK(out == NULL);
+}
+
 static void test_output_cap(void)
 {
     char err[256] = "", *out = NULL;
@@ -114,6 +127,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     test_output_and_codes();
     test_deadline_kills_the_group();
+    test_deadline_after_output();
     test_output_cap();
     TEST_DONE();
 }
