@@ -215,6 +215,14 @@ typedef struct kolo_request {
     int device;
 } kolo_request;
 
+/* The layout of kolo_request as this library was built: its size, and a
+ * field's offset in bytes (-1 for a name it does not have). A binding
+ * that cannot include this header (Python's ctypes) checks its own copy
+ * against these at load, so a package and a library of different
+ * versions fail with a message instead of passing garbage. */
+KOLO_API size_t kolo_request_size(void);
+KOLO_API long kolo_request_offset(const char *field);
+
 /*
  * kolo_submit enqueues n operations and returns their handles. With n > 1
  * they form a group: negotiated and executed together (fused where they

@@ -51,6 +51,22 @@ class Request(ctypes.Structure):
     ]
 
 
+def check_layout(lib):
+    """Request must be libkolo's struct kolo_request, field by field: a
+    package and a library of different versions would otherwise pass
+    garbage to every collective."""
+    bad = []
+    if ctypes.sizeof(Request) != lib.kolo_request_size():
+        bad.append("size %d, the library's %d" % (ctypes.sizeof(Request), lib.kolo_request_size()))
+    for name, _ in Request._fields_:
+        theirs = lib.kolo_request_offset(name.encode())
+        if getattr(Request, name).offset != theirs:
+            bad.append("%s at %d, the library's at %d" % (name, getattr(Request, name).offset, theirs))
+    if bad:
+        raise ImportError("built for another version of this package (struct kolo_request: "
+                          "%s); install matching versions or set KOLO_LIBRARY" % "; ".join(bad))
+
+
 def _declare(lib):
     c_int, c_void_p, c_char_p = ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p
     ctx = c_void_p
@@ -75,6 +91,8 @@ def _declare(lib):
         "kolo_last_error": (c_char_p, [ctx]),
         "kolo_errname": (c_char_p, [c_int]),
         "kolo_strerror": (c_char_p, [c_int]),
+        "kolo_request_size": (ctypes.c_size_t, []),
+        "kolo_request_offset": (ctypes.c_long, [c_char_p]),
         "kolo_dtype_size": (ctypes.c_size_t, [c_int]),
         "kolo_dtype_name": (c_char_p, [c_int]),
         "kolo_op_name": (c_char_p, [c_int]),
@@ -120,7 +138,13 @@ def load():
         except OSError as e:
             tried.append("%s (%s)" % (path, e))
             continue
-        _lib = _declare(lib)
+        try:
+            declared = _declare(lib)
+            check_layout(declared)
+        except (AttributeError, ImportError) as e:  # another version's library
+            tried.append("%s (%s)" % (path, e))
+            continue
+        _lib = declared
         _lib_path = path
         return _lib
     raise ImportError("kolo: cannot load libkolo.so; build it (scripts/build.sh) or set "

@@ -2,6 +2,10 @@
 every error code, dtype (with its size), reduction and collective kind,
 both ways, so a value added in C and not in Python (or the reverse) fails
 here; and the frontends' names come from those tables."""
+import ctypes
+
+import pytest
+
 from kolo import _abi, _engine, _lib
 
 PROBE = 256  # well past every table's end
@@ -44,3 +48,32 @@ def test_bound_names():
     # the engine's names are these, not copies
     assert (_engine.BARRIER, _engine.INT64, _engine.K_MAX, _engine.E_NOTSUP) == \
         (_abi.BARRIER, _abi.INT64, _abi.K_MAX, _abi.E_NOTSUP)
+
+
+def test_request_layout_matches_libkolo():
+    lib = _lib.load()
+    _lib.check_layout(lib)  # what load() did: no error
+    assert lib.kolo_request_size() == ctypes.sizeof(_lib.Request)
+    assert lib.kolo_request_offset(b"device") == _lib.Request.device.offset
+    assert lib.kolo_request_offset(b"no_such_field") == -1
+
+
+class _OtherVersion:
+    """A library whose struct kolo_request has its fields elsewhere."""
+
+    def __init__(self, lib, moved):
+        self.lib, self.moved = lib, moved
+
+    def kolo_request_size(self):
+        return self.lib.kolo_request_size() + 8
+
+    def kolo_request_offset(self, name):
+        return self.lib.kolo_request_offset(name) + (8 if name == self.moved else 0)
+
+
+def test_a_library_of_another_version_is_refused():
+    lib = _lib.load()
+    with pytest.raises(ImportError) as e:
+        _lib.check_layout(_OtherVersion(lib, b"op"))
+    text = str(e.value)
+    assert "another version" in text and "op at" in text and "size" in text, text
