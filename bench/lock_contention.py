@@ -14,16 +14,15 @@ Needs a build (scripts/build.sh).
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rest_polling import KOLO, ROOT, pollers  # noqa: E402
+from local_cluster import KOLO, ROOT, local_cluster  # noqa: E402
+from rest_polling import pollers  # noqa: E402
 
 PROBE = r'''
 import json, sys, time
@@ -84,25 +83,11 @@ def main():
     ap.add_argument("--no-printer", action="store_true", help="the pollers only")
     ap.add_argument("--out")
     a = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="kolo-lockbench.")
-    procs = []
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
-    try:
+    with local_cluster(slots=3, prefix="kolo-lockbench.") as (work, rpc, hport):
         for name, text in (("probe.py", PROBE), ("printer.py", PRINTER)):
             with open(os.path.join(work, name), "w") as f:
                 f.write(text)
-        coord = subprocess.Popen([KOLO, "coordinator", "--listen", "tcp://127.0.0.1:0", "--http",
-                                  "127.0.0.1:0", "--db", os.path.join(work, "c.db"),
-                                  "--log-level", "warn"], stdout=subprocess.PIPE, text=True)
-        procs.append(coord)
-        ready = coord.stdout.readline()
-        rpc = ready.split("rpc=")[1].split()[0]
-        hport = int(ready.split("http=")[1].split()[0].rsplit(":", 1)[1])
-        procs.append(subprocess.Popen([KOLO, "agent", "--coordinator", rpc, "--slots", "3",
-                                       "--name", "a", "--state-dir", os.path.join(work, "agent"),
-                                       "--log-level", "warn"], stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL))
-        time.sleep(1.5)
         probe(rpc, work, 20, env)  # job 1 exists for the pollers' job routes
         paths = ["/api/v1/jobs", "/api/v1/jobs/1", "/api/v1/jobs/1/epochs",
                  "/api/v1/jobs/1/output?limit=50", "/api/v1/events", "/metrics",
@@ -154,15 +139,6 @@ def main():
                 f.write("\nloaded / quiet: p50 **%.2f×**, p99 **%.2f×**.\n" % (
                     med["loaded"]["p50"] / med["quiet"]["p50"],
                     med["loaded"]["p99"] / med["quiet"]["p99"]))
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        shutil.rmtree(work, ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()

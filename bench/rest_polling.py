@@ -14,16 +14,13 @@ import http.client
 import http.server
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KOLO = os.path.join(ROOT, "build", "bin", "kolo")
+from local_cluster import KOLO, ROOT, local_cluster
 STEPS_PY = os.path.join(ROOT, "tests", "integration", "data", "allreduce_steps.py")
 
 
@@ -86,22 +83,7 @@ def main():
     ap.add_argument("--period", type=float, default=0.19)
     ap.add_argument("--out")
     a = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="kolo-restpoll.")
-    procs = []
-    try:
-        coord = subprocess.Popen([KOLO, "coordinator", "--listen", "tcp://127.0.0.1:0", "--http",
-                                  "127.0.0.1:0", "--db", os.path.join(work, "c.db"),
-                                  "--log-level", "warn"], stdout=subprocess.PIPE, text=True)
-        procs.append(coord)
-        ready = coord.stdout.readline()
-        rpc = ready.split("rpc=")[1].split()[0]
-        http_url = ready.split("http=")[1].split()[0]
-        hport = int(http_url.rsplit(":", 1)[1])
-        agent = subprocess.Popen([KOLO, "agent", "--coordinator", rpc, "--slots", "2", "--name",
-                                  "a", "--state-dir", os.path.join(work, "agent"), "--log-level",
-                                  "warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        procs.append(agent)
-        time.sleep(1.5)
+    with local_cluster(slots=2, prefix="kolo-restpoll.") as (_, rpc, hport):
         srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Control)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         kolo_paths = ["/api/v1/jobs", "/api/v1/jobs/1", "/api/v1/jobs/1/epochs",
@@ -153,15 +135,6 @@ def main():
                         m, med[m], worst[m], med[m] / med["alone"],
                         "%.0f" % statistics.median(rates[m]) if m in rates else "-"))
                 f.write("\nkolo / control (median): **%.2f×**.\n" % summary["kolo_over_control"])
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        shutil.rmtree(work, ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()

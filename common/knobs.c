@@ -78,7 +78,7 @@ static int parse_digits(const char *s, int64_t *v, const char **end)
     return n;
 }
 
-static int parse_int(const char *s, int64_t *v)
+int knobs_parse_int(const char *s, int64_t *v)
 {
     if (!s || !*s)
         return KOLO_EINVAL;
@@ -96,7 +96,7 @@ static int parse_int(const char *s, int64_t *v)
     return 0;
 }
 
-static int parse_bool(const char *s, bool *v)
+int knobs_parse_bool(const char *s, bool *v)
 {
     static const char *const yes[] = {"true", "1", "yes", "on"};
     static const char *const no[] = {"false", "0", "no", "off"};
@@ -268,7 +268,7 @@ static int knob_set(struct knob *k, const char *text, const char *source, const 
         return 0;
     }
     case KNOB_BOOL:
-        if (parse_bool(text, &b)) {
+        if (knobs_parse_bool(text, &b)) {
             knobs_err(err, errlen, "%s: '%s' is not a boolean (want true or false) (from %s)",
                       k->name, text, where);
             return KOLO_EINVAL;
@@ -278,7 +278,7 @@ static int knob_set(struct knob *k, const char *text, const char *source, const 
         k->source = source;
         return 0;
     case KNOB_INT:
-        if (parse_int(text, &v)) {
+        if (knobs_parse_int(text, &v)) {
             knobs_err(err, errlen, "%s: '%s' is not an integer (from %s)", k->name, text, where);
             return KOLO_EINVAL;
         }
@@ -847,7 +847,7 @@ void knobs_print_help(FILE *out, const char *usage, const struct knob *tab, size
         if (k->type == KNOB_BOOL) {
             bool on = false;
             if (k->def)
-                parse_bool(k->def, &on);
+                knobs_parse_bool(k->def, &on);
             len +=
                 snprintf(text + len, sizeof text - (size_t)len, "%sdefault %s, --no-%s sets false",
                          sep, on ? "true" : "false", k->name);

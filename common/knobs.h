@@ -110,8 +110,13 @@ char *knobs_trim(char *s);
 int knobs_read_text(const char *path, size_t max, const char *label, char **text, char *err,
                     size_t errlen);
 
-/* Parsers shared with other code (HTTP params, job specs). 0 on success. */
+/* Parsers shared with other code (HTTP params, job specs, libkolo's
+ * settings). 0 on success. An integer is exactly a decimal number (no
+ * blanks, no trailing text); a boolean is true/false, 1/0, yes/no, on/off
+ * in any case. */
 int knobs_parse_duration(const char *s, int64_t *ms);
 int knobs_parse_size(const char *s, int64_t *bytes);
+int knobs_parse_int(const char *s, int64_t *v);
+int knobs_parse_bool(const char *s, bool *v);
 
 #endif

@@ -3,11 +3,9 @@
  */
 #include "settings.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "errors.h"
 #include "knobs.h"
@@ -56,25 +54,17 @@ static bool word_in(const char *word, const char *list)
 static int parse(const struct setting_info *k, const char *text, int64_t *out)
 {
     switch (k->type) {
-    case SETTING_BOOL:
-        if (!strcmp(text, "1") || !strcasecmp(text, "true") || !strcasecmp(text, "yes") ||
-            !strcasecmp(text, "on"))
-            *out = 1;
-        else if (!strcmp(text, "0") || !strcasecmp(text, "false") || !strcasecmp(text, "no") ||
-                 !strcasecmp(text, "off"))
-            *out = 0;
-        else
+    case SETTING_BOOL: {
+        bool on;
+        if (knobs_parse_bool(text, &on) != 0)
             return -1;
+        *out = on;
         return 0;
-    case SETTING_INT: {
-        char *end;
-        errno = 0;
-        long long v = strtoll(text, &end, 10);
-        if (errno || end == text || *end)
-            return -1;
-        *out = v;
-        return v < k->min || v > k->max ? -1 : 0;
     }
+    case SETTING_INT:
+        if (knobs_parse_int(text, out) != 0)
+            return -1;
+        return *out < k->min || *out > k->max ? -1 : 0;
     case SETTING_SIZE:
         if (knobs_parse_size(text, out) != 0)
             return -1;
