@@ -375,6 +375,23 @@ static void coord_free(struct coord *c)
     free(c);
 }
 
+/* The writer threads (coord_writer.h): snapshot commits, output appends. */
+static int writers_start(struct coord *c, char *err, size_t errlen)
+{
+    int rv = coord_snap_start(c, err, errlen);
+    if (rv == 0 && (rv = coord_writer_start(&c->out_writer, "output", c->db_path, &c->mtx, err,
+                                            errlen)) != 0)
+        coord_snap_stop(c);
+    return rv;
+}
+
+static void writers_stop(struct coord *c)
+{
+    coord_writer_stop(c->out_writer);
+    c->out_writer = NULL;
+    coord_snap_stop(c);
+}
+
 int coord_start(struct coord **out, const struct coord_config *cfg, char *err, size_t errlen)
 {
     struct coord *c = calloc(1, sizeof(*c));
@@ -467,14 +484,14 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
         return rv;
     }
     c->last_cron = now_mono_ms();
-    if ((rv = coord_snap_start(c, err, errlen)) != 0) {
+    if ((rv = writers_start(c, err, errlen)) != 0) {
         coord_http_stop(c);
         rpc_server_close(c->rpc);
         coord_free(c);
         return rv;
     }
     if (coord_discovery_start(c) != 0) {
-        coord_snap_stop(c);
+        writers_stop(c);
         snprintf(err, errlen, "cannot start the host discovery thread");
         coord_http_stop(c);
         rpc_server_close(c->rpc);
@@ -483,7 +500,7 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
     }
     if (pthread_create(&c->thread, NULL, coord_main, c) != 0) {
         coord_discovery_stop(c);
-        coord_snap_stop(c);
+        writers_stop(c);
         snprintf(err, errlen, "cannot start the coordinator thread");
         coord_http_stop(c);
         rpc_server_close(c->rpc);
@@ -516,7 +533,7 @@ void coord_stop(struct coord *c)
     pthread_mutex_unlock(&c->mtx);
     pthread_join(c->thread, NULL);
     coord_discovery_stop(c);
-    coord_snap_stop(c); /* it answers the commits it still writes */
+    writers_stop(c); /* they answer the calls whose writes they still hold */
     /* Parked calls were answered by the tick thread; the listeners can go. */
     coord_http_stop(c);
     rpc_server_close(c->rpc);

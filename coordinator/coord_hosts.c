@@ -376,6 +376,108 @@ void coord_rpc_agent_heartbeat(struct coord *c, struct rpc_call *call, enum coor
     kolo__heartbeat_request__free_unpacked(req, NULL);
 }
 
+/* A report's output lines on their way to the output writer (issue 17,
+ * item 2): the fsync of a chatty job's lines runs off the state lock, so
+ * it no longer delays other jobs' negotiation. The batch is acknowledged,
+ * and its events applied, only once its lines are stored: an exit event
+ * still follows its output, and a StreamOutput client sees the end only
+ * after every line (job->out_stored). */
+struct out_write {
+    struct writer_job job;
+    struct coord *c;
+    struct host *h;
+    struct rpc_call *call;
+    Kolo__ReportRequest *req; /* owns the lines' text */
+    struct store_output *out;
+    size_t nout;
+    char why[256];
+};
+
+static void report_apply(struct coord *c, struct host *h, struct rpc_call *call,
+                         Kolo__ReportRequest *req);
+
+static void out_write_free(struct out_write *ow)
+{
+    kolo__report_request__free_unpacked(ow->req, NULL);
+    free(ow->out);
+    free(ow);
+}
+
+static int out_write(struct writer_job *job, struct store *st)
+{
+    struct out_write *ow = (struct out_write *)job;
+    int rc = store_output_append(st, ow->out, ow->nout);
+    if (rc)
+        str_copy(ow->why, store_last_error(st), sizeof(ow->why));
+    return rc;
+}
+
+static void out_done(struct writer_job *job, int rc)
+{
+    struct out_write *ow = (struct out_write *)job;
+    struct coord *c = ow->c;
+    struct host *h = ow->h;
+    h->out_pending = NULL;
+    /* Stored or not, these seqs are settled: a batch that failed is sent
+     * again and gets new ones. */
+    for (size_t i = 0; i < ow->nout; i++) {
+        struct job *j = coord_job_find(c, ow->out[i].job_id);
+        if (j && ow->out[i].seq > j->out_stored)
+            j->out_stored = ow->out[i].seq;
+    }
+    if (rc) {
+        /* Not acknowledged: the agent keeps the batch and sends it again
+         * (issue 15, F8). */
+        c->m.store_errors++;
+        c->m.last_store_error_ms = now_wall_ms();
+        LOGW("coord", "store: output append failed: %s", ow->why);
+        rpc_call_error(ow->call, KOLO_ESTORE,
+                       "the coordinator cannot store output now (%s); keep the batch and send "
+                       "it again",
+                       ow->why);
+    } else {
+        c->m.output_lines += ow->nout;
+        h->lines_batch_seq = ow->req->batch_seq;
+        report_apply(c, h, ow->call, ow->req);
+    }
+    for (size_t i = 0; i < ow->nout; i++) {
+        struct job *j = coord_job_find(c, ow->out[i].job_id);
+        if (j && (i == 0 || ow->out[i].job_id != ow->out[i - 1].job_id))
+            coord_job_output_added(c, j);
+    }
+    out_write_free(ow);
+}
+
+/* report_apply applies a report's events, once its lines are stored, and
+ * answers it. */
+static void report_apply(struct coord *c, struct host *h, struct rpc_call *call,
+                         Kolo__ReportRequest *req)
+{
+    if (req->n_events) {
+        store_begin(c->store);
+        for (size_t i = 0; i < req->n_events; i++) {
+            Kolo__WorkerEvent *e = req->events[i];
+            coord_job_worker_event(c, h, e->job_id, e->generation, e->rank, e->worker_id, e->kind,
+                                   e->pid, e->exit_code, e->term_signal, e->message);
+        }
+        if (store_commit(c->store) != 0) {
+            /* the events took effect in memory; sent again, they are
+             * no-ops there and reach the store then (the lines are not
+             * stored twice: lines_batch_seq) */
+            coord_store_failed(c, "report commit");
+            store_rollback(c->store);
+            rpc_call_error(call, KOLO_ESTORE, "the coordinator cannot store events now (%s); "
+                           "keep the batch and send it again", store_last_error(c->store));
+            return;
+        }
+    }
+    h->last_batch_seq = req->batch_seq;
+    Kolo__ReportReply rep = KOLO__REPORT_REPLY__INIT;
+    rep.accepted_events = (uint32_t)req->n_events;
+    rep.accepted_lines = (uint32_t)req->n_lines;
+    coord_send_pb(call, &rep.base);
+}
+
 void coord_rpc_agent_report(struct coord *c, struct rpc_call *call, enum coord_method m)
 {
     (void)m;
@@ -391,28 +493,45 @@ void coord_rpc_agent_report(struct coord *c, struct rpc_call *call, enum coord_m
         kolo__report_request__free_unpacked(req, NULL);
         return;
     }
-    Kolo__ReportReply rep = KOLO__REPORT_REPLY__INIT;
     if (req->batch_seq && req->batch_seq <= h->last_batch_seq) {
         c->m.reports_duplicate++;
+        Kolo__ReportReply rep = KOLO__REPORT_REPLY__INIT;
         rep.accepted_events = (uint32_t)req->n_events;
         rep.accepted_lines = (uint32_t)req->n_lines;
         coord_send_pb(call, &rep.base);
         kolo__report_request__free_unpacked(req, NULL);
         return;
     }
-    struct store_output *out = calloc(req->n_lines ? req->n_lines : 1, sizeof(*out));
-    struct job **touched = calloc(req->n_lines + req->n_events + 1, sizeof(*touched));
-    size_t nout = 0, ntouched = 0;
-    if (!out || !touched) {
+    struct out_write *pending = h->out_pending;
+    if (pending) {
+        if (req->batch_seq && req->batch_seq == pending->req->batch_seq) {
+            /* The agent gave up waiting and sent the batch again: the one
+             * being written answers this call instead. */
+            c->m.reports_duplicate++;
+            rpc_call_error(pending->call, KOLO_EBUSY, "superseded by the same batch sent again");
+            pending->call = call;
+        } else {
+            rpc_call_error(call, KOLO_EBUSY, "this host's previous report is still being "
+                           "stored; send the batch again");
+        }
+        kolo__report_request__free_unpacked(req, NULL);
+        return;
+    }
+    /* A batch whose lines were stored but whose events were not is sent
+     * again: its events only. */
+    bool lines_stored = req->batch_seq && req->batch_seq == h->lines_batch_seq;
+    size_t nlines = lines_stored ? 0 : req->n_lines;
+    struct out_write *ow = nlines ? calloc(1, sizeof(*ow)) : NULL;
+    struct store_output *out = nlines ? calloc(nlines, sizeof(*out)) : NULL;
+    if (nlines && (!ow || !out)) {
+        free(ow);
         free(out);
-        free(touched);
         rpc_call_error(call, KOLO_ENOMEM, "out of memory");
         kolo__report_request__free_unpacked(req, NULL);
         return;
     }
-    store_begin(c->store);
-    /* Lines first: an exit event in the same batch follows its output. */
-    for (size_t i = 0; i < req->n_lines; i++) {
+    size_t nout = 0;
+    for (size_t i = 0; i < nlines; i++) {
         Kolo__OutputLine *l = req->lines[i];
         struct job *j = coord_job_find(c, l->job_id);
         if (j && l->worker_id)
@@ -420,7 +539,7 @@ void coord_rpc_agent_report(struct coord *c, struct rpc_call *call, enum coord_m
         if (!j || l->rank < 0 || l->rank >= j->nranks || j->ranks[l->rank].host != h)
             continue; /* only a rank's own host may speak for it */
         size_t len = l->text.len > 65536 ? 65536 : l->text.len;
-        out[nout] =
+        out[nout++] =
             (struct store_output){.job_id = j->id,
                                   .seq = ++j->out_seq,
                                   .rank = l->rank,
@@ -428,46 +547,23 @@ void coord_rpc_agent_report(struct coord *c, struct rpc_call *call, enum coord_m
                                   .text = (const char *)l->text.data,
                                   .text_len = len,
                                   .ts_ms = l->ts_ms ? l->ts_ms : now_wall_ms()};
-        nout++;
-        size_t k;
-        for (k = 0; k < ntouched && touched[k] != j; k++)
-            ;
-        if (k == ntouched)
-            touched[ntouched++] = j;
     }
-    /* A batch that cannot be stored is not acknowledged: the agent keeps
-     * it and sends it again (issue 15, F8). */
-    if (nout && store_output_append(c->store, out, nout) != 0) {
-        coord_store_failed(c, "output append");
-        goto refuse;
+    if (!nout) {
+        free(ow);
+        free(out);
+        report_apply(c, h, call, req);
+        kolo__report_request__free_unpacked(req, NULL);
+        return;
     }
-    c->m.output_lines += nout;
-    for (size_t i = 0; i < req->n_events; i++) {
-        Kolo__WorkerEvent *e = req->events[i];
-        coord_job_worker_event(c, h, e->job_id, e->generation, e->rank, e->worker_id, e->kind, e->pid,
-                               e->exit_code, e->term_signal, e->message);
-    }
-    if (store_commit(c->store) != 0) {
-        /* the events took effect in memory; sent again, they are no-ops
-         * there and reach the store then */
-        coord_store_failed(c, "report commit");
-        goto refuse;
-    }
-    h->last_batch_seq = req->batch_seq;
-    for (size_t k = 0; k < ntouched; k++)
-        coord_job_output_added(c, touched[k]);
-    rep.accepted_events = (uint32_t)req->n_events;
-    rep.accepted_lines = (uint32_t)req->n_lines;
-    coord_send_pb(call, &rep.base);
-    goto out;
-refuse:
-    store_rollback(c->store);
-    rpc_call_error(call, KOLO_ESTORE, "the coordinator cannot store output now (%s); keep the "
-                   "batch and send it again", store_last_error(c->store));
-out:
-    free(out);
-    free(touched);
-    kolo__report_request__free_unpacked(req, NULL);
+    *ow = (struct out_write){.job = {.write = out_write, .done = out_done},
+                             .c = c,
+                             .h = h,
+                             .call = call,
+                             .req = req,
+                             .out = out,
+                             .nout = nout};
+    h->out_pending = ow;
+    coord_writer_submit(c->out_writer, &ow->job);
 }
 
 void coord_hosts_cron(struct coord *c, uint64_t now)

@@ -239,7 +239,7 @@ static void render_job_summary(struct jw *w, struct job *j, bool full)
     jw_kuint(w, "started_ms", j->started_ms);
     jw_kuint(w, "ended_ms", j->ended_ms);
     jw_kint(w, "ranks_alive", coord_job_ranks_alive(j));
-    jw_kuint(w, "output_lines", j->out_seq);
+    jw_kuint(w, "output_lines", j->out_stored);
     jw_kbool(w, "elastic", j->el != NULL);
     if (j->el) {
         jw_key(w, "elastic_state");
@@ -464,11 +464,15 @@ static void render_metrics(struct coord *c, struct buf *b)
                "old generation.\n# TYPE kolo_stale_generation_rejects_total counter\n"
                "kolo_stale_generation_rejects_total %llu\n"
                "# HELP kolo_store_errors_total SQLite operations that failed.\n"
-               "# TYPE kolo_store_errors_total counter\nkolo_store_errors_total %llu\n",
+               "# TYPE kolo_store_errors_total counter\nkolo_store_errors_total %llu\n"
+               "# HELP kolo_output_writer_pending Agent reports whose output lines the output "
+               "writer thread is storing or has queued.\n"
+               "# TYPE kolo_output_writer_pending gauge\nkolo_output_writer_pending %zu\n",
                (unsigned long long)c->m.heartbeats_rejected,
                (unsigned long long)c->m.leases_expired, (unsigned long long)c->m.reports_duplicate,
                (unsigned long long)c->m.output_lines, (unsigned long long)c->m.stale_generation,
-               (unsigned long long)c->m.store_errors);
+               (unsigned long long)c->m.store_errors,
+               c->out_writer ? coord_writer_pending(c->out_writer) : (size_t)0);
     buf_printf(
         b,
         "# HELP kolo_http_requests_total HTTP requests, by response class.\n"

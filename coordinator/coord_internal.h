@@ -3,15 +3,17 @@
  *
  * Threading: everything in struct coord below the "state" line belongs to
  * whoever holds c->mtx, and only coord_post (one RPC or HTTP request, on
- * the nng thread that received it) and the tick thread (coord_cron:
- * leases, parked-call deadlines, pending jobs) take it. So handlers run
+ * the nng thread that received it), the tick thread (coord_cron:
+ * leases, parked-call deadlines, pending jobs) and the writer threads
+ * (coord_writer.h, to finish a write they did without it) take it. So handlers run
  * one at a time, as in redis's single-owner model, but without handing
  * each request to another thread: negotiation latency is a goal. A
  * handler answers at once or parks the call (heartbeats, output streams,
  * rendezvous, negotiation) until something changes or its deadline
- * passes. Handlers never block: no network waits, only SQLite writes.
- * (One exception, explained in coord_snap.c: a snapshot chunk is hashed
- * with the lock released.)
+ * passes. Handlers never block: no network waits, only small SQLite
+ * writes; snapshot commits and output appends go to the writer threads.
+ * (One more exception, explained in coord_snap.c: a snapshot chunk is
+ * hashed with the lock released.)
  */
 #ifndef KOLO_COORDINATOR_COORD_INTERNAL_H
 #define KOLO_COORDINATOR_COORD_INTERNAL_H
@@ -27,6 +29,7 @@
 
 #include "buf.h"
 #include "coord.h"
+#include "coord_writer.h"
 #include "rpc.h"
 #include "store.h"
 #include "tls.h"
@@ -61,7 +64,9 @@ struct host {
     char agent_instance[64];
     char superseded_instance[64]; /* instance replaced by a newer one */
     uint64_t superseded_mono;
-    uint64_t last_batch_seq;
+    uint64_t last_batch_seq;          /* the last report applied */
+    uint64_t lines_batch_seq;         /* the last report whose lines are stored */
+    struct out_write *out_pending;    /* its report whose lines are being stored */
     uint64_t desired_counter; /* bumped when the host's worker set changes */
     struct rpc_call *parked_hb;
     uint64_t parked_deadline; /* monotonic */
@@ -160,6 +165,7 @@ struct job {
     struct rank *ranks;
     int nranks;
     uint64_t out_seq;       /* last output sequence number assigned */
+    uint64_t out_stored;    /* last one the output writer is done with */
     struct waiter *waiters; /* parked StreamOutput calls */
     struct negot *negot;    /* rendezvous and negotiation of the generation */
     /* process sets of the generation (kolo_process_set_init): a rendezvous
@@ -325,7 +331,8 @@ struct coord {
     struct coord_metrics m;
     uint64_t last_cron;
     struct snap_upload *snap_uploads; /* coord_snap.c: partial uploads */
-    struct snap_writer *snap_writer;  /* coord_snap.c: its thread and queue (own lock) */
+    struct coord_writer *snap_writer; /* coord_snap.c: snapshot commits (coord_writer.h) */
+    struct coord_writer *out_writer;  /* coord_hosts.c: output appends (coord_writer.h) */
     struct report_job *report_jobs;   /* coord_report.c (issue 6): last steps per rank */
     struct step_pending *steps_pend;  /* coord_report.c: step rows not yet stored */
     size_t steps_npend, steps_cap;

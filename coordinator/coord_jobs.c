@@ -287,6 +287,7 @@ static int load_job_cb(const struct store_job *sj, void *arg)
                 j->ranks[r].host_id[0] ? coord_host_find(c, j->ranks[r].host_id) : NULL;
     }
     store_output_max_seq(c->store, j->id, &j->out_seq);
+    j->out_stored = j->out_seq;
     job_append(c, j);
     return 0;
 }
@@ -738,6 +739,7 @@ struct collect {
     Kolo__OutputLine *storage;
     size_t n, max;
     uint64_t last_seq;
+    bool short_of_memory;
 };
 
 static int collect_line(const struct store_output *o, void *arg)
@@ -752,8 +754,10 @@ static int collect_line(const struct store_output *o, void *arg)
     l->stream =
         o->stream == 2 ? KOLO__OUTPUT_STREAM__OUTPUT_STDERR : KOLO__OUTPUT_STREAM__OUTPUT_STDOUT;
     l->text.data = malloc(o->text_len ? o->text_len : 1);
-    if (!l->text.data)
+    if (!l->text.data) {
+        col->short_of_memory = true;
         return 1;
+    }
     memcpy(l->text.data, o->text, o->text_len);
     l->text.len = o->text_len;
     l->ts_ms = o->ts_ms;
@@ -773,12 +777,12 @@ static bool stream_answer(struct coord *c, struct job *j, struct rpc_call *call,
                           uint32_t max_lines, bool force)
 {
     bool done = job_done(j);
-    if (!force && !done && after_seq >= j->out_seq)
+    if (!force && !done && after_seq >= j->out_stored)
         return false;
     struct collect col = {0};
     col.max = max_lines;
     col.last_seq = after_seq;
-    if (after_seq < j->out_seq) {
+    if (after_seq < j->out_stored) {
         col.lines = calloc(max_lines, sizeof(*col.lines));
         col.storage = calloc(max_lines, sizeof(*col.storage));
         if (!col.lines || !col.storage) {
@@ -787,8 +791,11 @@ static bool stream_answer(struct coord *c, struct job *j, struct rpc_call *call,
             rpc_call_error(call, KOLO_ENOMEM, "out of memory");
             return true;
         }
-        if (store_output_each(c->store, j->id, after_seq, (int)max_lines, collect_line, &col) < 0)
+        int got = store_output_each(c->store, j->id, after_seq, (int)max_lines, collect_line, &col);
+        if (got < 0)
             coord_store_failed(c, "output read");
+        else if (col.n < max_lines && !col.short_of_memory)
+            col.last_seq = j->out_stored; /* the rest are seqs of batches that failed */
     }
     Kolo__StreamOutputReply rep = KOLO__STREAM_OUTPUT_REPLY__INIT;
     rep.n_lines = col.n;
@@ -798,7 +805,7 @@ static bool stream_answer(struct coord *c, struct job *j, struct rpc_call *call,
     rep.exit_code = j->exit_code;
     rep.reason = j->reason ? j->reason : "";
     /* done only once the client has every line */
-    rep.done = done && col.last_seq >= j->out_seq;
+    rep.done = done && col.last_seq >= j->out_stored;
     coord_send_pb(call, &rep.base);
     for (size_t i = 0; i < col.n; i++)
         free(col.storage[i].text.data);

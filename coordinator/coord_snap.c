@@ -259,169 +259,130 @@ static int copy_found(const struct store_snapshot *s, void *arg)
 
 /* ---------------------------------------------------------------- commit */
 
-/* The snapshot writer: one thread, its own store connection, a queue of
- * complete uploads (each marked busy, so no handler touches it). */
+/* A complete upload on its way to the writer thread (coord_writer.h),
+ * marked busy meanwhile, so that no handler touches it. */
 struct snap_write {
-    struct snap_write *next;
+    struct writer_job job;
+    struct coord *c;
     struct rpc_call *call;
     struct snap_upload *u;
     char sumhex[2 * SHA256_LEN + 1];
     int64_t keep;
+    /* filled by snap_write below */
+    struct store_snapshot s;
+    int pruned;
+    char why[300];
+    uint64_t t0, t1;
+    uint64_t job_id, duration_ms;
+    bool failed;
 };
-
-struct snap_writer {
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool stop;
-    struct snap_write *head, *tail;
-    struct store *st;
-};
-
-static void write_one(struct coord *c, struct snap_writer *w, struct snap_write *job);
-
-static void *writer_main(void *arg)
-{
-    struct coord *c = arg;
-    struct snap_writer *w = c->snap_writer;
-    for (;;) {
-        pthread_mutex_lock(&w->mu);
-        while (!w->stop && !w->head)
-            pthread_cond_wait(&w->cv, &w->mu);
-        struct snap_write *job = w->head;
-        if (job) {
-            w->head = job->next;
-            if (!w->head)
-                w->tail = NULL;
-        }
-        pthread_mutex_unlock(&w->mu);
-        if (!job)
-            break; /* stopping, and every queued snapshot is written */
-        write_one(c, w, job);
-        free(job);
-    }
-    return NULL;
-}
 
 int coord_snap_start(struct coord *c, char *err, size_t errlen)
 {
-    struct snap_writer *w = calloc(1, sizeof(*w));
-    if (!w)
-        return KOLO_ENOMEM;
-    int rv = store_open(&w->st, c->db_path, err, errlen);
-    if (rv) {
-        free(w);
-        return rv;
-    }
-    pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
-    c->snap_writer = w;
-    if (pthread_create(&w->thread, NULL, writer_main, c) != 0) {
-        snprintf(err, errlen, "cannot start the snapshot writer thread");
-        store_close(w->st);
-        pthread_mutex_destroy(&w->mu);
-        pthread_cond_destroy(&w->cv);
-        free(w);
-        c->snap_writer = NULL;
-        return KOLO_ESYS;
-    }
-    return 0;
+    return coord_writer_start(&c->snap_writer, "snapshot", c->db_path, &c->mtx, err, errlen);
 }
 
 void coord_snap_stop(struct coord *c)
 {
-    struct snap_writer *w = c->snap_writer;
-    if (!w)
-        return;
-    pthread_mutex_lock(&w->mu);
-    w->stop = true;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-    pthread_join(w->thread, NULL);
-    store_close(w->st);
-    pthread_mutex_destroy(&w->mu);
-    pthread_cond_destroy(&w->cv);
-    free(w);
+    coord_writer_stop(c->snap_writer); /* it answers the commits it still writes */
     c->snap_writer = NULL;
 }
 
-/* Writer thread: stores one complete upload, then answers its last chunk
- * under the state lock. */
-static void write_one(struct coord *c, struct snap_writer *w, struct snap_write *job)
+/* Writer thread, no lock: one transaction stores the new snapshot and the
+ * retention of the job's older ones, with one fsync. */
+static int snap_write(struct writer_job *job, struct store *st)
 {
-    struct snap_upload *u = job->u;
+    struct snap_write *sw = (struct snap_write *)job;
+    struct snap_upload *u = sw->u;
     struct store_blob *blobs = calloc(u->total_chunks, sizeof *blobs);
-    struct store_snapshot s = {.job_id = u->job_id,
-                               .generation = u->generation,
-                               .rank = u->rank,
-                               .upload_id = u->upload_id,
-                               .created_ms = now_wall_ms(),
-                               .meta_json = u->meta_json ? u->meta_json : "{}",
-                               .total_bytes = u->total_bytes,
-                               .checksum = job->sumhex,
-                               .nchunks = u->total_chunks};
-    int pruned = 0, err = blobs ? 0 : KOLO_ENOMEM;
-    char why[300] = "out of memory";
-    uint64_t t0 = now_mono_ms();
+    sw->s = (struct store_snapshot){.job_id = u->job_id,
+                                    .generation = u->generation,
+                                    .rank = u->rank,
+                                    .upload_id = u->upload_id,
+                                    .created_ms = now_wall_ms(),
+                                    .meta_json = u->meta_json ? u->meta_json : "{}",
+                                    .total_bytes = u->total_bytes,
+                                    .checksum = sw->sumhex,
+                                    .nchunks = u->total_chunks};
+    int err = blobs ? 0 : KOLO_ENOMEM;
+    str_copy(sw->why, "out of memory", sizeof(sw->why));
+    sw->t0 = now_mono_ms();
     /* The row gets the duration up to the transaction; the whole one is
-     * known only after it and replaces it below. */
-    s.duration_ms = t0 - u->started_mono;
+     * known only after it and replaces it in snap_after. */
+    sw->s.duration_ms = sw->t0 - u->started_mono;
     if (!err) {
         for (uint32_t i = 0; i < u->total_chunks; i++) {
             blobs[i].data = u->chunks[i]->data.data;
             blobs[i].len = u->chunks[i]->data.len;
         }
-        /* One transaction: the new snapshot and the retention of the
-         * job's older ones land together, with one fsync. */
-        err = store_begin(w->st);
+        err = store_begin(st);
         if (!err) {
-            err = store_snapshot_put(w->st, &s, blobs, u->total_chunks);
+            err = store_snapshot_put(st, &sw->s, blobs, u->total_chunks);
             if (!err)
-                err = store_snapshot_prune(w->st, u->job_id, (int)job->keep, &pruned);
+                err = store_snapshot_prune(st, u->job_id, (int)sw->keep, &sw->pruned);
             if (err)
-                store_rollback(w->st);
+                store_rollback(st);
             else
-                err = store_commit(w->st);
+                err = store_commit(st);
         }
         if (err)
-            str_copy(why, store_last_error(w->st), sizeof(why));
+            str_copy(sw->why, store_last_error(st), sizeof(sw->why));
     }
-    uint64_t t1 = now_mono_ms();
+    sw->t1 = now_mono_ms();
     free(blobs);
-    pthread_mutex_lock(&c->mtx);
-    coord_hist_observe(&c->m.snap.write, (double)(t1 - t0) / 1000.0);
+    return err;
+}
+
+/* Writer thread, state lock held: answers the last chunk and records the
+ * commit. */
+static void snap_done(struct writer_job *job, int err)
+{
+    struct snap_write *sw = (struct snap_write *)job;
+    struct coord *c = sw->c;
+    struct snap_upload *u = sw->u;
+    coord_hist_observe(&c->m.snap.write, (double)(sw->t1 - sw->t0) / 1000.0);
     u->busy = false;
     if (err) {
         c->m.store_errors++;
         c->m.last_store_error_ms = now_wall_ms();
-        put_fail(c, job->call, true, err == KOLO_ENOMEM ? KOLO_ENOMEM : KOLO_ESTORE,
-                 "the snapshot could not be stored: %s", why);
+        put_fail(c, sw->call, true, err == KOLO_ENOMEM ? KOLO_ENOMEM : KOLO_ESTORE,
+                 "the snapshot could not be stored: %s", sw->why);
         upload_drop(c, u, NULL);
-        pthread_mutex_unlock(&c->mtx);
+        sw->u = NULL;
+        sw->failed = true;
         return;
     }
     c->m.snap.commits++;
     c->m.snap.commit_bytes += u->total_bytes;
-    c->m.snap.pruned += (uint64_t)pruned;
-    uint64_t duration_ms = t1 - u->started_mono;
-    coord_hist_observe(&c->m.snap.commit, (double)duration_ms / 1000.0);
-    ack(job->call, u->total_chunks, true, s.id, u->generation);
+    c->m.snap.pruned += (uint64_t)sw->pruned;
+    sw->duration_ms = sw->t1 - u->started_mono;
+    coord_hist_observe(&c->m.snap.commit, (double)sw->duration_ms / 1000.0);
+    ack(sw->call, u->total_chunks, true, sw->s.id, u->generation);
     char meta[160];
-    str_copy(meta, s.meta_json, sizeof meta);
+    str_copy(meta, sw->s.meta_json, sizeof meta);
     coord_event(c, u->job_id, NULL, "snapshot.committed",
                 "snapshot %" PRIu64 " from rank %d of generation %" PRIu64 ": %" PRIu64
                 " bytes in %u chunks, written in %" PRIu64 " ms, meta %s%s",
-                s.id, u->rank, u->generation, u->total_bytes, u->total_chunks, t1 - t0, meta,
-                pruned ? " (older snapshots pruned)" : "");
-    uint64_t job_id = u->job_id;
+                sw->s.id, u->rank, u->generation, u->total_bytes, u->total_chunks,
+                sw->t1 - sw->t0, meta, sw->pruned ? " (older snapshots pruned)" : "");
+    sw->job_id = u->job_id;
+    sw->s.meta_json = NULL; /* the upload's, dropped now */
+    sw->s.checksum = NULL;
     upload_drop(c, u, NULL);
-    pthread_mutex_unlock(&c->mtx);
-    /* After the acknowledgement, so that the client does not wait for it:
-     * the first chunk to the commit, as kolo_snapshot_commit_seconds.
-     * Should this small write fail, the row keeps the shorter figure. */
-    if (store_snapshot_set_duration(w->st, job_id, s.id, duration_ms) != 0)
-        LOGW("coord", "snapshot %" PRIu64 ": cannot record its commit duration: %s", s.id,
-             store_last_error(w->st));
+    sw->u = NULL;
+}
+
+/* Writer thread, no lock, after the acknowledgement so that the client
+ * does not wait for it: the first chunk to the commit, as
+ * kolo_snapshot_commit_seconds. Should this small write fail, the row
+ * keeps the shorter figure. */
+static void snap_after(struct writer_job *job, struct store *st)
+{
+    struct snap_write *sw = (struct snap_write *)job;
+    if (!sw->failed && store_snapshot_set_duration(st, sw->job_id, sw->s.id, sw->duration_ms) != 0)
+        LOGW("coord", "snapshot %" PRIu64 ": cannot record its commit duration: %s", sw->s.id,
+             store_last_error(st));
+    free(sw);
 }
 
 /* commit checks the complete upload u and hands it to the writer thread,
@@ -441,28 +402,22 @@ static void commit(struct coord *c, struct rpc_call *call, struct snap_upload *u
         upload_drop(c, u, NULL);
         return;
     }
-    struct snap_write *job = calloc(1, sizeof(*job));
-    struct snap_writer *w = c->snap_writer;
-    if (!job || !w) {
-        free(job);
-        put_fail(c, call, true, w ? KOLO_ENOMEM : KOLO_ESHUTDOWN,
-                 w ? "out of memory" : "the snapshot writer is not running");
+    struct snap_write *sw = calloc(1, sizeof(*sw));
+    if (!sw || !c->snap_writer) {
+        free(sw);
+        put_fail(c, call, true, sw ? KOLO_ESHUTDOWN : KOLO_ENOMEM,
+                 sw ? "the snapshot writer is not running" : "out of memory");
         upload_drop(c, u, NULL);
         return;
     }
-    job->call = call;
-    job->u = u;
-    str_copy(job->sumhex, sumhex, sizeof(job->sumhex));
-    job->keep = u->keep ? (int64_t)u->keep : snap_keep(c);
+    sw->job = (struct writer_job){.write = snap_write, .done = snap_done, .after = snap_after};
+    sw->c = c;
+    sw->call = call;
+    sw->u = u;
+    str_copy(sw->sumhex, sumhex, sizeof(sw->sumhex));
+    sw->keep = u->keep ? (int64_t)u->keep : snap_keep(c);
     u->busy = true; /* the writer's until it answers */
-    pthread_mutex_lock(&w->mu);
-    if (w->tail)
-        w->tail->next = job;
-    else
-        w->head = job;
-    w->tail = job;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
+    coord_writer_submit(c->snap_writer, &sw->job);
 }
 
 /* ---------------------------------------------------------------- put */

@@ -15,6 +15,7 @@
 #include "kolo.pb-c.h"
 #include "creds.h"
 #include "rpc.h"
+#include "store.h"
 #include "test.h"
 #include "util.h"
 
@@ -725,12 +726,153 @@ static void test_parked_streams_leave_heartbeats_room(void)
     coord_stop(c);
 }
 
+/* ------------------------------------------------ output off the state lock */
+
+struct async_result {
+    atomic_int code; /* -1 until done */
+};
+
+static void async_done(void *arg, int code, const void *rep, size_t len, const char *err)
+{
+    (void)rep, (void)len, (void)err;
+    atomic_store(&((struct async_result *)arg)->code, code);
+}
+
+/* report_async sends one batch of rank 0's lines "line 0".."line n-1"
+ * and, if kind, an event after them. */
+static void report_async(struct fake_agent *a, uint64_t seq, uint64_t job, int nlines, int kind,
+                         struct async_result *res)
+{
+    Kolo__ReportRequest req = KOLO__REPORT_REQUEST__INIT;
+    Kolo__WorkerEvent ev = KOLO__WORKER_EVENT__INIT;
+    Kolo__WorkerEvent *evp = &ev;
+    Kolo__OutputLine ol[8], *olp[8];
+    char text[8][16];
+    REQUIRE(nlines <= 8);
+    for (int i = 0; i < nlines; i++) {
+        kolo__output_line__init(&ol[i]);
+        snprintf(text[i], sizeof(text[i]), "line %d", i);
+        ol[i].job_id = job;
+        ol[i].rank = 0;
+        ol[i].text.data = (uint8_t *)text[i];
+        ol[i].text.len = strlen(text[i]);
+        olp[i] = &ol[i];
+    }
+    ev.job_id = job;
+    ev.generation = 1;
+    ev.kind = kind;
+    ev.pid = 1000;
+    req.session = a->session;
+    req.batch_seq = seq;
+    req.lines = olp;
+    req.n_lines = (size_t)nlines;
+    if (kind) {
+        req.events = &evp;
+        req.n_events = 1;
+    }
+    uint8_t body[1024];
+    size_t len = protobuf_c_message_pack(&req.base, body);
+    atomic_store(&res->code, -1);
+    REQUIRE(rpc_client_call_async(a->cli, "AgentService.Report", body, len, 8000, async_done,
+                                  res) == 0);
+}
+
+static Kolo__StreamOutputReply *stream_now(struct rpc_client *cli, uint64_t job)
+{
+    Kolo__StreamOutputRequest sreq = KOLO__STREAM_OUTPUT_REQUEST__INIT;
+    char err[512];
+    void *rep = NULL;
+    sreq.job_id = job;
+    sreq.wait_ms = 0;
+    sreq.max_lines = 100;
+    REQUIRE(call(cli, "AdminService.StreamOutput", &sreq.base,
+                 &kolo__stream_output_reply__descriptor, &rep, 3000, err) == 0);
+    return rep;
+}
+
+static int wait_code(struct async_result *r, int ms)
+{
+    uint64_t t0 = now_mono_ms();
+    while (atomic_load(&r->code) == -1 && now_mono_ms() - t0 < (uint64_t)ms)
+        usleep(5000);
+    return atomic_load(&r->code);
+}
+
+/* Issue 17, item 2: output lines are stored by the output writer, off the
+ * state lock. While the writer is stuck (another connection holds the
+ * database's write lock), the coordinator still answers at once; the
+ * batch's exit event waits for its lines; a batch the agent sends again
+ * meanwhile takes over the call; and every line is stored once. */
+static void test_output_off_the_lock(void)
+{
+    struct coord *c = start();
+    struct fake_agent *a = new_agent(c, "host-a", "alpha", 1);
+    struct rpc_client *admin = connect_to(c, "admin");
+    char err[512];
+    uint64_t job = submit(admin, 1, NULL, 0, NULL, err);
+    REQUIRE(job);
+    CHECK_EQ_INT(agent_event(a, job, 1, 0, KOLO__WORKER_EVENT_KIND__WORKER_STARTED, 0, 0, NULL),
+                 0);
+    uint64_t seq = ++a->batch;
+
+    struct store *blocker = NULL;
+    REQUIRE(store_open(&blocker, dbpath, err, sizeof(err)) == 0);
+    REQUIRE(store_begin(blocker) == 0); /* BEGIN IMMEDIATE: the write lock */
+
+    struct async_result first, again;
+    report_async(a, seq, job, 5, KOLO__WORKER_EVENT_KIND__WORKER_EXITED, &first);
+    usleep(100 * 1000);
+    CHECK_EQ_INT(atomic_load(&first.code), -1); /* the writer waits for the lock */
+    /* the coordinator answers meanwhile; the exit is not applied yet and
+     * no line is visible */
+    uint64_t t0 = now_mono_ms();
+    expect_job_state(admin, job, "running", -1);
+    Kolo__StreamOutputReply *so = stream_now(admin, job);
+    CHECK(now_mono_ms() - t0 < 1000);
+    CHECK_EQ_INT(so->n_lines, 0);
+    CHECK(!so->done);
+    protobuf_c_message_free_unpacked(&so->base, NULL);
+
+    /* the agent gives up on the call and sends the batch again */
+    report_async(a, seq, job, 5, KOLO__WORKER_EVENT_KIND__WORKER_EXITED, &again);
+    CHECK_EQ_INT(wait_code(&first, 3000), KOLO_EBUSY);
+    CHECK_EQ_INT(atomic_load(&again.code), -1);
+
+    store_rollback(blocker);
+    store_close(blocker);
+    CHECK_EQ_INT(wait_code(&again, 6000), 0);
+    expect_job_state(admin, job, "succeeded", 0);
+    so = stream_now(admin, job);
+    CHECK_EQ_INT(so->n_lines, 5);
+    CHECK(so->done);
+    for (size_t i = 0; i < so->n_lines; i++) {
+        char want[32];
+        snprintf(want, sizeof(want), "line %zu", i);
+        CHECK(so->lines[i]->text.len == strlen(want) &&
+              memcmp(so->lines[i]->text.data, want, strlen(want)) == 0);
+    }
+    protobuf_c_message_free_unpacked(&so->base, NULL);
+
+    /* its reply lost, the batch comes a third time: acknowledged, not
+     * stored again */
+    struct async_result third;
+    report_async(a, seq, job, 5, KOLO__WORKER_EVENT_KIND__WORKER_EXITED, &third);
+    CHECK_EQ_INT(wait_code(&third, 3000), 0);
+    so = stream_now(admin, job);
+    CHECK_EQ_INT(so->n_lines, 5);
+    protobuf_c_message_free_unpacked(&so->base, NULL);
+
+    free_agent(a);
+    rpc_client_close(admin);
+    coord_stop(c);
+}
+
 int main(void)
 {
     char dir[] = "/tmp/kolo-test-coord-XXXXXX";
     REQUIRE(mkdtemp(dir));
     const char *tests[] = {"launch", "failure", "pending", "leases",
-                           "restart", "open", "scope", "parked"};
+                           "restart", "open", "scope", "parked", "output"};
     for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
         snprintf(dbpath, sizeof(dbpath), "%s/%s.db", dir, tests[i]);
         switch (i) {
@@ -757,6 +899,9 @@ int main(void)
             break;
         case 7:
             test_parked_streams_leave_heartbeats_room();
+            break;
+        case 8:
+            test_output_off_the_lock();
             break;
         }
     }

@@ -29,7 +29,7 @@ LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*$")
 REQUIRED = ["kolo_build_info", "kolo_members", "kolo_membership_changes_total",
             "kolo_negotiation_wait_seconds", "kolo_reset_duration_seconds",
             "kolo_stale_generation_rejects_total", "kolo_auth_failures_total",
-            "kolo_store_errors_total", "kolo_degraded", "kolo_snapshots_committed_total",
+            "kolo_store_errors_total", "kolo_output_writer_pending", "kolo_degraded", "kolo_snapshots_committed_total",
             "kolo_snapshot_commit_seconds", "kolo_host_exclusions_total"]
 
 
