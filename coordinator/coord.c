@@ -7,7 +7,16 @@
  * running workers; hosts that do not are declared lost when that lease
  * runs out, exactly as if they had stopped heart-beating.
  */
-#include "coord_internal.h"
+#include "coord_api.h"
+#include "coord_core.h"
+#include "coord_elastic.h"
+#include "coord_hosts.h"
+#include "coord_jobs.h"
+#include "coord_negot.h"
+#include "coord_report.h"
+#include "coord_snap.h"
+#include "coord_timeline.h"
+#include "coord_writer.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,102 +32,54 @@
 #include "log.h"
 #include "util.h"
 
-/* The histogram bounds in seconds (Prometheus "le"). */
-static const double hist_bounds[COORD_HIST_BUCKETS] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                                                       1,    2.5,   5,    10,  30,   60};
+/* ---------------------------------------------------------------- hooks */
 
-void coord_hist_observe_n(struct coord_hist *h, double seconds, uint64_t n)
+/* The domain modules' part in the core's jobs and hosts (coord_model.h,
+ * struct coord_hooks), in the order it must happen. */
+
+static void job_ended(struct coord *c, struct job *j, int code, const char *why)
 {
-    int i = 0;
-    while (i < COORD_HIST_BUCKETS && seconds > hist_bounds[i])
-        i++;
-    h->counts[i] += n;
-    h->sum += seconds * (double)n;
+    coord_negot_job_ended(c, j, code, why);
+    coord_elastic_job_ended(c, j); /* its ranks leave the desired sets */
 }
 
-void coord_hist_observe(struct coord_hist *h, double seconds)
+static void job_cron(struct coord *c, struct job *j, bool terminal, uint64_t now)
 {
-    coord_hist_observe_n(h, seconds, 1);
-}
-
-void coord_hist_render(struct buf *b, const char *name, const char *help,
-                       const struct coord_hist *h)
-{
-    buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    uint64_t cum = 0;
-    for (int i = 0; i < COORD_HIST_BUCKETS; i++) {
-        cum += h->counts[i];
-        buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, hist_bounds[i],
-                   (unsigned long long)cum);
+    if (terminal && (j->negot || j->nsets)) {
+        /* An ended job keeps its record and its ranks' last reports (REST
+         * /ranks), not its negotiation (issue 15, F12): its parked calls
+         * were answered when it ended, and later worker calls are refused
+         * as not running. */
+        coord_negot_free_job(j);
     }
-    cum += h->counts[COORD_HIST_BUCKETS];
-    buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
-               (unsigned long long)cum, name, h->sum, name, (unsigned long long)cum);
+    if (j->negot)
+        coord_negot_cron(c, j, now);
+    if (j->tl)
+        coord_timeline_cron(j->tl, terminal);
+    if (j->el)
+        coord_elastic_cron(c, j, now);
 }
 
-void coord_store_failed(struct coord *c, const char *what)
+static void job_free(struct job *j)
 {
-    c->m.store_errors++;
-    c->m.last_store_error_ms = now_wall_ms();
-    if (!c->m.store_degraded)
-        LOGE("coord", "store: %s failed: %s; refusing what cannot be stored until writes "
-             "succeed again", what, store_last_error(c->store));
-    else
-        LOGD("coord", "store: %s failed: %s", what, store_last_error(c->store));
-    c->m.store_degraded = true;
-    c->m.store_degraded_since = now_mono_ms();
-    snprintf(c->m.store_why, sizeof c->m.store_why, "%s failed: %s", what,
-             store_last_error(c->store));
+    coord_negot_free_job(j);
+    coord_elastic_free(j->el);
+    coord_timeline_free(j->tl);
 }
 
-/* While degraded, a small write every STORE_PROBE_MS tells when the disk
- * takes writes again (space freed, the disk back): then the coordinator
- * says so and stops refusing. */
-#define STORE_PROBE_MS 2000
-static void store_probe(struct coord *c, uint64_t now)
-{
-    if (!c->m.store_degraded || now - c->m.store_probed < STORE_PROBE_MS)
-        return;
-    c->m.store_probed = now;
-    char value[32];
-    snprintf(value, sizeof value, "%llu", (unsigned long long)now_wall_ms());
-    if (store_meta_put(c->store, "write_probe", value) != 0)
-        return;
-    c->m.store_degraded = false;
-    LOGI("coord", "store: writes succeed again after %llu ms",
-         (unsigned long long)(now - c->m.store_degraded_since));
-    coord_event(c, 0, NULL, "store.recovered", "the state store takes writes again (%s before)",
-                c->m.store_why);
-}
-
-void coord_event(struct coord *c, uint64_t job_id, const char *host_id, const char *kind,
-                 const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    struct store_event ev = {
-        .ts_ms = now_wall_ms(), .job_id = job_id, .host_id = host_id, .kind = kind, .message = msg};
-    LOGI("coord", "%s: %s", kind, msg);
-    if (store_event_add(c->store, &ev) != 0)
-        coord_store_failed(c, "event");
-}
-
-int coord_send_pb(struct rpc_call *call, const ProtobufCMessage *msg)
-{
-    size_t len = protobuf_c_message_get_packed_size(msg);
-    uint8_t *buf = malloc(len ? len : 1);
-    if (!buf) {
-        rpc_call_error(call, KOLO_ENOMEM, "out of memory");
-        return KOLO_ENOMEM;
-    }
-    protobuf_c_message_pack(msg, buf);
-    rpc_call_reply(call, buf, len);
-    free(buf);
-    return 0;
-}
+static const struct coord_hooks hooks = {
+    .job_ended = job_ended,
+    .job_cron = job_cron,
+    .job_shutdown = coord_negot_drop_parked,
+    .job_free = job_free,
+    .elastic_init = coord_elastic_init,
+    .elastic_to_json = coord_elastic_to_json,
+    .elastic_from_json = coord_elastic_from_json,
+    .elastic_free_slots = coord_elastic_free_slots,
+    .host_usable = coord_elastic_host_usable,
+    .member_gone = coord_elastic_member_gone,
+    .host_drained = coord_elastic_host_drained,
+};
 
 /* ---------------------------------------------------------------- queue */
 
@@ -272,7 +233,7 @@ static void coord_cron(struct coord *c)
         coord_hosts_extend_leases(c, now - c->last_cron);
     }
     c->last_cron = now;
-    store_probe(c, now);
+    coord_store_probe(c, now);
     coord_hosts_cron(c, now);
     coord_jobs_cron(c, now);
     coord_snap_cron(c, now);
@@ -403,6 +364,7 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
         return KOLO_ESYS;
     }
     c->cfg = *cfg;
+    c->hooks = hooks;
     if (cfg->tls)
         c->tls = *cfg->tls;
     c->cfg.tls = &c->tls;

@@ -49,7 +49,11 @@
  * Reset limit: every generation after the first is a reset; the one that
  * would exceed --reset-limit fails the job instead, with that reason.
  */
-#include "coord_internal.h"
+#include "coord_elastic.h"
+#include "coord_core.h"
+#include "coord_hosts.h"
+#include "coord_jobs.h"
+#include "coord_negot.h"
 
 #include <stdio.h>
 #include <stdlib.h>

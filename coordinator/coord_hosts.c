@@ -15,7 +15,10 @@
  * it. Two live agents sharing one host id would take turns superseding
  * each other; the second one to come back inside a lease is refused.
  */
-#include "coord_internal.h"
+#include "coord_hosts.h"
+#include "coord_core.h"
+#include "coord_jobs.h"
+#include "coord_writer.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -59,7 +62,7 @@ void coord_host_drain(struct coord *c, struct host *h, bool drain, bool leaving,
                 drain ? "drained: no new work, elastic jobs leave it" : "undrained: usable again",
                 via);
     if (drain)
-        coord_elastic_host_drained(c, h);
+        c->hooks.host_drained(c, h);
     else
         coord_jobs_place_pending(c);
 }

@@ -18,7 +18,15 @@
  * 400 naming it, since a typo silently read as the default would show the
  * user something other than what they asked for.
  */
-#include "coord_internal.h"
+#include "coord_api.h"
+#include "coord_core.h"
+#include "coord_hosts.h"
+#include "coord_jobs.h"
+#include "coord_negot.h"
+#include "coord_report.h"
+#include "coord_snap.h"
+#include "coord_timeline.h"
+#include "coord_writer.h"
 #include "coord_static.h"
 
 #include <ctype.h>
@@ -109,18 +117,8 @@ static bool query_get(const char *query, const char *key, char *out, size_t size
     return false;
 }
 
-/* issue 6: coord_report.c parses its own parameters with query_get */
-bool coord_http_query(const char *query, const char *key, char *out, size_t size)
-{
-    return query_get(query, key, out, size);
-}
-
-/* query_param reads the integer parameter key from lo to hi into *v,
- * which keeps its default when the query does not have it. Anything else
- * (not digits, out of range, empty) answers 400 naming the parameter and
- * returns false: a typo must not silently turn into the default. */
-static bool query_param(const char *query, const char *key, uint64_t lo, uint64_t hi, uint64_t *v,
-                        struct http_out *o)
+bool coord_http_uint_param(const char *query, const char *key, uint64_t lo, uint64_t hi,
+                           uint64_t *v, char *err, size_t errlen)
 {
     char tmp[64];
     if (!query_get(query, key, tmp, sizeof(tmp)))
@@ -133,9 +131,18 @@ static bool query_param(const char *query, const char *key, uint64_t lo, uint64_
         *v = x;
         return true;
     }
-    char msg[200];
-    snprintf(msg, sizeof(msg), "%s must be an integer from %llu to %llu, not '%.40s'", key,
+    snprintf(err, errlen, "%s must be an integer from %llu to %llu, not '%.40s'", key,
              (unsigned long long)lo, (unsigned long long)hi, tmp);
+    return false;
+}
+
+/* query_param is coord_http_uint_param answering 400 on a bad value. */
+static bool query_param(const char *query, const char *key, uint64_t lo, uint64_t hi, uint64_t *v,
+                        struct http_out *o)
+{
+    char msg[200];
+    if (coord_http_uint_param(query, key, lo, hi, v, msg, sizeof(msg)))
+        return true;
     buf_reset(&o->body);
     out_json_error(o, 400, msg);
     return false;
@@ -1011,7 +1018,7 @@ static bool get_job_report(struct route_req *x)
 {
     char why[300];
     const char *sub = strrchr(x->r->path, '/');
-    int status = coord_report_route(x->c, x->job, sub, x->r->query, &x->w, why, sizeof why);
+    int status = coord_http_report(x->c, x->job, sub, x->r->query, &x->w, why, sizeof why);
     if (status != 200) {
         out_json_error(x->o, status, why);
         return false;

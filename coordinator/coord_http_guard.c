@@ -13,7 +13,7 @@
  * A descriptor nng closed and reused between the two checks could only be
  * another connection to the same port, which its client would open again.
  */
-#include "coord_internal.h"
+#include "coord_api.h"
 
 #include <dirent.h>
 #include <netinet/in.h>

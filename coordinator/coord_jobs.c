@@ -18,7 +18,9 @@
  * process's life: agents key their workers by it, and its events and
  * output are mapped to the rank it has in the current generation.
  */
-#include "coord_internal.h"
+#include "coord_jobs.h"
+#include "coord_core.h"
+#include "coord_hosts.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,7 +127,7 @@ void coord_job_persist(struct coord *c, struct job *j)
 {
     char *argv_json = strv_to_json(j->argv, j->argc);
     char *env_json = strv_to_json(j->env, j->nenv);
-    char *el_json = coord_elastic_to_json(j);
+    char *el_json = c->hooks.elastic_to_json(j);
     struct store_job sj = {
         .elastic_json = el_json,
         .id = j->id,
@@ -181,7 +183,7 @@ static void job_set_reason(struct job *j, const char *reason)
     j->reason = strdup(reason ? reason : "");
 }
 
-static void job_free(struct job *j)
+static void job_free(struct coord *c, struct job *j)
 {
     for (int i = 0; i < j->argc; i++)
         free(j->argv[i]);
@@ -194,9 +196,7 @@ static void job_free(struct job *j)
     free(j->hosts);
     free(j->reason);
     free(j->ranks);
-    coord_negot_free_job(j);
-    coord_elastic_free(j->el);
-    coord_timeline_free(j->tl);
+    c->hooks.job_free(j);
     free(j->tl_last);
     free(j);
 }
@@ -276,10 +276,10 @@ static int load_job_cb(const struct store_job *sj, void *arg)
     if (j->state == JOB_PENDING && j->start_timeout_ms)
         j->pending_deadline = now_mono_ms() + j->start_timeout_ms;
     if (sj->elastic_json && sj->elastic_json[0])
-        coord_elastic_from_json(j, sj->elastic_json);
+        c->hooks.elastic_from_json(j, sj->elastic_json);
     if (j->generation > 0) {
         if (store_ranks_each(c->store, j->id, j->generation, load_rank_cb, j) < 0) {
-            job_free(j);
+            job_free(c, j);
             return KOLO_ENOMEM;
         }
         for (int r = 0; r < j->nranks; r++)
@@ -331,10 +331,11 @@ void coord_job_finish(struct coord *c, struct job *j, enum job_state state, int 
                 "job %llu %s (exit code %d)%s%s", (unsigned long long)j->id, job_state_names[state],
                 exit_code, reason && reason[0] ? ": " : "", reason ? reason : "");
     /* Workers blocked in negotiation learn it now, not at their deadline. */
-    coord_negot_job_ended(c, j, state == JOB_SUCCEEDED ? KOLO_ESHUTDOWN : KOLO_EPEER,
-                          reason && reason[0] ? reason : "the job ended");
-    /* The job's ranks leave the desired sets: agents stop what still runs. */
-    coord_elastic_job_ended(c, j);
+    /* Workers blocked in negotiation learn it now, not at their deadline;
+     * an elastic job's ranks leave the desired sets. */
+    c->hooks.job_ended(c, j, state == JOB_SUCCEEDED ? KOLO_ESHUTDOWN : KOLO_EPEER,
+                       reason && reason[0] ? reason : "the job ended");
+    /* Agents stop what still runs. */
     coord_job_hosts_wake(c, j);
     job_wake_waiters(c, j);
     /* Freed slots may start a pending job. */
@@ -379,7 +380,7 @@ int coord_job_submit(struct coord *c, char **argv, int argc, char **env, int nen
     j->argv = calloc((size_t)argc + 1, sizeof(char *));
     j->env = calloc((size_t)nenv + 3, sizeof(char *)); /* + the elastic entries */
     if (!j->argv || !j->env) {
-        job_free(j);
+        job_free(c, j);
         return KOLO_ENOMEM;
     }
     for (int i = 0; i < argc; i++)
@@ -388,9 +389,9 @@ int coord_job_submit(struct coord *c, char **argv, int argc, char **env, int nen
         j->env[j->nenv++] = strdup(env[i]);
     if (eo && eo->elastic) {
         j->np = np;
-        int rv = coord_elastic_init(j, eo, err, errlen);
+        int rv = c->hooks.elastic_init(j, eo, err, errlen);
         if (rv) {
-            job_free(j);
+            job_free(c, j);
             return rv;
         }
         /* Workers ask for their place by worker id, and wait for it as
@@ -413,7 +414,7 @@ int coord_job_submit(struct coord *c, char **argv, int argc, char **env, int nen
     coord_job_persist(c, j);
     if (!j->id) {
         snprintf(err, errlen, "cannot record the job: %s", store_last_error(c->store));
-        job_free(j);
+        job_free(c, j);
         return KOLO_ESTORE;
     }
     job_append(c, j);
@@ -452,9 +453,9 @@ static bool job_try_place(struct coord *c, struct job *j)
         ph[i] = (struct place_host){.name = h->name,
                                     .hostname = h->hostname,
                                     .id = h->id,
-                                    .free_slots = j->el ? coord_elastic_free_slots(c, j, h)
+                                    .free_slots = j->el ? c->hooks.elastic_free_slots(c, j, h)
                                                         : h->slots - coord_host_slots_used(c, h),
-                                    .alive = coord_elastic_host_usable(c, j, h)};
+                                    .alive = c->hooks.host_usable(c, j, h)};
     }
     if (j->hosts[0]) {
         spec = calloc(256, sizeof(*spec));
@@ -590,7 +591,7 @@ void coord_jobs_host_lost(struct coord *c, struct host *h, const char *why)
         if (!hit)
             continue;
         if (j->state == JOB_RUNNING && j->el && !j->el->finishing)
-            coord_elastic_member_gone(c, j, h, true, CAUSE_HOST_LOST, why);
+            c->hooks.member_gone(c, j, h, true, CAUSE_HOST_LOST, why);
         else if (j->state == JOB_RUNNING)
             coord_job_finish(c, j, JOB_FAILED, 1, why);
         else
@@ -654,7 +655,7 @@ void coord_job_worker_event(struct coord *c, struct host *h, uint64_t job_id, ui
                  exit_code);
     if (j->state == JOB_RUNNING && code != 0 && j->el && !j->el->finishing) {
         coord_event(c, j->id, h->id, "worker.failed", "%s", why);
-        coord_elastic_member_gone(c, j, h, true, CAUSE_FAILURE, why);
+        c->hooks.member_gone(c, j, h, true, CAUSE_FAILURE, why);
         return;
     }
     if (j->state == JOB_RUNNING && code == 0 && j->el)
@@ -834,19 +835,7 @@ void coord_job_output_added(struct coord *c, struct job *j)
 void coord_jobs_cron(struct coord *c, uint64_t now)
 {
     for (struct job *j = c->jobs; j; j = j->next) {
-        if (job_terminal(j) && (j->negot || j->nsets)) {
-            /* An ended job keeps its record and its ranks' last reports
-             * (REST /ranks), not its negotiation (issue 15, F12): its
-             * parked calls were answered when it ended, and later worker
-             * calls are refused as not running. */
-            coord_negot_free_job(j);
-        }
-        if (j->negot)
-            coord_negot_cron(c, j, now);
-        if (j->tl)
-            coord_timeline_cron(j->tl, job_terminal(j));
-        if (j->el)
-            coord_elastic_cron(c, j, now);
+        c->hooks.job_cron(c, j, job_terminal(j), now);
         if (j->state == JOB_PENDING && j->pending_deadline && now >= j->pending_deadline) {
             char why[600];
             snprintf(why, sizeof(why), "not placed within the start timeout of %u ms: %s",
@@ -1164,7 +1153,7 @@ void coord_rpc_admin(struct coord *c, struct rpc_call *call, enum coord_method m
 void coord_jobs_shutdown(struct coord *c)
 {
     for (struct job *j = c->jobs; j; j = j->next) {
-        coord_negot_drop_parked(c, j);
+        c->hooks.job_shutdown(c, j);
         struct waiter *w = j->waiters;
         j->waiters = NULL;
         while (w) {
@@ -1181,7 +1170,7 @@ void coord_jobs_free(struct coord *c)
     struct job *j = c->jobs;
     while (j) {
         struct job *next = j->next;
-        job_free(j);
+        job_free(c, j);
         j = next;
     }
     c->jobs = NULL;

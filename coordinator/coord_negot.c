@@ -35,7 +35,11 @@
  * told of each request, each response and the ranks' cursors; without
  * one, that costs a pointer test per request.
  */
-#include "coord_internal.h"
+#include "coord_negot.h"
+#include "coord_core.h"
+#include "coord_elastic.h"
+#include "coord_jobs.h"
+#include "coord_timeline.h"
 
 #include <math.h>
 #include <stdio.h>

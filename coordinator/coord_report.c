@@ -31,7 +31,11 @@
  * The last step time of every rank is also kept in memory (REST /ranks);
  * a restarted coordinator shows it again from the next report on.
  */
-#include "coord_internal.h"
+#include "coord_report.h"
+#include "coord_core.h"
+#include "coord_hosts.h"
+#include "coord_jobs.h"
+#include "coord_negot.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -54,7 +58,6 @@
 #define REPORT_MAX_SAMPLES (1LL << 48) /* per rank and epoch: sums cannot overflow */
 #define REPORT_STEPS_KEEP  100000      /* step rows per job */
 #define REPORT_PRUNE_EVERY 1000
-#define REPORT_MAX_BUCKETS 10000 /* REST /steps */
 #define STEPS_FLUSH_MS     1000  /* group commit of step rows */
 #define STEPS_PEND_MAX     65536 /* rows waiting; more commit at once */
 
@@ -63,14 +66,6 @@
 struct step_pending {
     struct store_step row;
     char host_id[64];
-};
-
-/* What the coordinator keeps in memory per job that reports. */
-struct report_rank {
-    uint64_t step_ms; /* the second of the last step row, 0: none */
-    double step_s;
-    uint32_t step_n;
-    int64_t epoch; /* the last epoch whose end it reported, -1: none */
 };
 
 struct report_job {
@@ -411,21 +406,6 @@ static void rpc_report(struct coord *c, struct rpc_call *call)
 
 /* ---------------------------------------------------------------- epoch summaries */
 
-struct ep_row {
-    uint64_t generation;
-    int rank;
-    int64_t epoch;
-    uint64_t start_ms, end_ms;
-    int64_t samples;
-    char *metrics; /* NULL: none */
-};
-
-struct ep_rows {
-    struct ep_row *v;
-    size_t n, cap;
-    bool oom;
-};
-
 static int collect_row(const struct store_epoch *e, void *arg)
 {
     struct ep_rows *rs = arg;
@@ -444,7 +424,7 @@ static int collect_row(const struct store_epoch *e, void *arg)
     return 0;
 }
 
-static void rows_free(struct ep_rows *rs)
+void coord_report_rows_free(struct ep_rows *rs)
 {
     for (size_t i = 0; i < rs->n; i++)
         free(rs->v[i].metrics);
@@ -482,24 +462,8 @@ static int gen_size_of(const struct job *j, const struct gen_sizes *gs, uint64_t
     return j->np;
 }
 
-/* One derived epoch: rows[first, first + count) of the generation used. */
-struct ep_sum {
-    int64_t epoch;
-    uint64_t generation;
-    uint64_t start_ms, end_ms;
-    double wall_s; /* NAN: unknown */
-    int64_t samples;
-    double samples_per_s; /* NAN: unknown */
-    int reported, expected;
-    bool complete;
-    const char *metrics; /* rank 0's, else the lowest rank's; NULL: none */
-    size_t first, count;
-};
-
-/* summarize derives the job's epochs from rs (sorted by epoch,
- * generation, rank); *out is malloc'd. */
-static int summarize(struct coord *c, const struct job *j, struct ep_rows *rs, struct ep_sum **out,
-                     size_t *nout)
+int coord_report_epochs(struct coord *c, const struct job *j, struct ep_rows *rs,
+                        struct ep_sum **out, size_t *nout)
 {
     *out = NULL;
     *nout = 0;
@@ -582,9 +546,9 @@ static void rpc_get_epochs(struct coord *c, struct rpc_call *call)
     struct ep_rows rs = {0};
     struct ep_sum *sums = NULL;
     size_t n = 0;
-    int rc = summarize(c, j, &rs, &sums, &n);
+    int rc = coord_report_epochs(c, j, &rs, &sums, &n);
     if (rc) {
-        rows_free(&rs);
+        coord_report_rows_free(&rs);
         c->m.rpc_errors[M_ADMIN_GET_EPOCHS]++;
         rpc_call_error(call, rc, "cannot read the epochs: %s",
                        rc == KOLO_ENOMEM ? "out of memory" : store_last_error(c->store));
@@ -596,7 +560,7 @@ static void rpc_get_epochs(struct coord *c, struct rpc_call *call)
         free(es);
         free(ep);
         free(sums);
-        rows_free(&rs);
+        coord_report_rows_free(&rs);
         rpc_call_error(call, KOLO_ENOMEM, "out of memory");
         return;
     }
@@ -628,7 +592,7 @@ static void rpc_get_epochs(struct coord *c, struct rpc_call *call)
     free(es);
     free(ep);
     free(sums);
-    rows_free(&rs);
+    coord_report_rows_free(&rs);
 }
 
 void coord_rpc_report(struct coord *c, struct rpc_call *call, enum coord_method m)
@@ -639,56 +603,7 @@ void coord_rpc_report(struct coord *c, struct rpc_call *call, enum coord_method 
         rpc_get_epochs(c, call);
 }
 
-/* ---------------------------------------------------------------- REST */
-
-static void render_metrics_text(struct jw *w, const char *text)
-{
-    if (!jw_json_text(w, text))
-        jw_null(w);
-}
-
-/* render_mean writes the mean over the ranks of every numeric metric
- * (keys in the order the lowest rank reported them). */
-static void render_mean(struct jw *w, const struct ep_rows *rs, const struct ep_sum *s)
-{
-    struct json *parsed[64] = {0};
-    size_t np = 0;
-    for (size_t x = s->first; x < s->first + s->count && np < 64; x++) {
-        const char *t = rs->v[x].metrics;
-        char err[64];
-        if (t && json_parse(t, strlen(t), &parsed[np], err, sizeof err) == 0)
-            np++;
-    }
-    jw_obj_begin(w);
-    if (np) {
-        for (const struct json *e = parsed[0]->child; e; e = e->next) {
-            if (e->type != JSON_NUMBER)
-                continue;
-            double sum = 0;
-            int cnt = 0;
-            for (size_t p = 0; p < np; p++) {
-                const struct json *v = json_get(parsed[p], e->key);
-                if (v && v->type == JSON_NUMBER) {
-                    sum += v->num;
-                    cnt++;
-                }
-            }
-            jw_kdouble(w, e->key, sum / cnt);
-        }
-    }
-    jw_obj_end(w);
-    for (size_t p = 0; p < np; p++)
-        json_free(parsed[p]);
-}
-
-static void jw_kdouble_or_null(struct jw *w, const char *key, double v)
-{
-    jw_key(w, key);
-    if (isnan(v))
-        jw_null(w);
-    else
-        jw_double(w, v);
-}
+/* ---------------------------------------------------------------- queries */
 
 static int cmp_dbl(const void *a, const void *b)
 {
@@ -696,11 +611,7 @@ static int cmp_dbl(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* The single-worker baseline of j: the newest other job that ran the same
- * command (argv) on one worker and reported complete epochs. Its median
- * samples/s (the first epoch left out when there are more, as a warm-up),
- * or NAN when there is none; *id is the baseline job. */
-static double baseline_rate(struct coord *c, const struct job *j, uint64_t *id)
+double coord_report_baseline(struct coord *c, const struct job *j, uint64_t *id)
 {
     *id = 0;
     const struct job *best = NULL;
@@ -720,7 +631,7 @@ static double baseline_rate(struct coord *c, const struct job *j, uint64_t *id)
     struct ep_sum *sums = NULL;
     size_t n = 0;
     double rate = NAN;
-    if (summarize(c, best, &rs, &sums, &n) == 0 && n > 0) {
+    if (coord_report_epochs(c, best, &rs, &sums, &n) == 0 && n > 0) {
         double *v = calloc(n, sizeof(*v));
         size_t k = 0;
         for (size_t i = n > 1 ? 1 : 0; v && i < n; i++)
@@ -734,83 +645,11 @@ static double baseline_rate(struct coord *c, const struct job *j, uint64_t *id)
         free(v);
     }
     free(sums);
-    rows_free(&rs);
+    coord_report_rows_free(&rs);
     return rate;
 }
 
-static int render_epochs(struct coord *c, struct job *j, struct jw *w, char *err, size_t errlen)
-{
-    struct ep_rows rs = {0};
-    struct ep_sum *sums = NULL;
-    size_t n = 0;
-    int rc = summarize(c, j, &rs, &sums, &n);
-    if (rc) {
-        snprintf(err, errlen, "cannot read the epochs: %s",
-                 rc == KOLO_ENOMEM ? "out of memory" : store_last_error(c->store));
-        rows_free(&rs);
-        return 500;
-    }
-    uint64_t base_id = 0;
-    double base = baseline_rate(c, j, &base_id);
-    jw_obj_begin(w);
-    jw_kuint(w, "job", j->id);
-    jw_kuint(w, "generation", j->generation);
-    /* Scaling efficiency: samples/s over (workers x the one-worker rate of
-     * the same command), when such a run exists. */
-    jw_key(w, "baseline_job");
-    if (base_id)
-        jw_uint(w, base_id);
-    else
-        jw_null(w);
-    jw_kdouble_or_null(w, "baseline_samples_per_s", base);
-    jw_key(w, "epochs");
-    jw_arr_begin(w);
-    for (size_t i = 0; i < n; i++) {
-        const struct ep_sum *s = &sums[i];
-        jw_obj_begin(w);
-        jw_kint(w, "epoch", s->epoch);
-        jw_kuint(w, "generation", s->generation);
-        jw_kuint(w, "start_ms", s->start_ms);
-        jw_kuint(w, "end_ms", s->end_ms);
-        jw_kdouble_or_null(w, "wall_s", s->wall_s);
-        jw_kint(w, "samples", s->samples);
-        jw_kdouble_or_null(w, "samples_per_s", s->samples_per_s);
-        jw_kint(w, "ranks_reported", s->reported);
-        jw_kint(w, "ranks_expected", s->expected);
-        jw_kbool(w, "complete", s->complete);
-        jw_kdouble_or_null(w, "scaling_efficiency",
-                           isfinite(base) && base > 0 && s->expected > 0
-                               ? s->samples_per_s / (base * s->expected)
-                               : NAN);
-        jw_key(w, "metrics");
-        render_metrics_text(w, s->metrics);
-        jw_key(w, "metrics_mean");
-        render_mean(w, &rs, s);
-        jw_obj_end(w);
-    }
-    jw_arr_end(w);
-    jw_obj_end(w);
-    free(sums);
-    rows_free(&rs);
-    return 200;
-}
-
-/* ---- /steps ---- */
-
-struct step_row {
-    char host[64];
-    uint64_t bucket_ms;
-    double seconds;
-    uint32_t n;
-    int rank;
-};
-
-struct step_rows {
-    struct step_row *v;
-    size_t n, cap;
-    uint64_t bucket_ms;
-    bool oom;
-};
+/* ---- steps ---- */
 
 static int collect_step(const struct store_step *s, void *arg)
 {
@@ -839,23 +678,15 @@ static int step_cmp(const void *a, const void *b)
     return x->seconds < y->seconds ? -1 : x->seconds > y->seconds;
 }
 
-static bool parse_u64_param(const char *query, const char *key, uint64_t lo, uint64_t hi,
-                            uint64_t *v, bool *given, char *err, size_t errlen)
+int coord_report_steps(struct coord *c, const struct job *j, uint64_t since_ms,
+                       struct step_rows *sr)
 {
-    char tmp[40];
-    *given = false;
-    if (!coord_http_query(query, key, tmp, sizeof tmp))
-        return true;
-    *given = true;
-    char *end;
-    unsigned long long x = tmp[0] >= '0' && tmp[0] <= '9' ? strtoull(tmp, &end, 10) : 0;
-    if (!(tmp[0] >= '0' && tmp[0] <= '9') || *end || x < lo || x > hi) {
-        snprintf(err, errlen, "%s must be an integer from %llu to %llu, not '%s'", key,
-                 (unsigned long long)lo, (unsigned long long)hi, tmp);
-        return false;
-    }
-    *v = x;
-    return true;
+    coord_report_flush(c); /* rows waiting for the group commit too */
+    if (store_steps_each(c->store, j->id, since_ms, collect_step, sr) != 0)
+        return sr->oom ? KOLO_ENOMEM : KOLO_ESTORE;
+    if (sr->n)
+        qsort(sr->v, sr->n, sizeof *sr->v, step_cmp);
+    return 0;
 }
 
 /* ---- stragglers ----
@@ -865,9 +696,7 @@ static bool parse_u64_param(const char *query, const char *key, uint64_t lo, uin
  * average, at least STRAGGLER_RATIO times as late as the median of the
  * other ranks' lateness (coord_negot_lags), and at least STRAGGLER_NEAR of
  * the largest lateness: the job waits for its slowest ranks, not for one
- * that a busy CPU made 20 ms late beside a 120 ms straggler. stragglers()
- * fills lag[] and slow[] for the job's current ranks; false when nothing
- * is known yet. */
+ * that a busy CPU made 20 ms late beside a 120 ms straggler. */
 #define STRAGGLER_MIN_S 0.02
 #define STRAGGLER_RATIO 3.0
 #define STRAGGLER_NEAR 0.5
@@ -904,7 +733,7 @@ void coord_straggler_flags(const double *lag, int n, bool *slow)
     free(sorted);
 }
 
-static bool stragglers(const struct job *j, double *lag, bool *slow)
+bool coord_report_stragglers(const struct job *j, double *lag, bool *slow)
 {
     int n = j->nranks > 0 ? coord_negot_lags(j, lag, j->nranks) : 0;
     for (int r = 0; r < j->nranks; r++)
@@ -913,177 +742,10 @@ static bool stragglers(const struct job *j, double *lag, bool *slow)
     return n > 0;
 }
 
-static const char *host_name_of(struct coord *c, const char *host_id)
+const struct report_rank *coord_report_rank(struct coord *c, uint64_t job_id, int rank)
 {
-    struct host *h = host_id[0] ? coord_host_find(c, host_id) : NULL;
-    return h ? h->name : host_id;
-}
-
-static int render_steps(struct coord *c, struct job *j, const char *query, struct jw *w, char *err,
-                        size_t errlen)
-{
-    uint64_t bucket_s = 10, since_ms = 0;
-    bool given;
-    if (!parse_u64_param(query, "downsample", 1, 86400, &bucket_s, &given, err, errlen) ||
-        !parse_u64_param(query, "since_ms", 0, (uint64_t)INT64_MAX, &since_ms, &given, err, errlen))
-        return 400;
-    struct step_rows sr = {.bucket_ms = bucket_s * 1000};
-    int nr = j->nranks > 0 ? j->nranks : 1;
-    double *lag = calloc((size_t)nr, sizeof(*lag));
-    bool *slow = calloc((size_t)nr, sizeof(*slow));
-    if (!lag || !slow) {
-        free(lag);
-        free(slow);
-        snprintf(err, errlen, "out of memory");
-        return 500;
-    }
-    bool known = stragglers(j, lag, slow);
-    coord_report_flush(c); /* rows waiting for the group commit too */
-    if (store_steps_each(c->store, j->id, since_ms, collect_step, &sr) != 0) {
-        snprintf(err, errlen, "cannot read the step times: %s",
-                 sr.oom ? "out of memory" : store_last_error(c->store));
-        free(sr.v);
-        free(lag);
-        free(slow);
-        return 500;
-    }
-    if (sr.n)
-        qsort(sr.v, sr.n, sizeof *sr.v, step_cmp);
-    jw_obj_begin(w);
-    jw_kuint(w, "job", j->id);
-    jw_kuint(w, "bucket_s", bucket_s);
-    jw_key(w, "hosts");
-    jw_arr_begin(w);
-    size_t buckets = 0;
-    for (size_t i = 0; i < sr.n;) {
-        size_t hk = i;
-        while (hk < sr.n && strcmp(sr.v[hk].host, sr.v[i].host) == 0)
-            hk++;
-        jw_obj_begin(w);
-        jw_kstr(w, "host_id", sr.v[i].host);
-        jw_kstr(w, "host", host_name_of(c, sr.v[i].host));
-        /* the latest the others waited for this host's slowest rank, and
-         * which of its ranks (if any) are stragglers right now */
-        double hlag = NAN;
-        bool any = false;
-        for (int r = 0; known && r < j->nranks; r++)
-            if (strcmp(j->ranks[r].host_id, sr.v[i].host) == 0) {
-                if (isnan(hlag) || lag[r] > hlag)
-                    hlag = lag[r];
-                any = any || slow[r];
-            }
-        jw_kdouble_or_null(w, "lag_s", hlag);
-        jw_kbool(w, "straggler", any);
-        jw_key(w, "straggler_ranks");
-        jw_arr_begin(w);
-        for (int r = 0; any && r < j->nranks; r++)
-            if (slow[r] && strcmp(j->ranks[r].host_id, sr.v[i].host) == 0)
-                jw_int(w, r);
-        jw_arr_end(w);
-        jw_key(w, "buckets");
-        jw_arr_begin(w);
-        for (size_t b = i; b < hk;) {
-            size_t bk = b;
-            uint64_t steps = 0;
-            double sum = 0, max = 0;
-            while (bk < hk && sr.v[bk].bucket_ms == sr.v[b].bucket_ms) {
-                steps += sr.v[bk].n;
-                sum += sr.v[bk].seconds * sr.v[bk].n;
-                if (sr.v[bk].seconds > max)
-                    max = sr.v[bk].seconds;
-                bk++;
-            }
-            /* p50: the weighted median of the per-second means (the rows
-             * are sorted by seconds within the bucket) */
-            double p50 = sr.v[b].seconds;
-            uint64_t acc = 0;
-            for (size_t x = b; x < bk; x++) {
-                acc += sr.v[x].n;
-                if (2 * acc >= steps) {
-                    p50 = sr.v[x].seconds;
-                    break;
-                }
-            }
-            if (buckets++ < REPORT_MAX_BUCKETS) {
-                jw_obj_begin(w);
-                jw_kuint(w, "ts_ms", sr.v[b].bucket_ms);
-                jw_kuint(w, "steps", steps);
-                jw_kdouble(w, "mean_s", steps ? sum / (double)steps : 0);
-                jw_kdouble(w, "p50_s", p50);
-                jw_kdouble(w, "max_s", max);
-                jw_obj_end(w);
-            }
-            b = bk;
-        }
-        jw_arr_end(w);
-        jw_obj_end(w);
-        i = hk;
-    }
-    jw_arr_end(w);
-    jw_kbool(w, "truncated", buckets > REPORT_MAX_BUCKETS);
-    jw_obj_end(w);
-    free(sr.v);
-    free(lag);
-    free(slow);
-    return 200;
-}
-
-/* ---- /ranks ---- */
-
-static int render_ranks(struct coord *c, struct job *j, struct jw *w)
-{
-    struct report_job *rj = rjob_get(c, j->id, false);
-    int nr = j->nranks > 0 ? j->nranks : 1;
-    double *lag = calloc((size_t)nr, sizeof(*lag));
-    bool *slow = calloc((size_t)nr, sizeof(*slow));
-    bool known = lag && slow && stragglers(j, lag, slow);
-    jw_obj_begin(w);
-    jw_kuint(w, "job", j->id);
-    jw_kuint(w, "generation", j->generation);
-    jw_key(w, "ranks");
-    jw_arr_begin(w);
-    for (int i = 0; i < j->nranks; i++) {
-        const struct rank *r = &j->ranks[i];
-        jw_obj_begin(w);
-        jw_kint(w, "rank", r->rank);
-        jw_kstr(w, "host_id", r->host_id);
-        jw_kstr(w, "host", r->host ? r->host->name : r->host_id);
-        jw_kstr(w, "state", coord_rank_state_name(r->state));
-        jw_kint(w, "pid", r->pid);
-        const struct report_rank *rr = rj && r->rank < rj->nranks ? &rj->ranks[r->rank] : NULL;
-        jw_key(w, "last_step_s");
-        if (rr && rr->step_ms)
-            jw_double(w, rr->step_s);
-        else
-            jw_null(w);
-        jw_kuint(w, "last_step_ms", rr ? rr->step_ms : 0);
-        jw_key(w, "last_epoch");
-        if (rr && rr->epoch >= 0)
-            jw_int(w, rr->epoch);
-        else
-            jw_null(w);
-        jw_kdouble_or_null(w, "lag_s", known ? lag[i] : NAN);
-        jw_kbool(w, "straggler", known && slow[i]);
-        jw_obj_end(w);
-    }
-    jw_arr_end(w);
-    jw_obj_end(w);
-    free(lag);
-    free(slow);
-    return 200;
-}
-
-int coord_report_route(struct coord *c, struct job *j, const char *sub, const char *query,
-                       struct jw *w, char *err, size_t errlen)
-{
-    if (strcmp(sub, "/epochs") == 0)
-        return render_epochs(c, j, w, err, errlen);
-    if (strcmp(sub, "/steps") == 0)
-        return render_steps(c, j, query, w, err, errlen);
-    if (strcmp(sub, "/ranks") == 0)
-        return render_ranks(c, j, w);
-    snprintf(err, errlen, "no such route");
-    return 404;
+    struct report_job *rj = rjob_get(c, job_id, false);
+    return rj && rank >= 0 && rank < rj->nranks ? &rj->ranks[rank] : NULL;
 }
 
 /* ---------------------------------------------------------------- metrics */

@@ -33,7 +33,7 @@
  * running, is dropped by the tick.
  *
  * Cost. Handlers run under the state lock like every other (see
- * coord_internal.h), with two exceptions, so that negotiation is not held
+ * coord_model.h), with two exceptions, so that negotiation is not held
  * up by a commit: hashing a chunk runs with the lock released, the upload
  * marked busy meanwhile; and the final transaction (about 5-10 ms per MiB
  * on a local disk, mostly the fsync) runs on the snapshot writer thread,
@@ -44,7 +44,11 @@
  * answer the last chunk and record the commit. Reads (GetSnapshot) go
  * chunk by chunk, one SQLite read each.
  */
-#include "coord_internal.h"
+#include "coord_snap.h"
+#include "coord_core.h"
+#include "coord_jobs.h"
+#include "coord_negot.h"
+#include "coord_writer.h"
 
 #include <inttypes.h>
 #include <pthread.h>

@@ -39,7 +39,10 @@
  * ",\n" and a string never holds a raw newline (put_str escapes it), so
  * the text after the last newline is the last event, whole or torn.
  */
-#include "coord_internal.h"
+#include "coord_timeline.h"
+#include "coord_core.h"
+#include "coord_jobs.h"
+#include "coord_negot.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "coord.h"
-#include "coord_internal.h"
+#include "coord_report.h"
 #include "coord_static.h"
 #include "errors.h"
 #include "json.h"

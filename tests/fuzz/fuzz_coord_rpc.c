@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coord_internal.h"
+#include "coord_model.h"
 #include "fuzz_coord.h"
 #include "rpc.h"
 

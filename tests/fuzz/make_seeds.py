@@ -83,7 +83,7 @@ def ld(field, data):
 
 
 # fuzz_coord_rpc: the first byte picks the method, in coordinator/
-# coord_internal.h's COORD_METHODS order.
+# coord_model.h's COORD_METHODS order.
 M = {name: i for i, name in enumerate([
     "AgentService.RegisterHost", "AgentService.Heartbeat", "AgentService.Report",
     "AdminService.SubmitJob", "AdminService.StopJob", "AdminService.GetJob",

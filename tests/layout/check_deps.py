@@ -9,7 +9,18 @@ every #include "..." of every .c and .h of each part:
     cli: the kolo binary, on top of everything
 
 common depends on nothing of ours but the shared vocabulary
-(include/kolo/abi.h), so it must not include kolo.h. A header is found by
+(include/kolo/abi.h), so it must not include kolo.h.
+
+Inside coordinator/, the layers (README, "Layout") point down only:
+
+    model   coord_model.h (state), coord.h (the public face)
+    core    coord_core, coord_hosts, coord_jobs, coord_writer, placement,
+            coord_static
+    domain  coord_negot, coord_elastic, coord_snap, coord_report,
+            coord_timeline
+    api     coord_api.h: coord.c, coord_http*.c, coord_main.c
+
+A file may include the headers of its own layer and those below. A header is found by
 its name in the parts' folders (generated kolo.pb-c.h belongs to proto).
 Prints each violation as file:line and exits 1 if there is one."""
 import os
@@ -31,6 +42,18 @@ ALLOWED = {
     "include": {"include", "include/kolo"},
     "cli": set(PARTS) | {"include/kolo"},
 }
+COORD_LAYERS = ["model", "core", "domain", "api"]
+COORD_HEADER_LAYER = {
+    "coord.h": "model", "coord_model.h": "model",
+    "coord_core.h": "core", "coord_hosts.h": "core", "coord_jobs.h": "core",
+    "coord_writer.h": "core", "placement.h": "core", "coord_static.h": "core",
+    "coord_negot.h": "domain", "coord_elastic.h": "domain", "coord_snap.h": "domain",
+    "coord_report.h": "domain", "coord_timeline.h": "domain",
+    "coord_api.h": "api",
+}
+# .c files whose own header is not <name>.h
+COORD_FILE_LAYER = {"coord.c": "api", "coord_main.c": "api", "coord_http.c": "api",
+                    "coord_http_guard.c": "api", "coord_http_report.c": "api"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
@@ -69,10 +92,34 @@ def main():
                         elif owner not in allowed:
                             bad.append("%s:%d: %s includes %s (%s), against the layout rules" %
                                        (os.path.relpath(path, ROOT), lineno, part, m.group(1), owner))
+    bad += coordinator_layers()
     for b in bad:
         print(b)
     print("%d violation(s)" % len(bad) if bad else "ok: every include follows the layout rules")
     return 1 if bad else 0
+
+
+def coordinator_layers():
+    """Violations of the coordinator's layers; every file of coordinator/
+    must have a layer."""
+    bad = []
+    folder = os.path.join(ROOT, "coordinator")
+    for f in sorted(os.listdir(folder)):
+        if not f.endswith((".c", ".h")):
+            continue
+        own = f if f.endswith(".h") else f[:-2] + ".h"
+        layer = COORD_FILE_LAYER.get(f) or COORD_HEADER_LAYER.get(own)
+        if layer is None:
+            bad.append("coordinator/%s: in no layer (tests/layout/check_deps.py)" % f)
+            continue
+        with open(os.path.join(folder, f), encoding="utf-8", errors="replace") as fh:
+            for lineno, line in enumerate(fh, 1):
+                m = INCLUDE.match(line)
+                theirs = COORD_HEADER_LAYER.get(m.group(1)) if m else None
+                if theirs and COORD_LAYERS.index(theirs) > COORD_LAYERS.index(layer):
+                    bad.append("coordinator/%s:%d: %s (%s) includes %s (%s), a layer above" %
+                               (f, lineno, f, layer, m.group(1), theirs))
+    return bad
 
 
 if __name__ == "__main__":

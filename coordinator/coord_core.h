@@ -1,0 +1,25 @@
+/*
+ * coord_core.h - the core's verbs (coord.c) every module uses: answering a call,
+ * events, store failures, histograms.
+ */
+#ifndef KOLO_COORDINATOR_COORD_CORE_H
+#define KOLO_COORDINATOR_COORD_CORE_H
+
+#include "coord_model.h"
+
+int coord_send_pb(struct rpc_call *call, const ProtobufCMessage *msg);
+void coord_event(struct coord *c, uint64_t job_id, const char *host_id, const char *kind,
+                 const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* coord_store_failed marks the store degraded (refusing what cannot be
+ * stored); coord_store_probe, from the tick, tries a small write every
+ * STORE_PROBE_MS while it is, and ends the degraded state when it works. */
+void coord_store_failed(struct coord *c, const char *what);
+void coord_store_probe(struct coord *c, uint64_t now);
+
+void coord_hist_observe(struct coord_hist *h, double seconds);
+/* coord_hist_observe_n: n observations of the same value. */
+void coord_hist_observe_n(struct coord_hist *h, double seconds, uint64_t n);
+void coord_hist_render(struct buf *b, const char *name, const char *help,
+                       const struct coord_hist *h);
+
+#endif

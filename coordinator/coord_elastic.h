@@ -1,0 +1,30 @@
+/*
+ * coord_elastic.h - elastic jobs (domain): members, exclusions,
+ * generations, host discovery. Their state (struct elastic) is part of
+ * the job, in coord_model.h.
+ */
+#ifndef KOLO_COORDINATOR_COORD_ELASTIC_H
+#define KOLO_COORDINATOR_COORD_ELASTIC_H
+
+#include "coord_model.h"
+
+/* coord_elastic.c */
+int coord_elastic_init(struct job *j, const struct elastic_opts *o, char *err, size_t errlen);
+void coord_elastic_free(struct elastic *el);
+bool coord_elastic_host_usable(struct coord *c, struct job *j, const struct host *h);
+void coord_elastic_member_gone(struct coord *c, struct job *j, struct host *h, bool exclude,
+                               enum elastic_cause cause, const char *why);
+void coord_elastic_cron(struct coord *c, struct job *j, uint64_t now);
+void coord_elastic_assign(struct coord *c, struct job *j, struct rpc_call *call, uint64_t wid,
+                          uint32_t wait_ms);
+void coord_elastic_job_ended(struct coord *c, struct job *j);
+void coord_elastic_host_drained(struct coord *c, struct host *h);
+int coord_elastic_free_slots(struct coord *c, struct job *j, struct host *h);
+/* The discovery thread: runs every elastic job's host discovery script once
+ * a second, outside the state lock. */
+int coord_discovery_start(struct coord *c);
+void coord_discovery_stop(struct coord *c);
+char *coord_elastic_to_json(const struct job *j);
+void coord_elastic_from_json(struct job *j, const char *text);
+
+#endif

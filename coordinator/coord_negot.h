@@ -1,0 +1,32 @@
+/*
+ * coord_negot.h - rendezvous and negotiation of a job's generations (domain).
+ */
+#ifndef KOLO_COORDINATOR_COORD_NEGOT_H
+#define KOLO_COORDINATOR_COORD_NEGOT_H
+
+#include "coord_model.h"
+
+struct negot;
+void coord_rpc_worker(struct coord *c, struct rpc_call *call, enum coord_method m);
+struct job *coord_worker_fence(struct coord *c, struct rpc_call *call, enum coord_method m);
+void coord_negot_job_ended(struct coord *c, struct job *j, int code, const char *why);
+void coord_negot_cron(struct coord *c, struct job *j, uint64_t now);
+void coord_negot_drop_parked(struct coord *c, struct job *j);
+void coord_negot_free(struct negot *n);
+void coord_negot_free_job(struct job *j); /* j->negot and its process sets' */
+struct jw;
+void coord_negot_render_stalls(struct job *j, struct jw *w, uint64_t min_age_ms);
+
+void coord_negot_hosts_updated(struct coord *c, struct job *j, uint64_t stamp_ms, int kind);
+bool coord_negot_rank_joined(const struct job *j, int rank);
+/* Each rank's moving average of how late (seconds) its requests come in
+ * after the first rank's, for the current generation: fills up to max
+ * entries, returns how many (0 before the rendezvous completes). */
+int coord_negot_lags(const struct job *j, double *lag_s, int max);
+/* Readiness rounds' telemetry from one rank (coord_report.c): its moving
+ * average wait per agreed op, which the lags use once any rank sent one. */
+void coord_negot_round_wait(struct job *j, int rank, double wait_avg_s);
+/* The negotiation borrows j->tl: call after changing it. */
+void coord_negot_set_timeline(struct job *j);
+
+#endif
