@@ -30,6 +30,7 @@
 #include "coord_static.h"
 
 #include <ctype.h>
+#include <inttypes.h>
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -984,11 +985,33 @@ static bool get_job_stalls(struct route_req *x)
     uint64_t min_age = 1000;
     if (!query_param(x->r->query, "min_age_ms", 0, INT64_MAX, &min_age, x->o))
         return false;
+    size_t n = coord_negot_stalls(x->job, min_age, NULL, 0);
+    struct negot_stall *stalls = calloc(n ? n : 1, sizeof(*stalls));
+    if (!stalls) {
+        out_json_error(x->o, 500, "out of memory");
+        return false;
+    }
+    n = coord_negot_stalls(x->job, min_age, stalls, n);
     jw_obj_begin(&x->w);
     jw_kuint(&x->w, "generation", x->job->generation);
     jw_key(&x->w, "stalls");
-    coord_negot_render_stalls(x->job, &x->w, min_age);
+    jw_arr_begin(&x->w);
+    for (size_t i = 0; i < n; i++) {
+        jw_obj_begin(&x->w);
+        jw_kstr(&x->w, "name", stalls[i].name);
+        jw_kuint(&x->w, "waiting_ms", stalls[i].waiting_ms);
+        jw_kint(&x->w, "submitted", stalls[i].submitted);
+        jw_key(&x->w, "missing_ranks");
+        jw_arr_begin(&x->w);
+        for (int r = 0; r < stalls[i].size; r++)
+            if (coord_negot_stall_missing(&stalls[i], r))
+                jw_int(&x->w, r);
+        jw_arr_end(&x->w);
+        jw_obj_end(&x->w);
+    }
+    jw_arr_end(&x->w);
     jw_obj_end(&x->w);
+    free(stalls);
     return true;
 }
 
@@ -1007,9 +1030,66 @@ static bool get_job_generations(struct route_req *x)
     return true;
 }
 
+/* older: the snapshot listed after s (the previous commit), or NULL. */
+static void render_snapshot(struct jw *w, const struct store_snapshot *s,
+                            const struct store_snapshot *older)
+{
+    jw_obj_begin(w);
+    jw_kuint(w, "id", s->id);
+    jw_kuint(w, "generation", s->generation);
+    jw_kint(w, "rank", s->rank);
+    jw_kuint(w, "bytes", s->total_bytes);
+    jw_kuint(w, "chunks", s->nchunks);
+    jw_kstr(w, "sha256", s->checksum);
+    jw_kuint(w, "created_ms", s->created_ms);
+    jw_kuint(w, "duration_ms", s->duration_ms);
+    jw_key(w, "interval_ms");
+    if (older && s->created_ms >= older->created_ms)
+        jw_uint(w, s->created_ms - older->created_ms);
+    else if (older) /* the wall clock went back */
+        jw_int(w, -(int64_t)(older->created_ms - s->created_ms));
+    else
+        jw_null(w);
+    jw_key(w, "meta");
+    /* metadata is stored as text; REST returns it as JSON */
+    if (!jw_json_text(w, s->meta_json))
+        jw_str(w, s->meta_json);
+    jw_obj_end(w);
+}
+
 static bool get_job_snapshots(struct route_req *x)
 {
-    coord_snap_render_list(x->c, x->job, &x->w);
+    struct snap_list l = {0};
+    struct snap_upload_info up[SNAP_MAX_UPLOADS];
+    coord_snap_list(x->c, x->job->id, &l); /* a failure lists what was read */
+    size_t nup = coord_snap_uploads(x->c, x->job->id, up, SNAP_MAX_UPLOADS);
+    struct jw *w = &x->w;
+    jw_obj_begin(w);
+    jw_kuint(w, "job", x->job->id);
+    jw_kint(w, "keep", coord_snap_keep(x->c));
+    jw_key(w, "snapshots");
+    jw_arr_begin(w);
+    for (size_t i = 0; i < l.n; i++)
+        render_snapshot(w, &l.v[i], i + 1 < l.n ? &l.v[i + 1] : NULL);
+    jw_arr_end(w);
+    jw_key(w, "uploads");
+    jw_arr_begin(w);
+    for (size_t i = 0; i < nup; i++) {
+        char id[17];
+        snprintf(id, sizeof id, "%016" PRIx64, up[i].upload_id);
+        jw_obj_begin(w);
+        jw_kstr(w, "upload_id", id);
+        jw_kint(w, "rank", up[i].rank);
+        jw_kuint(w, "chunks_received", up[i].chunks_received);
+        jw_kuint(w, "chunks", up[i].chunks);
+        jw_kuint(w, "bytes_received", up[i].bytes_received);
+        jw_kuint(w, "bytes", up[i].bytes);
+        jw_kuint(w, "age_ms", up[i].age_ms);
+        jw_obj_end(w);
+    }
+    jw_arr_end(w);
+    jw_obj_end(w);
+    coord_snap_list_free(&l);
     return true;
 }
 

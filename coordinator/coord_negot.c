@@ -1934,28 +1934,29 @@ void coord_negot_cron(struct coord *c, struct job *j, uint64_t now)
 }
 
 /* Ops that some ranks submitted and others not, as JSON (REST /stalls). */
-void coord_negot_render_stalls(struct job *j, struct jw *w, uint64_t min_age_ms)
+size_t coord_negot_stalls(const struct job *j, uint64_t min_age_ms, struct negot_stall *out,
+                          size_t max)
 {
-    struct negot *n = j->negot;
+    const struct negot *n = j->negot;
     uint64_t now = now_mono_ms();
-    jw_arr_begin(w);
-    for (struct entry *e = n ? n->head : NULL; e; e = e->next) {
+    size_t k = 0;
+    for (const struct entry *e = n ? n->head : NULL; e; e = e->next) {
         uint64_t age = now - e->first_mono;
-        if (age < min_age_ms)
+        if (age < min_age_ms || k++ >= max)
             continue;
-        jw_obj_begin(w);
-        jw_kstr(w, "name", e->name);
-        jw_kuint(w, "waiting_ms", age);
-        jw_kint(w, "submitted", e->count);
-        jw_key(w, "missing_ranks");
-        jw_arr_begin(w);
-        for (int r = 0; r < n->size; r++)
-            if (!e->reqs[r] && !n->rank_joined[r])
-                jw_int(w, r);
-        jw_arr_end(w);
-        jw_obj_end(w);
+        out[k - 1] = (struct negot_stall){.name = e->name,
+                                        .waiting_ms = age,
+                                        .submitted = e->count,
+                                        .reqs = (const void *const *)e->reqs,
+                                        .rank_joined = n->rank_joined,
+                                        .size = n->size};
     }
-    jw_arr_end(w);
+    return k;
+}
+
+bool coord_negot_stall_missing(const struct negot_stall *s, int rank)
+{
+    return !s->reqs[rank] && !s->rank_joined[rank];
 }
 
 void coord_negot_drop_parked(struct coord *c, struct job *j)

@@ -14,8 +14,24 @@ void coord_negot_cron(struct coord *c, struct job *j, uint64_t now);
 void coord_negot_drop_parked(struct coord *c, struct job *j);
 void coord_negot_free(struct negot *n);
 void coord_negot_free_job(struct job *j); /* j->negot and its process sets' */
-struct jw;
-void coord_negot_render_stalls(struct job *j, struct jw *w, uint64_t min_age_ms);
+/* A tensor some ranks submitted and others not yet (REST /stalls):
+ * coord_negot_stalls fills at most max of the job's that have waited
+ * min_age_ms or more, oldest first, and returns how many there are (call
+ * it with max 0 to size out). They point into the negotiation: valid
+ * while the state lock is held. */
+struct negot_stall {
+    const char *name;
+    uint64_t waiting_ms;
+    int submitted; /* ranks that did */
+    int size;      /* ranks in all */
+    const void *const *reqs;
+    const bool *rank_joined;
+};
+size_t coord_negot_stalls(const struct job *j, uint64_t min_age_ms, struct negot_stall *out,
+                          size_t max);
+/* Whether rank has yet to submit the stalled tensor (a joined rank has
+ * not: Join stands in for it). */
+bool coord_negot_stall_missing(const struct negot_stall *s, int rank);
 
 void coord_negot_hosts_updated(struct coord *c, struct job *j, uint64_t stamp_ms, int kind);
 bool coord_negot_rank_joined(const struct job *j, int rank);

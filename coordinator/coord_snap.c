@@ -70,7 +70,6 @@
 #define SNAP_MAX_KEEP          100000
 #define SNAP_MAX_CHUNK         (8u << 20)
 #define SNAP_MAX_CHUNKS        (1u << 20)
-#define SNAP_MAX_UPLOADS       64
 #define SNAP_MAX_META          (64u << 10)
 
 /* One partial upload. chunks[i] is the unpacked message of chunk i; its
@@ -791,15 +790,7 @@ void coord_snap_free(struct coord *c)
         upload_drop(c, c->snap_uploads, NULL);
 }
 
-/* ---------------------------------------------------------------- REST, metrics */
-
-/* The listing, read in one query before it is rendered: a snapshot's
- * interval_ms needs the next (older) one's created_ms. */
-struct snap_list {
-    struct store_snapshot *v;
-    size_t n, cap;
-    bool oom;
-};
+/* ---------------------------------------------------------------- queries, metrics */
 
 static int collect_snapshot(const struct store_snapshot *s, void *arg)
 {
@@ -828,74 +819,52 @@ static int collect_snapshot(const struct store_snapshot *s, void *arg)
     return 0;
 }
 
-/* older: the snapshot listed after s (the previous commit), or NULL. */
-static void render_snapshot(struct jw *w, const struct store_snapshot *s,
-                            const struct store_snapshot *older)
+int coord_snap_list(struct coord *c, uint64_t job_id, struct snap_list *l)
 {
-    jw_obj_begin(w);
-    jw_kuint(w, "id", s->id);
-    jw_kuint(w, "generation", s->generation);
-    jw_kint(w, "rank", s->rank);
-    jw_kuint(w, "bytes", s->total_bytes);
-    jw_kuint(w, "chunks", s->nchunks);
-    jw_kstr(w, "sha256", s->checksum);
-    jw_kuint(w, "created_ms", s->created_ms);
-    jw_kuint(w, "duration_ms", s->duration_ms);
-    jw_key(w, "interval_ms");
-    if (older && s->created_ms >= older->created_ms)
-        jw_uint(w, s->created_ms - older->created_ms);
-    else if (older) /* the wall clock went back */
-        jw_int(w, -(int64_t)(older->created_ms - s->created_ms));
-    else
-        jw_null(w);
-    jw_key(w, "meta");
-    /* metadata is stored as text; REST returns it as JSON */
-    if (!jw_json_text(w, s->meta_json))
-        jw_str(w, s->meta_json);
-    jw_obj_end(w);
+    int rv = store_snapshots_each(c->store, job_id, 0, collect_snapshot, l);
+    if (l->oom) {
+        LOGW("coord", "job %" PRIu64 ": out of memory listing its snapshots", job_id);
+        return KOLO_ENOMEM;
+    }
+    if (rv != 0) {
+        coord_store_failed(c, "snapshots read");
+        return KOLO_ESTORE;
+    }
+    return 0;
 }
 
-void coord_snap_render_list(struct coord *c, struct job *j, struct jw *w)
+void coord_snap_list_free(struct snap_list *l)
 {
-    jw_obj_begin(w);
-    jw_kuint(w, "job", j->id);
-    jw_kint(w, "keep", snap_keep(c));
-    jw_key(w, "snapshots");
-    jw_arr_begin(w);
-    struct snap_list l = {0};
-    int rv = store_snapshots_each(c->store, j->id, 0, collect_snapshot, &l);
-    if (l.oom)
-        LOGW("coord", "job %" PRIu64 ": out of memory listing its snapshots", j->id);
-    else if (rv != 0)
-        coord_store_failed(c, "snapshots read");
-    for (size_t i = 0; i < l.n; i++)
-        render_snapshot(w, &l.v[i], i + 1 < l.n ? &l.v[i + 1] : NULL);
-    for (size_t i = 0; i < l.n; i++) {
-        free((char *)l.v[i].meta_json);
-        free((char *)l.v[i].checksum);
+    for (size_t i = 0; i < l->n; i++) {
+        free((char *)l->v[i].meta_json);
+        free((char *)l->v[i].checksum);
     }
-    free(l.v);
-    jw_arr_end(w);
-    jw_key(w, "uploads");
-    jw_arr_begin(w);
+    free(l->v);
+    memset(l, 0, sizeof(*l));
+}
+
+int64_t coord_snap_keep(const struct coord *c)
+{
+    return snap_keep(c);
+}
+
+size_t coord_snap_uploads(struct coord *c, uint64_t job_id, struct snap_upload_info *out,
+                          size_t max)
+{
     uint64_t now = now_mono_ms();
-    for (struct snap_upload *u = c->snap_uploads; u; u = u->next) {
-        if (u->job_id != j->id)
+    size_t n = 0;
+    for (struct snap_upload *u = c->snap_uploads; u && n < max; u = u->next) {
+        if (u->job_id != job_id)
             continue;
-        jw_obj_begin(w);
-        char id[17];
-        snprintf(id, sizeof id, "%016" PRIx64, u->upload_id);
-        jw_kstr(w, "upload_id", id);
-        jw_kint(w, "rank", u->rank);
-        jw_kuint(w, "chunks_received", u->next_chunk);
-        jw_kuint(w, "chunks", u->total_chunks);
-        jw_kuint(w, "bytes_received", u->received);
-        jw_kuint(w, "bytes", u->total_bytes);
-        jw_kuint(w, "age_ms", now - u->started_mono);
-        jw_obj_end(w);
+        out[n++] = (struct snap_upload_info){.upload_id = u->upload_id,
+                                             .rank = u->rank,
+                                             .chunks_received = u->next_chunk,
+                                             .chunks = u->total_chunks,
+                                             .bytes_received = u->received,
+                                             .bytes = u->total_bytes,
+                                             .age_ms = now - u->started_mono};
     }
-    jw_arr_end(w);
-    jw_obj_end(w);
+    return n;
 }
 
 void coord_snap_render_metrics(struct coord *c, struct buf *b)
