@@ -1150,6 +1150,39 @@ void coord_rpc_admin(struct coord *c, struct rpc_call *call, enum coord_method m
     protobuf_c_message_free_unpacked(msg, NULL);
 }
 
+/* coord_worker_fence is the check every worker request passes: the job
+ * runs, the caller's generation is the current one, its rank exists. On
+ * failure the call is answered (and counted against m) and NULL returned. */
+struct job *coord_worker_fence(struct coord *c, struct rpc_call *call, enum coord_method m)
+{
+    const struct rpc_frame *f = rpc_call_frame(call);
+    struct job *j = coord_job_find(c, f->job_id);
+    const char *bad = NULL;
+    int code = KOLO_EINVAL;
+    if (!j)
+        bad = "no such job";
+    else if (j->state != JOB_RUNNING) {
+        bad = "the job is not running";
+        code = KOLO_ESHUTDOWN;
+    } else if (f->generation != j->generation) {
+        c->m.stale_generation++;
+        rpc_call_error(call, KOLO_ESTALE,
+                       "stale generation %llu: job %llu is at generation %llu",
+                       (unsigned long long)f->generation, (unsigned long long)j->id,
+                       (unsigned long long)j->generation);
+        c->m.rpc_errors[m]++;
+        return NULL;
+    } else if (f->rank < 0 || f->rank >= j->nranks)
+        bad = "rank out of range";
+    if (bad) {
+        c->m.rpc_errors[m]++;
+        rpc_call_error(call, code, "%s (job %llu, rank %d)", bad, (unsigned long long)f->job_id,
+                       f->rank);
+        return NULL;
+    }
+    return j;
+}
+
 void coord_jobs_shutdown(struct coord *c)
 {
     for (struct job *j = c->jobs; j; j = j->next) {

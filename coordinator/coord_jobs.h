@@ -24,6 +24,10 @@ void coord_job_worker_event(struct coord *c, struct host *h, uint64_t job_id, ui
 void coord_job_output_added(struct coord *c, struct job *j);
 int coord_job_desired_for_host(struct coord *c, struct host *h, void ***specs, size_t *n);
 void coord_job_desired_free(void **specs, size_t n);
+/* coord_worker_fence is the check every worker request passes: the job
+ * runs, the caller's generation is the current one, its rank exists. On
+ * failure the call is answered (and counted against m) and NULL returned. */
+struct job *coord_worker_fence(struct coord *c, struct rpc_call *call, enum coord_method m);
 void coord_rpc_admin(struct coord *c, struct rpc_call *call, enum coord_method m);
 void coord_jobs_shutdown(struct coord *c);
 void coord_jobs_free(struct coord *c);

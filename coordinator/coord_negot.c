@@ -41,6 +41,7 @@
 #include "coord_jobs.h"
 #include "coord_timeline.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -950,39 +951,6 @@ static void negot_shutdown(struct coord *c, struct negot *n, int code, const cha
 
 /* ---------------------------------------------------------------- RPC handlers */
 
-/* coord_worker_fence is the check every worker request passes: the job
- * runs, the caller's generation is the current one, its rank exists. On
- * failure the call is answered (and counted against m) and NULL returned. */
-struct job *coord_worker_fence(struct coord *c, struct rpc_call *call, enum coord_method m)
-{
-    const struct rpc_frame *f = rpc_call_frame(call);
-    struct job *j = coord_job_find(c, f->job_id);
-    const char *bad = NULL;
-    int code = KOLO_EINVAL;
-    if (!j)
-        bad = "no such job";
-    else if (j->state != JOB_RUNNING) {
-        bad = "the job is not running";
-        code = KOLO_ESHUTDOWN;
-    } else if (f->generation != j->generation) {
-        c->m.stale_generation++;
-        rpc_call_error(call, KOLO_ESTALE,
-                       "stale generation %llu: job %llu is at generation %llu",
-                       (unsigned long long)f->generation, (unsigned long long)j->id,
-                       (unsigned long long)j->generation);
-        c->m.rpc_errors[m]++;
-        return NULL;
-    } else if (f->rank < 0 || f->rank >= j->nranks)
-        bad = "rank out of range";
-    if (bad) {
-        c->m.rpc_errors[m]++;
-        rpc_call_error(call, code, "%s (job %llu, rank %d)", bad, (unsigned long long)f->job_id,
-                       f->rank);
-        return NULL;
-    }
-    return j;
-}
-
 static struct job *worker_job(struct coord *c, struct rpc_call *call, enum coord_method m)
 {
     struct job *j = coord_worker_fence(c, call, m);
@@ -1811,7 +1779,8 @@ void coord_negot_hosts_updated(struct coord *c, struct job *j, uint64_t stamp_ms
     negot_wake_all(n);
 }
 
-void coord_negot_set_timeline(struct job *j)
+/* The negotiation borrows j->tl: call after changing it. */
+static void negot_set_timeline(struct job *j)
 {
     if (!j->negot)
         return;
@@ -1819,6 +1788,59 @@ void coord_negot_set_timeline(struct job *j)
     j->negot->tl = j->tl;
     if (was != (j->tl != NULL))
         negot_wake_all(j->negot); /* the ranks' rounds pause or resume */
+}
+
+/* WorkerService.Timeline: start or stop the job's timeline at run time;
+ * the negotiation, which writes it, learns at once. */
+void coord_rpc_timeline(struct coord *c, struct rpc_call *call, enum coord_method m)
+{
+    (void)m;
+    struct job *j = coord_worker_fence(c, call, M_WORKER_TIMELINE);
+    if (!j)
+        return;
+    const struct rpc_frame *f = rpc_call_frame(call);
+    Kolo__TimelineRequest *req = kolo__timeline_request__unpack(NULL, f->body_len, f->body);
+    if (!req || strlen(req->path) >= 4096) {
+        c->m.rpc_errors[M_WORKER_TIMELINE]++;
+        rpc_call_error(call, KOLO_EPROTO, "malformed TimelineRequest");
+        if (req)
+            kolo__timeline_request__free_unpacked(req, NULL);
+        return;
+    }
+    j->tl_checked = true;
+    char want[8192] = "";
+    if (req->path[0] == '/' || !j->cwd || !j->cwd[0])
+        snprintf(want, sizeof(want), "%s", req->path);
+    else if (req->path[0])
+        snprintf(want, sizeof(want), "%s/%s", j->cwd, req->path);
+    bool same = j->tl && want[0] && strcmp(coord_timeline_path(j->tl), want) == 0;
+    if (!same && j->tl) {
+        struct timeline *old = j->tl;
+        j->tl = NULL;
+        /* REST keeps serving the stopped file until another one starts */
+        char *last = coord_timeline_path(old)[0] ? strdup(coord_timeline_path(old)) : NULL;
+        if (last) {
+            free(j->tl_last);
+            j->tl_last = last;
+        }
+        negot_set_timeline(j); /* the negotiation borrowed it */
+        coord_timeline_free(old);
+    }
+    if (!same && want[0]) {
+        j->tl = coord_timeline_open_path(j, req->path);
+        if (!j->tl) {
+            c->m.rpc_errors[M_WORKER_TIMELINE]++;
+            rpc_call_error(call, KOLO_EIO, "cannot write the timeline %s: %s", want,
+                           coord_timeline_why(errno));
+            kolo__timeline_request__free_unpacked(req, NULL);
+            return;
+        }
+        negot_set_timeline(j);
+    }
+    Kolo__TimelineReply rep = KOLO__TIMELINE_REPLY__INIT;
+    rep.path = j->tl ? (char *)coord_timeline_path(j->tl) : "";
+    coord_send_pb(call, &rep.base);
+    kolo__timeline_request__free_unpacked(req, NULL);
 }
 
 bool coord_negot_rank_joined(const struct job *j, int rank)

@@ -7,8 +7,9 @@
 #include "coord_model.h"
 
 struct negot;
+/* WorkerService.Timeline: start or stop the job's timeline at run time. */
+void coord_rpc_timeline(struct coord *c, struct rpc_call *call, enum coord_method m);
 void coord_rpc_worker(struct coord *c, struct rpc_call *call, enum coord_method m);
-struct job *coord_worker_fence(struct coord *c, struct rpc_call *call, enum coord_method m);
 void coord_negot_job_ended(struct coord *c, struct job *j, int code, const char *why);
 void coord_negot_cron(struct coord *c, struct job *j, uint64_t now);
 void coord_negot_drop_parked(struct coord *c, struct job *j);
@@ -42,7 +43,5 @@ int coord_negot_lags(const struct job *j, double *lag_s, int max);
 /* Readiness rounds' telemetry from one rank (coord_report.c): its moving
  * average wait per agreed op, which the lags use once any rank sent one. */
 void coord_negot_round_wait(struct job *j, int rank, double wait_avg_s);
-/* The negotiation borrows j->tl: call after changing it. */
-void coord_negot_set_timeline(struct job *j);
 
 #endif

@@ -33,7 +33,6 @@
  */
 #include "coord_report.h"
 #include "coord_core.h"
-#include "coord_hosts.h"
 #include "coord_jobs.h"
 #include "coord_negot.h"
 

@@ -47,7 +47,6 @@
 #include "coord_snap.h"
 #include "coord_core.h"
 #include "coord_jobs.h"
-#include "coord_negot.h"
 #include "coord_writer.h"
 
 #include <inttypes.h>

@@ -40,9 +40,7 @@
  * the text after the last newline is the last event, whole or torn.
  */
 #include "coord_timeline.h"
-#include "coord_core.h"
 #include "coord_jobs.h"
-#include "coord_negot.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -558,55 +556,14 @@ void coord_timeline_free(struct timeline *tl)
  * rank calling start with the same file (as Horovod scripts do) opens it
  * once; a start with another file closes the first; stop closes it. From
  * the first call on, the job's HOROVOD_TIMELINE is no longer looked at. */
-void coord_rpc_timeline(struct coord *c, struct rpc_call *call, enum coord_method m)
+const char *coord_timeline_path(const struct timeline *tl)
 {
-    (void)m;
-    struct job *j = coord_worker_fence(c, call, M_WORKER_TIMELINE);
-    if (!j)
-        return;
-    const struct rpc_frame *f = rpc_call_frame(call);
-    Kolo__TimelineRequest *req = kolo__timeline_request__unpack(NULL, f->body_len, f->body);
-    if (!req || strlen(req->path) >= 4096) {
-        c->m.rpc_errors[M_WORKER_TIMELINE]++;
-        rpc_call_error(call, KOLO_EPROTO, "malformed TimelineRequest");
-        if (req)
-            kolo__timeline_request__free_unpacked(req, NULL);
-        return;
-    }
-    j->tl_checked = true;
-    char want[8192] = "";
-    if (req->path[0] == '/' || !j->cwd || !j->cwd[0])
-        snprintf(want, sizeof(want), "%s", req->path);
-    else if (req->path[0])
-        snprintf(want, sizeof(want), "%s/%s", j->cwd, req->path);
-    bool same = j->tl && want[0] && j->tl->path && strcmp(j->tl->path, want) == 0;
-    if (!same && j->tl) {
-        struct timeline *old = j->tl;
-        j->tl = NULL;
-        /* REST keeps serving the stopped file until another one starts */
-        char *last = old->path ? strdup(old->path) : NULL;
-        if (last) {
-            free(j->tl_last);
-            j->tl_last = last;
-        }
-        coord_negot_set_timeline(j); /* the negotiation borrowed it */
-        coord_timeline_free(old);
-    }
-    if (!same && want[0]) {
-        j->tl = coord_timeline_open_path(j, req->path);
-        if (!j->tl) {
-            c->m.rpc_errors[M_WORKER_TIMELINE]++;
-            rpc_call_error(call, KOLO_EIO, "cannot write the timeline %s: %s", want,
-                           tl_why(errno));
-            kolo__timeline_request__free_unpacked(req, NULL);
-            return;
-        }
-        coord_negot_set_timeline(j);
-    }
-    Kolo__TimelineReply rep = KOLO__TIMELINE_REPLY__INIT;
-    rep.path = j->tl && j->tl->path ? j->tl->path : "";
-    coord_send_pb(call, &rep.base);
-    kolo__timeline_request__free_unpacked(req, NULL);
+    return tl->path ? tl->path : "";
+}
+
+const char *coord_timeline_why(int err)
+{
+    return tl_why(err);
 }
 
 /* ---------------------------------------------------------------- REST */

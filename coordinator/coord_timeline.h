@@ -15,8 +15,9 @@ struct timeline;
 struct timeline *coord_timeline_open(const struct job *j);
 /* coord_timeline_open_path opens one at path (relative to the job's cwd). */
 struct timeline *coord_timeline_open_path(const struct job *j, const char *path);
-/* WorkerService.Timeline: start or stop the job's timeline at run time. */
-void coord_rpc_timeline(struct coord *c, struct rpc_call *call, enum coord_method m);
+/* The file it writes ("" if none); what a failed open's errno means. */
+const char *coord_timeline_path(const struct timeline *tl);
+const char *coord_timeline_why(int err);
 void coord_timeline_request(struct timeline *tl, const char *name, const char *op, int rank,
                             bool first);
 /* The tensor is ready: ends NEGOTIATE_<op>; with error set, that is all;
