@@ -6,12 +6,32 @@
 #ifndef KOLO_TESTS_COORD_HARNESS_H
 #define KOLO_TESTS_COORD_HARNESS_H
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
 
+#include "coord.h"
 #include "kolo.pb-c.h"
 #include "rpc.h"
 #include "util.h"
+
+/* harness_coord_start starts a coordinator with cfg or fails the test. */
+static inline struct coord *harness_coord_start(const struct coord_config *cfg)
+{
+    struct coord *c = NULL;
+    char err[512];
+    int rv = coord_start(&c, cfg, err, sizeof err);
+    if (rv)
+        fprintf(stderr, "coord_start: %s\n", err);
+    REQUIRE(rv == 0);
+    return c;
+}
 
 /* A client speaking as rank `rank` of generation `gen` of job `job`. */
 static inline struct rpc_client *harness_client(const char *url, uint64_t job, uint64_t gen,
@@ -70,6 +90,44 @@ static inline uint64_t harness_submit_job(const char *url, const char *host_id, 
     free(out);
     rpc_client_close(cli);
     return id;
+}
+
+/* harness_http_get GETs path from the coordinator's HTTP listener at
+ * http_url ("http://127.0.0.1:PORT"); returns the body (caller frees) and
+ * the status in *status if not NULL. A 3 s receive timeout. */
+static inline char *harness_http_get(const char *http_url, const char *path, int *status)
+{
+    int port = atoi(strrchr(http_url, ':') + 1);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    struct timeval tv = {.tv_sec = 3};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    REQUIRE(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    char req[512];
+    int n = snprintf(req, sizeof req,
+                     "GET %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", path);
+    REQUIRE(write(fd, req, (size_t)n) == n);
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap + 1);
+    for (;;) {
+        if (len == cap)
+            buf = realloc(buf, (cap *= 2) + 1);
+        ssize_t k = read(fd, buf + len, cap - len);
+        if (k <= 0)
+            break;
+        len += (size_t)k;
+    }
+    close(fd);
+    buf[len] = '\0';
+    if (status) {
+        *status = 0;
+        sscanf(buf, "HTTP/1.1 %d", status);
+    }
+    char *body = strstr(buf, "\r\n\r\n");
+    char *res = strdup(body ? body + 4 : "");
+    free(buf);
+    return res;
 }
 
 #endif

@@ -34,18 +34,12 @@ static uint64_t job_id;
 
 static struct coord *start(void)
 {
-    struct coord *c = NULL;
-    char err[512];
     struct coord_config cfg = {.listen = "tcp://127.0.0.1:0",
                                .http = "127.0.0.1:0",
                                .db_path = dbpath,
                                .lease_ms = 60000,
                                .heartbeat_ms = 1000};
-    int rv = coord_start(&c, &cfg, err, sizeof err);
-    if (rv)
-        fprintf(stderr, "coord_start: %s\n", err);
-    REQUIRE(rv == 0);
-    return c;
+    return harness_coord_start(&cfg);
 }
 
 static struct rpc_client *client(uint64_t job, uint64_t gen, int rank)
@@ -112,36 +106,7 @@ static int report(struct rpc_client *cli, const struct ep *eps, size_t ne, const
 
 static char *http_get(const char *path, int *status)
 {
-    const char *u = coord_http_url(coord);
-    int port = atoi(strrchr(u, ':') + 1);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    struct timeval tv = {.tv_sec = 3};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    REQUIRE(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
-    char req[512];
-    int n = snprintf(req, sizeof req,
-                     "GET %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", path);
-    REQUIRE(write(fd, req, (size_t)n) == n);
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap + 1);
-    for (;;) {
-        if (len == cap)
-            buf = realloc(buf, (cap *= 2) + 1);
-        ssize_t k = read(fd, buf + len, cap - len);
-        if (k <= 0)
-            break;
-        len += (size_t)k;
-    }
-    close(fd);
-    buf[len] = '\0';
-    *status = 0;
-    sscanf(buf, "HTTP/1.1 %d", status);
-    char *body = strstr(buf, "\r\n\r\n");
-    char *res = strdup(body ? body + 4 : "");
-    free(buf);
-    return res;
+    return harness_http_get(coord_http_url(coord), path, status);
 }
 
 static struct json *get_json(const char *path, int want_status)
