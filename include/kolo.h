@@ -92,8 +92,23 @@ typedef struct kolo_config {
  * and starts the background thread. cfg NULL reads the environment.
  * On failure *ctx is NULL and the code says why (KOLO_ETIMEDOUT if peers
  * did not join in time, KOLO_EINVAL for a missing variable).
+ *
+ * Without a coordinator (KOLO_COORDINATOR unset or empty, or
+ * cfg->coordinator NULL or "") and a size that is unset, 0 or 1, the
+ * process runs alone, as Horovod's programs do when started without a
+ * launcher: a one-rank context (rank 0 of 1, local 0 of 1, cross 0 of 1)
+ * with no coordinator, no RPC and no data plane, whose collectives go
+ * through this same API and executor as a job of one rank (kolo_solo).
+ * A size above 1 without a coordinator fails with KOLO_EINVAL.
  */
 KOLO_API int kolo_init(kolo_ctx **ctx, const kolo_config *cfg);
+
+/* kolo_solo returns 1 for a one-rank context made without a coordinator
+ * (see kolo_init), 0 for a context of a job, -1 for NULL. What needs a
+ * coordinator fails on such a context with KOLO_ENOTSUP (kolo_timeline,
+ * the snapshot calls) or does nothing (reports); process sets of its one
+ * rank are one-rank contexts too. */
+KOLO_API int kolo_solo(const kolo_ctx *ctx);
 
 /*
  * kolo_fini leaves the job: pending operations fail with KOLO_ESHUTDOWN,
@@ -147,7 +162,8 @@ KOLO_API uint64_t kolo_generation(const kolo_ctx *ctx);
  * coordinator on its host (a relative path is taken from the job's working
  * directory) with every rank's negotiation. Any rank may call it; every
  * rank starting the same file opens it once. Blocks for one round trip to
- * the coordinator (at most 10 s).
+ * the coordinator (at most 10 s). KOLO_ENOTSUP on a context without one
+ * (kolo_solo).
  */
 KOLO_API int kolo_timeline(kolo_ctx *ctx, const char *path);
 
@@ -356,7 +372,9 @@ KOLO_API int kolo_gpu_count(char *why, size_t len);
  * in any thread while collectives go on; several may run at once. They
  * retry across coordinator restarts until their timeout (timeout_ms <= 0:
  * 5 minutes). A call in flight when kolo_fini starts fails with
- * KOLO_ESHUTDOWN. Errors have their detail in kolo_last_error(ctx).
+ * KOLO_ESHUTDOWN; a context without a coordinator (kolo_solo) has no
+ * snapshots (KOLO_ENOTSUP). Errors have their detail in
+ * kolo_last_error(ctx).
  */
 
 /*

@@ -132,11 +132,12 @@ static int config_from_env(kolo_config *cfg, char *err, size_t errlen)
         cfg->worker_id = (uint64_t)settings_int(SET_WORKER_ID, 0);
         cfg->elastic_timeout_ms = (int)settings_int(SET_ELASTIC_TIMEOUT_MS, 0);
     }
-    if (!cfg->coordinator || !cfg->coordinator[0] || cfg->rank < 0 || cfg->size < 1 ||
-        !cfg->job_id) {
+    if (!cfg->coordinator || !cfg->coordinator[0])
+        return 0; /* alone: solo_config decides (solo.c) */
+    if (cfg->rank < 0 || cfg->size < 1 || !cfg->job_id) {
         snprintf(err, errlen,
-                 "not started by kolo: KOLO_COORDINATOR, KOLO_JOB, KOLO_RANK and KOLO_SIZE must "
-                 "be set (run the program with `kolo run`)");
+                 "KOLO_COORDINATOR is set but not all of KOLO_JOB, KOLO_RANK and KOLO_SIZE: run "
+                 "the program with `kolo run`, or unset KOLO_COORDINATOR to run it alone");
         return KOLO_EINVAL;
     }
     return 0;
@@ -553,6 +554,34 @@ static void resume_send(struct kolo_ctx *c)
         c->resume = true; /* try again */
 }
 
+bool ctx_log_put(struct kolo_ctx *c, Kolo__Response *x)
+{
+    if (x->index < c->resp_base) {
+        kolo__response__free_unpacked(x, NULL);
+        return false; /* already executed: a repeated read */
+    }
+    size_t slot = (size_t)(x->index - c->resp_base);
+    if (slot >= c->resp_cap) {
+        size_t cap = c->resp_cap ? c->resp_cap : 64;
+        while (cap <= slot)
+            cap *= 2;
+        Kolo__Response **nr = realloc(c->resp, cap * sizeof(*nr));
+        if (!nr) {
+            kolo__response__free_unpacked(x, NULL);
+            return false;
+        }
+        memset(nr + c->resp_cap, 0, (cap - c->resp_cap) * sizeof(*nr));
+        c->resp = nr;
+        c->resp_cap = cap;
+    }
+    if (c->resp[slot]) {
+        kolo__response__free_unpacked(x, NULL);
+        return false;
+    }
+    c->resp[slot] = x;
+    return true;
+}
+
 static void negotiate_done(void *arg, int code, const void *rep, size_t len, const char *err)
 {
     struct kolo_ctx *c = arg;
@@ -566,29 +595,8 @@ static void negotiate_done(void *arg, int code, const void *rep, size_t len, con
         } else {
             for (size_t i = 0; i < r->n_responses; i++) {
                 Kolo__Response *x = r->responses[i];
-                if (x->index < c->resp_base) {
-                    kolo__response__free_unpacked(x, NULL);
-                    continue; /* already executed: a repeated read */
-                }
-                size_t slot = (size_t)(x->index - c->resp_base);
-                if (slot >= c->resp_cap) {
-                    size_t cap = c->resp_cap ? c->resp_cap : 64;
-                    while (cap <= slot)
-                        cap *= 2;
-                    Kolo__Response **nr = realloc(c->resp, cap * sizeof(*nr));
-                    if (!nr) {
-                        kolo__response__free_unpacked(x, NULL);
-                        continue;
-                    }
-                    memset(nr + c->resp_cap, 0, (cap - c->resp_cap) * sizeof(*nr));
-                    c->resp = nr;
-                    c->resp_cap = cap;
-                }
-                if (c->resp[slot]) {
-                    kolo__response__free_unpacked(x, NULL);
+                if (!ctx_log_put(c, x))
                     continue;
-                }
-                c->resp[slot] = x;
                 hold_response(c, x);
                 if (x->shutdown && x->error_code != KOLO_ESHUTDOWN)
                     interrupt = true; /* the generation was closed under us */
@@ -689,6 +697,11 @@ static void request_fill(Kolo__TensorRequest *t, const struct op *o)
 
 static void negotiate_send(struct kolo_ctx *c, bool shutdown, const char *reason)
 {
+    if (c->solo) { /* nobody to tell or ask: the queue is answered here */
+        if (!shutdown)
+            solo_negotiate(c);
+        return;
+    }
     size_t nq = 0;
     for (struct op *o = c->q_head; o; o = o->next)
         nq++;
@@ -832,10 +845,11 @@ static void *bg_main(void *arg)
             continue;
         }
         /* Ask again only for operations that are still waiting for their
-         * response: not while one is in hand or being executed. */
+         * response: not while one is in hand or being executed. (Alone,
+         * every op has its response from the moment it was queued.) */
         bool in_hand = c->executing || (c->resp_cap && c->resp[0]);
         if (!c->sticky && !c->resume &&
-            (c->q_head || (c->inflight > 0 && c->calls == 0 && !in_hand))) {
+            (c->q_head || (!c->solo && c->inflight > 0 && c->calls == 0 && !in_hand))) {
             negotiate_send(c, false, NULL);
             continue;
         }
@@ -1033,31 +1047,12 @@ static int join_elastic(struct kolo_ctx *c, const kolo_config *given, char *err,
 /* The detail of this thread's last failed kolo_init: kolo_last_error(NULL). */
 static _Thread_local char init_error[1024];
 
-static int init_ctx(kolo_ctx **out, const kolo_config *given, char *err, size_t errlen)
+/* A context for cfg's place, its fields set, nothing opened yet. */
+static struct kolo_ctx *ctx_new(const kolo_config *cfg)
 {
-    kolo_config env_cfg;
-    int code;
-    if (!out)
-        return KOLO_EINVAL;
-    *out = NULL;
-    const kolo_config *cfg = given;
-    /* every knob of the environment parses, or the init fails naming it */
-    if ((code = settings_check(err, errlen)) != 0) {
-        LOGE("kolo", "%s", err);
-        return code;
-    }
-    if (!cfg) {
-        if ((code = config_from_env(&env_cfg, err, errlen)) != 0) {
-            LOGE("kolo", "%s", err);
-            return code;
-        }
-        cfg = &env_cfg;
-    }
-    if (!cfg->coordinator || cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size)
-        return KOLO_EINVAL;
     struct kolo_ctx *c = calloc(1, sizeof(*c));
     if (!c)
-        return KOLO_ENOMEM;
+        return NULL;
     pthread_mutex_init(&c->mu, NULL);
     cond_init_monotonic(&c->wake); /* its timed waits take mono_deadline */
     cond_init_monotonic(&c->done);
@@ -1086,6 +1081,14 @@ static int init_ctx(kolo_ctx **out, const kolo_config *given, char *err, size_t 
     else
         c->stall_warning_ms = settings_int(SET_STALL_CHECK_TIME_SECONDS, 0) * 1000;
     c->stall_shutdown_ms = settings_int(SET_STALL_SHUTDOWN_TIME_SECONDS, 0) * 1000;
+    return c;
+}
+
+/* Joins the job through the coordinator: its connection, the rendezvous
+ * and the data plane (or an elastic generation's). */
+static int join_job(struct kolo_ctx *c, const kolo_config *cfg, char *err, size_t errlen)
+{
+    int code;
     /* the job's credential when the agent gave one, else the cluster's */
     c->coord_token_job = cfg->job_token && cfg->job_token[0];
     const char *token = c->coord_token_job ? cfg->job_token
@@ -1093,13 +1096,10 @@ static int init_ctx(kolo_ctx **out, const kolo_config *given, char *err, size_t 
                                                       : NULL;
     c->coord_url = strdup(cfg->coordinator);
     c->coord_token = token ? strdup(token) : NULL;
-    if (!c->coord_url || (token && !c->coord_token)) {
-        ctx_free(c);
+    if (!c->coord_url || (token && !c->coord_token))
         return KOLO_ENOMEM;
-    }
     if ((code = tls_files_from_env(&c->tls, err, errlen)) != 0) {
         LOGE("kolo", "rank %d: %s", c->rank, err);
-        ctx_free(c);
         return code;
     }
     /* A job that asked for a sealed data plane never runs without one. */
@@ -1107,7 +1107,6 @@ static int init_ctx(kolo_ctx **out, const kolo_config *given, char *err, size_t 
     if (c->encrypt_data && (code = seal_available(why, sizeof why)) != 0) {
         snprintf(err, errlen, "KOLO_DATA_ENCRYPT=1 but %s", why);
         LOGE("kolo", "rank %d: %s", c->rank, err);
-        ctx_free(c);
         return code;
     }
     char ident[64];
@@ -1116,17 +1115,53 @@ static int init_ctx(kolo_ctx **out, const kolo_config *given, char *err, size_t 
     if ((code = rpc_client_open(&c->rpc, &rc)) != 0) {
         snprintf(err, errlen, "cannot open the coordinator connection %s", cfg->coordinator);
         LOGE("kolo", "rank %d: %s", c->rank, err);
-        ctx_free(c);
         return code;
     }
     /* a process set's id is used once (kolo_process_set_init): session 0 */
     if (!cfg->worker_id && !c->process_set)
         c->session = next_session(c->job, c->generation, c->rank);
-    if (cfg->worker_id) {
-        code = join_elastic(c, cfg, err, errlen);
-    } else if ((code = setup_data_plane(c, cfg, err, errlen)) != 0) {
+    if (cfg->worker_id)
+        return join_elastic(c, cfg, err, errlen);
+    if ((code = setup_data_plane(c, cfg, err, errlen)) != 0)
         LOGE("kolo", "rank %d: %s", c->rank, err);
+    return code;
+}
+
+static int init_ctx(kolo_ctx **out, const kolo_config *given, char *err, size_t errlen)
+{
+    kolo_config env_cfg, solo_cfg;
+    int code;
+    if (!out)
+        return KOLO_EINVAL;
+    *out = NULL;
+    const kolo_config *cfg = given;
+    /* every knob of the environment parses, or the init fails naming it */
+    if ((code = settings_check(err, errlen)) != 0) {
+        LOGE("kolo", "%s", err);
+        return code;
     }
+    if (!cfg) {
+        if ((code = config_from_env(&env_cfg, err, errlen)) != 0) {
+            LOGE("kolo", "%s", err);
+            return code;
+        }
+        cfg = &env_cfg;
+    }
+    bool solo = !cfg->coordinator || !cfg->coordinator[0];
+    if (solo) {
+        if ((code = solo_config(cfg, &solo_cfg, err, errlen)) != 0) {
+            LOGE("kolo", "%s", err);
+            return code;
+        }
+        cfg = &solo_cfg;
+    } else if (cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size) {
+        return KOLO_EINVAL;
+    }
+    struct kolo_ctx *c = ctx_new(cfg);
+    if (!c)
+        return KOLO_ENOMEM;
+    c->solo = solo;
+    code = solo ? solo_setup(c) : join_job(c, cfg, err, errlen);
     if (code || (code = fast_init(c)) != 0) {
         ctx_free(c);
         return code;
@@ -1136,12 +1171,16 @@ static int init_ctx(kolo_ctx **out, const kolo_config *given, char *err, size_t 
         return KOLO_ESYS;
     }
     c->bg_running = true;
-    if (pthread_create(&c->watch, NULL, watch_main, c) == 0)
+    /* alone, no negotiation call ever waits behind a running response */
+    if (!solo && pthread_create(&c->watch, NULL, watch_main, c) == 0)
         c->watch_running = true;
-    LOGI("kolo", "rank %d of %d joined job %llu generation %llu (%s, %s%s)", c->rank, c->size,
-         (unsigned long long)c->job, (unsigned long long)c->generation, c->coll->ops->name,
-         c->fast ? "readiness rounds" : "coordinator only",
-         c->encrypt_data ? ", TCP sealed with AES-256-GCM" : "");
+    if (solo)
+        LOGI("kolo", "rank 0 of 1, alone: no coordinator (KOLO_COORDINATOR is not set)");
+    else
+        LOGI("kolo", "rank %d of %d joined job %llu generation %llu (%s, %s%s)", c->rank, c->size,
+             (unsigned long long)c->job, (unsigned long long)c->generation, c->coll->ops->name,
+             c->fast ? "readiness rounds" : "coordinator only",
+             c->encrypt_data ? ", TCP sealed with AES-256-GCM" : "");
     *out = c;
     return 0;
 }
@@ -1172,6 +1211,13 @@ int kolo_process_set_init(kolo_ctx *c, int set_id, const int *ranks, int nranks,
             code = KOLO_EINVAL;
         if (sorted[i] == c->rank)
             me = i;
+    }
+    if (!code && me >= 0 && c->solo) { /* the one rank's set: alone too */
+        free(sorted);
+        kolo_config cfg = {.timeout_ms = c->timeout_ms,
+                           .fusion_threshold = c->fusion_threshold,
+                           .process_set = set_id};
+        return kolo_init(set, &cfg);
     }
     if (code || me < 0 || !c->peer_hosts) {
         free(sorted);
@@ -1216,6 +1262,11 @@ int kolo_process_set_init(kolo_ctx *c, int set_id, const int *ranks, int nranks,
 int kolo_process_set_id(const kolo_ctx *c)
 {
     return c ? c->process_set : -1;
+}
+
+int kolo_solo(const kolo_ctx *c)
+{
+    return c ? c->solo : -1;
 }
 
 int kolo_abort(kolo_ctx *c, const char *reason)
@@ -1289,7 +1340,8 @@ int kolo_fini(kolo_ctx *c)
         pthread_join(c->bg, NULL);
     if (c->watch_running)
         pthread_join(c->watch, NULL);
-    send_leave(c, reason, tell_ms);
+    if (!c->solo)
+        send_leave(c, reason, tell_ms);
     rpc_client_shutdown(c->rpc);
     ctx_free(c);
     return 0;

@@ -72,7 +72,9 @@ int fast_init(struct kolo_ctx *c)
     c->agreed_items = calloc(ROUND_MAX_ID, sizeof(*c->agreed_items));
     if (!c->by_id || !c->pending || !c->vec || !c->agreed || !c->agreed_items)
         return KOLO_ENOMEM;
-    bool can = c->coll && c->coll->can_round && c->coll->ops->round;
+    /* Alone, no coordinator gives cache ids: every op is answered at once
+     * by the local negotiation (solo.c), which needs no round. */
+    bool can = !c->solo && c->coll && c->coll->can_round && c->coll->ops->round;
     int32_t on = can && fast_wanted();
     /* Every rank must take the same path: one MIN over the data plane (the
      * generation's first collective) settles it, whatever each rank's

@@ -357,13 +357,19 @@ static bool ctx_sticky(struct kolo_ctx *c)
     return s;
 }
 
-/* Step 3a: rank 0's id through the coordinator. Rank 0 posts the id, or,
- * when it could not make one (ok false), a two-byte marker that tells
- * the others so at once instead of at the deadline. */
+/* Step 3a: rank 0's id through the coordinator (one rank keeps its own).
+ * Rank 0 posts the id, or, when it could not make one (ok false), a
+ * two-byte marker that tells the others so at once instead of at the
+ * deadline. */
 static int relay_id(struct kolo_ctx *c, ncclUniqueId *id, bool ok, uint64_t deadline, char *why,
                     size_t n)
 {
     static uint8_t ask = 1, failed[2] = {0xff, 0xff};
+    if (c->size == 1) { /* nobody to hand it to (alone, no coordinator either) */
+        if (!ok)
+            snprintf(why, n, "rank 0 could not create the NCCL id");
+        return ok ? 0 : KOLO_EIO;
+    }
     for (;;) {
         uint64_t now = now_mono_ms();
         if (now >= deadline) {

@@ -303,6 +303,13 @@ void ops_cache_put(struct kolo_ctx *c, const struct op *op, uint32_t id)
 
 /* ---------------------------------------------------------------- submit */
 
+/* The device a request runs on. A join's zeros go to the others'
+ * allreduces: a process started alone has no others, so its join needs
+ * no GPU (-1), as Horovod's without a launcher. */
+static int request_device(const struct kolo_ctx *c, const kolo_request *r)
+{
+    return r->coll == KOLO_COLL_JOIN && c->solo ? -1 : r->device;
+}
 
 static int validate(struct kolo_ctx *c, const kolo_request *r)
 {
@@ -317,7 +324,7 @@ static int validate(struct kolo_ctx *c, const kolo_request *r)
     for (int i = 0; i < r->ndim; i++)
         if (r->shape[i] < 0)
             return ctx_error(c, KOLO_EINVAL, "negative dimension %lld", (long long)r->shape[i]);
-    if (r->device >= 0) {
+    if (request_device(c, r) >= 0) {
         int rc = gpu_validate(c, r); /* the reason is in last_error */
         if (rc)
             return rc;
@@ -420,6 +427,7 @@ static struct op *op_new(struct kolo_ctx *c, const kolo_request *r)
         op->req.dtype = KOLO_UINT8;
         op->req.ndim = 0;
     }
+    op->req.device = request_device(c, r);
     return op;
 }
 

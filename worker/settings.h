@@ -34,7 +34,8 @@
     X(JOB, "KOLO_JOB", NULL, INT, "0", 0, INT64_MAX, NULL, "the job's id")                         \
     X(GENERATION, "KOLO_GENERATION", NULL, INT, "0", 0, INT64_MAX, NULL, "the generation")         \
     X(RANK, "KOLO_RANK", NULL, INT, "-1", -1, INT32_MAX, NULL, "this worker's rank")               \
-    X(SIZE, "KOLO_SIZE", NULL, INT, "-1", -1, INT32_MAX, NULL, "the number of ranks")              \
+    X(SIZE, "KOLO_SIZE", "HOROVOD_SIZE", INT, "-1", -1, INT32_MAX, NULL,                           \
+      "the number of ranks (without KOLO_COORDINATOR: unset or 1)")                               \
     X(LOCAL_RANK, "KOLO_LOCAL_RANK", NULL, INT, "0", 0, INT32_MAX, NULL, "rank on this host")      \
     X(LOCAL_SIZE, "KOLO_LOCAL_SIZE", NULL, INT, "1", 1, INT32_MAX, NULL, "ranks on this host")     \
     X(CROSS_RANK, "KOLO_CROSS_RANK", NULL, INT, "0", 0, INT32_MAX, NULL, "this host's index")      \

@@ -63,6 +63,12 @@ static int snap_enter(struct kolo_ctx *c, struct rpc_client **rpc, uint64_t *seq
 {
     int code = 0;
     pthread_mutex_lock(&c->mu);
+    if (c->solo) {
+        ctx_set_error(c, "kolo_snapshot: snapshots need a coordinator: start the program with "
+                         "`kolo run`");
+        pthread_mutex_unlock(&c->mu);
+        return KOLO_ENOTSUP;
+    }
     if (c->stopping || c->snap_closed || !c->coord_url) {
         code = KOLO_ESHUTDOWN;
         ctx_set_error(c, "kolo_snapshot: the context is shutting down");

@@ -24,6 +24,12 @@ int kolo_timeline(kolo_ctx *c, const char *path)
     char ident[64], url[512], err[512] = "";
     char *token = NULL;
     pthread_mutex_lock(&c->mu);
+    if (c->solo) {
+        pthread_mutex_unlock(&c->mu);
+        return ctx_error(c, KOLO_ENOTSUP,
+                         "the timeline is written by the coordinator; start the program with "
+                         "`kolo run`");
+    }
     if (c->stopping || !c->coord_url) {
         pthread_mutex_unlock(&c->mu);
         return KOLO_ESHUTDOWN;

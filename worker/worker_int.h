@@ -97,6 +97,7 @@ struct kolo_ctx {
     uint32_t session;   /* re-joins of this generation by this process (ctx.c) */
     int process_set;    /* 0: the job; else a set of its ranks (kolo_process_set_init) */
     bool elastic;
+    bool solo;          /* one rank without a coordinator: no rpc, a local log (solo.c) */
     /* what a process set's context is made from (kolo_process_set_init) */
     char *host_id, *data_addr;
     bool disable_shm;
@@ -241,6 +242,20 @@ void ctx_token_release(struct kolo_ctx *c);
 struct rpc_client_config;
 void ctx_rpc_config(const struct kolo_ctx *c, char *ident, size_t identlen,
                     struct rpc_client_config *rc);
+/* ctx_log_put keeps response x, for log index x->index, until it runs
+ * (mu held); false when it is not kept (already run, a repeat, no
+ * memory), and then x is freed. */
+bool ctx_log_put(struct kolo_ctx *c, Kolo__Response *x);
+
+/* solo.c: the one-rank context of a process started without kolo run */
+/* solo_config checks a configuration without a coordinator (a size above
+ * 1 is refused, with the reason in err) and fills cfg with one rank's. */
+int solo_config(const kolo_config *given, kolo_config *cfg, char *err, size_t errlen);
+/* solo_setup makes the data plane of one rank (a ring of one). */
+int solo_setup(struct kolo_ctx *c);
+/* solo_negotiate answers every queued op at once with the log entry a
+ * coordinator writes for one rank, appended to the log (mu held). */
+void solo_negotiate(struct kolo_ctx *c);
 
 /* ops.c (caller holds mu unless noted) */
 /* request_elems: the number of elements of r's tensor (product of its shape). */

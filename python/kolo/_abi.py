@@ -2,10 +2,12 @@
 reductions and collective kinds, with their wire values.
 
 The C tables in include/kolo/abi.h are the source; this is their one
-Python copy (the solo path runs without libkolo, so it cannot read them at
-import). tests/python/test_abi.py compares every entry with libkolo's
-kolo_errname, kolo_dtype_size, kolo_dtype_name, kolo_op_name and
-kolo_coll_name, both ways, so a value added on one side only fails it.
+Python copy: the frontends bind these names at import (kolo.torch's dtype
+table, the Req defaults), and importing kolo does not load libkolo - init()
+does, also for a program started alone. tests/python/test_abi.py compares
+every entry with libkolo's kolo_errname, kolo_dtype_size, kolo_dtype_name,
+kolo_op_name and kolo_coll_name, both ways, so a value added on one side
+only fails it.
 
 Each list's index is the value: DTYPES[7] is FLOAT32. The module also
 binds one name per entry (UINT8 ... FLOAT64; SUM_OP ...; ALLREDUCE ...;

@@ -2,8 +2,9 @@
 
 One libkolo context per process, created by init() from the environment
 that `kolo run` (or a kolo agent) gives each worker. A program started
-without kolo runs alone, as rank 0 of 1, as Horovod does: every collective
-of one rank is computed here, locally.
+without kolo runs alone, as rank 0 of 1, as Horovod does: libkolo's
+one-rank context (kolo_solo) runs its collectives, through the same calls
+as a job's.
 
 Frontends describe an operation as a list of Req (raw addresses, a dtype
 code, a shape) plus a `finish(results)` callback that builds the output
@@ -72,11 +73,10 @@ class Req:
     """One collective operation, described by addresses (see kolo_request)."""
 
     __slots__ = ("coll", "name", "send", "recv", "dtype", "shape", "op", "prescale",
-                 "postscale", "root", "splits", "device", "stream", "local")
+                 "postscale", "root", "splits", "device", "stream")
 
     def __init__(self, coll, name=None, send=0, recv=0, dtype=UINT8, shape=(), op=K_SUM,
-                 prescale=1.0, postscale=1.0, root=0, splits=None, device=-1, stream=0,
-                 local=None):
+                 prescale=1.0, postscale=1.0, root=0, splits=None, device=-1, stream=0):
         self.coll = coll
         self.name = name
         self.send = send
@@ -89,18 +89,7 @@ class Req:
         self.root = int(root)
         self.splits = None if splits is None else [int(s) for s in splits]
         self.device = device
-        # GPU requests: the cudaStream_t (an int) the tensor was produced on,
-        # and how a job of one rank computes the result without libkolo
-        # (a callable returning a Result): addresses of GPU memory cannot be
-        # touched from here.
-        self.stream = stream
-        self.local = local
-
-    def count(self):
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        self.stream = stream  # GPU requests: the cudaStream_t (an int) the tensor was made on
 
 
 class Result:
@@ -108,17 +97,15 @@ class Result:
     received splits (alltoall), value (join) and the bytes, copied out with
     copy_to(address) while the engine still holds them."""
 
-    __slots__ = ("rows", "recv_splits", "value", "nbytes", "_ptr", "_copy", "source")
+    __slots__ = ("rows", "recv_splits", "value", "nbytes", "_ptr", "_copy")
 
-    def __init__(self, rows=0, recv_splits=None, value=0, nbytes=0, ptr=None, copy=None,
-                 source=None):
+    def __init__(self, rows=0, recv_splits=None, value=0, nbytes=0, ptr=None, copy=None):
         self.rows = rows
         self.recv_splits = recv_splits
         self.value = value
         self.nbytes = nbytes
         self._ptr = ptr
         self._copy = copy  # GPU results: copies device memory (kolo_result_copy)
-        self.source = source  # one-rank GPU jobs: the tensor holding the rows
 
     def copy_to(self, address):
         if not self.nbytes:
@@ -191,46 +178,40 @@ class Engine:
         return self._topo is not None
 
     def init(self):
+        """Joins the job this process was started in; started alone (no
+        KOLO_COORDINATOR), libkolo makes it rank 0 of 1."""
         with self._lock:
             if self._topo is not None:
                 return
-            if not os.environ.get("KOLO_COORDINATOR"):
-                size = int(os.environ.get("KOLO_SIZE") or os.environ.get("HOROVOD_SIZE") or 1)
-                if size > 1:
-                    raise ValueError("kolo: this process was not started by kolo (KOLO_COORDINATOR "
-                                     "is not set) but a size of %d was asked for; launch it with "
-                                     "`kolo run -np %d ...`" % (size, size))
-                self._solo = True
-                self._topo = (0, 1, 0, 1, 0, 1)
-            else:
-                lib = _lib.load()
-                ctx = ctypes.c_void_p()
-                rc = lib.kolo_init(ctypes.byref(ctx), None)
-                if rc:
-                    why = lib.kolo_last_error(None).decode(errors="replace")
-                    raise HorovodInternalError(
-                        "kolo: init failed: %s (%s)"
-                        % (why or lib.kolo_strerror(rc).decode(), lib.kolo_errname(rc).decode()))
-                self._lib, self._ctx, self._solo = lib, ctx, False
-                self._topo = (lib.kolo_rank(ctx), lib.kolo_size(ctx), lib.kolo_local_rank(ctx),
-                              lib.kolo_local_size(ctx), lib.kolo_cross_rank(ctx),
-                              lib.kolo_cross_size(ctx))
-            self._pending = {}
+            lib = _lib.load()
+            ctx = ctypes.c_void_p()
+            rc = lib.kolo_init(ctypes.byref(ctx), None)
+            if rc:
+                why = lib.kolo_last_error(None).decode(errors="replace")
+                why = why or lib.kolo_strerror(rc).decode()
+                if rc == E_INVAL and not os.environ.get("KOLO_COORDINATOR"):
+                    # started alone, its environment asks for what cannot be
+                    # (a size above 1, a variable that does not parse)
+                    raise ValueError("kolo: %s" % why)
+                raise HorovodInternalError("kolo: init failed: %s (%s)"
+                                           % (why, lib.kolo_errname(rc).decode()))
+            self._adopt(lib, ctx)
             if not self._atexit:
                 atexit.register(self.shutdown)
                 self._atexit = True
+
+    def _adopt(self, lib, ctx):
+        """Takes libkolo context ctx as this engine's (lock held)."""
+        self._lib, self._ctx, self._solo = lib, ctx, lib.kolo_solo(ctx) == 1
+        self._topo = (lib.kolo_rank(ctx), lib.kolo_size(ctx), lib.kolo_local_rank(ctx),
+                      lib.kolo_local_size(ctx), lib.kolo_cross_rank(ctx), lib.kolo_cross_size(ctx))
+        self._pending = {}
 
     def init_set(self, parent, set_id, ranks):
         """Joins process set set_id (ranks of parent's job) as an engine of
         its own: its own libkolo context, negotiation and data plane. False
         when this rank is not a member (nothing to join)."""
         with self._lock:
-            if parent._solo:
-                if list(ranks) != [0]:
-                    return False
-                self._solo = True
-                self._topo = (0, 1, 0, 1, 0, 1)
-                return True
             lib = parent._lib
             arr = (ctypes.c_int * len(ranks))(*ranks)
             ctx = ctypes.c_void_p()
@@ -243,11 +224,7 @@ class Engine:
                        lib.kolo_errname(rc).decode()))
             if not ctx.value:
                 return False
-            self._lib, self._ctx, self._solo = lib, ctx, False
-            self._topo = (lib.kolo_rank(ctx), lib.kolo_size(ctx), lib.kolo_local_rank(ctx),
-                          lib.kolo_local_size(ctx), lib.kolo_cross_rank(ctx),
-                          lib.kolo_cross_size(ctx))
-            self._pending = {}
+            self._adopt(lib, ctx)
             return True
 
     def shutdown(self):
@@ -274,9 +251,6 @@ class Engine:
         with self._lock:
             if self._topo is None:
                 raise not_initialized()
-            if self._ctx is None:
-                raise ValueError("kolo: no coordinator context (the program runs without kolo "
-                                 "run)")
             self._borrowers += 1
             lib, ctx = self._lib, self._ctx
         try:
@@ -293,6 +267,8 @@ class Engine:
         return t
 
     def solo(self):
+        """True for a process started alone: libkolo's one-rank context,
+        without a coordinator (no timeline, snapshots or reports)."""
         return self._solo
 
     def generation(self):
@@ -318,18 +294,7 @@ class Engine:
         with self._lock:
             if self._topo is None:
                 raise not_initialized()
-            if self._solo:
-                handles = None
-                p = _Pending(None, reqs, keep, finish)
-                try:
-                    p.output = finish([_solo_run(r) for r in reqs])
-                except HorovodInternalError as e:
-                    p.error = e
-                p.done = True
-                p.keep = None
-            else:
-                handles = self._submit_native(reqs)
-                p = _Pending(handles, reqs, keep, finish)
+            p = _Pending(self._submit_native(reqs), reqs, keep, finish)
             h = _new_handle(self)
             self._pending[h] = p
             return h
@@ -386,7 +351,7 @@ class Engine:
             p = self._pending.get(handle)
         if p is None:
             raise ValueError("unknown handle %r" % (handle,))
-        if p.done or p.handles is None:
+        if p.done:
             return True
         done = ctypes.c_int(0)
         for h in p.handles:
@@ -468,34 +433,6 @@ class Engine:
         return Result(rows.value, recv, value.value, nbytes.value, data.value, copy)
 
 
-# ---------------------------------------------------------------- one rank
-
-def _np_dtype(dtype):
-    import numpy as np
-    return [np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, None, np.float32,
-            np.float64][dtype]
-
-
-def _scale(address, count, dtype, factor):
-    """buf *= factor in place, as libkolo scales (integers truncate)."""
-    if factor == 1.0 or count == 0:
-        return
-    import numpy as np
-    raw = (ctypes.c_char * (count * DTYPE_SIZE[dtype])).from_address(address)
-    if dtype == BFLOAT16:
-        u = np.frombuffer(raw, dtype=np.uint16)
-        f = (u.astype(np.uint32) << 16).view(np.float32) * np.float32(factor)
-        bits = f.astype(np.float32).view(np.uint32)
-        bits = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16
-        u[:] = bits.astype(np.uint16)
-        return
-    a = np.frombuffer(raw, dtype=_np_dtype(dtype))
-    if dtype in FLOATING:
-        a[:] = (a.astype(np.float64) * factor).astype(a.dtype)
-    else:
-        a[:] = np.trunc(a.astype(np.float64) * factor).astype(a.dtype)
-
-
 def _gpu_api(lib):
     """libkolo with the GPU section of its API described to ctypes."""
     if getattr(lib, "_kolo_gpu_declared", False):
@@ -525,26 +462,3 @@ def gpu_build_info():
     except (ImportError, AttributeError, OSError):
         return 0, 0
     return lib.kolo_nccl_built(), lib.kolo_cuda_built()
-
-
-def _solo_run(r):
-    """Runs one request of a one-rank job."""
-    if r.local is not None:
-        return r.local()
-    if r.device >= 0:
-        raise HorovodInternalError("kolo: this GPU operation has no one-rank implementation")
-    n = r.count()
-    nbytes = n * DTYPE_SIZE[r.dtype]
-    if r.coll in (ALLREDUCE, REDUCESCATTER, BROADCAST):
-        if nbytes and r.recv and r.send and r.recv != r.send:
-            ctypes.memmove(r.recv, r.send, nbytes)
-        if r.coll != BROADCAST:
-            _scale(r.recv, n, r.dtype, r.prescale * r.postscale)
-        return Result(rows=r.shape[0] if r.shape else 1)
-    if r.coll == ALLGATHER:
-        return Result(rows=r.shape[0], nbytes=nbytes, ptr=r.send)
-    if r.coll == ALLTOALL:
-        rows = r.splits[0] if r.splits is not None else r.shape[0]
-        row_bytes = (nbytes // r.shape[0]) if r.shape[0] else 0
-        return Result(rows=rows, recv_splits=[rows], nbytes=rows * row_bytes, ptr=r.send)
-    return Result(value=0)  # barrier; join: this rank was the last to join

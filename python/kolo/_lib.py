@@ -84,6 +84,7 @@ def _declare(lib):
         "kolo_process_set_init": (c_int, [ctx, c_int, ctypes.POINTER(c_int), c_int,
                                           ctypes.POINTER(ctx)]),
         "kolo_process_set_id": (c_int, [ctx]),
+        "kolo_solo": (c_int, [ctx]),
         "kolo_timeline": (c_int, [ctx, c_char_p]),
         "kolo_snapshot_cancel": (c_int, [ctx]),
         "kolo_hosts_updated": (c_int, [ctx, ctypes.POINTER(ctypes.c_uint64),

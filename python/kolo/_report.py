@@ -15,8 +15,8 @@ metrics and the mean over the ranks of every number
 
 The call never blocks training: libkolo queues the report and a
 background thread sends it (kolo_report_epoch_span in include/kolo.h).
-Without a coordinator (a program started alone, solo mode) it does
-nothing. DistributedOptimizer.step() reports each step's time itself (the
+Without a coordinator (a program started alone, solo mode) libkolo
+accepts the report and drops it. DistributedOptimizer.step() reports each step's time itself (the
 time since the previous step() on this rank): see report_step().
 """
 import json
@@ -64,8 +64,6 @@ def report_epoch(epoch, samples=None, metrics=None):
     end = int(time.time() * 1000)
     start = _mark_ms if _mark_ms and _mark_ms <= end else 0
     _mark_ms = end
-    if eng.solo():
-        return
     rc, detail = 0, None
     with eng.borrow() as (lib, ctx):
         rc = lib.kolo_report_epoch_span(ctx, epoch, start, end, samples,
@@ -83,7 +81,7 @@ def report_step(seconds):
     coordinator."""
     import kolo
     eng = kolo._eng()
-    if eng._ctx is None:  # solo, or not initialized: nothing to report to
+    if eng._ctx is None:  # not initialized: nothing to report to
         return
     with eng.borrow() as (lib, ctx):
         lib.kolo_report_step(ctx, float(seconds))

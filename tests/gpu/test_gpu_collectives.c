@@ -22,8 +22,8 @@
 
 #if KOLO_HAVE_NCCL
 #include "cuda_api.h"
+#include "dtype_values.h"
 #include "gpu_job.h"
-#include "reduce.h"
 
 static const struct gpu_libs *g;
 static int checks, mismatches;
@@ -31,63 +31,6 @@ static pthread_mutex_t count_mu = PTHREAD_MUTEX_INITIALIZER;
 static const char *phase = "";
 
 /* ---------------------------------------------------------------- data */
-
-static void put(kolo_dtype dt, void *buf, size_t i, double v)
-{
-    switch (dt) {
-    case KOLO_UINT8:
-        ((uint8_t *)buf)[i] = (uint8_t)v;
-        break;
-    case KOLO_INT8:
-        ((int8_t *)buf)[i] = (int8_t)v;
-        break;
-    case KOLO_INT16:
-        ((int16_t *)buf)[i] = (int16_t)v;
-        break;
-    case KOLO_INT32:
-        ((int32_t *)buf)[i] = (int32_t)v;
-        break;
-    case KOLO_INT64:
-        ((int64_t *)buf)[i] = (int64_t)v;
-        break;
-    case KOLO_FLOAT16:
-        ((uint16_t *)buf)[i] = f32_to_f16((float)v);
-        break;
-    case KOLO_BFLOAT16:
-        ((uint16_t *)buf)[i] = f32_to_bf16((float)v);
-        break;
-    case KOLO_FLOAT32:
-        ((float *)buf)[i] = (float)v;
-        break;
-    default:
-        ((double *)buf)[i] = v;
-        break;
-    }
-}
-
-static double get(kolo_dtype dt, const void *buf, size_t i)
-{
-    switch (dt) {
-    case KOLO_UINT8:
-        return ((const uint8_t *)buf)[i];
-    case KOLO_INT8:
-        return ((const int8_t *)buf)[i];
-    case KOLO_INT16:
-        return ((const int16_t *)buf)[i];
-    case KOLO_INT32:
-        return ((const int32_t *)buf)[i];
-    case KOLO_INT64:
-        return (double)((const int64_t *)buf)[i];
-    case KOLO_FLOAT16:
-        return f16_to_f32(((const uint16_t *)buf)[i]);
-    case KOLO_BFLOAT16:
-        return bf16_to_f32(((const uint16_t *)buf)[i]);
-    case KOLO_FLOAT32:
-        return ((const float *)buf)[i];
-    default:
-        return ((const double *)buf)[i];
-    }
-}
 
 /* Small values, different per rank and position; non-negative for
  * unsigned types, with halves for floating ones. */
@@ -100,7 +43,7 @@ static void fill(kolo_dtype dt, void *buf, size_t n, int rank, int salt)
             v -= 3;
         if (fl)
             v += 0.5;
-        put(dt, buf, i, v);
+        dtype_put(dt, buf, i, v);
     }
 }
 
@@ -115,7 +58,7 @@ static void compare(const char *what, kolo_dtype dt, const void *gpu, const void
                                        : 0;
     size_t bad = 0, first = 0;
     for (size_t i = 0; i < n; i++) {
-        double a = get(dt, gpu, i), b = get(dt, cpu, i);
+        double a = dtype_get(dt, gpu, i), b = dtype_get(dt, cpu, i);
         bool ok = tol == 0 ? a == b : fabs(a - b) <= tol * fmax(1.0, fabs(b));
         if (!ok && !bad++)
             first = i;
@@ -125,7 +68,8 @@ static void compare(const char *what, kolo_dtype dt, const void *gpu, const void
     if (bad) {
         mismatches++;
         fprintf(stderr, "[%s] MISMATCH %s %s: %zu of %zu, first at %zu: gpu %g cpu %g\n", phase,
-                what, kolo_dtype_name(dt), bad, n, first, get(dt, gpu, first), get(dt, cpu, first));
+                what, kolo_dtype_name(dt), bad, n, first, dtype_get(dt, gpu, first),
+                dtype_get(dt, cpu, first));
     }
     pthread_mutex_unlock(&count_mu);
 }

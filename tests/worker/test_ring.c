@@ -38,7 +38,7 @@
 #include <unistd.h>
 
 #include "coll.h"
-#include "reduce.h"
+#include "dtype_values.h"
 #include "test.h"
 #include "tcp_ident.h"
 #include "transport.h"
@@ -381,43 +381,10 @@ static double combine(kolo_op op, double a, double b)
     }
 }
 
-static void put(kolo_dtype dt, void *buf, size_t i, double v)
-{
-    switch (dt) {
-    case KOLO_UINT8:
-        ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v;
-        break;
-    case KOLO_INT8:
-        ((int8_t *)buf)[i] = (int8_t)v;
-        break;
-    case KOLO_INT16:
-        ((int16_t *)buf)[i] = (int16_t)v;
-        break;
-    case KOLO_INT32:
-        ((int32_t *)buf)[i] = (int32_t)v;
-        break;
-    case KOLO_INT64:
-        ((int64_t *)buf)[i] = (int64_t)v;
-        break;
-    case KOLO_FLOAT16:
-        ((uint16_t *)buf)[i] = f32_to_f16((float)v);
-        break;
-    case KOLO_BFLOAT16:
-        ((uint16_t *)buf)[i] = f32_to_bf16((float)v);
-        break;
-    case KOLO_FLOAT32:
-        ((float *)buf)[i] = (float)v;
-        break;
-    default:
-        ((double *)buf)[i] = v;
-        break;
-    }
-}
-
 static void fill_input(kolo_dtype dt, kolo_op op, int r, void *buf, size_t first, size_t count)
 {
     for (size_t i = 0; i < count; i++)
-        put(dt, buf, i, value(dt, op, r, first + i));
+        dtype_put(dt, buf, i, value(dt, op, r, first + i));
 }
 
 /* The reduction of elements [first, first+count) over n ranks, in rank
@@ -428,7 +395,7 @@ static void fill_expected(kolo_dtype dt, kolo_op op, int n, void *buf, size_t fi
         double acc = value(dt, op, 0, first + i);
         for (int r = 1; r < n; r++)
             acc = combine(op, acc, value(dt, op, r, first + i));
-        put(dt, buf, i, acc);
+        dtype_put(dt, buf, i, acc);
     }
 }
 

@@ -70,8 +70,8 @@ def _p(t):
 # A CUDA tensor's request names its device and PyTorch's current stream on
 # it: libkolo's NCCL backend starts the operation on the GPU once the work
 # queued on that stream so far is done, without a host synchronisation
-# (docs/gpu.md). A job of one rank started without `kolo run` has no libkolo
-# context, so those requests also carry a local torch implementation.
+# (docs/gpu.md). That holds for a program started alone too (libkolo's
+# one-rank context).
 
 def _device(t):
     if t.device.type != "cuda":
@@ -79,38 +79,11 @@ def _device(t):
     return t.device.index if t.device.index is not None else torch.cuda.current_device()
 
 
-def _scale_(t, factor):
-    """t *= factor as libkolo scales: integers truncate toward zero."""
-    if factor == 1.0 or t.numel() == 0:
-        return
-    if t.dtype.is_floating_point:
-        t.mul_(factor)
-    else:
-        t.copy_(torch.trunc(t.double() * factor).to(t.dtype))
-
-
-def _gpu(t, local=None):
+def _gpu(t):
     """The Req keywords for tensor t (nothing for a CPU tensor)."""
     if t.device.type != "cuda":
         return {}
-    return {"device": _device(t), "stream": torch.cuda.current_stream(t.device).cuda_stream,
-            "local": local}
-
-
-def _solo_reduce(src, out, factor):
-    def run():
-        if out.data_ptr() != src.data_ptr():
-            out.copy_(src)
-        _scale_(out, factor)
-        return E.Result(rows=src.shape[0] if src.dim() else 1)
-    return run
-
-
-def _solo_rows(src, rows):
-    def run():
-        return E.Result(rows=rows, recv_splits=[rows], source=src[:rows],
-                        nbytes=src[:rows].numel() * src.element_size())
-    return run
+    return {"device": _device(t), "stream": torch.cuda.current_stream(t.device).cuda_stream}
 
 
 def _submit(reqs, keep, finish, process_set=None):
@@ -134,8 +107,7 @@ def synchronize(handle):
 def _allreduce_req(tensor, output, name, op, prescale_factor, postscale_factor):
     code = _check(tensor)
     return E.Req(E.ALLREDUCE, name, _p(tensor), _p(output), code, tensor.shape, E.kolo_op(op),
-                 prescale_factor, postscale_factor,
-                 **_gpu(tensor, _solo_reduce(tensor, output, prescale_factor * postscale_factor)))
+                 prescale_factor, postscale_factor, **_gpu(tensor))
 
 
 # Adasum (Maleki et al.; Horovod's op=hvd.Adasum): two gradients a and b
@@ -315,9 +287,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 def _rows_out(t, res):
     out = t.new_empty((res.rows,) + tuple(t.shape[1:]))
-    if res.source is not None:
-        out.copy_(res.source)
-    elif out.numel():
+    if out.numel():
         res.copy_to(out.data_ptr())
     return out
 
@@ -326,8 +296,7 @@ def _allgather_req(t, name):
     code = _check(t)
     if t.dim() == 0:
         raise ValueError("Process-set rank zero tried to allgather a rank-zero tensor.")
-    return E.Req(E.ALLGATHER, name, _p(t), 0, code, t.shape,
-                 **_gpu(t, _solo_rows(t, t.shape[0])))
+    return E.Req(E.ALLGATHER, name, _p(t), 0, code, t.shape, **_gpu(t))
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
@@ -430,7 +399,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 def _broadcast_req(t, root_rank, name, process_set):
     code = _check(t)
     return E.Req(E.BROADCAST, name, _p(t), _p(t), code, t.shape,
-                 root=_set_root(process_set, root_rank), **_gpu(t, lambda: E.Result()))
+                 root=_set_root(process_set, root_rank), **_gpu(t))
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
@@ -491,9 +460,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         sp = [int(s) for s in splits.tolist()]
     elif splits is not None:
         sp = [int(s) for s in splits]
-    rows = sp[0] if sp is not None else t.shape[0]
-    r = E.Req(E.ALLTOALL, name, _p(t), 0, code, t.shape, splits=sp,
-              **_gpu(t, _solo_rows(t, rows)))
+    r = E.Req(E.ALLTOALL, name, _p(t), 0, code, t.shape, splits=sp, **_gpu(t))
 
     def finish(res):
         return _rows_out(t, res[0]), torch.tensor(res[0].recv_splits, dtype=torch.int32)
@@ -538,8 +505,7 @@ def _reducescatter_req(t, name, op, prescale_factor, postscale_factor, process_s
     me, n = _set_topo(process_set)
     out = t.new_empty((E.scatter_rows(t.shape[0], n, me),) + tuple(t.shape[1:]))
     return out, E.Req(E.REDUCESCATTER, name, _p(t), _p(out), code, t.shape, E.kolo_op(op),
-                      prescale_factor, postscale_factor,
-                      **_gpu(t, _solo_reduce(t, out, prescale_factor * postscale_factor)))
+                      prescale_factor, postscale_factor, **_gpu(t))
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
@@ -641,7 +607,5 @@ def join(device=-1):
     `device`: the GPU those zeros live on when the others reduce CUDA
     tensors (-1: CPU), as in Horovod."""
     device = int(device) if device is not None else -1
-    if device >= 0 and _kolo._eng().solo():
-        device = -1  # one rank: nothing to contribute to
     return synchronize(_submit([E.Req(E.JOIN, device=device)], None,
                                lambda res: int(res[0].value)))
