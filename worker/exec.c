@@ -20,6 +20,7 @@
 #include "errors.h"
 #include "gpu.h"
 #include "log.h"
+#include "plan.h"
 #include "reduce.h"
 #include "util.h"
 
@@ -64,21 +65,13 @@ static void finish(struct kolo_ctx *c, struct op **ops, size_t n, int rc, const 
     exec_finish(c, ops, n, rc, why, NULL, 0);
 }
 
-/* AVERAGE and postscale, after the reduction. */
-static void post_scale(struct kolo_ctx *c, kolo_dtype dt, kolo_op op, double postscale, void *buf,
-                       size_t count)
+/* A reduction's division and factor, after it (plan.h). */
+static void post_scale(const struct plan *p, void *buf, size_t count)
 {
-    bool is_float = dt == KOLO_FLOAT16 || dt == KOLO_BFLOAT16 || dt == KOLO_FLOAT32 ||
-                    dt == KOLO_FLOAT64;
-    if (op == KOLO_AVERAGE) {
-        if (is_float) {
-            reduce_scale(dt, buf, count, postscale / c->size);
-            return;
-        }
-        reduce_divide(dt, buf, count, c->size);
-    }
-    if (postscale != 1.0)
-        reduce_scale(dt, buf, count, postscale);
+    if (p->post_divisor != 1)
+        reduce_divide(p->dt, buf, count, p->post_divisor);
+    if (p->post_factor != 1.0)
+        reduce_scale(p->dt, buf, count, p->post_factor);
 }
 
 static const char *why_of(struct kolo_ctx *c, int rc)
@@ -86,91 +79,58 @@ static const char *why_of(struct kolo_ctx *c, int rc)
     return c->coll->why[0] ? c->coll->why : kolo_strerror(rc);
 }
 
-static void exec_allreduce(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops,
-                           uint64_t deadline)
+static void exec_allreduce(struct kolo_ctx *c, const Kolo__Response *r, const struct plan *p,
+                           struct op **ops, uint64_t deadline)
 {
-    size_t k = r->n_names;
-    kolo_dtype dt = (kolo_dtype)r->dtype;
-    kolo_op op = (kolo_op)r->op;
-    size_t es = kolo_dtype_size(dt);
-    double pre = r->prescale == 0 ? 1.0 : r->prescale;
-    double post = r->postscale == 0 ? 1.0 : r->postscale;
     int rc;
-    if (k == 1 && ops[0] && r->n_sizes >= 1) {
-        size_t count = (size_t)r->sizes[0];
+    if (!p->fused) {
         const void *in = ops[0]->req.sendbuf;
         void *out = ops[0]->req.recvbuf;
-        if (pre != 1.0) {
+        if (p->pre != 1.0) {
             if (in != out)
-                memcpy(out, in, count * es);
-            reduce_scale(dt, out, count, pre);
+                memcpy(out, in, p->total * p->es);
+            reduce_scale(p->dt, out, p->total, p->pre);
             in = out;
         }
-        rc = c->coll->ops->allreduce(c->coll, dt, op, in, out, count, deadline);
+        rc = c->coll->ops->allreduce(c->coll, p->dt, p->op, in, out, p->total, deadline);
         if (rc == 0)
-            post_scale(c, dt, op, post, out, count);
+            post_scale(p, out, p->total);
         exec_finish(c, ops, 1, rc, rc ? why_of(c, rc) : NULL, r->cache_ids, r->n_cache_ids);
         return;
     }
-    size_t total = 0;
-    for (size_t i = 0; i < k; i++)
-        total += (size_t)(i < r->n_sizes ? r->sizes[i] : 0);
-    if (ensure(&c->fusion, &c->fusion_cap, total * es + 1) != 0) {
-        finish(c, ops, k, KOLO_ENOMEM, "cannot allocate the fusion buffer");
+    if (ensure(&c->fusion, &c->fusion_cap, p->total * p->es + 1) != 0) {
+        finish(c, ops, p->k, KOLO_ENOMEM, "cannot allocate the fusion buffer");
         return;
     }
     char *buf = c->fusion;
-    size_t off = 0;
-    for (size_t i = 0; i < k; i++) {
-        size_t bytes = (size_t)r->sizes[i] * es;
+    for (size_t i = 0; i < p->k; i++) {
+        char *at = buf + p->offset[i] * p->es;
         if (ops[i])
-            memcpy(buf + off, ops[i]->req.sendbuf, bytes);
+            memcpy(at, ops[i]->req.sendbuf, p->count[i] * p->es);
         else
-            memset(buf + off, 0, bytes); /* joined: contribute zeros */
-        off += bytes;
+            memset(at, 0, p->count[i] * p->es); /* joined: contribute zeros */
     }
-    if (pre != 1.0)
-        reduce_scale(dt, buf, total, pre);
-    rc = c->coll->ops->allreduce(c->coll, dt, op, buf, buf, total, deadline);
+    if (p->pre != 1.0)
+        reduce_scale(p->dt, buf, p->total, p->pre);
+    rc = c->coll->ops->allreduce(c->coll, p->dt, p->op, buf, buf, p->total, deadline);
     if (rc == 0) {
-        post_scale(c, dt, op, post, buf, total);
-        off = 0;
-        for (size_t i = 0; i < k; i++) {
-            size_t bytes = (size_t)r->sizes[i] * es;
+        post_scale(p, buf, p->total);
+        for (size_t i = 0; i < p->k; i++)
             if (ops[i])
-                memcpy(ops[i]->req.recvbuf, buf + off, bytes);
-            off += bytes;
-        }
+                memcpy(ops[i]->req.recvbuf, buf + p->offset[i] * p->es, p->count[i] * p->es);
     }
-    exec_finish(c, ops, k, rc, rc ? why_of(c, rc) : NULL, r->cache_ids, r->n_cache_ids);
+    exec_finish(c, ops, p->k, rc, rc ? why_of(c, rc) : NULL, r->cache_ids, r->n_cache_ids);
 }
 
-static void exec_allgather(struct kolo_ctx *c, const Kolo__Response *r, struct op *op,
-                           uint64_t deadline)
+/* The result of an allgather or alltoall: a buffer of p->result_bytes. */
+static void set_result(struct kolo_ctx *c, struct op *op, struct plan *p, void *out, int rc)
 {
-    size_t es = kolo_dtype_size((kolo_dtype)r->dtype);
-    size_t row = (size_t)(r->n_row_elems ? r->row_elems[0] : 1) * es;
-    size_t *bytes = calloc((size_t)c->size, sizeof(size_t));
-    int64_t rows = 0;
-    size_t total = 0;
-    if (!bytes || r->n_sizes < (size_t)c->size) {
-        free(bytes);
-        finish(c, &op, 1, KOLO_EPROTO, "malformed allgather response");
-        return;
-    }
-    for (int i = 0; i < c->size; i++) {
-        bytes[i] = (size_t)r->sizes[i] * row;
-        rows += r->sizes[i];
-        total += bytes[i];
-    }
-    void *out = malloc(total + 1);
-    int rc = out ? c->coll->ops->allgatherv(c->coll, op->req.sendbuf, out, bytes, deadline)
-                 : KOLO_ENOMEM;
-    free(bytes);
     if (rc == 0) {
         op->result = out;
-        op->result_bytes = total;
-        op->result_rows = rows;
+        op->result_bytes = p->result_bytes;
+        op->result_rows = p->rows;
+        op->recv_splits = p->recv_rows; /* the op's now (alltoall) */
+        p->recv_rows = NULL;
         op->has_result = true;
     } else {
         free(out);
@@ -178,88 +138,40 @@ static void exec_allgather(struct kolo_ctx *c, const Kolo__Response *r, struct o
     finish(c, &op, 1, rc, rc ? why_of(c, rc) : NULL);
 }
 
-static void exec_alltoall(struct kolo_ctx *c, const Kolo__Response *r, struct op *op,
-                          uint64_t deadline)
+static void exec_allgather(struct kolo_ctx *c, struct plan *p, struct op *op, uint64_t deadline)
 {
-    int n = c->size, me = c->rank;
-    size_t es = kolo_dtype_size((kolo_dtype)r->dtype);
-    size_t row = (size_t)(r->n_row_elems ? r->row_elems[0] : 1) * es;
-    if (r->n_sizes < (size_t)n * (size_t)n) {
-        finish(c, &op, 1, KOLO_EPROTO, "malformed alltoall response");
-        return;
-    }
-    size_t *sb = calloc((size_t)n, sizeof(size_t)), *rb = calloc((size_t)n, sizeof(size_t));
-    int32_t *splits = calloc((size_t)n, sizeof(int32_t));
-    size_t total = 0;
-    int64_t rows = 0;
-    if (!sb || !rb || !splits) {
-        free(sb);
-        free(rb);
-        free(splits);
-        finish(c, &op, 1, KOLO_ENOMEM, "out of memory");
-        return;
-    }
-    for (int d = 0; d < n; d++) {
-        sb[d] = (size_t)r->sizes[(size_t)me * (size_t)n + (size_t)d] * row;
-        int64_t from = r->sizes[(size_t)d * (size_t)n + (size_t)me];
-        rb[d] = (size_t)from * row;
-        splits[d] = (int32_t)from;
-        rows += from;
-        total += rb[d];
-    }
-    void *out = malloc(total + 1);
-    int rc = out ? c->coll->ops->alltoallv(c->coll, op->req.sendbuf, sb, out, rb, deadline)
+    void *out = malloc(p->result_bytes + 1);
+    int rc = out ? c->coll->ops->allgatherv(c->coll, op->req.sendbuf, out, p->recv_bytes, deadline)
                  : KOLO_ENOMEM;
-    free(sb);
-    free(rb);
-    if (rc == 0) {
-        op->result = out;
-        op->result_bytes = total;
-        op->result_rows = rows;
-        op->recv_splits = splits;
-        op->has_result = true;
-    } else {
-        free(out);
-        free(splits);
-    }
-    finish(c, &op, 1, rc, rc ? why_of(c, rc) : NULL);
+    set_result(c, op, p, out, rc);
 }
 
-static void exec_reducescatter(struct kolo_ctx *c, const Kolo__Response *r, struct op *op,
+static void exec_alltoall(struct kolo_ctx *c, struct plan *p, struct op *op, uint64_t deadline)
+{
+    void *out = malloc(p->result_bytes + 1);
+    int rc = out ? c->coll->ops->alltoallv(c->coll, op->req.sendbuf, p->send_bytes, out,
+                                           p->recv_bytes, deadline)
+                 : KOLO_ENOMEM;
+    set_result(c, op, p, out, rc);
+}
+
+static void exec_reducescatter(struct kolo_ctx *c, const struct plan *p, struct op *op,
                                uint64_t deadline)
 {
-    kolo_dtype dt = (kolo_dtype)r->dtype;
-    size_t es = kolo_dtype_size(dt);
-    int64_t total = r->n_sizes ? r->sizes[0] : 0;
-    int64_t row = r->n_row_elems && r->row_elems[0] > 0 ? r->row_elems[0] : 1;
-    int64_t rows = total / row;
-    size_t *counts = calloc((size_t)c->size, sizeof(size_t));
-    if (!counts) {
-        finish(c, &op, 1, KOLO_ENOMEM, "out of memory");
-        return;
-    }
-    /* Horovod's split: every rank gets rows / size rows, the first
-     * rows % size ranks one more. */
-    for (int i = 0; i < c->size; i++)
-        counts[i] = (size_t)((rows / c->size + (i < rows % c->size ? 1 : 0)) * row);
-    double pre = r->prescale == 0 ? 1.0 : r->prescale;
     const void *in = op->req.sendbuf;
-    if (pre != 1.0) {
-        if (ensure(&c->fusion, &c->fusion_cap, (size_t)total * es + 1) != 0) {
-            free(counts);
+    if (p->pre != 1.0) {
+        if (ensure(&c->fusion, &c->fusion_cap, p->total * p->es + 1) != 0) {
             finish(c, &op, 1, KOLO_ENOMEM, "out of memory");
             return;
         }
-        memcpy(c->fusion, in, (size_t)total * es);
-        reduce_scale(dt, c->fusion, (size_t)total, pre);
+        memcpy(c->fusion, in, p->total * p->es);
+        reduce_scale(p->dt, c->fusion, p->total, p->pre);
         in = c->fusion;
     }
-    int rc = c->coll->ops->reducescatter(c->coll, dt, KOLO_SUM, in, op->req.recvbuf, counts,
-                                         deadline);
+    int rc = c->coll->ops->reducescatter(c->coll, p->dt, KOLO_SUM, in, op->req.recvbuf,
+                                         p->rank_count, deadline);
     if (rc == 0)
-        post_scale(c, dt, (kolo_op)r->op, r->postscale == 0 ? 1.0 : r->postscale,
-                   op->req.recvbuf, counts[c->rank]);
-    free(counts);
+        post_scale(p, op->req.recvbuf, p->rank_count[c->rank]);
     finish(c, &op, 1, rc, rc ? why_of(c, rc) : NULL);
 }
 
@@ -287,21 +199,29 @@ static void exec_locked(struct kolo_ctx *c, const Kolo__Response *r, struct op *
         return;
     }
 
+    struct plan p;
+    char why[128];
+    int rc = plan_make(&p, r, c->rank, c->size, ops[0] != NULL, why, sizeof(why));
+    if (rc) {
+        finish(c, ops, run, rc, why);
+        plan_free(&p);
+        return;
+    }
     switch (r->coll) {
     case KOLO_COLL_ALLREDUCE:
-        exec_allreduce(c, r, ops, deadline);
+        exec_allreduce(c, r, &p, ops, deadline);
         break;
     case KOLO_COLL_ALLGATHER:
         if (ops[0])
-            exec_allgather(c, r, ops[0], deadline);
+            exec_allgather(c, &p, ops[0], deadline);
         break;
     case KOLO_COLL_ALLTOALL:
         if (ops[0])
-            exec_alltoall(c, r, ops[0], deadline);
+            exec_alltoall(c, &p, ops[0], deadline);
         break;
     case KOLO_COLL_REDUCESCATTER:
         if (ops[0])
-            exec_reducescatter(c, r, ops[0], deadline);
+            exec_reducescatter(c, &p, ops[0], deadline);
         break;
     case KOLO_COLL_BROADCAST: {
         struct op *op = ops[0];
@@ -323,6 +243,7 @@ static void exec_locked(struct kolo_ctx *c, const Kolo__Response *r, struct op *
         finish(c, ops, k, KOLO_EPROTO, "unknown collective in the response log");
         break;
     }
+    plan_free(&p);
 }
 
 void exec_response(struct kolo_ctx *c, const Kolo__Response *r)

@@ -49,6 +49,7 @@
 #include "settings.h"
 #include "gpu.h"
 #include "log.h"
+#include "plan.h"
 #include "util.h"
 
 #if KOLO_HAVE_NCCL
@@ -713,11 +714,6 @@ static int copy_batch(struct gpu *gp, size_t n)
     return 0;
 }
 
-static bool is_float(kolo_dtype dt)
-{
-    return dt == KOLO_FLOAT16 || dt == KOLO_BFLOAT16 || dt == KOLO_FLOAT32 || dt == KOLO_FLOAT64;
-}
-
 static int scale(struct gpu *gp, kolo_dtype dt, void *buf, size_t count, double factor,
                  double divisor, char *why, size_t n)
 {
@@ -726,13 +722,11 @@ static int scale(struct gpu *gp, kolo_dtype dt, void *buf, size_t count, double 
     return gpu_scale_launch(gp->g, gp->device, dt, buf, count, factor, divisor, gp->stream, why, n);
 }
 
-/* AVERAGE and postscale after a plain reduction, as exec.c's post_scale. */
-static int post_scale(struct kolo_ctx *c, struct gpu *gp, kolo_dtype dt, kolo_op op, double post,
-                      void *buf, size_t count, char *why, size_t n)
+/* A reduction's division and factor, after it (plan.h). */
+static int post_scale(struct gpu *gp, const struct plan *pl, void *buf, size_t count, char *why,
+                      size_t n)
 {
-    if (is_float(dt))
-        return scale(gp, dt, buf, count, op == KOLO_AVERAGE ? post / c->size : post, 1.0, why, n);
-    return scale(gp, dt, buf, count, post, op == KOLO_AVERAGE ? c->size : 1.0, why, n);
+    return scale(gp, pl->dt, buf, count, pl->post_factor, pl->post_divisor, why, n);
 }
 
 static const char *coll_why(struct coll *cl, int rc)
@@ -746,49 +740,37 @@ static struct coll *reducer(struct gpu *gp, kolo_dtype dt)
     return gp->nccl && gpu_nccl_type(dt) >= 0 ? gp->nccl : gp->staged;
 }
 
-static int run_allreduce(struct kolo_ctx *c, struct gpu *gp, const Kolo__Response *r,
-                         struct op **ops, uint64_t deadline, char *why, size_t wn)
+static int run_allreduce(struct gpu *gp, const struct plan *pl, struct op **ops,
+                         uint64_t deadline, char *why, size_t wn)
 {
-    size_t k = r->n_names;
-    kolo_dtype dt = (kolo_dtype)r->dtype;
-    kolo_op op = (kolo_op)r->op;
-    size_t es = kolo_dtype_size(dt);
-    double pre = r->prescale == 0 ? 1.0 : r->prescale;
-    double post = r->postscale == 0 ? 1.0 : r->postscale;
+    size_t es = pl->es, total = pl->total;
+    kolo_dtype dt = pl->dt;
     struct coll *use = reducer(gp, dt);
-    if (r->n_sizes < k) {
-        snprintf(why, wn, "malformed allreduce response");
-        return KOLO_EPROTO;
-    }
-    size_t total = 0;
-    for (size_t i = 0; i < k; i++)
-        total += (size_t)r->sizes[i];
-    bool fused = !(k == 1 && ops[0]);
     const void *in;
     void *out;
     int rc;
-    if (!fused) {
+    if (!pl->fused) {
         in = ops[0]->req.sendbuf;
         out = ops[0]->req.recvbuf;
     } else {
-        if (ensure_fusion(gp, total * es + 1) || ensure_batch(gp, k)) {
+        if (ensure_fusion(gp, total * es + 1) || ensure_batch(gp, pl->k)) {
             snprintf(why, wn, "cannot allocate the GPU fusion buffer (%zu bytes)", total * es);
             return KOLO_ENOMEM;
         }
         char *buf = gp->fusion;
-        size_t off = 0, nb = 0;
-        for (size_t i = 0; i < k; i++) {
-            size_t bytes = (size_t)r->sizes[i] * es;
+        size_t nb = 0;
+        for (size_t i = 0; i < pl->k; i++) {
+            size_t bytes = pl->count[i] * es;
+            char *at = buf + pl->offset[i] * es;
             if (ops[i] && bytes) {
-                gp->bdst[nb] = buf + off;
+                gp->bdst[nb] = at;
                 gp->bsrc[nb] = ops[i]->req.sendbuf;
                 gp->bsize[nb++] = bytes;
-            } else if (bytes && gp->g->rt.MemsetAsync(buf + off, 0, bytes, gp->stream) !=
+            } else if (bytes && gp->g->rt.MemsetAsync(at, 0, bytes, gp->stream) !=
                                     cudaSuccess) { /* joined: contribute zeros */
                 snprintf(why, wn, "cudaMemsetAsync failed");
                 return KOLO_EIO;
             }
-            off += bytes;
         }
         if (copy_batch(gp, nb)) {
             snprintf(why, wn, "copying into the GPU fusion buffer failed");
@@ -798,45 +780,43 @@ static int run_allreduce(struct kolo_ctx *c, struct gpu *gp, const Kolo__Respons
     }
     if (total) {
         rc = KOLO_ENOTSUP;
-        if (use == gp->nccl && (op == KOLO_SUM || op == KOLO_AVERAGE))
-            rc = nccl_coll_allreduce_scaled(use, dt, op == KOLO_AVERAGE, pre * post, in, out, total,
-                                            deadline);
+        if (use == gp->nccl && (pl->op == KOLO_SUM || pl->op == KOLO_AVERAGE))
+            rc = nccl_coll_allreduce_scaled(use, dt, pl->op == KOLO_AVERAGE, pl->pre * pl->post,
+                                            in, out, total, deadline);
         if (rc == KOLO_ENOTSUP) {
             rc = 0;
-            if (pre != 1.0) {
+            if (pl->pre != 1.0) {
                 if (in != out &&
                     gp->g->rt.MemcpyAsync(out, in, total * es, cudaMemcpyDeviceToDevice,
                                           gp->stream) != cudaSuccess) {
                     snprintf(why, wn, "device copy failed");
                     return KOLO_EIO;
                 }
-                rc = scale(gp, dt, out, total, pre, 1.0, why, wn);
+                rc = scale(gp, dt, out, total, pl->pre, 1.0, why, wn);
                 in = out;
             }
             if (!rc) {
-                rc = use->ops->allreduce(use, dt, op, in, out, total, deadline);
+                rc = use->ops->allreduce(use, dt, pl->op, in, out, total, deadline);
                 if (rc)
                     snprintf(why, wn, "%s", coll_why(use, rc));
             }
             if (!rc)
-                rc = post_scale(c, gp, dt, op, post, out, total, why, wn);
+                rc = post_scale(gp, pl, out, total, why, wn);
         } else if (rc) {
             snprintf(why, wn, "%s", coll_why(use, rc));
         }
         if (rc)
             return rc;
     }
-    if (fused) {
-        char *buf = gp->fusion;
-        size_t off = 0, nb = 0;
-        for (size_t i = 0; i < k; i++) {
-            size_t bytes = (size_t)r->sizes[i] * es;
+    if (pl->fused) {
+        size_t nb = 0;
+        for (size_t i = 0; i < pl->k; i++) {
+            size_t bytes = pl->count[i] * es;
             if (ops[i] && bytes) {
                 gp->bdst[nb] = ops[i]->req.recvbuf;
-                gp->bsrc[nb] = buf + off;
+                gp->bsrc[nb] = (char *)gp->fusion + pl->offset[i] * es;
                 gp->bsize[nb++] = bytes;
             }
-            off += bytes;
         }
         if (copy_batch(gp, nb)) {
             snprintf(why, wn, "copying out of the GPU fusion buffer failed");
@@ -846,56 +826,43 @@ static int run_allreduce(struct kolo_ctx *c, struct gpu *gp, const Kolo__Respons
     return 0;
 }
 
-static int run_reducescatter(struct kolo_ctx *c, struct gpu *gp, const Kolo__Response *r,
+static int run_reducescatter(struct kolo_ctx *c, struct gpu *gp, const struct plan *pl,
                              struct op *o, uint64_t deadline, char *why, size_t wn)
 {
-    kolo_dtype dt = (kolo_dtype)r->dtype;
-    kolo_op op = (kolo_op)r->op;
-    size_t es = kolo_dtype_size(dt);
-    int64_t total = r->n_sizes ? r->sizes[0] : 0;
-    int64_t row = r->n_row_elems && r->row_elems[0] > 0 ? r->row_elems[0] : 1;
-    int64_t rows = total / row;
-    double pre = r->prescale == 0 ? 1.0 : r->prescale;
-    double post = r->postscale == 0 ? 1.0 : r->postscale;
-    size_t *counts = calloc((size_t)c->size, sizeof(size_t));
-    if (!counts)
-        return KOLO_ENOMEM;
-    for (int i = 0; i < c->size; i++) /* Horovod's split, as exec.c */
-        counts[i] = (size_t)((rows / c->size + (i < rows % c->size ? 1 : 0)) * row);
+    kolo_dtype dt = pl->dt;
+    size_t es = pl->es, total = pl->total;
     struct coll *use = reducer(gp, dt);
     const void *in = o->req.sendbuf;
     int rc = 0;
-    if (total > 0) {
-        rc = KOLO_ENOTSUP;
-        if (use == gp->nccl)
-            rc = nccl_coll_reducescatter_scaled(use, dt, op == KOLO_AVERAGE, pre * post, in,
-                                                o->req.recvbuf, counts, deadline);
-        if (rc == KOLO_ENOTSUP) {
-            rc = 0;
-            if (pre != 1.0) {
-                if (ensure_fusion(gp, (size_t)total * es + 1) ||
-                    gp->g->rt.MemcpyAsync(gp->fusion, in, (size_t)total * es,
-                                          cudaMemcpyDeviceToDevice, gp->stream) != cudaSuccess) {
-                    snprintf(why, wn, "cannot stage the prescaled input");
-                    free(counts);
-                    return KOLO_ENOMEM;
-                }
-                rc = scale(gp, dt, gp->fusion, (size_t)total, pre, 1.0, why, wn);
-                in = gp->fusion;
+    if (total == 0)
+        return 0;
+    rc = KOLO_ENOTSUP;
+    if (use == gp->nccl)
+        rc = nccl_coll_reducescatter_scaled(use, dt, pl->op == KOLO_AVERAGE, pl->pre * pl->post,
+                                            in, o->req.recvbuf, pl->rank_count, deadline);
+    if (rc == KOLO_ENOTSUP) {
+        rc = 0;
+        if (pl->pre != 1.0) {
+            if (ensure_fusion(gp, total * es + 1) ||
+                gp->g->rt.MemcpyAsync(gp->fusion, in, total * es, cudaMemcpyDeviceToDevice,
+                                      gp->stream) != cudaSuccess) {
+                snprintf(why, wn, "cannot stage the prescaled input");
+                return KOLO_ENOMEM;
             }
-            if (!rc) {
-                rc = use->ops->reducescatter(use, dt, KOLO_SUM, in, o->req.recvbuf, counts,
-                                             deadline);
-                if (rc)
-                    snprintf(why, wn, "%s", coll_why(use, rc));
-            }
-            if (!rc)
-                rc = post_scale(c, gp, dt, op, post, o->req.recvbuf, counts[c->rank], why, wn);
-        } else if (rc) {
-            snprintf(why, wn, "%s", coll_why(use, rc));
+            rc = scale(gp, dt, gp->fusion, total, pl->pre, 1.0, why, wn);
+            in = gp->fusion;
         }
+        if (!rc) {
+            rc = use->ops->reducescatter(use, dt, KOLO_SUM, in, o->req.recvbuf, pl->rank_count,
+                                         deadline);
+            if (rc)
+                snprintf(why, wn, "%s", coll_why(use, rc));
+        }
+        if (!rc)
+            rc = post_scale(gp, pl, o->req.recvbuf, pl->rank_count[c->rank], why, wn);
+    } else if (rc) {
+        snprintf(why, wn, "%s", coll_why(use, rc));
     }
-    free(counts);
     return rc;
 }
 
@@ -912,75 +879,37 @@ static int result_alloc(struct gpu *gp, struct pending *p, size_t bytes)
     return 0;
 }
 
-static int run_allgather(struct kolo_ctx *c, struct gpu *gp, const Kolo__Response *r, struct op *o,
-                         struct pending *p, uint64_t deadline, char *why, size_t wn)
+static int run_allgather(struct gpu *gp, const struct plan *pl, struct op *o, struct pending *p,
+                         uint64_t deadline, char *why, size_t wn)
 {
-    size_t es = kolo_dtype_size((kolo_dtype)r->dtype);
-    size_t row = (size_t)(r->n_row_elems ? r->row_elems[0] : 1) * es;
-    if (r->n_sizes < (size_t)c->size) {
-        snprintf(why, wn, "malformed allgather response");
-        return KOLO_EPROTO;
-    }
-    size_t *bytes = calloc((size_t)c->size, sizeof(size_t));
-    if (!bytes)
-        return KOLO_ENOMEM;
-    size_t total = 0;
-    int64_t rows = 0;
-    for (int i = 0; i < c->size; i++) {
-        bytes[i] = (size_t)r->sizes[i] * row;
-        rows += r->sizes[i];
-        total += bytes[i];
-    }
     struct coll *use = gp->nccl ? gp->nccl : gp->staged;
-    int rc = result_alloc(gp, p, total);
-    if (!rc && total) {
-        rc = use->ops->allgatherv(use, o->req.sendbuf, p->result, bytes, deadline);
+    int rc = result_alloc(gp, p, pl->result_bytes);
+    if (!rc && pl->result_bytes) {
+        rc = use->ops->allgatherv(use, o->req.sendbuf, p->result, pl->recv_bytes, deadline);
         if (rc)
             snprintf(why, wn, "%s", coll_why(use, rc));
     }
-    free(bytes);
-    p->result_rows = rows;
+    p->result_rows = pl->rows;
     return rc;
 }
 
-static int run_alltoall(struct kolo_ctx *c, struct gpu *gp, const Kolo__Response *r, struct op *o,
+static int run_alltoall(struct kolo_ctx *c, struct gpu *gp, struct plan *pl, struct op *o,
                         struct pending *p, uint64_t deadline, char *why, size_t wn)
 {
-    int n = c->size, me = c->rank;
-    size_t es = kolo_dtype_size((kolo_dtype)r->dtype);
-    size_t row = (size_t)(r->n_row_elems ? r->row_elems[0] : 1) * es;
-    if (r->n_sizes < (size_t)n * (size_t)n) {
-        snprintf(why, wn, "malformed alltoall response");
-        return KOLO_EPROTO;
-    }
-    size_t *sb = calloc((size_t)n, sizeof(size_t)), *rb = calloc((size_t)n, sizeof(size_t));
-    p->recv_splits = calloc((size_t)n, sizeof(int32_t));
-    if (!sb || !rb || !p->recv_splits) {
-        free(sb);
-        free(rb);
-        return KOLO_ENOMEM;
-    }
-    size_t total = 0, sent = 0;
-    int64_t rows = 0;
-    for (int d = 0; d < n; d++) {
-        sb[d] = (size_t)r->sizes[(size_t)me * (size_t)n + (size_t)d] * row;
-        int64_t from = r->sizes[(size_t)d * (size_t)n + (size_t)me];
-        rb[d] = (size_t)from * row;
-        p->recv_splits[d] = (int32_t)from;
-        rows += from;
-        total += rb[d];
-        sent += sb[d];
-    }
+    size_t sent = 0;
+    for (int d = 0; d < c->size; d++)
+        sent += pl->send_bytes[d];
+    p->recv_splits = pl->recv_rows; /* the pending's now */
+    pl->recv_rows = NULL;
     struct coll *use = gp->nccl ? gp->nccl : gp->staged;
-    int rc = result_alloc(gp, p, total);
-    if (!rc && (total || sent)) {
-        rc = use->ops->alltoallv(use, o->req.sendbuf, sb, p->result, rb, deadline);
+    int rc = result_alloc(gp, p, pl->result_bytes);
+    if (!rc && (pl->result_bytes || sent)) {
+        rc = use->ops->alltoallv(use, o->req.sendbuf, pl->send_bytes, p->result, pl->recv_bytes,
+                                 deadline);
         if (rc)
             snprintf(why, wn, "%s", coll_why(use, rc));
     }
-    free(sb);
-    free(rb);
-    p->result_rows = rows;
+    p->result_rows = pl->rows;
     return rc;
 }
 
@@ -1068,10 +997,13 @@ void gpu_exec_response(struct kolo_ctx *c, const Kolo__Response *r, struct op **
         if (p && p->handles)
             p->handles[p->n++] = ops[i]->handle;
     }
+    struct plan pl = {0};
+    if (!rc)
+        rc = plan_make(&pl, r, c->rank, c->size, ops[0] != NULL, why, sizeof(why));
     if (!rc) {
         switch (r->coll) {
         case KOLO_COLL_ALLREDUCE:
-            rc = run_allreduce(c, gp, r, ops, deadline, why, sizeof(why));
+            rc = run_allreduce(gp, &pl, ops, deadline, why, sizeof(why));
             if (!rc && r->n_cache_ids) {
                 p->cache_ids = malloc(r->n_cache_ids * sizeof(uint32_t));
                 if (p->cache_ids) {
@@ -1086,15 +1018,15 @@ void gpu_exec_response(struct kolo_ctx *c, const Kolo__Response *r, struct op **
             break;
         case KOLO_COLL_ALLGATHER:
             if (ops[0])
-                rc = run_allgather(c, gp, r, ops[0], p, deadline, why, sizeof(why));
+                rc = run_allgather(gp, &pl, ops[0], p, deadline, why, sizeof(why));
             break;
         case KOLO_COLL_ALLTOALL:
             if (ops[0])
-                rc = run_alltoall(c, gp, r, ops[0], p, deadline, why, sizeof(why));
+                rc = run_alltoall(c, gp, &pl, ops[0], p, deadline, why, sizeof(why));
             break;
         case KOLO_COLL_REDUCESCATTER:
             if (ops[0])
-                rc = run_reducescatter(c, gp, r, ops[0], deadline, why, sizeof(why));
+                rc = run_reducescatter(c, gp, &pl, ops[0], deadline, why, sizeof(why));
             break;
         case KOLO_COLL_BROADCAST:
             if (ops[0])
@@ -1106,6 +1038,7 @@ void gpu_exec_response(struct kolo_ctx *c, const Kolo__Response *r, struct op **
             break;
         }
     }
+    plan_free(&pl);
     if (!rc) {
         p->done = ev_get(g, gp->device);
         if (!p->done || g->rt.EventRecord(p->done, gp->stream) != cudaSuccess) {
