@@ -40,6 +40,13 @@ uint64_t now_mono_ms(void)
     return clock_ms(CLOCK_MONOTONIC);
 }
 
+uint64_t deadline_left(uint64_t deadline, uint64_t cap)
+{
+    uint64_t now = now_mono_ms();
+    uint64_t left = deadline > now ? deadline - now : 0;
+    return cap && left > cap ? cap : left;
+}
+
 uint64_t now_mono_us(void)
 {
     struct timespec ts;

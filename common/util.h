@@ -21,6 +21,9 @@ int usable_cpus(void);
  * use CLOCK_MONOTONIC (deadlines from mono_deadline), so a step of the
  * wall clock cannot stretch or cut them. */
 void cond_init_monotonic(pthread_cond_t *cond);
+/* deadline_left: the ms from now to deadline (monotonic ms), at most
+ * cap (0: no cap), 0 once it has passed. For a wait cut in slices. */
+uint64_t deadline_left(uint64_t deadline, uint64_t cap);
 /* mono_deadline sets *ts to ms milliseconds from now on CLOCK_MONOTONIC,
  * for pthread_cond_timedwait on a condition set to that clock. */
 struct timespec;

@@ -189,7 +189,7 @@ static int rendezvous_call(struct kolo_ctx *c, const Kolo__RendezvousRequest *re
 static int rendezvous(struct kolo_ctx *c, const kolo_config *cfg, struct rdv *rv, char *err,
                       size_t errlen)
 {
-    uint64_t deadline = now_mono_ms() + (uint64_t)c->timeout_ms;
+    uint64_t deadline = ctx_deadline(c);
     char addr_text[96];
     snprintf(addr_text, sizeof(addr_text), "tcp:%s:%d", rv->addr, rv->port);
     char *addrs[1] = {addr_text};
@@ -200,8 +200,7 @@ static int rendezvous(struct kolo_ctx *c, const kolo_config *cfg, struct rdv *rv
                      c->timeout_ms);
             return KOLO_ETIMEDOUT;
         }
-        uint32_t wait = (uint32_t)(deadline - now < RENDEZVOUS_SLICE_MS ? deadline - now
-                                                                         : RENDEZVOUS_SLICE_MS);
+        uint32_t wait = (uint32_t)deadline_left(deadline, RENDEZVOUS_SLICE_MS);
         Kolo__RendezvousRequest req = KOLO__RENDEZVOUS_REQUEST__INIT;
         req.host_id = (char *)(cfg->host_id ? cfg->host_id : "");
         req.data_addrs = addrs;
@@ -243,8 +242,7 @@ static int ask_place(struct kolo_ctx *c, kolo_config *cfg, uint64_t deadline, ch
             snprintf(err, errlen, "no place in the elastic job within its timeout");
             return KOLO_ETIMEDOUT;
         }
-        uint32_t wait = (uint32_t)(deadline - now < RENDEZVOUS_SLICE_MS ? deadline - now
-                                                                         : RENDEZVOUS_SLICE_MS);
+        uint32_t wait = (uint32_t)deadline_left(deadline, RENDEZVOUS_SLICE_MS);
         Kolo__RendezvousRequest req = KOLO__RENDEZVOUS_REQUEST__INIT;
         req.worker_id = cfg->worker_id;
         req.wait_ms = wait;
@@ -321,7 +319,7 @@ static int connect_mesh(struct kolo_ctx *c, struct rdv *rv, char *err, size_t er
                                     .encrypt = c->encrypt_data},
                              .size = c->size,
                              .listen_fd = rv->listen_fd,
-                             .deadline = now_mono_ms() + (uint64_t)c->timeout_ms};
+                             .deadline = ctx_deadline(c)};
     struct xport **peers = calloc((size_t)c->size, sizeof(*peers));
     char(*hosts)[64] = calloc((size_t)c->size, sizeof(*hosts));
     const char **host_ptrs = calloc((size_t)c->size, sizeof(*host_ptrs));
@@ -432,7 +430,7 @@ static int setup_data_plane(struct kolo_ctx *c, const kolo_config *cfg, char *er
         }
         for (int r = 0; r < c->size; r++)
             pids[r] = rv.reply->peers[r]->pid;
-        code = shmcoll_ready(c->coll, pids, now_mono_ms() + (uint64_t)c->timeout_ms);
+        code = shmcoll_ready(c->coll, pids, ctx_deadline(c));
         free(pids);
         if (code)
             snprintf(err, errlen, "shared-memory setup failed: %s", c->coll->why);
@@ -552,6 +550,11 @@ static void resume_send(struct kolo_ctx *c)
         ctx_fail(c, code, "out of memory resuming the negotiation");
     else if (code)
         c->resume = true; /* try again */
+}
+
+uint64_t ctx_deadline(const struct kolo_ctx *c)
+{
+    return now_mono_ms() + (uint64_t)c->timeout_ms;
 }
 
 bool ctx_log_put(struct kolo_ctx *c, Kolo__Response *x)

@@ -179,7 +179,7 @@ static void exec_reducescatter(struct kolo_ctx *c, const struct plan *p, struct 
  * return). */
 static void exec_locked(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops)
 {
-    uint64_t deadline = now_mono_ms() + (uint64_t)c->timeout_ms;
+    uint64_t deadline = ctx_deadline(c);
     size_t k = r->n_names;
     bool on_gpu = gpu_response_is_gpu(c, r, ops, k);
     /* Pinned while the data plane has them: a failure on another thread

@@ -81,7 +81,7 @@ int fast_init(struct kolo_ctx *c)
      * environment or CPU count said. */
     if (can && c->size > 1) {
         int rc = c->coll->ops->allreduce(c->coll, KOLO_INT32, KOLO_MIN, &on, &on, 1,
-                                         now_mono_ms() + (uint64_t)c->timeout_ms);
+                                         ctx_deadline(c));
         if (rc) {
             LOGE("kolo", "rank %d: agreeing on readiness rounds failed: %s", c->rank,
                  c->coll->why[0] ? c->coll->why : kolo_strerror(rc));
@@ -342,7 +342,7 @@ static void fast_round(struct kolo_ctx *c)
          (unsigned long long)k, c->fast_dirty ? "news here" : "a peer started it",
          (unsigned long long)c->cursor);
     c->fast_dirty = false;
-    uint64_t deadline = now_mono_ms() + (uint64_t)c->timeout_ms;
+    uint64_t deadline = ctx_deadline(c);
     c->round_busy = true;
     pthread_mutex_unlock(&c->mu);
     int rc = c->coll->ops->round(c->coll, v, nwords, deadline);

@@ -381,7 +381,7 @@ static int relay_id(struct kolo_ctx *c, ncclUniqueId *id, bool ok, uint64_t dead
             snprintf(why, n, "the generation ended during GPU set-up");
             return KOLO_ESHUTDOWN;
         }
-        uint32_t wait = (uint32_t)(deadline - now < 5000 ? deadline - now : 5000);
+        uint32_t wait = (uint32_t)deadline_left(deadline, 5000);
         Kolo__RendezvousRequest req = KOLO__RENDEZVOUS_REQUEST__INIT;
         req.size = c->size;
         req.session = c->session;

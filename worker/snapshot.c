@@ -183,18 +183,13 @@ static uint64_t deadline_of(int timeout_ms)
 
 static int call_timeout(uint64_t deadline)
 {
-    uint64_t now = now_mono_ms();
-    uint64_t left = deadline > now ? deadline - now : 0;
-    return (int)(left < SNAP_CALL_MAX_MS ? left : SNAP_CALL_MAX_MS);
+    return (int)deadline_left(deadline, SNAP_CALL_MAX_MS);
 }
 
 /* backoff sleeps before a retry; false when the context is stopping. */
 static bool backoff(struct kolo_ctx *c, uint64_t *delay, uint64_t deadline)
 {
-    uint64_t now = now_mono_ms();
-    uint64_t ms = *delay;
-    if (now + ms > deadline)
-        ms = deadline > now ? deadline - now : 0;
+    uint64_t ms = deadline_left(deadline, *delay);
     *delay = *delay * 2 > SNAP_BACKOFF_MAX ? SNAP_BACKOFF_MAX : *delay * 2;
     return snap_sleep(c, ms);
 }

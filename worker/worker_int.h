@@ -221,6 +221,9 @@ struct kolo_ctx {
 };
 
 /* ctx.c */
+/* ctx_deadline: the monotonic ms by which an operation of c must be done
+ * (its timeout from now). */
+uint64_t ctx_deadline(const struct kolo_ctx *c);
 void ctx_set_error(struct kolo_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* ctx_error records the detail of a refused call and returns code. */
 int ctx_error(struct kolo_ctx *c, int code, const char *fmt, ...)

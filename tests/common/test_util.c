@@ -32,6 +32,14 @@ static void test_clocks_and_random(void)
     CHECK(b >= a + 15);
     CHECK(now_wall_ms() > 1700000000000ull); /* after Nov 2023 */
 
+    /* deadline_left: what remains, capped; 0 once passed */
+    uint64_t now = now_mono_ms();
+    CHECK(deadline_left(now + 10000, 500) == 500);
+    uint64_t left = deadline_left(now + 10000, 0);
+    CHECK(left > 9000 && left <= 10000);
+    CHECK(deadline_left(now > 5 ? now - 5 : 0, 500) == 0);
+    CHECK(deadline_left(0, 0) == 0);
+
     unsigned char x[32] = {0}, y[32] = {0};
     CHECK_EQ_INT(random_bytes(x, sizeof x), 0);
     CHECK_EQ_INT(random_bytes(y, sizeof y), 0);
