@@ -1220,17 +1220,11 @@ int kolo_result_copy(kolo_ctx *c, kolo_handle h, void *dst, void *stream)
     if (!c)
         return KOLO_EINVAL;
     pthread_mutex_lock(&c->mu);
-    struct op *op = ops_lookup(c, h);
-    int rv = 0;
-    if (!op)
-        rv = KOLO_ENOTFOUND;
-    else if (op->state != OP_DONE)
-        rv = ctx_error(c, KOLO_ESTATE, "the operation has not finished");
-    else if (op->status)
-        rv = op->status;
-    else if (op->result_bytes && !dst)
+    int rv;
+    struct op *op = ops_finished(c, h, true, &rv);
+    if (op && op->result_bytes && !dst)
         rv = ctx_error(c, KOLO_EINVAL, "the destination is NULL");
-    else if (op->gpu_result && op->result_bytes) {
+    else if (op && op->gpu_result && op->result_bytes) {
         const struct gpu_libs *g = gpu_libs_load(NULL, 0);
         int prev;
         use_device(g, op->req.device, &prev);
@@ -1243,7 +1237,7 @@ int kolo_result_copy(kolo_ctx *c, kolo_handle h, void *dst, void *stream)
         } else {
             op->gpu_result_stream = stream;
         }
-    } else if (op->result && op->result_bytes) {
+    } else if (op && op->result && op->result_bytes) {
         memcpy(dst, op->result, op->result_bytes);
     }
     pthread_mutex_unlock(&c->mu);

@@ -61,6 +61,19 @@ struct op *ops_lookup(struct kolo_ctx *c, kolo_handle h)
     return c->slots[slot];
 }
 
+struct op *ops_finished(struct kolo_ctx *c, kolo_handle h, bool ok, int *rv)
+{
+    struct op *op = ops_lookup(c, h);
+    *rv = 0;
+    if (!op)
+        *rv = KOLO_ENOTFOUND;
+    else if (op->state != OP_DONE)
+        *rv = ctx_error(c, KOLO_ESTATE, "the operation has not finished");
+    else if (ok && op->status)
+        *rv = op->status;
+    return *rv ? NULL : op;
+}
+
 static void op_free(struct op *op)
 {
     gpu_op_free(op);
@@ -591,15 +604,9 @@ int kolo_result(kolo_ctx *c, kolo_handle h, const void **data, size_t *bytes, in
     if (!c)
         return KOLO_EINVAL;
     pthread_mutex_lock(&c->mu);
-    struct op *op = ops_lookup(c, h);
-    int rv = 0;
-    if (!op)
-        rv = KOLO_ENOTFOUND;
-    else if (op->state != OP_DONE)
-        rv = ctx_error(c, KOLO_ESTATE, "the operation has not finished");
-    else if (op->status)
-        rv = op->status;
-    else {
+    int rv;
+    struct op *op = ops_finished(c, h, true, &rv);
+    if (op) {
         if (data) /* device memory for a GPU operation */
             *data = op->result ? op->result : op->gpu_result;
         if (bytes)
@@ -620,13 +627,9 @@ int kolo_release(kolo_ctx *c, kolo_handle h)
     if (!c)
         return KOLO_EINVAL;
     pthread_mutex_lock(&c->mu);
-    struct op *op = ops_lookup(c, h);
-    int rv = 0;
-    if (!op)
-        rv = KOLO_ENOTFOUND;
-    else if (op->state != OP_DONE)
-        rv = ctx_error(c, KOLO_ESTATE, "the operation has not finished");
-    else
+    int rv;
+    struct op *op = ops_finished(c, h, false, &rv);
+    if (op)
         slot_release(c, op);
     pthread_mutex_unlock(&c->mu);
     return rv;

@@ -268,6 +268,10 @@ void op_queue_push(struct op **head, struct op **tail, struct op *op);
 /* op_queue_pop takes the first op off head..tail (NULL when empty). */
 struct op *op_queue_pop(struct op **head, struct op **tail);
 struct op *ops_lookup(struct kolo_ctx *c, kolo_handle h);
+/* ops_finished: the op of handle h once it has finished (and, ok, with
+ * success), else NULL with *rv the reason: KOLO_ENOTFOUND, KOLO_ESTATE
+ * (recorded as the last error) or its failure (mu held). */
+struct op *ops_finished(struct kolo_ctx *c, kolo_handle h, bool ok, int *rv);
 struct op *ops_by_name(struct kolo_ctx *c, const char *name);
 void ops_complete(struct kolo_ctx *c, struct op *op, int status, const char *error);
 void ops_fail_all(struct kolo_ctx *c, int status, const char *error);
