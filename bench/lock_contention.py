@@ -7,11 +7,16 @@ Interleaved, REPS rounds; prints each run, the medians over rounds of p50
 and p99, and writes a Markdown table with --out. The figures to compare
 before and after moving HTTP reads and output appends off the lock.
 
-  /usr/bin/python3 bench/lock_contention.py [--reps 3] [--ops 400] [--out FILE]
+  /usr/bin/python3 bench/lock_contention.py [--reps 3] [--ops 400] [--heavy] [--out FILE]
+
+--heavy: the pollers read the printing job's last 10,000 output lines and
+the last 10,000 events (REST's biggest reads) instead of the dashboard's
+usual routes.
 
 Needs a build (scripts/build.sh).
 """
 import argparse
+import http.client
 import json
 import os
 import statistics
@@ -66,6 +71,14 @@ def kolo_run(rpc, np_, script, args, env, capture=True):
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def newest_job(hport):
+    conn = http.client.HTTPConnection("127.0.0.1", hport, timeout=10)
+    conn.request("GET", "/api/v1/jobs")
+    jobs = json.loads(conn.getresponse().read())["jobs"]
+    conn.close()
+    return max(j["id"] for j in jobs)
+
+
 def probe(rpc, work, ops, env):
     out = kolo_run(rpc, 2, os.path.join(work, "probe.py"), [ops], env)
     for line in out.stdout.splitlines():
@@ -81,6 +94,9 @@ def main():
     ap.add_argument("--pollers", type=int, default=20)
     ap.add_argument("--period", type=float, default=0.05)
     ap.add_argument("--no-printer", action="store_true", help="the pollers only")
+    ap.add_argument("--heavy", action="store_true",
+                    help="the pollers read the printing job's last 10,000 lines and the last "
+                         "10,000 events instead of the dashboard's routes")
     ap.add_argument("--out")
     a = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
@@ -100,11 +116,17 @@ def main():
                 printer = None
                 count = [0]
                 if mode == "loaded":
-                    _, count = pollers("127.0.0.1", hport, paths, a.pollers, a.period, stop)
                     if not a.no_printer:
                         printer = kolo_run(rpc, 1, os.path.join(work, "printer.py"), [600], env,
                                            capture=False)
                     time.sleep(2)
+                    asked = paths
+                    if a.heavy:
+                        job = newest_job(hport)
+                        asked = ["/api/v1/jobs/%d/output?limit=10000" % job,
+                                 "/api/v1/events?limit=10000"]
+                    _, count = pollers("127.0.0.1", hport, asked, a.pollers, a.period, stop)
+                    time.sleep(1)
                 c0, t0 = count[0], time.monotonic()
                 lat = probe(rpc, work, a.ops, env)
                 if mode == "loaded":

@@ -337,12 +337,19 @@ static void coord_free(struct coord *c)
 }
 
 /* The writer threads (coord_writer.h): snapshot commits, output appends. */
+/* The store's other connections: the writer threads (coord_writer.h,
+ * snapshot commits and output appends) and REST's reader (coord_read). */
 static int writers_start(struct coord *c, char *err, size_t errlen)
 {
     int rv = coord_snap_start(c, err, errlen);
     if (rv == 0 && (rv = coord_writer_start(&c->out_writer, "output", c->db_path, &c->mtx, err,
                                             errlen)) != 0)
         coord_snap_stop(c);
+    if (rv == 0 && (rv = coord_reader_open(c, err, errlen)) != 0) {
+        coord_writer_stop(c->out_writer);
+        c->out_writer = NULL;
+        coord_snap_stop(c);
+    }
     return rv;
 }
 
@@ -456,6 +463,7 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
         writers_stop(c);
         snprintf(err, errlen, "cannot start the host discovery thread");
         coord_http_stop(c);
+        coord_reader_close(c);
         rpc_server_close(c->rpc);
         coord_free(c);
         return KOLO_ESYS;
@@ -465,6 +473,7 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
         writers_stop(c);
         snprintf(err, errlen, "cannot start the coordinator thread");
         coord_http_stop(c);
+        coord_reader_close(c);
         rpc_server_close(c->rpc);
         coord_free(c);
         return KOLO_ESYS;
@@ -498,6 +507,7 @@ void coord_stop(struct coord *c)
     writers_stop(c); /* they answer the calls whose writes they still hold */
     /* Parked calls were answered by the tick thread; the listeners can go. */
     coord_http_stop(c);
+    coord_reader_close(c); /* after the last REST read */
     rpc_server_close(c->rpc);
     coord_free(c);
 }

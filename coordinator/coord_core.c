@@ -109,3 +109,44 @@ int coord_send_pb(struct rpc_call *call, const ProtobufCMessage *msg)
     free(buf);
     return 0;
 }
+
+int coord_reader_open(struct coord *c, char *err, size_t errlen)
+{
+    int rv = store_open(&c->reader, c->db_path, err, errlen);
+    if (rv == 0 && (rv = store_query_only(c->reader)) != 0) {
+        snprintf(err, errlen, "%s", store_last_error(c->reader));
+        store_close(c->reader);
+        c->reader = NULL;
+    }
+    if (rv == 0)
+        pthread_mutex_init(&c->reader_mu, NULL);
+    return rv;
+}
+
+void coord_reader_close(struct coord *c)
+{
+    if (!c->reader)
+        return;
+    pthread_mutex_lock(&c->mtx);
+    while (c->readers_out > 0)
+        pthread_cond_wait(&c->cond, &c->mtx);
+    pthread_mutex_unlock(&c->mtx);
+    store_close(c->reader);
+    c->reader = NULL;
+    pthread_mutex_destroy(&c->reader_mu);
+}
+
+int coord_read(struct coord *c, int (*fn)(struct store *st, void *arg), void *arg)
+{
+    if (!c->reader)
+        return fn(c->store, arg); /* not open (a failed start): read under the lock */
+    c->readers_out++;
+    pthread_mutex_unlock(&c->mtx);
+    pthread_mutex_lock(&c->reader_mu);
+    int rv = fn(c->reader, arg);
+    pthread_mutex_unlock(&c->reader_mu);
+    pthread_mutex_lock(&c->mtx);
+    if (--c->readers_out == 0)
+        pthread_cond_broadcast(&c->cond);
+    return rv;
+}

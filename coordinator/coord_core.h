@@ -16,6 +16,16 @@ void coord_event(struct coord *c, uint64_t job_id, const char *host_id, const ch
 void coord_store_failed(struct coord *c, const char *what);
 void coord_store_probe(struct coord *c, uint64_t now);
 
+/* coord_read runs fn on the read-only store connection c->reader with
+ * the state lock released, and returns what fn returns; the caller holds
+ * the lock before and after. fn must not touch the coordinator's state:
+ * it gets the store and arg only. coord_reader_open opens the connection
+ * (at start), coord_reader_close waits for reads in flight and closes it
+ * (state lock not held). */
+int coord_read(struct coord *c, int (*fn)(struct store *st, void *arg), void *arg);
+int coord_reader_open(struct coord *c, char *err, size_t errlen);
+void coord_reader_close(struct coord *c);
+
 void coord_hist_observe(struct coord_hist *h, double seconds);
 /* coord_hist_observe_n: n observations of the same value. */
 void coord_hist_observe_n(struct coord_hist *h, double seconds, uint64_t n);

@@ -281,6 +281,8 @@ static void render_job_summary(struct jw *w, struct job *j, bool full)
 
 struct event_ctx {
     struct jw *w;
+    uint64_t job; /* 0: every job's */
+    int limit;
 };
 
 static int render_event_cb(const struct store_event *ev, void *arg)
@@ -297,6 +299,14 @@ static int render_event_cb(const struct store_event *ev, void *arg)
     jw_kstr(w, "message", ev->message);
     jw_obj_end(w);
     return 0;
+}
+
+/* The newest events, rendered on the reader with the state lock
+ * released (coord_read). */
+static int read_events(struct store *st, void *arg)
+{
+    struct event_ctx *ec = arg;
+    return store_events_each(st, ec->job, -1, ec->limit, render_event_cb, ec);
 }
 
 static void render_job(struct coord *c, struct jw *w, struct job *j, bool full)
@@ -344,8 +354,8 @@ static void render_job(struct coord *c, struct jw *w, struct job *j, bool full)
     jw_arr_end(w);
     jw_key(w, "events");
     jw_arr_begin(w);
-    struct event_ctx ec = {w};
-    if (store_events_each(c->store, j->id, -1, 200, render_event_cb, &ec) < 0)
+    struct event_ctx ec = {w, j->id, 200};
+    if (coord_read(c, read_events, &ec) < 0)
         coord_store_failed(c, "events read");
     jw_arr_end(w);
     jw_obj_end(w);
@@ -354,6 +364,8 @@ static void render_job(struct coord *c, struct jw *w, struct job *j, bool full)
 struct output_ctx {
     struct jw *w;
     uint64_t last;
+    uint64_t job;
+    int limit;
 };
 
 static int render_output_cb(const struct store_output *o, void *arg)
@@ -369,6 +381,12 @@ static int render_output_cb(const struct store_output *o, void *arg)
     jw_obj_end(oc->w);
     oc->last = o->seq;
     return 0;
+}
+
+static int read_output(struct store *st, void *arg)
+{
+    struct output_ctx *oc = arg;
+    return store_output_each(st, oc->job, oc->last, oc->limit, render_output_cb, oc);
 }
 
 static void render_metrics(struct coord *c, struct buf *b)
@@ -900,8 +918,8 @@ static bool render_events(struct route_req *x, uint64_t job, uint64_t default_li
     jw_obj_begin(&x->w);
     jw_key(&x->w, "events");
     jw_arr_begin(&x->w);
-    struct event_ctx ec = {&x->w};
-    store_events_each(x->c->store, job, -1, (int)limit, render_event_cb, &ec);
+    struct event_ctx ec = {&x->w, job, (int)limit};
+    coord_read(x->c, read_events, &ec);
     jw_arr_end(&x->w);
     jw_obj_end(&x->w);
     return true;
@@ -969,11 +987,11 @@ static bool get_job_output(struct route_req *x)
     if (!query_param(x->r->query, "after", 0, INT64_MAX, &after, x->o) ||
         !query_param(x->r->query, "limit", 1, 10000, &limit, x->o))
         return false;
-    struct output_ctx oc = {&x->w, after};
+    struct output_ctx oc = {&x->w, after, x->job->id, (int)limit};
     jw_obj_begin(&x->w);
     jw_key(&x->w, "lines");
     jw_arr_begin(&x->w);
-    store_output_each(x->c->store, x->job->id, after, (int)limit, render_output_cb, &oc);
+    coord_read(x->c, read_output, &oc); /* the lock released: up to 10,000 lines */
     jw_arr_end(&x->w);
     jw_kuint(&x->w, "next", oc.last);
     jw_obj_end(&x->w);

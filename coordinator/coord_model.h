@@ -365,6 +365,11 @@ struct coord {
     struct snap_upload *snap_uploads; /* coord_snap.c: partial uploads */
     struct coord_writer *snap_writer; /* coord_snap.c: snapshot commits (coord_writer.h) */
     struct coord_writer *out_writer;  /* coord_hosts.c: output appends (coord_writer.h) */
+    /* REST's big reads (output, events) run on their own read-only
+     * connection with the state lock released (coord_core.h, coord_read) */
+    struct store *reader;
+    pthread_mutex_t reader_mu; /* the reader's: one read at a time */
+    int readers_out;           /* reads running without the state lock */
     struct report_job *report_jobs;   /* coord_report.c (issue 6): last steps per rank */
     struct step_pending *steps_pend;  /* coord_report.c: step rows not yet stored */
     size_t steps_npend, steps_cap;

@@ -605,6 +605,12 @@ int store_open(struct store **stp, const char *path, char *err, size_t errlen)
     return 0;
 }
 
+int store_query_only(struct store *st)
+{
+    int rc = sqlite3_exec(st->db, "PRAGMA query_only = 1", NULL, NULL, NULL);
+    return rc == SQLITE_OK ? 0 : store_fail(st, rc, "PRAGMA query_only");
+}
+
 void store_close(struct store *st)
 {
     if (!st)

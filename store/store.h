@@ -102,6 +102,10 @@ struct store_output {
  * refused with KOLO_ESTORE. On failure err holds the reason. */
 int store_open(struct store **st, const char *path, char *err, size_t errlen);
 void store_close(struct store *st);
+/* store_query_only makes st refuse every write (PRAGMA query_only): a
+ * connection that only reads, next to the one that writes (WAL lets it
+ * read while the other commits). */
+int store_query_only(struct store *st);
 /* store_last_error returns the last SQLite message (for logs). */
 const char *store_last_error(const struct store *st);
 /* store_integrity_check runs PRAGMA integrity_check; 0 when "ok". */

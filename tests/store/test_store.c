@@ -661,6 +661,26 @@ static void test_reopen(uint64_t job1)
     store_close(st);
 }
 
+/* A second connection that only reads (the coordinator's REST reader):
+ * it sees what the writer committed, and refuses to write. */
+static void test_query_only(void)
+{
+    struct store *w = open_store(db_path);
+    struct store *r = open_store(db_path);
+    CHECK_EQ_INT(store_query_only(r), 0);
+    CHECK_EQ_INT(store_meta_put(w, "seen-by-reader", "yes"), 0);
+    char value[16];
+    CHECK_EQ_INT(store_meta_get(r, "seen-by-reader", value, sizeof value), 0);
+    CHECK_EQ_STR(value, "yes");
+    CHECK_EQ_INT(store_meta_put(r, "written-by-reader", "no"), KOLO_ESTORE);
+    CHECK(strstr(store_last_error(r), "readonly") != NULL ||
+          strstr(store_last_error(r), "read-only") != NULL ||
+          strstr(store_last_error(r), "query_only") != NULL);
+    CHECK_EQ_INT(store_meta_get(w, "written-by-reader", value, sizeof value), KOLO_ENOTFOUND);
+    store_close(r);
+    store_close(w);
+}
+
 static void test_future_schema(void)
 {
     char path[300];
@@ -747,6 +767,7 @@ int main(void)
     test_transactions(st, job1);
     store_close(st);
     test_reopen(job1);
+    test_query_only();
     test_future_schema();
     test_migrate_empty_file();
     test_not_a_database();
