@@ -50,10 +50,15 @@ static int plan_allreduce(struct plan *p, const Kolo__Response *r, int size, boo
     p->k = r->n_names;
     if (r->n_sizes < p->k)
         return KOLO_EPROTO;
-    p->count = zalloc(p->k, &rc);
-    p->offset = zalloc(p->k, &rc);
-    if (rc)
-        return rc;
+    if (p->k <= PLAN_INLINE) {
+        p->count = p->count_inline;
+        p->offset = p->offset_inline;
+    } else {
+        p->count = zalloc(p->k, &rc);
+        p->offset = zalloc(p->k, &rc);
+        if (rc)
+            return rc;
+    }
     for (size_t i = 0; i < p->k; i++) {
         if (r->sizes[i] < 0)
             return KOLO_EPROTO;
@@ -168,8 +173,10 @@ int plan_make(struct plan *p, const Kolo__Response *r, int rank, int size, bool 
 
 void plan_free(struct plan *p)
 {
-    free(p->count);
-    free(p->offset);
+    if (p->count != p->count_inline)
+        free(p->count);
+    if (p->offset != p->offset_inline)
+        free(p->offset);
     free(p->rank_count);
     free(p->send_bytes);
     free(p->recv_bytes);

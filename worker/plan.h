@@ -17,6 +17,8 @@
 #include "kolo/abi.h"
 #include "kolo.pb-c.h"
 
+#define PLAN_INLINE 8
+
 struct plan {
     kolo_coll coll;
     kolo_dtype dt;
@@ -36,6 +38,9 @@ struct plan {
     size_t k, total;
     size_t *count, *offset;
     bool fused;
+    /* count and offset point here when k <= PLAN_INLINE: the common
+     * response (a few tensors) costs no allocation on the hot path */
+    size_t count_inline[PLAN_INLINE], offset_inline[PLAN_INLINE];
     /* reducescatter: the elements each rank receives (Horovod's split:
      * rows / size rows each, the first rows % size ranks one more) */
     size_t *rank_count;

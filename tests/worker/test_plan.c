@@ -47,6 +47,14 @@ static void test_allreduce_layout(void)
     CHECK_EQ_INT(plan_make(&p, &r, 0, 2, false, why, sizeof why), 0);
     CHECK(p.fused);
     plan_free(&p);
+    /* more tensors than the plan keeps inline */
+    int64_t many[12];
+    for (int i = 0; i < 12; i++)
+        many[i] = i + 1;
+    r = response(KOLO_COLL_ALLREDUCE, KOLO_FLOAT64, KOLO_SUM, many, 12, 12);
+    CHECK_EQ_INT(plan_make(&p, &r, 0, 2, true, why, sizeof why), 0);
+    CHECK(p.k == 12 && p.total == 78 && p.offset[11] == 66 && p.count[11] == 12);
+    plan_free(&p);
     /* 0 elements */
     int64_t zero[] = {0};
     r = response(KOLO_COLL_ALLREDUCE, KOLO_INT8, KOLO_MAX, zero, 1, 1);
