@@ -292,7 +292,7 @@ void coord_rpc_agent_register(struct coord *c, struct rpc_call *call, enum coord
     h->lease_deadline = now + (uint64_t)c->cfg.lease_ms;
     h->last_seen_mono = now;
     h->last_seen_ms = now_wall_ms();
-    h->last_batch_seq = 0;
+    h->last_batch_seq = h->lines_batch_seq = 0; /* a new session counts from 1 */
     random_hex(h->session, 16);
     coord_host_persist(c, h);
     c->m.registrations[kind]++;
@@ -390,6 +390,7 @@ struct out_write {
     struct coord *c;
     struct host *h;
     struct rpc_call *call;
+    char agent_instance[64];  /* the agent process that sent it */
     Kolo__ReportRequest *req; /* owns the lines' text */
     struct store_output *out;
     size_t nout;
@@ -397,7 +398,7 @@ struct out_write {
 };
 
 static void report_apply(struct coord *c, struct host *h, struct rpc_call *call,
-                         Kolo__ReportRequest *req);
+                         Kolo__ReportRequest *req, bool mark);
 
 static void out_write_free(struct out_write *ow)
 {
@@ -439,9 +440,13 @@ static void out_done(struct writer_job *job, int rc)
                        "it again",
                        ow->why);
     } else {
+        /* A new agent process for this host meanwhile counts its batches
+         * from 1 again: this batch's number must not mark its as seen. */
+        bool same_agent = strcmp(h->agent_instance, ow->agent_instance) == 0;
         c->m.output_lines += ow->nout;
-        h->lines_batch_seq = ow->req->batch_seq;
-        report_apply(c, h, ow->call, ow->req);
+        if (same_agent)
+            h->lines_batch_seq = ow->req->batch_seq;
+        report_apply(c, h, ow->call, ow->req, same_agent);
     }
     for (size_t i = 0; i < ow->nout; i++) {
         struct job *j = coord_job_find(c, ow->out[i].job_id);
@@ -452,9 +457,10 @@ static void out_done(struct writer_job *job, int rc)
 }
 
 /* report_apply applies a report's events, once its lines are stored, and
- * answers it. */
+ * answers it; mark: its batch number is the host's last (false when
+ * another agent process speaks for the host by now). */
 static void report_apply(struct coord *c, struct host *h, struct rpc_call *call,
-                         Kolo__ReportRequest *req)
+                         Kolo__ReportRequest *req, bool mark)
 {
     if (req->n_events) {
         store_begin(c->store);
@@ -474,7 +480,8 @@ static void report_apply(struct coord *c, struct host *h, struct rpc_call *call,
             return;
         }
     }
-    h->last_batch_seq = req->batch_seq;
+    if (mark)
+        h->last_batch_seq = req->batch_seq;
     Kolo__ReportReply rep = KOLO__REPORT_REPLY__INIT;
     rep.accepted_events = (uint32_t)req->n_events;
     rep.accepted_lines = (uint32_t)req->n_lines;
@@ -554,7 +561,7 @@ void coord_rpc_agent_report(struct coord *c, struct rpc_call *call, enum coord_m
     if (!nout) {
         free(ow);
         free(out);
-        report_apply(c, h, call, req);
+        report_apply(c, h, call, req, true);
         kolo__report_request__free_unpacked(req, NULL);
         return;
     }
@@ -565,6 +572,7 @@ void coord_rpc_agent_report(struct coord *c, struct rpc_call *call, enum coord_m
                              .req = req,
                              .out = out,
                              .nout = nout};
+    str_copy(ow->agent_instance, h->agent_instance, sizeof(ow->agent_instance));
     h->out_pending = ow;
     coord_writer_submit(c->out_writer, &ow->job);
 }

@@ -4,6 +4,7 @@
  * registration, leases, launch orders, the job state machine, output
  * streams, restarts, and bad input.
  */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -798,6 +799,15 @@ static int wait_code(struct async_result *r, int ms)
     return atomic_load(&r->code);
 }
 
+/* release_later lets go of a store's write lock 300 ms from now. */
+static void *release_later(void *arg)
+{
+    usleep(300 * 1000);
+    store_rollback(arg);
+    store_close(arg);
+    return NULL;
+}
+
 /* Issue 17, item 2: output lines are stored by the output writer, off the
  * state lock. While the writer is stuck (another connection holds the
  * database's write lock), the coordinator still answers at once; the
@@ -860,6 +870,29 @@ static void test_output_off_the_lock(void)
     CHECK_EQ_INT(wait_code(&third, 3000), 0);
     so = stream_now(admin, job);
     CHECK_EQ_INT(so->n_lines, 5);
+    protobuf_c_message_free_unpacked(&so->base, NULL);
+
+    /* A new agent process for the host registers while the old one's
+     * batch is being stored: the new one counts its batches from 1 again,
+     * and its first is not taken for the old one's. (The registration
+     * waits in the store, holding the state lock, until the blocker lets
+     * go; the batch's completion needs that lock, so it comes after.) */
+    REQUIRE(store_open(&blocker, dbpath, err, sizeof(err)) == 0);
+    REQUIRE(store_begin(blocker) == 0);
+    struct async_result old_batch, new_batch;
+    report_async(a, ++a->batch, job, 1, 0, &old_batch);
+    usleep(100 * 1000);
+    pthread_t releaser;
+    REQUIRE(pthread_create(&releaser, NULL, release_later, blocker) == 0);
+    random_hex(a->instance, 8);
+    CHECK_EQ_INT(agent_register(a, "alpha", 1, NULL, 0, err), 0);
+    pthread_join(releaser, NULL);
+    CHECK_EQ_INT(wait_code(&old_batch, 6000), 0);
+    a->batch = 0;
+    report_async(a, ++a->batch, job, 1, 0, &new_batch);
+    CHECK_EQ_INT(wait_code(&new_batch, 3000), 0);
+    so = stream_now(admin, job);
+    CHECK_EQ_INT(so->n_lines, 7); /* both batches' lines */
     protobuf_c_message_free_unpacked(&so->base, NULL);
 
     free_agent(a);
