@@ -12,6 +12,8 @@
 #include "rpc.h"
 
 int cmd_run(int argc, char **argv);
+/* tune.c: hyperparameter search (python3 -m kolo.tune) */
+int cmd_tune(int argc, char **argv);
 /* ops.c: the operator's commands */
 int cmd_status(int argc, char **argv);
 int cmd_jobs(int argc, char **argv);

@@ -14,6 +14,8 @@ static const char usage[] =
     "commands:\n"
     "  run          launch a training job (horovodrun-compatible): kolo run -np 4 -- python "
     "train.py\n"
+    "  tune         hyperparameter search, each trial a kolo job (Optuna): kolo tune --trials 20 "
+    "--space space.yaml -- python train.py --lr {lr}\n"
     "  status       show hosts and jobs of a running coordinator\n"
     "  jobs, hosts  list them (-o json for scripts)\n"
     "  logs         a job's output: kolo logs [-f] [--rank N] JOB\n"
@@ -33,6 +35,7 @@ static const struct {
     int (*fn)(int argc, char **argv);
 } commands[] = {
     {"run", cmd_run},
+    {"tune", cmd_tune},
     {"status", cmd_status},
     {"jobs", cmd_jobs},
     {"hosts", cmd_hosts},

@@ -15,6 +15,7 @@ packages=(
   libprotobuf-c-dev protobuf-c-compiler libnng-dev libuv1-dev libsqlite3-dev
   sqlite3 curl procps iproute2 nftables python3 openssl libssl3
   python3-numpy python3-torch python3-pytest python3-sklearn python3-cloudpickle
+  python3-optuna python3-yaml
 )
 if [ "${1:-}" = "--test" ]; then
   packages+=(chromium gdb clang libclang-rt-14-dev)

@@ -1,0 +1,203 @@
+"""kolo.tune (issue 18): a real search on a local coordinator and agent.
+
+Trials are kolo jobs running examples/pytorch/digits.py (or a small script
+here); the tests check what the issue names: the search finishes and
+finds >= 0.97 accuracy, pruning stops trials early, the slots are never
+oversubscribed (from the coordinator's own records of when each job ran),
+a crashing trial is recorded as failed and the search goes on, a killed
+driver's study resumes with no trial lost, and bad spaces, metrics and
+modes are refused before any job starts.
+"""
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+import kolo.tune  # noqa: E402
+
+optuna = pytest.importorskip("optuna")
+if os.environ.get("KOLO"):
+    os.environ.setdefault("KOLO_BIN", os.environ["KOLO"])
+DIGITS = os.path.join(ROOT, "examples", "pytorch", "digits.py")
+
+# A trial that reports loss = (x - 0.3)^2 + 1/(epoch+1) for 4 epochs and
+# crashes in its second epoch when x is above argv[3].
+QUADRATIC = r'''
+import sys, time
+sys.path.insert(0, sys.argv[2])
+import kolo
+x = float(sys.argv[1])
+crash_above = float(sys.argv[3]) if len(sys.argv) > 3 else 9.0
+kolo.init()
+for epoch in range(4):
+    time.sleep(0.3)
+    if x > crash_above and epoch == 1:
+        raise SystemExit("trial crashed on purpose at x=%g" % x)
+    kolo.report_epoch(epoch, metrics={"loss": (x - 0.3) ** 2 + 1.0 / (epoch + 1)})
+kolo.shutdown()
+'''
+
+
+def max_slots_in_use(directory):
+    """The most ranks that ran at once, from the local coordinator's job
+    records (start and end of every trial job)."""
+    db = sqlite3.connect(os.path.join(directory, "cluster", "coordinator.db"))
+    rows = db.execute("SELECT np, started_ms, ended_ms FROM jobs WHERE started_ms > 0").fetchall()
+    db.close()
+    edges = []
+    for np_, start, end in rows:
+        edges.append((start, np_))
+        edges.append((end or 2 ** 62, -np_))
+    used = most = 0
+    for _, d in sorted(edges, key=lambda e: (e[0], e[1])):  # ends before starts at a tie
+        used += d
+        most = max(most, used)
+    return most
+
+
+def test_bad_input_is_refused_before_any_job(tmp_path):
+    cases = [
+        ({}, "loss", "min", "non-empty dict"),
+        ({"lr": ("log", 0, 1)}, "loss", "min", "low > 0"),
+        ({"lr": ("log", 1e-1, 1e-3)}, "loss", "min", "must be below"),
+        ({"lr": ("int", 1.5, 4)}, "loss", "min", "whole bounds"),
+        ({"lr": ("uniform", 1)}, "loss", "min", "two numbers"),
+        ({"lr": {"a": 1}}, "loss", "min", "unknown distribution"),
+        ({"2lr": [1, 2]}, "loss", "min", "identifiers"),
+        ({"lr": [1, 2]}, "", "min", "metric"),
+        ({"lr": [1, 2]}, "loss", "down", "mode"),
+    ]
+    for space, metric, mode, text in cases:
+        with pytest.raises(kolo.tune.TuneError, match=text):
+            kolo.tune.run(["true"], space, 2, metric=metric, mode=mode,
+                          directory=str(tmp_path / "s"), verbose=False)
+    # a placeholder the space lacks
+    with pytest.raises(kolo.tune.TuneError, match="not in the space"):
+        kolo.tune.run(["echo", "{nope}"], {"lr": [1, 2]}, 2, directory=str(tmp_path / "s"),
+                      verbose=False)
+    assert not os.path.exists(tmp_path / "s" / "cluster"), "a cluster started anyway"
+
+
+def test_crashing_trials_fail_and_the_search_goes_on(tmp_path):
+    script = tmp_path / "quadratic.py"
+    script.write_text(QUADRATIC)
+    d = str(tmp_path / "study")
+    res = kolo.tune.run(["/usr/bin/python3", str(script), "{x}", os.path.join(ROOT, "python"),
+                         "0.5"],
+                        {"x": ("uniform", 0.0, 1.0)}, 8, np=1, max_concurrent=2,
+                        metric="loss", mode="min", sampler="random", pruner="none", seed=3,
+                        directory=d, verbose=False)
+    states = [t["state"] for t in res["trials"]]
+    assert len(states) == 8 and all(s in ("complete", "fail") for s in states), states
+    failed = [t for t in res["trials"] if t["state"] == "fail"]
+    done = [t for t in res["trials"] if t["state"] == "complete"]
+    assert done and failed, states
+    assert all(t["params"]["x"] <= 0.5 for t in done)
+    assert all(t["params"]["x"] > 0.5 for t in failed)
+    assert all("exit code" in t["error"] for t in failed)
+    best = min(done, key=lambda t: t["value"])
+    assert res["best_trial"] == best["number"]
+    assert res["best_value"] == pytest.approx((best["params"]["x"] - 0.3) ** 2 + 0.25)
+    assert max_slots_in_use(d) <= 2
+
+
+def test_function_trainable(tmp_path):
+    pkg = os.path.join(ROOT, "python")
+
+    def quad(params):  # defined here, so that cloudpickle ships it by value
+        import sys
+        sys.path.insert(0, pkg)
+        import kolo
+        kolo.init()
+        for e in range(3):
+            kolo.report_epoch(e, metrics={"loss": (params["x"] - 0.3) ** 2 + 1.0 / (e + 1),
+                                          "rank": kolo.rank()})
+        kolo.shutdown()
+
+    res = kolo.tune.run(quad, {"x": ("uniform", 0.0, 1.0)}, 3, np=2, max_concurrent=1,
+                        sampler="random", pruner="none", seed=1,
+                        directory=str(tmp_path / "s"), verbose=False)
+    assert [t["state"] for t in res["trials"]] == ["complete"] * 3, res["trials"]
+    for t in res["trials"]:
+        assert t["value"] == pytest.approx((t["params"]["x"] - 0.3) ** 2 + 1.0 / 3)
+        assert t["epochs"] == 3
+
+
+def test_unknown_metric_stops_the_search(tmp_path):
+    script = tmp_path / "quadratic.py"
+    script.write_text(QUADRATIC)
+    with pytest.raises(kolo.tune.TuneError, match="without the metric 'accuracy'.*loss"):
+        kolo.tune.run(["/usr/bin/python3", str(script), "{x}", os.path.join(ROOT, "python")],
+                      {"x": ("uniform", 0.0, 0.5)}, 2, np=1, metric="accuracy",
+                      directory=str(tmp_path / "s"), verbose=False)
+
+
+def test_digits_search_prunes_and_finds_097(tmp_path):
+    d = str(tmp_path / "digits")
+    cmd = ["/usr/bin/python3", DIGITS, "--epochs", "6", "--lr", "{lr}", "--batch-size",
+           "{batch}", "--hidden", "{hidden}"]
+    res = kolo.tune.run(cmd, {"lr": ("log", 1e-3, 0.3), "batch": [16, 32, 64],
+                              "hidden": [16, 32, 64, 128]},
+                        12, np=2, max_concurrent=2, slots=4, metric="accuracy", mode="max",
+                        pruner="median", seed=0, study_name="digits", directory=d,
+                        verbose=True)
+    states = [t["state"] for t in res["trials"]]
+    assert len(states) == 12, states
+    assert states.count("pruned") >= 1, states
+    assert res["best_value"] >= 0.97, res
+    assert all(t["job_name"] == "digits/trial-%d" % t["number"] for t in res["trials"])
+    assert max_slots_in_use(d) <= 4
+
+
+def test_killed_driver_resumes(tmp_path):
+    script = tmp_path / "quadratic.py"
+    script.write_text(QUADRATIC.replace("time.sleep(0.3)", "time.sleep(1.0)"))
+    space = tmp_path / "space.yaml"
+    space.write_text("x: [uniform, 0.0, 0.8]\n")
+    d = str(tmp_path / "study")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    args = ["--trials", "6", "--np", "1", "--max-concurrent", "2", "--space", str(space),
+            "--metric", "loss", "--sampler", "random", "--pruner", "none", "--seed", "1",
+            "--dir", d]
+    cmd = ["/usr/bin/python3", str(script), "{x}", os.path.join(ROOT, "python")]
+    driver = subprocess.Popen([os.environ["KOLO_BIN"], "tune", "--study", "resumed"] + args +
+                              ["--"] + cmd, env=env, stdout=subprocess.PIPE, text=True)
+    seen = []
+    for line in driver.stdout:
+        seen.append(line)
+        if " finished:" in line:
+            break
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    time.sleep(1)
+    st = optuna.load_study(study_name="resumed", storage="sqlite:///%s/study.db" % d)
+    TS = optuna.trial.TrialState
+    before = st.get_trials(deepcopy=False)
+    assert any(t.state == TS.RUNNING for t in before), [t.state for t in before]
+    done_before = [t.number for t in before if t.state == TS.COMPLETE]
+    out = subprocess.run([os.environ["KOLO_BIN"], "tune", "--resume", "resumed"] + args +
+                         ["--"] + cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "queued again" in out.stdout
+    st = optuna.load_study(study_name="resumed", storage="sqlite:///%s/study.db" % d)
+    trials = st.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state == TS.COMPLETE]
+    requeued = [t for t in trials if "requeued_from" in t.user_attrs]
+    stale = [t for t in trials if t.state == TS.FAIL]
+    # every stale trial ran again once, and 6 trials count in all
+    assert len(requeued) == len(stale) >= 1
+    assert sorted(t.user_attrs["requeued_from"] for t in requeued) == sorted(
+        t.number for t in stale)
+    for t in requeued:
+        assert t.params == trials[t.user_attrs["requeued_from"]].params
+    assert len(complete) == 6
+    assert set(done_before) <= {t.number for t in complete}
+    assert not [t for t in trials if t.state in (TS.RUNNING, TS.WAITING)]
