@@ -378,14 +378,17 @@ static void fast_round(struct kolo_ctx *c)
     }
     /* 2. join mode, or slow mode for a timeline: everything waiting goes
      * to the coordinator (slow mode ends at the first round without the
-     * flag, on every rank at once) */
+     * flag, on every rank at once). Entering slow mode, the ops this very
+     * round agreed go too: a rank that started the timeline and then
+     * submitted an op before this round began must see that op in the
+     * timeline (every rank sees the same flags and bits, so all agree). */
     bool to_join = (v[ROUND_FLAGS] & ROUND_F_JOIN) && !c->join_mode;
     bool to_slow = (v[ROUND_FLAGS] & ROUND_F_SLOW) && !c->slow_mode;
     c->slow_mode = (v[ROUND_FLAGS] & ROUND_F_SLOW) != 0;
     if (to_join || to_slow) {
         c->join_mode = c->join_mode || to_join;
         for (uint32_t id = 1; id <= c->max_id; id++)
-            if (c->pending[id] && !round_test(ready, id))
+            if (c->pending[id] && (to_slow || !round_test(ready, id)))
                 to_slow_path(c, c->pending[id], true);
         /* one barrier may be agreed in this very round (step 4); every
          * other one goes to the coordinator */
@@ -408,7 +411,7 @@ static void fast_round(struct kolo_ctx *c)
     struct op **agreed = c->agreed;
     struct fusion_item *items = c->agreed_items;
     size_t na = 0;
-    for (uint32_t i = 0; i < w; i++) {
+    for (uint32_t i = 0; i < w && !to_slow; i++) {
         for (uint64_t bits = ready[i] & ~invalid[i] & (i ? ~0ull : ~1ull); bits; bits &= bits - 1) {
             uint32_t id = i * 64 + (uint32_t)__builtin_ctzll(bits);
             struct op *op = c->pending[id];
