@@ -48,17 +48,21 @@ void coord_hist_render(struct buf *b, const char *name, const char *help,
 
 void coord_store_failed(struct coord *c, const char *what)
 {
+    coord_store_failed_why(c, what, store_last_error(c->store));
+}
+
+void coord_store_failed_why(struct coord *c, const char *what, const char *why)
+{
     c->m.store_errors++;
     c->m.last_store_error_ms = now_wall_ms();
     if (!c->m.store_degraded)
         LOGE("coord", "store: %s failed: %s; refusing what cannot be stored until writes "
-             "succeed again", what, store_last_error(c->store));
+             "succeed again", what, why);
     else
-        LOGD("coord", "store: %s failed: %s", what, store_last_error(c->store));
+        LOGD("coord", "store: %s failed: %s", what, why);
     c->m.store_degraded = true;
     c->m.store_degraded_since = now_mono_ms();
-    snprintf(c->m.store_why, sizeof c->m.store_why, "%s failed: %s", what,
-             store_last_error(c->store));
+    snprintf(c->m.store_why, sizeof c->m.store_why, "%s failed: %s", what, why);
 }
 
 /* While degraded, a small write every STORE_PROBE_MS tells when the disk
@@ -138,8 +142,6 @@ void coord_reader_close(struct coord *c)
 
 int coord_read(struct coord *c, int (*fn)(struct store *st, void *arg), void *arg)
 {
-    if (!c->reader)
-        return fn(c->store, arg); /* not open (a failed start): read under the lock */
     c->readers_out++;
     pthread_mutex_unlock(&c->mtx);
     pthread_mutex_lock(&c->reader_mu);

@@ -14,6 +14,9 @@ void coord_event(struct coord *c, uint64_t job_id, const char *host_id, const ch
  * stored); coord_store_probe, from the tick, tries a small write every
  * STORE_PROBE_MS while it is, and ends the degraded state when it works. */
 void coord_store_failed(struct coord *c, const char *what);
+/* coord_store_failed_why: the same for a failure on another connection
+ * (a writer's), whose message is why. */
+void coord_store_failed_why(struct coord *c, const char *what, const char *why);
 void coord_store_probe(struct coord *c, uint64_t now);
 
 /* coord_read runs fn on the read-only store connection c->reader with

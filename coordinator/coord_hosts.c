@@ -423,18 +423,18 @@ static void out_done(struct writer_job *job, int rc)
     struct host *h = ow->h;
     h->out_pending = NULL;
     /* Stored or not, these seqs are settled: a batch that failed is sent
-     * again and gets new ones. */
+     * again and gets new ones. (Lines come in runs of one job.) */
+    struct job *j = NULL;
     for (size_t i = 0; i < ow->nout; i++) {
-        struct job *j = coord_job_find(c, ow->out[i].job_id);
+        if (!j || j->id != ow->out[i].job_id)
+            j = coord_job_find(c, ow->out[i].job_id);
         if (j && ow->out[i].seq > j->out_stored)
             j->out_stored = ow->out[i].seq;
     }
     if (rc) {
         /* Not acknowledged: the agent keeps the batch and sends it again
          * (issue 15, F8). */
-        c->m.store_errors++;
-        c->m.last_store_error_ms = now_wall_ms();
-        LOGW("coord", "store: output append failed: %s", ow->why);
+        coord_store_failed_why(c, "output append", ow->why);
         rpc_call_error(ow->call, KOLO_ESTORE,
                        "the coordinator cannot store output now (%s); keep the batch and send "
                        "it again",
@@ -448,11 +448,10 @@ static void out_done(struct writer_job *job, int rc)
             h->lines_batch_seq = ow->req->batch_seq;
         report_apply(c, h, ow->call, ow->req, same_agent);
     }
-    for (size_t i = 0; i < ow->nout; i++) {
-        struct job *j = coord_job_find(c, ow->out[i].job_id);
-        if (j && (i == 0 || ow->out[i].job_id != ow->out[i - 1].job_id))
+    for (size_t i = 0; i < ow->nout; i++)
+        if ((i == 0 || ow->out[i].job_id != ow->out[i - 1].job_id) &&
+            (j = coord_job_find(c, ow->out[i].job_id)) != NULL)
             coord_job_output_added(c, j);
-    }
     out_write_free(ow);
 }
 

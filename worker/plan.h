@@ -61,11 +61,4 @@ int plan_make(struct plan *p, const Kolo__Response *r, int rank, int size, bool 
               char *why, size_t whylen);
 void plan_free(struct plan *p);
 
-/* plan_post_scales: whether a reduction's result needs the division or
- * the factor at all. */
-static inline bool plan_post_scales(const struct plan *p)
-{
-    return p->post_divisor != 1 || p->post_factor != 1.0;
-}
-
 #endif

@@ -37,7 +37,7 @@ static void test_allreduce_layout(void)
     CHECK(p.fused && p.k == 3 && p.total == 8 && p.es == 4);
     CHECK(p.offset[0] == 0 && p.offset[1] == 3 && p.offset[2] == 3);
     CHECK(p.count[0] == 3 && p.count[1] == 0 && p.count[2] == 5);
-    CHECK(!plan_post_scales(&p) && p.pre == 1.0);
+    CHECK(p.post_divisor == 1 && p.post_factor == 1.0 && p.pre == 1.0);
     plan_free(&p);
     /* one tensor: in place, unless this rank joined (zeros, fused) */
     r = response(KOLO_COLL_ALLREDUCE, KOLO_FLOAT32, KOLO_SUM, sizes, 1, 1);
