@@ -59,6 +59,27 @@ static const char help_head[] =
 
 extern char **environ;
 
+/* metadata_parse turns --metadata's JSON object of strings into "key=value"
+ * entries (the coordinator checks keys and sizes). */
+static int metadata_parse(const char *text, char ***out, int *n, char *err, size_t errlen)
+{
+    struct json *root = NULL;
+    char why[128] = "";
+    const char *bad = NULL;
+    int rc = json_parse(text, strlen(text), &root, why, sizeof why) != 0
+                 ? KOLO_EINVAL
+                 : json_strings_kv(root, out, n, &bad);
+    if (rc == KOLO_ENOMEM)
+        snprintf(err, errlen, "out of memory");
+    else if (rc && bad)
+        snprintf(err, errlen, "the value of \"%.64s\" is not a string", bad);
+    else if (rc)
+        snprintf(err, errlen, "want a JSON object of strings such as '{\"team\": \"vision\"}'%s%s",
+                 why[0] ? ": " : "", why);
+    json_free(root);
+    return rc;
+}
+
 static atomic_int stop_signal;
 static atomic_int stop_count;
 
@@ -596,10 +617,21 @@ int cmd_run(int argc, char **argv)
     req.elastic_timeout_ms = (uint32_t)o.elastic_timeout;
     req.discovery_script = o.discovery ? o.discovery : "";
     req.slots_per_host = (int32_t)o.slots;
+    char **meta = NULL;
+    int nmeta = 0;
+    if (o.metadata && metadata_parse(o.metadata, &meta, &nmeta, err, sizeof err) != 0) {
+        fprintf(stderr, "kolo run: --metadata: %s\n", err);
+        free(env);
+        code = 2;
+        goto out;
+    }
+    req.metadata = meta;
+    req.n_metadata = (size_t)nmeta;
     ProtobufCMessage *msg = NULL;
     rv = cli_call(cli, "AdminService.SubmitJob", &req.base, &kolo__submit_job_reply__descriptor,
                   &msg, 10000, err, sizeof(err));
     free(env);
+    json_kv_free(meta, nmeta);
     if (rv != 0) {
         fprintf(stderr, "kolo run: %s\n", err);
         code = rv == KOLO_EINVAL ? 2 : 1;

@@ -24,7 +24,7 @@ struct run_output;
 struct run_opts {
     int64_t np;
     char *hosts, *hostfile, *coordinator, *token_file, *name, *http, *state_dir, *log_level;
-    char *output_filename, *config_file, *timeline_filename, *cycle_time_ms;
+    char *output_filename, *config_file, *timeline_filename, *cycle_time_ms, *metadata;
     char *tls_cert, *tls_key, *tls_ca, *tls_dir; /* common/tls.h */
     int64_t start_timeout, slots, grace;
     int64_t fusion_threshold_mb, cache_capacity, stall_warning_s, stall_shutdown_s;

@@ -366,6 +366,10 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
          &o->token_file},
         TLS_KNOBS(o->tls_cert, o->tls_key, o->tls_ca, o->tls_dir),
         {"name", NULL, "", KNOB_STR, NULL, 0, -1, "job name (default: the command)", &o->name},
+        {"metadata", NULL, "", KNOB_STR, NULL, 0, -1,
+         "labels of the job, a JSON object of strings ('{\"team\": \"vision\"}'): REST and the "
+         "dashboard show them (kolo tune labels its trials kolo.study, kolo.trial, ...)",
+         &o->metadata},
         {"http", NULL, "", KNOB_STR, "127.0.0.1:0", 0, -1,
          "embedded coordinator: HTTP address of REST and the dashboard", &o->http},
         {"slots", "--slots-per-host", "", KNOB_INT, "0", 0, 65536,

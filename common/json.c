@@ -752,6 +752,39 @@ const struct json *json_get(const struct json *obj, const char *key)
     return found;
 }
 
+void json_kv_free(char **kv, int n)
+{
+    for (int i = 0; kv && i < n; i++)
+        free(kv[i]);
+    free(kv);
+}
+
+int json_strings_kv(const struct json *obj, char ***out, int *n, const char **bad)
+{
+    *out = NULL;
+    *n = 0;
+    *bad = NULL;
+    if (!obj || obj->type != JSON_OBJECT)
+        return KOLO_EINVAL;
+    char **v = calloc(obj->count + 1, sizeof *v);
+    if (!v)
+        return KOLO_ENOMEM;
+    int k = 0;
+    for (const struct json *e = obj->child; e; e = e->next) {
+        size_t len = strlen(e->key) + (e->type == JSON_STRING ? strlen(e->str) : 0) + 2;
+        int rc = e->type != JSON_STRING ? KOLO_EINVAL : !(v[k] = malloc(len)) ? KOLO_ENOMEM : 0;
+        if (rc) {
+            *bad = rc == KOLO_EINVAL ? e->key : NULL;
+            json_kv_free(v, k);
+            return rc;
+        }
+        snprintf(v[k++], len, "%s=%s", e->key, e->str);
+    }
+    *out = v;
+    *n = k;
+    return 0;
+}
+
 const struct json *json_at(const struct json *arr, size_t i)
 {
     if (!arr || arr->type != JSON_ARRAY || i >= arr->count)

@@ -79,5 +79,11 @@ const struct json *json_get(const struct json *obj, const char *key);
 const struct json *json_at(const struct json *arr, size_t i);
 /* json_as_int: true if v is a number with an exact int64 value. */
 bool json_as_int(const struct json *v, int64_t *out);
+/* json_strings_kv turns an object of strings into malloc'd "key=value"
+ * entries (*out NULL-terminated, *n of them; free with json_kv_free):
+ * 0, KOLO_EINVAL when obj is not an object or a value is not a string
+ * (*bad is then that member's key, or NULL), or KOLO_ENOMEM. */
+int json_strings_kv(const struct json *obj, char ***out, int *n, const char **bad);
+void json_kv_free(char **kv, int n);
 
 #endif

@@ -24,6 +24,9 @@ bool coord_http_uint_param(const char *query, const char *key, uint64_t lo, uint
  * holds the message and w's output is to be discarded. */
 int coord_http_report(struct coord *c, struct job *j, const char *sub, const char *query,
                       struct jw *w, char *err, size_t errlen);
+/* coord_http_study renders REST /studies (name NULL) or /studies/{name}
+ * into w, as coord_http_report does. */
+int coord_http_study(struct coord *c, const char *name, struct jw *w, char *err, size_t errlen);
 int coord_http_start(struct coord *c, char *err, size_t errlen);
 
 /* Limits on HTTP connections (coord_http_guard.c), checked every

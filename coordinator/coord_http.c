@@ -26,6 +26,7 @@
 #include "coord_report.h"
 #include "coord_snap.h"
 #include "coord_timeline.h"
+#include "coord_study.h"
 #include "coord_writer.h"
 #include "coord_static.h"
 
@@ -91,6 +92,22 @@ static int hexval(int ch)
     return -1;
 }
 
+/* url_decode copies in[0, len) to out (NUL-terminated, cut at size - 1)
+ * with %XX decoded, and '+' as a space when plus is set (a query). */
+static void url_decode(const char *in, size_t len, bool plus, char *out, size_t size)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < len && o + 1 < size; i++) {
+        if (in[i] == '%' && i + 2 < len + 1 && hexval(in[i + 1]) >= 0 && hexval(in[i + 2]) >= 0) {
+            out[o++] = (char)(hexval(in[i + 1]) * 16 + hexval(in[i + 2]));
+            i += 2;
+        } else {
+            out[o++] = plus && in[i] == '+' ? ' ' : in[i];
+        }
+    }
+    out[o] = '\0';
+}
+
 /* query_get finds key in "a=1&b=2" and URL-decodes its value. */
 static bool query_get(const char *query, const char *key, char *out, size_t size)
 {
@@ -100,17 +117,7 @@ static bool query_get(const char *query, const char *key, char *out, size_t size
         const char *amp = strchr(p, '&');
         size_t len = amp ? (size_t)(amp - p) : strlen(p);
         if (len > klen && strncmp(p, key, klen) == 0 && p[klen] == '=') {
-            size_t o = 0;
-            for (size_t i = klen + 1; i < len && o + 1 < size; i++) {
-                if (p[i] == '%' && i + 2 < len + 1 && hexval(p[i + 1]) >= 0 &&
-                    hexval(p[i + 2]) >= 0) {
-                    out[o++] = (char)(hexval(p[i + 1]) * 16 + hexval(p[i + 2]));
-                    i += 2;
-                } else {
-                    out[o++] = p[i] == '+' ? ' ' : p[i];
-                }
-            }
-            out[o] = '\0';
+            url_decode(p + klen + 1, len - klen - 1, true, out, size);
             return true;
         }
         p = amp ? amp + 1 : NULL;
@@ -242,6 +249,19 @@ static void render_job_summary(struct jw *w, struct job *j, bool full)
         jw_kbool(w, "redacted", true);
     }
     jw_kstr(w, "hosts", j->hosts);
+    /* labels for tools (kolo tune's study and trial); shown to every reader */
+    jw_key(w, "metadata");
+    jw_obj_begin(w);
+    for (int i = 0; i < j->nmeta; i++) {
+        const char *eq = strchr(j->meta[i], '=');
+        char key[JOB_META_KEY_MAX + 1];
+        if (!eq || (size_t)(eq - j->meta[i]) >= sizeof key)
+            continue;
+        memcpy(key, j->meta[i], (size_t)(eq - j->meta[i]));
+        key[eq - j->meta[i]] = '\0';
+        jw_kstr(w, key, eq + 1);
+    }
+    jw_obj_end(w);
     jw_kuint(w, "generation", j->generation);
     jw_kuint(w, "submitted_ms", j->submitted_ms);
     jw_kuint(w, "started_ms", j->started_ms);
@@ -714,8 +734,8 @@ static void route_submit(struct coord *c, struct http_req *r, struct http_out *o
         out_json_error(o, 400, msg);
         return;
     }
-    char **argv = NULL, **env = NULL;
-    int argc = 0, nenv = 0;
+    char **argv = NULL, **env = NULL, **meta = NULL;
+    int argc = 0, nenv = 0, nmeta = 0;
     bool bad = false;
     const char *problem = NULL;
     if (root->type != JSON_OBJECT) {
@@ -741,21 +761,16 @@ static void route_submit(struct coord *c, struct http_req *r, struct http_out *o
         problem = "\"np\" must be an integer between 1 and 65536";
         goto out;
     }
-    const struct json *jenv = json_get(root, "env");
-    if (jenv && jenv->type == JSON_OBJECT) {
-        env = calloc(jenv->count + 1, sizeof(char *));
-        for (const struct json *e = jenv->child; e && env; e = e->next) {
-            if (e->type != JSON_STRING) {
-                problem = "\"env\" values must be strings";
-                goto out;
-            }
-            size_t len = strlen(e->key) + strlen(e->str) + 2;
-            env[nenv] = malloc(len);
-            if (env[nenv])
-                snprintf(env[nenv++], len, "%s=%s", e->key, e->str);
-        }
-    } else if (jenv && jenv->type != JSON_NULL) {
-        problem = "\"env\" must be an object of strings";
+    const struct json *jenv = json_get(root, "env"), *jmeta = json_get(root, "metadata");
+    const char *key;
+    if (jenv && jenv->type != JSON_NULL && json_strings_kv(jenv, &env, &nenv, &key)) {
+        problem = jenv->type != JSON_OBJECT ? "\"env\" must be an object of strings"
+                                            : "\"env\" values must be strings";
+        goto out;
+    }
+    if (jmeta && jmeta->type != JSON_NULL && json_strings_kv(jmeta, &meta, &nmeta, &key)) {
+        problem = jmeta->type != JSON_OBJECT ? "\"metadata\" must be an object of strings"
+                                             : "\"metadata\" values must be strings";
         goto out;
     }
     const char *cwd = json_str_member(root, "cwd", &bad);
@@ -775,8 +790,19 @@ static void route_submit(struct coord *c, struct http_req *r, struct http_out *o
     if ((problem = parse_elastic(root, &eo)) != NULL)
         goto out;
     uint64_t id = 0;
-    int rv = coord_job_submit(c, argv, argc, env, nenv, cwd, (int)np, hosts, name,
-                              (uint32_t)timeout_ms, &eo, &id, err, sizeof(err));
+    struct job_request rq = {.argv = argv,
+                             .argc = argc,
+                             .env = env,
+                             .nenv = nenv,
+                             .cwd = cwd,
+                             .np = (int)np,
+                             .hosts = hosts,
+                             .name = name,
+                             .start_timeout_ms = (uint32_t)timeout_ms,
+                             .eo = &eo,
+                             .meta = meta,
+                             .nmeta = nmeta};
+    int rv = coord_job_submit(c, &rq, &id, err, sizeof(err));
     if (rv) {
         /* 507: the job could not be stored (a full disk), so it was not
          * accepted; try again once space is back */
@@ -793,9 +819,8 @@ static void route_submit(struct coord *c, struct http_req *r, struct http_out *o
 out:
     if (problem)
         out_json_error(o, 400, problem);
-    for (int i = 0; i < nenv; i++)
-        free(env[i]);
-    free(env);
+    json_kv_free(env, nenv);
+    json_kv_free(meta, nmeta);
     free(argv);
     json_free(root);
 }
@@ -853,6 +878,7 @@ struct route_req {
     struct jw w;
     struct job *job;   /* :job */
     struct host *host; /* :host */
+    char study[STUDY_NAME_MAX + 1]; /* :study, URL-decoded */
 };
 
 static bool get_healthz(struct route_req *x)
@@ -965,9 +991,35 @@ static bool get_job(struct route_req *x)
     return true;
 }
 
+#define STOP_REASON_MAX 512
+
+/* POST /jobs/{id}/stop; an optional body {"reason": "..."} says why (kolo
+ * tune's "pruned ..." marks a pruned trial). */
 static bool post_job_stop(struct route_req *x)
 {
-    if (coord_job_stop(x->c, x->job, "stopped through the REST API") == KOLO_ESTATE) {
+    const char *reason = "stopped through the REST API";
+    struct json *root = NULL;
+    char err[128];
+    if (x->r->body_len) {
+        if (json_parse(x->r->body, x->r->body_len, &root, err, sizeof err) != 0 ||
+            root->type != JSON_OBJECT) {
+            json_free(root);
+            out_json_error(x->o, 400, "the body must be a JSON object such as {\"reason\": \"...\"}");
+            return false;
+        }
+        bool bad = false;
+        const char *r = json_str_member(root, "reason", &bad);
+        if (bad || (r && strlen(r) > STOP_REASON_MAX)) {
+            json_free(root);
+            out_json_error(x->o, 400, "\"reason\" must be a string of at most 512 bytes");
+            return false;
+        }
+        if (r && r[0])
+            reason = r;
+    }
+    int rv = coord_job_stop(x->c, x->job, reason);
+    json_free(root);
+    if (rv == KOLO_ESTATE) {
         out_json_error(x->o, 409, "the job has already ended");
         return false;
     }
@@ -1124,6 +1176,28 @@ static bool get_job_report(struct route_req *x)
     return true;
 }
 
+static bool get_studies(struct route_req *x)
+{
+    char why[300];
+    int status = coord_http_study(x->c, NULL, &x->w, why, sizeof why);
+    if (status != 200) {
+        out_json_error(x->o, status, why);
+        return false;
+    }
+    return true;
+}
+
+static bool get_study(struct route_req *x)
+{
+    char why[300];
+    int status = coord_http_study(x->c, x->study, &x->w, why, sizeof why);
+    if (status != 200) {
+        out_json_error(x->o, status, why);
+        return false;
+    }
+    return true;
+}
+
 static bool get_job_timeline(struct route_req *x)
 {
     char why[700];
@@ -1171,9 +1245,12 @@ static const struct route routes[] = {
     {"GET", "/api/v1/jobs/:job/steps", 0, get_job_report},
     {"GET", "/api/v1/jobs/:job/ranks", 0, get_job_report},
     {"GET", "/api/v1/jobs/:job/timeline", 0, get_job_timeline},
+    {"GET", "/api/v1/studies", 0, get_studies},
+    {"GET", "/api/v1/studies/:study", 0, get_study},
 };
 
-#define ROUTE_CAPTURE_MAX 64
+/* the longest capture: a study name, every byte %-encoded */
+#define ROUTE_CAPTURE_MAX (3 * STUDY_NAME_MAX + 1)
 
 /* Matches path against pattern; a ":name" segment matches one segment
  * (empty included: its lookup fails), copied into cap. */
@@ -1212,6 +1289,12 @@ static bool route_resolve(struct route_req *x, const struct route *rt, const cha
         x->job = parse_id(cap, &id) ? coord_job_find(x->c, id) : NULL;
         if (!x->job) {
             out_json_error(x->o, 404, "no such job");
+            return false;
+        }
+    } else if (strstr(rt->pattern, ":study")) {
+        url_decode(cap, strlen(cap), false, x->study, sizeof x->study);
+        if (!x->study[0] || strlen(cap) >= ROUTE_CAPTURE_MAX - 1) {
+            out_json_error(x->o, 404, "no such study");
             return false;
         }
     } else if (strstr(rt->pattern, ":host")) {

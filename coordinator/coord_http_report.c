@@ -1,11 +1,13 @@
 /*
  * coord_http_report.c - REST /epochs, /steps and /ranks of a job (issue
- * 6): the training reports' queries (coord_report.h) rendered as JSON.
+ * 6) and /studies (issue 18): the training reports' queries
+ * (coord_report.h, coord_study.h) rendered as JSON.
  */
 #include "coord_api.h"
 #include "coord_jobs.h"
 #include "coord_hosts.h"
 #include "coord_report.h"
+#include "coord_study.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -24,37 +26,22 @@ static void render_metrics_text(struct jw *w, const char *text)
 }
 
 /* render_mean writes the mean over the ranks of every numeric metric
- * (keys in the order the lowest rank reported them). */
+ * (keys in the order the lowest rank that reported metrics gave them). */
 static void render_mean(struct jw *w, const struct ep_rows *rs, const struct ep_sum *s)
 {
-    struct json *parsed[64] = {0};
-    size_t np = 0;
-    for (size_t x = s->first; x < s->first + s->count && np < 64; x++) {
+    struct json *first = NULL;
+    char err[64];
+    for (size_t x = s->first; x < s->first + s->count && !first; x++) {
         const char *t = rs->v[x].metrics;
-        char err[64];
-        if (t && json_parse(t, strlen(t), &parsed[np], err, sizeof err) == 0)
-            np++;
+        if (t && json_parse(t, strlen(t), &first, err, sizeof err) != 0)
+            first = NULL;
     }
     jw_obj_begin(w);
-    if (np) {
-        for (const struct json *e = parsed[0]->child; e; e = e->next) {
-            if (e->type != JSON_NUMBER)
-                continue;
-            double sum = 0;
-            int cnt = 0;
-            for (size_t p = 0; p < np; p++) {
-                const struct json *v = json_get(parsed[p], e->key);
-                if (v && v->type == JSON_NUMBER) {
-                    sum += v->num;
-                    cnt++;
-                }
-            }
-            jw_kdouble(w, e->key, sum / cnt);
-        }
-    }
+    for (const struct json *e = first ? first->child : NULL; e; e = e->next)
+        if (e->type == JSON_NUMBER)
+            jw_kdouble(w, e->key, coord_report_metric_mean(rs, s, e->key));
     jw_obj_end(w);
-    for (size_t p = 0; p < np; p++)
-        json_free(parsed[p]);
+    json_free(first);
 }
 
 static void jw_kdouble_or_null(struct jw *w, const char *key, double v)
@@ -292,4 +279,141 @@ int coord_http_report(struct coord *c, struct job *j, const char *sub, const cha
         return render_ranks(c, j, w);
     snprintf(err, errlen, "no such route");
     return 404;
+}
+
+/* ---- /studies ---- */
+
+static void render_study_head(struct jw *w, const struct study *s)
+{
+    jw_kstr(w, "name", s->name);
+    jw_kstr(w, "metric", s->metric);
+    jw_kstr(w, "mode", s->maximize ? "max" : "min");
+    jw_kuint(w, "trial_count", s->n);
+    jw_key(w, "states");
+    jw_obj_begin(w);
+    for (int st = TRIAL_PENDING; st <= TRIAL_STOPPED; st++)
+        jw_kint(w, coord_trial_state_name((enum trial_state)st), s->counts[st]);
+    jw_obj_end(w);
+    const struct study_trial *b = s->best >= 0 ? &s->trials[s->best] : NULL;
+    jw_kdouble(w, "best_value", b ? b->value : NAN);
+    jw_key(w, "best_trial");
+    if (b && b->number >= 0)
+        jw_int(w, b->number);
+    else
+        jw_null(w);
+    jw_key(w, "best_job");
+    if (b)
+        jw_uint(w, b->job->id);
+    else
+        jw_null(w);
+    jw_kuint(w, "first_ms", s->first_ms);
+    jw_kuint(w, "last_ms", s->last_ms);
+}
+
+static void render_trial(struct jw *w, const struct study_trial *t)
+{
+    const struct job *j = t->job;
+    jw_obj_begin(w);
+    jw_key(w, "number");
+    if (t->number >= 0)
+        jw_int(w, t->number);
+    else
+        jw_null(w);
+    jw_kuint(w, "job", j->id);
+    jw_kstr(w, "job_name", j->name);
+    jw_kstr(w, "state", coord_trial_state_name(t->state));
+    jw_key(w, "params");
+    if (!t->params || !jw_json_text(w, t->params))
+        jw_null(w);
+    jw_kint(w, "np", j->np);
+    jw_kint(w, "workers", coord_job_ranks_alive(j));
+    jw_kdouble(w, "value", t->value);
+    jw_kdouble(w, "best", t->best);
+    jw_kuint(w, "epochs", t->ncurve);
+    jw_kuint(w, "submitted_ms", j->submitted_ms);
+    jw_kuint(w, "started_ms", j->started_ms);
+    jw_kuint(w, "ended_ms", j->ended_ms);
+    jw_kstr(w, "reason", j->reason ? j->reason : "");
+    jw_key(w, "curve");
+    jw_arr_begin(w);
+    for (size_t i = 0; i < t->ncurve; i++) {
+        jw_obj_begin(w);
+        jw_kint(w, "epoch", t->curve[i].epoch);
+        jw_kdouble(w, "value", t->curve[i].value);
+        jw_kuint(w, "end_ms", t->curve[i].end_ms);
+        jw_obj_end(w);
+    }
+    jw_arr_end(w);
+    jw_obj_end(w);
+}
+
+static int study_error(struct coord *c, int rc, const char *name, char *err, size_t errlen)
+{
+    if (rc == KOLO_ENOTFOUND) {
+        snprintf(err, errlen, "no such study: no job is labelled kolo.study=%.128s", name);
+        return 404;
+    }
+    snprintf(err, errlen, "cannot read the study: %s",
+             rc == KOLO_ENOMEM ? "out of memory" : store_last_error(c->store));
+    return 500;
+}
+
+int coord_http_study(struct coord *c, const char *name, struct jw *w, char *err, size_t errlen)
+{
+    struct study s;
+    if (name) {
+        int rc = coord_study_get(c, name, &s);
+        if (rc) {
+            coord_study_free(&s);
+            return study_error(c, rc, name, err, errlen);
+        }
+        jw_obj_begin(w);
+        render_study_head(w, &s);
+        jw_key(w, "trials");
+        jw_arr_begin(w);
+        for (size_t i = 0; i < s.n; i++)
+            render_trial(w, &s.trials[i]);
+        jw_arr_end(w);
+        jw_key(w, "best_so_far");
+        jw_arr_begin(w);
+        for (size_t i = 0; i < s.nbest; i++) {
+            const struct study_trial *t = &s.trials[s.best_so_far[i].trial];
+            jw_obj_begin(w);
+            jw_kuint(w, "ts_ms", s.best_so_far[i].ts_ms);
+            jw_kdouble(w, "value", s.best_so_far[i].value);
+            jw_key(w, "trial");
+            if (t->number >= 0)
+                jw_int(w, t->number);
+            else
+                jw_null(w);
+            jw_obj_end(w);
+        }
+        jw_arr_end(w);
+        jw_obj_end(w);
+        coord_study_free(&s);
+        return 200;
+    }
+    const char **names = NULL;
+    size_t n = 0;
+    if (coord_study_names(c, &names, &n))
+        return study_error(c, KOLO_ENOMEM, "", err, errlen);
+    jw_obj_begin(w);
+    jw_key(w, "studies");
+    jw_arr_begin(w);
+    int status = 200;
+    for (size_t i = 0; i < n && status == 200; i++) {
+        int rc = coord_study_get(c, names[i], &s);
+        if (rc)
+            status = study_error(c, rc, names[i], err, errlen);
+        else {
+            jw_obj_begin(w);
+            render_study_head(w, &s);
+            jw_obj_end(w);
+        }
+        coord_study_free(&s);
+    }
+    jw_arr_end(w);
+    jw_obj_end(w);
+    free(names);
+    return status;
 }

@@ -22,6 +22,7 @@
 #include "coord_core.h"
 #include "coord_hosts.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,8 +129,11 @@ void coord_job_persist(struct coord *c, struct job *j)
     char *argv_json = strv_to_json(j->argv, j->argc);
     char *env_json = strv_to_json(j->env, j->nenv);
     char *el_json = c->hooks.elastic_to_json(j);
+    /* metadata is written once, with the job's first row */
+    char *meta_json = !j->id && j->nmeta ? strv_to_json(j->meta, j->nmeta) : NULL;
     struct store_job sj = {
         .elastic_json = el_json,
+        .metadata_json = meta_json,
         .id = j->id,
         .name = j->name,
         .state = job_state_names[j->state],
@@ -154,6 +158,7 @@ void coord_job_persist(struct coord *c, struct job *j)
     free(argv_json);
     free(env_json);
     free(el_json);
+    free(meta_json);
 }
 
 static void rank_persist(struct coord *c, struct job *j, struct rank *r)
@@ -189,8 +194,11 @@ static void job_free(struct coord *c, struct job *j)
         free(j->argv[i]);
     for (int i = 0; i < j->nenv; i++)
         free(j->env[i]);
+    for (int i = 0; i < j->nmeta; i++)
+        free(j->meta[i]);
     free(j->argv);
     free(j->env);
+    free(j->meta);
     free(j->name);
     free(j->cwd);
     free(j->hosts);
@@ -264,6 +272,8 @@ static int load_job_cb(const struct store_job *sj, void *arg)
     j->np = sj->np;
     strv_from_json(sj->argv_json, &j->argv, &j->argc);
     strv_from_json(sj->env_json, &j->env, &j->nenv);
+    if (sj->metadata_json)
+        strv_from_json(sj->metadata_json, &j->meta, &j->nmeta);
     j->cwd = strdup(sj->cwd ? sj->cwd : "");
     j->hosts = strdup(sj->hosts ? sj->hosts : "");
     j->exit_code = sj->exit_code;
@@ -342,10 +352,60 @@ void coord_job_finish(struct coord *c, struct job *j, enum job_state state, int 
     coord_jobs_place_pending(c);
 }
 
-int coord_job_submit(struct coord *c, char **argv, int argc, char **env, int nenv, const char *cwd,
-                     int np, const char *hosts, const char *name, uint32_t start_timeout_ms,
-                     const struct elastic_opts *eo, uint64_t *job_id, char *err, size_t errlen)
+const char *coord_job_meta(const struct job *j, const char *key)
 {
+    size_t n = strlen(key);
+    for (int i = 0; i < j->nmeta; i++)
+        if (strncmp(j->meta[i], key, n) == 0 && j->meta[i][n] == '=')
+            return j->meta[i] + n + 1;
+    return NULL;
+}
+
+/* meta_check says what is wrong with a job's metadata, or returns true. */
+static bool meta_check(char **meta, int n, char *err, size_t errlen)
+{
+    if (n > JOB_META_MAX) {
+        snprintf(err, errlen, "at most %d metadata entries, not %d", JOB_META_MAX, n);
+        return false;
+    }
+    for (int i = 0; i < n; i++) {
+        const char *eq = strchr(meta[i], '=');
+        size_t klen = eq ? (size_t)(eq - meta[i]) : 0;
+        if (!eq || klen == 0 || klen > JOB_META_KEY_MAX) {
+            snprintf(err, errlen, "metadata entry '%.64s' is not key=value with a key of 1 to %d "
+                     "bytes", meta[i], JOB_META_KEY_MAX);
+            return false;
+        }
+        for (size_t k = 0; k < klen; k++) {
+            char ch = meta[i][k];
+            if (!isalnum((unsigned char)ch) && ch != '.' && ch != '_' && ch != '-') {
+                snprintf(err, errlen, "metadata key '%.*s' may hold only letters, digits, '.', '_' "
+                         "and '-'", (int)klen, meta[i]);
+                return false;
+            }
+        }
+        if (strlen(eq + 1) > JOB_META_VALUE_MAX) {
+            snprintf(err, errlen, "metadata value of '%.*s' is longer than %d bytes", (int)klen,
+                     meta[i], JOB_META_VALUE_MAX);
+            return false;
+        }
+        for (int p = 0; p < i; p++)
+            if (strncmp(meta[p], meta[i], klen + 1) == 0) {
+                snprintf(err, errlen, "metadata key '%.*s' is given twice", (int)klen, meta[i]);
+                return false;
+            }
+    }
+    return true;
+}
+
+int coord_job_submit(struct coord *c, const struct job_request *rq, uint64_t *job_id, char *err,
+                     size_t errlen)
+{
+    char **argv = rq->argv, **env = rq->env;
+    int argc = rq->argc, nenv = rq->nenv, np = rq->np;
+    const char *hosts = rq->hosts, *name = rq->name, *cwd = rq->cwd;
+    uint32_t start_timeout_ms = rq->start_timeout_ms;
+    const struct elastic_opts *eo = rq->eo;
     if (argc < 1 || !argv[0][0]) {
         snprintf(err, errlen, "the job has no command");
         return KOLO_EINVAL;
@@ -361,6 +421,8 @@ int coord_job_submit(struct coord *c, char **argv, int argc, char **env, int nen
             return KOLO_EINVAL;
         }
     }
+    if (!meta_check(rq->meta, rq->nmeta, err, errlen))
+        return KOLO_EINVAL;
     if (hosts && hosts[0]) {
         struct place_spec_entry spec[256];
         int n = place_parse_hosts(hosts, spec, 256, err, errlen);
@@ -379,7 +441,8 @@ int coord_job_submit(struct coord *c, char **argv, int argc, char **env, int nen
         return KOLO_ENOMEM;
     j->argv = calloc((size_t)argc + 1, sizeof(char *));
     j->env = calloc((size_t)nenv + 3, sizeof(char *)); /* + the elastic entries */
-    if (!j->argv || !j->env) {
+    j->meta = calloc((size_t)rq->nmeta + 1, sizeof(char *));
+    if (!j->argv || !j->env || !j->meta) {
         job_free(c, j);
         return KOLO_ENOMEM;
     }
@@ -387,6 +450,8 @@ int coord_job_submit(struct coord *c, char **argv, int argc, char **env, int nen
         j->argv[j->argc++] = strdup(argv[i]);
     for (int i = 0; i < nenv; i++)
         j->env[j->nenv++] = strdup(env[i]);
+    for (int i = 0; i < rq->nmeta; i++)
+        j->meta[j->nmeta++] = strdup(rq->meta[i]);
     if (eo && eo->elastic) {
         j->np = np;
         int rv = c->hooks.elastic_init(j, eo, err, errlen);
@@ -1003,9 +1068,19 @@ void coord_rpc_admin(struct coord *c, struct rpc_call *call, enum coord_method m
                                   .timeout_ms = req->elastic_timeout_ms,
                                   .discovery = req->discovery_script,
                                   .slots_per_host = req->slots_per_host};
-        int rv = coord_job_submit(c, req->argv, (int)req->n_argv, req->env, (int)req->n_env,
-                                  req->cwd, req->np, req->hosts, req->name, req->start_timeout_ms,
-                                  &eo, &id, err, sizeof(err));
+        struct job_request rq = {.argv = req->argv,
+                                 .argc = (int)req->n_argv,
+                                 .env = req->env,
+                                 .nenv = (int)req->n_env,
+                                 .cwd = req->cwd,
+                                 .np = req->np,
+                                 .hosts = req->hosts,
+                                 .name = req->name,
+                                 .start_timeout_ms = req->start_timeout_ms,
+                                 .eo = &eo,
+                                 .meta = req->metadata,
+                                 .nmeta = (int)req->n_metadata};
+        int rv = coord_job_submit(c, &rq, &id, err, sizeof(err));
         if (rv) {
             admin_error(c, call, m, rv, "%s", err);
             break;

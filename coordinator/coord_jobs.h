@@ -10,9 +10,12 @@
 struct job *coord_job_find(struct coord *c, uint64_t id);
 const char *coord_job_state_name(enum job_state s);
 const char *coord_rank_state_name(enum rank_state s);
-int coord_job_submit(struct coord *c, char **argv, int argc, char **env, int nenv, const char *cwd,
-                     int np, const char *hosts, const char *name, uint32_t start_timeout_ms,
-                     const struct elastic_opts *eo, uint64_t *job_id, char *err, size_t errlen);
+/* coord_job_submit checks and stores a job; 0 with *job_id, or KOLO_EINVAL
+ * (err says why), KOLO_ENOMEM, KOLO_ESTORE. */
+int coord_job_submit(struct coord *c, const struct job_request *rq, uint64_t *job_id, char *err,
+                     size_t errlen);
+/* The value of a job's metadata key, or NULL. */
+const char *coord_job_meta(const struct job *j, const char *key);
 int coord_job_stop(struct coord *c, struct job *j, const char *reason);
 int coord_job_ranks_alive(const struct job *j);
 void coord_jobs_place_pending(struct coord *c);

@@ -121,6 +121,28 @@ struct elastic_opts {
     int slots_per_host;
 };
 
+/* A job as submitted (AdminService.SubmitJob, REST POST /jobs). env and
+ * meta are "NAME=value" / "key=value" strings; eo NULL: fixed size. */
+struct job_request {
+    char **argv;
+    int argc;
+    char **env;
+    int nenv;
+    const char *cwd;
+    int np;
+    const char *hosts; /* -H spec, NULL or "" = any */
+    const char *name;  /* NULL or "": the command */
+    uint32_t start_timeout_ms;
+    const struct elastic_opts *eo;
+    char **meta;
+    int nmeta;
+};
+
+/* Job metadata limits (coord_job_submit checks them). */
+#define JOB_META_MAX       32   /* entries */
+#define JOB_META_KEY_MAX   64   /* bytes of a key: [A-Za-z0-9._-] */
+#define JOB_META_VALUE_MAX 8192 /* bytes of a value */
+
 /* The elastic part of a job (coord_elastic.c); NULL for a fixed-size job. */
 struct elastic {
     int min_np, max_np;
@@ -166,6 +188,8 @@ struct job {
     int nenv;
     char *cwd;
     char *hosts; /* -H spec, "" = any */
+    char **meta; /* "key=value" labels fixed at submit (JOB_META_*) */
+    int nmeta;
     int exit_code;
     char *reason; /* why it is pending, or why it ended */
     uint64_t generation;

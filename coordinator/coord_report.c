@@ -461,6 +461,26 @@ static int gen_size_of(const struct job *j, const struct gen_sizes *gs, uint64_t
     return j->np;
 }
 
+double coord_report_metric_mean(const struct ep_rows *rs, const struct ep_sum *s, const char *key)
+{
+    double sum = 0;
+    int cnt = 0;
+    for (size_t x = s->first; x < s->first + s->count; x++) {
+        const char *t = rs->v[x].metrics;
+        struct json *m = NULL;
+        char err[64];
+        if (!t || json_parse(t, strlen(t), &m, err, sizeof err) != 0)
+            continue;
+        const struct json *v = json_get(m, key);
+        if (v && v->type == JSON_NUMBER && isfinite(v->num)) {
+            sum += v->num;
+            cnt++;
+        }
+        json_free(m);
+    }
+    return cnt ? sum / cnt : NAN;
+}
+
 int coord_report_epochs(struct coord *c, const struct job *j, struct ep_rows *rs,
                         struct ep_sum **out, size_t *nout)
 {

@@ -247,12 +247,20 @@ static const char schema_v4[] =
 static const char schema_v5[] =
     "ALTER TABLE snapshots ADD COLUMN duration_ms INTEGER NOT NULL DEFAULT 0;";
 
+/*
+ * Version 6: jobs.metadata_json, the labels a job was submitted with (a
+ * JSON array of "key=value" strings, as env_json); NULL in rows written
+ * before. Fixed at submit, so the job update leaves it alone.
+ */
+static const char schema_v6[] = "ALTER TABLE jobs ADD COLUMN metadata_json TEXT;";
+
 static const struct migration migrations[] = {
     {1, schema_v1},
     {2, schema_v2},
     {3, schema_v3},
     {4, schema_v4},
     {5, schema_v5},
+    {6, schema_v6},
 };
 
 /* Versions are consecutive from 1, so the array's length is the newest. */

@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define STORE_SCHEMA_VERSION 5
+#define STORE_SCHEMA_VERSION 6
 
 struct store;
 
@@ -63,6 +63,7 @@ struct store_job {
     uint64_t started_ms;
     uint64_t ended_ms;
     const char *elastic_json; /* elastic settings and state (coordinator's JSON), NULL: fixed */
+    const char *metadata_json; /* JSON array of "key=value" labels, NULL: none; insert only */
 };
 
 struct store_rank {

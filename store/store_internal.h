@@ -23,7 +23,7 @@
     "registered_ms, last_seen_ms, agent_instance, reg_order"
 #define JOB_COLUMNS                                                                                \
     "id, name, state, np, argv_json, env_json, cwd, hosts, exit_code, reason, generation, "        \
-    "start_timeout_ms, submitted_ms, started_ms, ended_ms, elastic"
+    "start_timeout_ms, submitted_ms, started_ms, ended_ms, elastic, metadata_json"
 #define RANK_COLUMNS                                                                               \
     "job_id, generation, rank, host_id, local_rank, local_size, cross_rank, cross_size, "          \
     "state, exit_code, term_signal, pid, worker_id"
@@ -58,8 +58,8 @@
     X(HOSTS_EACH, "SELECT " HOST_COLUMNS " FROM hosts ORDER BY reg_order")                         \
     X(JOB_INSERT, "INSERT INTO jobs(name, state, np, argv_json, env_json, cwd, hosts, "            \
                   "exit_code, reason, generation, start_timeout_ms, submitted_ms, "                \
-                  "started_ms, ended_ms, elastic) "                                                \
-                  "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")                          \
+                  "started_ms, ended_ms, elastic, metadata_json) "                                 \
+                  "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")                       \
     X(JOB_UPDATE, "UPDATE jobs SET state = ?, np = ?, hosts = ?, exit_code = ?, "                  \
                   "reason = ?, generation = ?, start_timeout_ms = ?, started_ms = ?, "             \
                   "ended_ms = ?, elastic = ? WHERE id = ?")                                        \

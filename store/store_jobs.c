@@ -32,6 +32,7 @@ int store_job_insert(struct store *st, struct store_job *job)
     bind_u64(&b, job->started_ms);
     bind_u64(&b, job->ended_ms);
     bind_text(&b, job->elastic_json);
+    bind_text(&b, job->metadata_json);
     if (b.rc != SQLITE_OK)
         return bind_failed(st, STMT_JOB_INSERT, s, b.rc, "job insert");
     err = step_write(st, STMT_JOB_INSERT, s, "job insert");
@@ -94,6 +95,7 @@ static int jobs_row(sqlite3_stmt *s, void *ctx)
         .started_ms = col_u64(s, 13),
         .ended_ms = col_u64(s, 14),
         .elastic_json = col_text(s, 15),
+        .metadata_json = col_text(s, 16),
     };
     return each->fn(&j, each->arg);
 }

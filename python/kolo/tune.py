@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 from kolo._run import MAX_ENV_PAYLOAD, _kolo_binary, _pickle
@@ -227,15 +228,16 @@ class _Cluster:
         ids = [j["id"] for j in self.get("/api/v1/jobs")["jobs"] if j.get("name") == name]
         return max(ids) if ids else None
 
-    def stop(self, job):
+    def stop(self, job, reason):
         try:
-            self.request("POST", "/api/v1/jobs/%d/stop" % job)
+            self.request("POST", "/api/v1/jobs/%d/stop" % job, {"reason": reason})
         except urllib.error.HTTPError as e:
             if e.code != 409:  # already ended
                 raise
 
-    def launch(self, name, np_, min_np, max_np, argv, env, log):
-        cmd = [self.kolo, "run", "--coordinator", self.rpc, "--name", name, "-np", str(np_)]
+    def launch(self, name, np_, min_np, max_np, argv, env, log, metadata):
+        cmd = [self.kolo, "run", "--coordinator", self.rpc, "--name", name, "-np", str(np_),
+               "--metadata", json.dumps(metadata)]
         if min_np is not None:
             cmd += ["--min-np", str(min_np)]
         if max_np is not None:
@@ -326,8 +328,9 @@ def run(trainable, space, num_trials, np=2, min_np=None, max_np=None, max_concur
     if not callable(trainable):
         _command(trainable, {k: 0 for k in dists}, "", "")  # placeholders name the space
     study_name = study_name or "study-%s" % time.strftime("%Y%m%d-%H%M%S")
-    if "/" in study_name or not study_name.strip():
-        raise TuneError("kolo.tune: the study name %r may not contain '/'" % study_name)
+    if "/" in study_name or not study_name.strip() or len(study_name.encode()) > 128:
+        raise TuneError("kolo.tune: the study name %r must be 1 to 128 bytes without '/'"
+                        % study_name)
     directory = os.path.abspath(directory or os.path.join(
         os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "kolo",
         "tune", study_name))
@@ -362,6 +365,8 @@ def run(trainable, space, num_trials, np=2, min_np=None, max_np=None, max_concur
     tmp = tempfile.mkdtemp(prefix="run-", dir=directory)  # a killed driver leaves it there
     cluster = _Cluster(_kolo_binary(), os.path.join(directory, "cluster"), slots, coordinator,
                        http, token_file)
+    _say(verbose, "study %s on the dashboard: %s/#/studies/%s"
+         % (study_name, cluster.http, urllib.parse.quote(study_name, safe="")))
     running = []
     t0 = time.monotonic()
     try:
@@ -375,7 +380,11 @@ def run(trainable, space, num_trials, np=2, min_np=None, max_np=None, max_concur
                 log = open(log_path, "w")
                 trial.set_user_attr("job_name", name)
                 trial.set_user_attr("log", log_path)
-                proc = cluster.launch(name, np, min_np, max_np, argv, dict(base_env, **extra), log)
+                labels = {"kolo.study": study_name, "kolo.trial": str(trial.number),
+                          "kolo.params": json.dumps(trial.params), "kolo.metric": metric,
+                          "kolo.mode": mode}
+                proc = cluster.launch(name, np, min_np, max_np, argv, dict(base_env, **extra), log,
+                                      labels)
                 log.close()
                 running.append(_Trial(trial, proc, name, log_path, t0))
                 _say(verbose, "trial %d started: %s" % (trial.number, _fmt(trial.params)))
@@ -391,7 +400,7 @@ def run(trainable, space, num_trials, np=2, min_np=None, max_np=None, max_concur
         for rt in running:
             if rt.job is not None:
                 try:
-                    cluster.stop(rt.job)
+                    cluster.stop(rt.job, "the search was interrupted")
                 except OSError:
                     pass
             rt.proc.terminate()
@@ -442,7 +451,8 @@ def _poll_trial(cluster, study, rt, metric, TS):
         rt.trial.report(value, e)
     if not rt.pruned and rt.epochs and rt.trial.should_prune():
         rt.pruned = True
-        cluster.stop(rt.job)
+        # "pruned" first: the coordinator's study view reads it so
+        cluster.stop(rt.job, "pruned by kolo tune after epoch %d" % max(rt.epochs))
 
 
 def _finish_trial(cluster, study, rt, metric, TS, verbose, mode):

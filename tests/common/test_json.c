@@ -384,8 +384,43 @@ static void test_object_ok(void)
     CHECK(strstr(why, "meta is not JSON") != NULL);
 }
 
+/* json_strings_kv: an object of strings to "key=value"; anything else named. */
+static void test_strings_kv(void)
+{
+    struct json *v = NULL;
+    char err[64], **kv = NULL;
+    const char *bad = NULL;
+    int n = -1;
+    const char *ok = "{\"a\":\"1\",\"b c\":\"x=y\",\"e\":\"\"}";
+    REQUIRE(json_parse(ok, strlen(ok), &v, err, sizeof err) == 0);
+    CHECK_EQ_INT(json_strings_kv(v, &kv, &n, &bad), 0);
+    REQUIRE(n == 3);
+    CHECK_EQ_STR(kv[0], "a=1");
+    CHECK_EQ_STR(kv[1], "b c=x=y");
+    CHECK_EQ_STR(kv[2], "e=");
+    CHECK(kv[3] == NULL);
+    json_kv_free(kv, n);
+    json_free(v);
+    const char *num = "{\"a\":\"1\",\"b\":2}";
+    REQUIRE(json_parse(num, strlen(num), &v, err, sizeof err) == 0);
+    CHECK_EQ_INT(json_strings_kv(v, &kv, &n, &bad), KOLO_EINVAL);
+    CHECK_EQ_STR(bad, "b");
+    CHECK(kv == NULL && n == 0);
+    json_free(v);
+    REQUIRE(json_parse("[\"a\"]", 5, &v, err, sizeof err) == 0);
+    CHECK_EQ_INT(json_strings_kv(v, &kv, &n, &bad), KOLO_EINVAL);
+    CHECK(bad == NULL);
+    json_free(v);
+    REQUIRE(json_parse("{}", 2, &v, err, sizeof err) == 0);
+    CHECK_EQ_INT(json_strings_kv(v, &kv, &n, &bad), 0);
+    CHECK(n == 0 && kv && kv[0] == NULL);
+    json_kv_free(kv, n);
+    json_free(v);
+}
+
 int main(void)
 {
+    test_strings_kv();
     test_object_ok();
     test_writer();
     test_parse_valid();

@@ -169,7 +169,7 @@ JOB_SUMMARY = {
     "argv": lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v),
     "cwd": str, "hosts": str, "generation": is_int, "submitted_ms": is_int,
     "started_ms": is_int, "ended_ms": is_int, "ranks_alive": is_int, "output_lines": is_int,
-    "elastic": bool,
+    "elastic": bool, "metadata": dict,
 }
 HOST = {
     "id": str, "name": str, "hostname": str, "addr": str,
@@ -354,7 +354,16 @@ def test_submit_validation(cluster):
                         ('{"argv":["true"],"np":1,"min_np":-2}', "min_np"),
                         ('{"argv":["true"],"np":1,"elastic":"yes"}', "elastic"),
                         ('{"argv":["true"],"np":1,"blacklist_cooldown_range":[1]}',
-                         "blacklist_cooldown_range")]:
+                         "blacklist_cooldown_range"),
+                        ('{"argv":["true"],"np":1,"metadata":["a=b"]}', "\"metadata\" must be"),
+                        ('{"argv":["true"],"np":1,"metadata":{"a":1}}', "\"metadata\" values"),
+                        ('{"argv":["true"],"np":1,"metadata":{"a b":"c"}}', "metadata key 'a b'"),
+                        ('{"argv":["true"],"np":1,"metadata":{"":"c"}}', "key of 1 to 64"),
+                        ('{"argv":["true"],"np":1,"metadata":{"k":"%s"}}' % ("v" * 8193),
+                         "longer than 8192"),
+                        (json.dumps({"argv": ["true"], "np": 1,
+                                     "metadata": {"k%d" % i: "v" for i in range(33)}}),
+                         "at most 32")]:
         expect_error(http, "POST", "/api/v1/jobs", 400, body=body, token=cluster.token,
                      text=re.escape(field))
     # nothing was submitted by any of them
@@ -689,6 +698,140 @@ def test_stop(cluster):
     expect_error(http, "POST", base + "/stop", 409, token=cluster.token)
 
 
+STUDY_WORKER = r"""
+import sys
+import time
+
+import kolo
+
+kolo.init()
+for epoch, v in enumerate(float(x) for x in sys.argv[1].split(",") if x):
+    kolo.report_epoch(epoch, samples=10, metrics={"loss": v + 0.01 * kolo.rank(), "note": "x"})
+    time.sleep(0.05)
+if sys.argv[2] == "hang":
+    time.sleep(60)
+kolo.shutdown()
+sys.exit(int(sys.argv[3]))
+"""
+TRIAL = {"number": lambda v: v is None or is_int(v), "job": is_int, "job_name": str,
+         "state": str, "params": lambda v: v is None or isinstance(v, dict), "np": is_int,
+         "workers": is_int, "value": lambda v: v is None or is_num(v),
+         "best": lambda v: v is None or is_num(v), "epochs": is_int, "submitted_ms": is_int,
+         "started_ms": is_int, "ended_ms": is_int, "reason": str, "curve": list}
+STUDY = {"name": str, "metric": str, "mode": str, "trial_count": is_int, "states": dict,
+         "best_value": lambda v: v is None or is_num(v),
+         "best_trial": lambda v: v is None or is_int(v),
+         "best_job": lambda v: v is None or is_int(v), "first_ms": is_int, "last_ms": is_int}
+
+
+def test_studies(cluster):
+    """Jobs labelled as kolo tune labels its trials make a study: REST
+    derives each trial's state and metric curve from the job and its epoch
+    reports (the mean over the ranks), the best trial and the best-so-far
+    curve; a name with a space and a non-ASCII letter is found URL-encoded."""
+    http = cluster.http
+    path = os.path.join(cluster.tmp, "study_worker.py")
+    with open(path, "w") as f:
+        f.write(STUDY_WORKER)
+    env = {"PYTHONPATH": PYDIR, "PYTHONUNBUFFERED": "1"}
+    if os.environ.get("KOLO_LIBRARY"):
+        env["KOLO_LIBRARY"] = os.environ["KOLO_LIBRARY"]
+    name = "rest study \u00e9"
+
+    def trial(number, np_, values, how="end", code=0, extra=None):
+        meta = {"kolo.study": name, "kolo.metric": "loss", "kolo.mode": "min",
+                "kolo.params": json.dumps({"lr": 0.1 * (number or 0), "batch": 32})}
+        if number is not None:
+            meta["kolo.trial"] = str(number)
+        meta.update(extra or {})
+        st, job = cluster.post("/api/v1/jobs", json.dumps(
+            {"argv": [sys.executable, path, ",".join(map(str, values)), how, str(code)],
+             "np": np_, "env": env, "cwd": cluster.tmp, "name": "%s/trial-%s" % (name, number),
+             "metadata": meta}))
+        assert st == 201, job
+        assert job["metadata"] == meta, job
+        return job["id"]
+
+    def ended(jid):
+        def done():
+            st, j = get(http, "/api/v1/jobs/%d" % jid)
+            return j if j["state"] not in ("pending", "running") else None
+        return wait_until("job %d to end" % jid, done, timeout=60)
+
+    j0 = trial(0, 2, [0.5, 0.3])
+    assert ended(j0)["state"] == "succeeded"
+    j1 = trial(1, 1, [0.4, 0.2])
+    assert ended(j1)["state"] == "succeeded"
+    j2 = trial(2, 1, [0.9], how="hang")
+
+    def reported():
+        st, ep = get(http, "/api/v1/jobs/%d/epochs" % j2)
+        return ep["epochs"] and ep["epochs"][0]["complete"]
+    wait_until("trial 2's first epoch", reported, timeout=60)
+    expect_error(http, "POST", "/api/v1/jobs/%d/stop" % j2, 400, body="[1]",
+                 token=cluster.token, text="JSON object")
+    expect_error(http, "POST", "/api/v1/jobs/%d/stop" % j2, 400, body='{"reason": 5}',
+                 token=cluster.token, text="reason")
+    st, j = cluster.post("/api/v1/jobs/%d/stop" % j2, '{"reason": "pruned at epoch 0"}')
+    assert st == 200 and j["reason"] == "pruned at epoch 0", j
+    ended(j2)
+    j3 = trial(3, 1, [0.1], code=3)  # reports the best value, then fails
+    assert ended(j3)["state"] == "failed"
+    j4 = trial(None, 1, [])  # succeeds without a value, and without a number
+    ended(j4)
+    j5 = trial(5, 1, [0.25])  # a later end that does not beat the best
+
+    ended(j5)
+    # another study (mode max) and a job of no study
+    st, other = cluster.post("/api/v1/jobs", json.dumps(
+        {"argv": [sys.executable, path, "0.5", "end", "0"], "np": 1, "env": env,
+         "cwd": cluster.tmp, "metadata": {"kolo.study": "other", "kolo.metric": "loss",
+                                          "kolo.mode": "max", "kolo.trial": "0"}}))
+    assert st == 201
+    ended(other["id"])
+
+    st, body = get(http, "/api/v1/studies")
+    assert st == 200, body
+    names = [x["name"] for x in body["studies"]]
+    assert names == ["other", name], names  # newest first; jobs of no study are not one
+    for x in body["studies"]:
+        check_shape(x, STUDY, "study summary")
+    o = body["studies"][0]
+    assert o["mode"] == "max" and o["best_value"] == 0.5 and o["best_trial"] == 0, o
+
+    enc = urllib.request.quote(name)
+    st, s = get(http, "/api/v1/studies/" + enc)
+    assert st == 200, s
+    check_shape(s, dict(STUDY, trials=list, best_so_far=list), "study")
+    assert s["name"] == name and s["metric"] == "loss" and s["mode"] == "min", s
+    assert s["trial_count"] == 6, s
+    assert s["states"] == {"pending": 0, "running": 0, "complete": 3, "pruned": 1,
+                           "failed": 2, "stopped": 0}, s["states"]
+    by_job = {t["job"]: t for t in s["trials"]}
+    for t in s["trials"]:
+        check_shape(t, TRIAL, "trial")
+    # sorted by number (no number first), values are the mean over the ranks
+    assert [t["number"] for t in s["trials"]] == [None, 0, 1, 2, 3, 5], s["trials"]
+    t0 = by_job[j0]
+    assert t0["state"] == "complete" and t0["np"] == 2 and t0["epochs"] == 2, t0
+    assert [c["epoch"] for c in t0["curve"]] == [0, 1], t0
+    assert abs(t0["curve"][0]["value"] - 0.505) < 1e-9 and abs(t0["value"] - 0.305) < 1e-9, t0
+    assert t0["params"] == {"lr": 0.0, "batch": 32}, t0
+    assert by_job[j1]["value"] == 0.2 and by_job[j1]["state"] == "complete"
+    assert by_job[j2]["state"] == "pruned" and by_job[j2]["value"] == 0.9, by_job[j2]
+    assert by_job[j3]["state"] == "failed" and by_job[j3]["value"] == 0.1, by_job[j3]
+    assert by_job[j4]["state"] == "failed" and by_job[j4]["value"] is None, by_job[j4]
+    # the best is the best complete trial; a failed trial's lower value does not count
+    assert s["best_value"] == 0.2 and s["best_trial"] == 1 and s["best_job"] == j1, s
+    assert [(b["trial"], b["value"]) for b in s["best_so_far"]] == [(0, t0["value"]), (1, 0.2)]
+    assert s["best_so_far"][0]["ts_ms"] <= s["best_so_far"][1]["ts_ms"]
+    assert s["first_ms"] > 0 and s["last_ms"] >= s["first_ms"], s
+
+    expect_error(http, "GET", "/api/v1/studies/nope", 404, text="no such study")
+    expect_error(http, "GET", "/api/v1/studies/" + "x" * 400, 404, text="no such study")
+    expect_error(http, "POST", "/api/v1/studies", 405, allow="GET")
+
+
 def test_timeline_after_restart(cluster):
     """A restarted coordinator serves the finished job's timeline file (its
     HOROVOD_TIMELINE), closing what a writer left open and leaving out a
@@ -743,3 +886,4 @@ def test_no_token_means_no_changes(cluster):
         assert st == 200 and body["jobs"] == []
     finally:
         cluster.stop_proc(p)
+

@@ -17,7 +17,7 @@ Inside coordinator/, the layers (README, "Layout") point down only:
     core    coord_core, coord_hosts, coord_jobs, coord_writer, placement,
             coord_static
     domain  coord_negot, coord_elastic, coord_snap, coord_report,
-            coord_timeline
+            coord_timeline, coord_study
     api     coord_api.h: coord.c, coord_http*.c, coord_main.c
 
 A file may include the headers of its own layer and those below. A header is found by
@@ -48,7 +48,7 @@ COORD_HEADER_LAYER = {
     "coord_core.h": "core", "coord_hosts.h": "core", "coord_jobs.h": "core",
     "coord_writer.h": "core", "placement.h": "core", "coord_static.h": "core",
     "coord_negot.h": "domain", "coord_elastic.h": "domain", "coord_snap.h": "domain",
-    "coord_report.h": "domain", "coord_timeline.h": "domain",
+    "coord_report.h": "domain", "coord_timeline.h": "domain", "coord_study.h": "domain",
     "coord_api.h": "api",
 }
 # .c files whose own header is not <name>.h

@@ -7,6 +7,7 @@ interpreter; it reports failures through its exit code and output.
 """
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -79,17 +80,81 @@ def kolo_run(np, script, args=(), timeout=120, env=None, kolo_args=(), state_dir
     if env:
         e.update(env)
     cmd = [KOLO, "run", "-np", str(np)] + list(kolo_args) + ["--", sys.executable, path] + [str(a) for a in args]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e, cwd=tmp,
+                         universal_newlines=True)
     try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
-                           env=e, cwd=tmp, universal_newlines=True)
+        out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as ex:
-        out = ex.stdout.decode() if isinstance(ex.stdout, bytes) else (ex.stdout or "")
-        err = ex.stderr.decode() if isinstance(ex.stderr, bytes) else (ex.stderr or "")
-        raise AssertionError("kolo run timed out after %ss\n%s\n%s" % (timeout, out, err))
+        partial = ex.stderr.decode(errors="replace") if isinstance(ex.stderr, bytes) else (ex.stderr or "")
+        diag = _diagnose_hang(p.pid, partial)
+        for pid in [p.pid] + _descendants(p.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        out, err = p.communicate()
+        raise AssertionError("kolo run timed out after %ss\n--- stdout\n%s\n--- stderr\n%s\n%s"
+                             % (timeout, out, err, diag))
     # printed in full: pytest shows it (untruncated) when the test fails
     print("$ %s\n--- exit %d\n--- stdout\n%s\n--- stderr\n%s" % (" ".join(cmd), p.returncode,
-                                                               p.stdout, p.stderr))
-    return Job(p.returncode, p.stdout, p.stderr)
+                                                               out, err))
+    return Job(p.returncode, out, err)
+
+
+def _descendants(pid):
+    """Every live process below pid, from /proc."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _diagnose_hang(pid, stderr):
+    """What a hung `kolo run` was doing: the job's events from its embedded
+    coordinator's REST API and every process' thread stacks (gdb, where
+    installed), so a hang that happens once in CI names its wait."""
+    import re
+    import urllib.request
+    parts = []
+    m = re.search(r"on the dashboard: (http://[^/\s]+)/#/jobs/(\d+)", stderr)
+    if m:
+        for path in ("/api/v1/jobs/%s" % m.group(2), "/api/v1/jobs/%s/events" % m.group(2)):
+            try:
+                with urllib.request.urlopen(m.group(1) + path, timeout=5) as r:
+                    parts.append("--- GET %s\n%s" % (path, r.read().decode(errors="replace")))
+            except OSError as ex:
+                parts.append("--- GET %s: %s" % (path, ex))
+    if shutil.which("gdb"):
+        procs = [pid] + _descendants(pid)
+        gdbs = [(q, subprocess.Popen(["gdb", "-p", str(q), "-batch", "-ex", "thread apply all bt 15"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     universal_newlines=True)) for q in procs]
+        for q, g in gdbs:
+            try:
+                text = g.communicate(timeout=60)[0]
+            except subprocess.TimeoutExpired:
+                g.kill()
+                text = g.communicate()[0]
+            try:
+                with open("/proc/%d/cmdline" % q) as f:
+                    what = f.read().replace("\0", " ")[:200]
+            except OSError:
+                what = "?"
+            parts.append("--- stacks of %d (%s)\n%s" % (q, what, "\n".join(
+                l for l in text.splitlines() if l.startswith(("#", "Thread")))))
+    return "\n".join(parts)
 
 
 @pytest.fixture

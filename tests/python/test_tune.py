@@ -8,12 +8,15 @@ a crashing trial is recorded as failed and the search goes on, a killed
 driver's study resumes with no trial lost, and bad spaces, metrics and
 modes are refused before any job starts.
 """
+import json
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 
 import pytest
 
@@ -63,6 +66,46 @@ def max_slots_in_use(directory):
     return most
 
 
+def coordinator_view(directory, study):
+    """GET /api/v1/studies and /api/v1/studies/STUDY from a coordinator
+    started again on the search's database (the local one ended with the
+    search): the study is durable and derived from the jobs alone."""
+    p = subprocess.Popen([os.environ["KOLO_BIN"], "coordinator", "--listen", "tcp://127.0.0.1:0",
+                          "--http", "127.0.0.1:0", "--db",
+                          os.path.join(directory, "cluster", "coordinator.db")],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = p.stdout.readline()
+        assert "http=" in line, line
+        base = line.split("http=")[1].split()[0]
+        get = lambda path: json.loads(urllib.request.urlopen(base + path, timeout=10).read())
+        return get("/api/v1/studies"), get("/api/v1/studies/" + urllib.parse.quote(study))
+    finally:
+        p.terminate()
+        p.wait(10)
+
+
+def check_coordinator_view(directory, res, metric):
+    """The coordinator's study agrees with the search's own result."""
+    listing, s = coordinator_view(directory, res["study"])
+    assert [x["name"] for x in listing["studies"]] == [res["study"]], listing
+    assert s["metric"] == metric and s["trial_count"] == len(res["trials"]), s
+    mine = {t["number"]: t for t in s["trials"]}
+    for t in res["trials"]:
+        c = mine[t["number"]]
+        assert c["job"] == t["job"] and c["job_name"] == t["job_name"], (c, t)
+        assert c["params"] == t["params"], (c, t)
+        want = {"complete": "complete", "pruned": "pruned", "fail": "failed"}[t["state"]]
+        assert c["state"] == want, (c, t)
+        if t["state"] == "complete":
+            assert abs(c["value"] - t["value"]) < 1e-9, (c, t)
+        assert c["epochs"] == t["epochs"], (c, t)
+    assert s["best_trial"] == res["best_trial"], (s, res)
+    assert abs(s["best_value"] - res["best_value"]) < 1e-9, (s, res)
+    assert s["best_so_far"] and s["best_so_far"][-1]["trial"] == res["best_trial"], s
+    return s
+
+
 def test_bad_input_is_refused_before_any_job(tmp_path):
     cases = [
         ({}, "loss", "min", "non-empty dict"),
@@ -79,6 +122,9 @@ def test_bad_input_is_refused_before_any_job(tmp_path):
         with pytest.raises(kolo.tune.TuneError, match=text):
             kolo.tune.run(["true"], space, 2, metric=metric, mode=mode,
                           directory=str(tmp_path / "s"), verbose=False)
+    with pytest.raises(kolo.tune.TuneError, match="1 to 128 bytes"):
+        kolo.tune.run(["true"], {"lr": [1, 2]}, 2, study_name="s" * 129,
+                      directory=str(tmp_path / "s"), verbose=False)
     # a placeholder the space lacks
     with pytest.raises(kolo.tune.TuneError, match="not in the space"):
         kolo.tune.run(["echo", "{nope}"], {"lr": [1, 2]}, 2, directory=str(tmp_path / "s"),
@@ -107,6 +153,8 @@ def test_crashing_trials_fail_and_the_search_goes_on(tmp_path):
     assert res["best_trial"] == best["number"]
     assert res["best_value"] == pytest.approx((best["params"]["x"] - 0.3) ** 2 + 0.25)
     assert max_slots_in_use(d) <= 2
+    s = check_coordinator_view(d, res, "loss")
+    assert s["states"]["failed"] == len(failed) and s["mode"] == "min", s
 
 
 def test_function_trainable(tmp_path):
@@ -155,6 +203,8 @@ def test_digits_search_prunes_and_finds_097(tmp_path):
     assert res["best_value"] >= 0.97, res
     assert all(t["job_name"] == "digits/trial-%d" % t["number"] for t in res["trials"])
     assert max_slots_in_use(d) <= 4
+    s = check_coordinator_view(d, res, "accuracy")
+    assert s["mode"] == "max" and s["states"]["pruned"] == states.count("pruned"), s
 
 
 def test_killed_driver_resumes(tmp_path):

@@ -209,6 +209,7 @@ struct job_seen {
     uint64_t ids[8];
     char states[8][16];
     char names[8][32];
+    char meta[8][64];
     uint64_t generation[8];
     int nested_total;
     struct store *st;
@@ -229,6 +230,8 @@ static int collect_job(const struct store_job *j, void *arg)
     seen->ids[i] = j->id;
     snprintf(seen->states[i], sizeof seen->states[i], "%s", j->state);
     snprintf(seen->names[i], sizeof seen->names[i], "%s", j->name ? j->name : "(null)");
+    snprintf(seen->meta[i], sizeof seen->meta[i], "%s",
+             j->metadata_json ? j->metadata_json : "(null)");
     seen->generation[i] = j->generation;
     /* Walk the jobs again from inside the walk: the store must not reuse
      * the statement that is still stepping. */
@@ -248,11 +251,13 @@ static void test_jobs(struct store *st, uint64_t *job1, uint64_t *job2)
                           .cwd = "/w",
                           .hosts = "",
                           .submitted_ms = 100,
-                          .start_timeout_ms = 30000};
+                          .start_timeout_ms = 30000,
+                          .metadata_json = "[\"kolo.study=s\"]"};
     CHECK_EQ_INT(store_job_insert(st, &j), 0);
     CHECK(j.id > 0);
     *job1 = j.id;
     j.name = "eval";
+    j.metadata_json = NULL;
     CHECK_EQ_INT(store_job_insert(st, &j), 0);
     CHECK(j.id > *job1);
     *job2 = j.id;
@@ -276,6 +281,8 @@ static void test_jobs(struct store *st, uint64_t *job1, uint64_t *job2)
     CHECK_EQ_INT(seen.ids[0], *job1);
     CHECK_EQ_STR(seen.states[0], "running");
     CHECK_EQ_STR(seen.names[0], "train"); /* name is fixed at insert */
+    CHECK_EQ_STR(seen.meta[0], "[\"kolo.study=s\"]"); /* so is the metadata */
+    CHECK_EQ_STR(seen.meta[1], "(null)");
     CHECK_EQ_INT(seen.generation[0], 1);
     CHECK_EQ_STR(seen.states[1], "pending");
     CHECK_EQ_INT(seen.nested_total, 4);

@@ -59,6 +59,8 @@ static int copy_epoch(const struct store_epoch *e, void *arg)
 static void test_epochs(struct store *st)
 {
     uint64_t job = new_job(st);
+    struct store_job labelled = {.name = "m", .state = "pending", .metadata_json = "[\"a=b\"]"};
+    CHECK_EQ_INT(store_job_insert(st, &labelled), 0);
     struct store_epoch e = {
         .job_id = job, .generation = 1, .rank = 0, .epoch = 0, .start_ms = 1000};
     CHECK_EQ_INT(store_epoch_report(st, &e, 0), 0);
@@ -203,15 +205,18 @@ static void raw_exec(const char *sql)
     REQUIRE(rc == SQLITE_OK);
 }
 
-/* A version 3 file (no report tables, and no snapshots.duration_ms of
- * version 5) is migrated to the newest version. */
+/* A version 3 file (no report tables, no snapshots.duration_ms of version
+ * 5, no jobs.metadata_json of version 6) is migrated to the newest version. */
 static void test_migration(void)
 {
     raw_exec("DROP TABLE epochs; DROP TABLE steps; "
-             "ALTER TABLE snapshots DROP COLUMN duration_ms; PRAGMA user_version = 3;");
+             "ALTER TABLE snapshots DROP COLUMN duration_ms; "
+             "ALTER TABLE jobs DROP COLUMN metadata_json; PRAGMA user_version = 3;");
     struct store *st = open_store();
     CHECK_EQ_INT(store_schema_version(st), STORE_SCHEMA_VERSION);
     uint64_t job = new_job(st);
+    struct store_job labelled = {.name = "m", .state = "pending", .metadata_json = "[\"a=b\"]"};
+    CHECK_EQ_INT(store_job_insert(st, &labelled), 0);
     struct store_epoch e = {
         .job_id = job, .generation = 1, .rank = 0, .epoch = 0, .start_ms = 1, .end_ms = 2};
     CHECK_EQ_INT(store_epoch_report(st, &e, 1), 0);

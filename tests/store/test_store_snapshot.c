@@ -443,9 +443,9 @@ static void test_migration_from_v1(void)
     }
 }
 
-/* A version 4 file (snapshots without duration_ms) is migrated to version
- * 5: its snapshots read a duration of 0 and keep everything else, and new
- * ones store theirs. */
+/* A version 4 file (snapshots without duration_ms, jobs without
+ * metadata_json) is migrated to the newest version: its snapshots read a
+ * duration of 0 and keep everything else, and new ones store theirs. */
 static void test_migration_from_v4(void)
 {
     struct store *st = open_store();
@@ -456,6 +456,7 @@ static void test_migration_from_v4(void)
     REQUIRE(sqlite3_open(db_path, &db) == SQLITE_OK);
     REQUIRE(sqlite3_exec(db,
                          "ALTER TABLE snapshots DROP COLUMN duration_ms; "
+                         "ALTER TABLE jobs DROP COLUMN metadata_json; "
                          "PRAGMA user_version = 4;",
                          NULL, NULL, NULL) == SQLITE_OK);
     sqlite3_close(db);
