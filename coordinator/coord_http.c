@@ -1176,21 +1176,11 @@ static bool get_job_report(struct route_req *x)
     return true;
 }
 
-static bool get_studies(struct route_req *x)
-{
-    char why[300];
-    int status = coord_http_study(x->c, NULL, &x->w, why, sizeof why);
-    if (status != 200) {
-        out_json_error(x->o, status, why);
-        return false;
-    }
-    return true;
-}
-
+/* GET /studies (no :study captured) and /studies/{name} */
 static bool get_study(struct route_req *x)
 {
     char why[300];
-    int status = coord_http_study(x->c, x->study, &x->w, why, sizeof why);
+    int status = coord_http_study(x->c, x->study[0] ? x->study : NULL, &x->w, why, sizeof why);
     if (status != 200) {
         out_json_error(x->o, status, why);
         return false;
@@ -1245,7 +1235,7 @@ static const struct route routes[] = {
     {"GET", "/api/v1/jobs/:job/steps", 0, get_job_report},
     {"GET", "/api/v1/jobs/:job/ranks", 0, get_job_report},
     {"GET", "/api/v1/jobs/:job/timeline", 0, get_job_timeline},
-    {"GET", "/api/v1/studies", 0, get_studies},
+    {"GET", "/api/v1/studies", 0, get_study},
     {"GET", "/api/v1/studies/:study", 0, get_study},
 };
 
