@@ -1,8 +1,11 @@
-/* app.js - the kolo dashboard: two pages over the coordinator's REST API
+/* app.js - the kolo dashboard: pages over the coordinator's REST API
  * (docs/api.md), polled while they are open.
- *   #/          the cluster: hosts and jobs
- *   #/jobs/ID   one job: epochs, step times and stragglers, membership,
- *               commits, stalled ops, worker output
+ *   #/               the cluster: hosts and jobs
+ *   #/jobs/ID        one job: epochs, step times and stragglers, membership,
+ *                    commits, stalled ops, worker output
+ *   #/studies        the hyperparameter studies (kolo tune)
+ *   #/studies/NAME   one study: its trials, the best so far, every trial's
+ *                    metric per epoch
  * Everything is built with DOM calls (no innerHTML with data), so worker
  * output and job names are shown as text, never as markup. */
 'use strict';
@@ -70,7 +73,8 @@ const fmt = {
 /* A job or host state as a badge: a symbol and the word, so it reads
  * without colour. */
 const STATE_MARK = {running: '▶', pending: '…', succeeded: '✓', failed: '✗', stopped: '■',
-                    alive: '●', lost: '✗', drained: '↓', exited: '✓', assigned: '…'};
+                    alive: '●', lost: '✗', drained: '↓', exited: '✓', assigned: '…',
+                    complete: '✓', pruned: '✂'};
 function badge(state) {
   return h('span', {class: 'badge s-' + state}, (STATE_MARK[state] || '•') + ' ' + state);
 }
@@ -170,6 +174,14 @@ function jobHeader(j, hostNames) {
   if (es) facts.push(['Resets', `${es.resets}${es.reset_limit ? ' of ' + es.reset_limit : ''}`]);
   if (j.exit_code !== null && j.exit_code !== undefined) facts.push(['Exit code', j.exit_code]);
   const kids = [h('dl', {class: 'facts'}, facts.map(([k, v]) => h('div', {}, h('dt', {}, k), h('dd', {}, v))))];
+  const meta = j.metadata || {};
+  if (meta['kolo.study'])
+    kids.push(h('p', {class: 'study-link'}, `Trial ${meta['kolo.trial'] || '?'} of study `,
+      h('a', {href: studyHref(meta['kolo.study'])}, meta['kolo.study']),
+      meta['kolo.params'] ? h('span', {class: 'muted'}, ' · ', paramsText(meta['kolo.params'])) : ''));
+  const other = Object.keys(meta).filter(k => !k.startsWith('kolo.'));
+  if (other.length)
+    kids.push(h('p', {class: 'meta'}, other.map(k => h('span', {class: 'chip'}, `${k}: ${meta[k]}`))));
   kids.push(j.argv ? h('p', {class: 'argv'}, h('code', {}, j.argv.join(' ')))
     : h('p', {class: 'muted'}, 'Command and output are shown to token holders only on this listener.'));
   if (j.timeline)
@@ -406,14 +418,113 @@ function jobPage(root, id) {
   });
 }
 
+/* ------------------------------------------------------------ studies */
+
+function studyHref(name) { return '#/studies/' + encodeURIComponent(name); }
+
+/* A trial's parameters as "lr=0.01, batch=32" (numbers to 4 digits). */
+function paramsText(p) {
+  if (typeof p === 'string') { try { p = JSON.parse(p); } catch (e) { return p; } }
+  if (!p || typeof p !== 'object') return '–';
+  return Object.entries(p).map(([k, v]) =>
+    `${k}=${typeof v === 'number' && !Number.isInteger(v) ? +v.toPrecision(4) : v}`).join(', ');
+}
+
+function statesText(st) {
+  return ['running', 'pending', 'complete', 'pruned', 'failed', 'stopped']
+    .filter(k => st[k]).map(k => `${st[k]} ${k}`).join(', ') || '–';
+}
+
+function studiesPage(root) {
+  const box = h('div');
+  root.replaceChildren(h('h1', {}, 'Studies'), section('Hyperparameter studies', 'studies', box));
+  return poller(async () => {
+    const body = await api('/api/v1/studies');
+    box.replaceChildren(table([
+      {title: 'Study', get: s => h('a', {href: studyHref(s.name)}, s.name)},
+      {title: 'Trials', num: true, get: s => s.trial_count},
+      {title: 'States', get: s => statesText(s.states)},
+      {title: 'Best', num: true, get: s => s.best_value === null ? '–' :
+        `${s.metric} ${fmt.num(s.best_value, 4)} (${s.mode})`},
+      {title: 'Best trial', get: s => s.best_job ? h('a', {href: `#/jobs/${s.best_job}`}, `trial ${s.best_trial}`) : '–'},
+      {title: 'Started', get: s => fmt.time(s.first_ms)},
+      {title: 'Ran for', num: true, get: s => fmt.secs(((s.last_ms || Date.now()) - s.first_ms) / 1000)},
+    ], body.studies, 'No study yet. kolo tune runs one: each trial is a job labelled with its study.'));
+    return body.studies.some(s => !s.last_ms) ? POLL_MS : POLL_IDLE_MS;
+  });
+}
+
+function studyPage(root, name) {
+  const head = h('div'), charts = h('div', {class: 'charts'}), trials = h('div');
+  const bestBox = h('div', {class: 'chart'}), curveBox = h('div', {class: 'chart'});
+  const curveCap = h('figcaption', {}, 'Every trial per epoch');
+  charts.replaceChildren(
+    h('figure', {}, h('figcaption', {}, 'Best so far'), bestBox),
+    h('figure', {}, curveCap, curveBox,
+      h('p', {class: 'muted legend'}, h('span', {class: 'legend-line'}), 'trial',
+        h('span', {class: 'legend-line t-best'}), 'best trial',
+        h('span', {class: 'legend-line t-pruned'}), 'pruned (dashed)',
+        h('span', {class: 'legend-line t-failed'}), 'failed or stopped (dotted)')));
+  root.replaceChildren(
+    h('p', {class: 'crumbs'}, h('a', {href: '#/studies'}, '← Studies')),
+    h('h1', {}, `Study ${name}`), head,
+    section('Progress', 'progress', charts),
+    section('Trials', 'trials', trials));
+  return poller(async () => {
+    const s = await api('/api/v1/studies/' + encodeURIComponent(name));
+    document.title = `kolo · study ${name}`;
+    const best = s.trials.find(t => t.job === s.best_job);
+    const facts = [
+      ['Objective', `${s.mode === 'max' ? 'maximise' : 'minimise'} ${s.metric}`],
+      ['Trials', `${s.trial_count}: ${statesText(s.states)}`],
+      ['Best', best ? h('span', {}, `${fmt.num(s.best_value, 4)} by `,
+        h('a', {href: `#/jobs/${best.job}`}, `trial ${best.number}`)) : '–'],
+      ['Best parameters', best ? paramsText(best.params) : '–'],
+      ['Started', fmt.time(s.first_ms)],
+      ['Ran for', fmt.secs(((s.last_ms || Date.now()) - s.first_ms) / 1000)],
+    ];
+    head.replaceChildren(h('dl', {class: 'facts'},
+      facts.map(([k, v]) => h('div', {}, h('dt', {}, k), h('dd', {}, v)))));
+    Charts.line(bestBox, s.best_so_far.map(b => ({x: (b.ts_ms - s.first_ms) / 1000, y: b.value,
+      label: `${fmt.secs((b.ts_ms - s.first_ms) / 1000)}: trial ${b.trial}, ${s.metric} ${fmt.num(b.value, 4)}`})),
+      {name: 'best-so-far', xLabel: 'seconds since the study began', yLabel: s.metric, fit: true,
+       step: true, until: ((s.last_ms || Date.now()) - s.first_ms) / 1000, empty: 'no trial completed yet'});
+    curveCap.textContent = `${s.metric} per epoch, every trial`;
+    Charts.lines(curveBox, s.trials.map(t => ({
+      name: `trial ${t.number} (${t.state})`,
+      cls: 'trial t-' + t.state + (t.job === s.best_job ? ' t-best' : ''),
+      points: t.curve.map(c => ({x: c.epoch, y: c.value,
+        label: `trial ${t.number} (${t.state}), epoch ${c.epoch}: ${s.metric} ${fmt.num(c.value, 4)}`}))})),
+      {name: 'trial-curves', xLabel: 'epoch', yLabel: s.metric, fit: true});
+    const rows = s.trials.slice().sort((a, b) => (b.number ?? -1) - (a.number ?? -1))
+      .map(t => Object.assign({_class: t.job === s.best_job ? 'current' : null}, t));
+    trials.replaceChildren(table([
+      {title: 'Trial', get: t => h('a', {href: `#/jobs/${t.job}`}, t.number === null ? `job ${t.job}` : `${t.number}`)},
+      {title: 'State', get: t => badge(t.state)},
+      {title: s.metric, num: true, get: t => fmt.num(t.value, 4)},
+      {title: 'Best epoch', num: true, get: t => fmt.num(t.best, 4)},
+      {title: 'Epochs', num: true, get: t => t.epochs},
+      {title: 'Workers', num: true, get: t => t.state === 'running' ? `${t.workers} / ${t.np}` : t.np},
+      {title: 'Duration', num: true, get: t => t.started_ms ? fmt.secs(((t.ended_ms || Date.now()) - t.started_ms) / 1000) : '–'},
+      {title: 'Parameters', get: t => paramsText(t.params)},
+    ], rows, 'No trial yet.'));
+    return s.last_ms ? POLL_IDLE_MS : POLL_MS;
+  });
+}
+
 /* ------------------------------------------------------------ router */
 
 function route() {
   if (page) page.stop();
   showBanner('');
   const root = document.getElementById('app');
-  const m = location.hash.match(/^#\/jobs\/(\d+)$/);
-  page = m ? jobPage(root, m[1]) : clusterPage(root);
+  const m = location.hash.match(/^#\/jobs\/(\d+)$/), st = location.hash.match(/^#\/studies\/(.+)$/);
+  let name = null;
+  try { name = st && decodeURIComponent(st[1]); } catch (e) { name = st && st[1]; } // a stray '%'
+  if (m) page = jobPage(root, m[1]);
+  else if (st) page = studyPage(root, name);
+  else if (location.hash === '#/studies') page = studiesPage(root);
+  else page = clusterPage(root);
   window.scrollTo(0, 0);
 }
 

@@ -62,7 +62,8 @@ def _optuna():
 def parse_space(space):
     """{name: distribution} from Optuna distributions or a plain dict:
     ("log", lo, hi) and ("uniform"|"float", lo, hi) floats, ("int", lo, hi)
-    and ("logint", lo, hi) integers, a list of choices. Raises TuneError
+    and ("logint", lo, hi) integers, a list of choices (or ("choice", a,
+    b, ...), the same). Raises TuneError
     naming the parameter."""
     optuna = _optuna()
     dist = optuna.distributions
@@ -94,6 +95,11 @@ def parse_space(space):
             else:
                 out[name] = dist.FloatDistribution(float(lo), float(hi), log=kind == "log")
             continue
+        if isinstance(spec, (list, tuple)) and spec and spec[0] == "choice":
+            spec = spec[1:]  # ("choice", a, b, ...), as --help and docs/tune.md write it
+            if not spec:
+                raise TuneError("kolo.tune: %s: (\"choice\", ...) needs at least one choice"
+                                % name)
         if isinstance(spec, (list, tuple)) and spec:
             if any(not isinstance(c, (str, int, float, bool)) and c is not None for c in spec):
                 raise TuneError("kolo.tune: %s: choices must be strings, numbers, booleans or "

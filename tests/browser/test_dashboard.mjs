@@ -14,72 +14,21 @@
 //     says so, in the membership band and table;
 //   - worker output and events are shown, and the timeline is linked.
 // Screenshots go to ARTIFACT_DIR.
-import { chromium } from 'playwright-core';
-import fs from 'node:fs';
-import path from 'node:path';
+import {setup, state, check, rest, until, watch, shot, noSidewaysScroll, run} from './lib.mjs';
 
 const [base, job, outDir] = process.argv.slice(2);
 if (!base || !job || !outDir) {
   console.error('usage: node test_dashboard.mjs HTTP_URL JOB_ID ARTIFACT_DIR');
   process.exit(2);
 }
-fs.mkdirSync(outDir, {recursive: true});
+setup(base, outDir);
 
-const problems = [];
-let step = 'start';
-function check(ok, what) {
-  if (!ok) throw new Error(`${step}: ${what}`);
-  console.log(`ok - ${step}: ${what}`);
-}
-
-async function rest(p) {
-  const r = await fetch(base + p, {signal: AbortSignal.timeout(5000)});
-  if (!r.ok) throw new Error(`${p}: HTTP ${r.status}`);
-  return r.json();
-}
-
-// Polls fn until it returns a truthy value; fails after `seconds`.
-async function until(seconds, what, fn) {
-  const end = Date.now() + seconds * 1000;
-  let last;
-  for (;;) {
-    try {
-      last = await fn();
-      if (last) return last;
-    } catch (e) {
-      last = e.message;
-    }
-    if (Date.now() > end) throw new Error(`${step}: ${what} (not within ${seconds} s; last: ${last})`);
-    await new Promise(r => setTimeout(r, 250));
-  }
-}
-
-function watch(page, label) {
-  page.on('console', m => { if (m.type() === 'error') problems.push(`${label} console: ${m.text()}`); });
-  page.on('pageerror', e => problems.push(`${label} page error: ${e.message}`));
-  page.on('requestfailed', r => problems.push(`${label} request failed: ${r.url()} ${r.failure() && r.failure().errorText}`));
-  page.on('response', r => { if (r.status() >= 400) problems.push(`${label} HTTP ${r.status()}: ${r.url()}`); });
-}
-
-async function shot(page, name) {
-  const file = path.join(outDir, name + '.png');
-  await page.screenshot({path: file, fullPage: true});
-  console.log(`   screenshot ${file}`);
-}
-
-async function noSidewaysScroll(page) {
-  return page.evaluate(() => document.documentElement.scrollWidth <= window.innerWidth + 1);
-}
-
-const browser = await chromium.launch({executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-                                       args: ['--no-sandbox', '--disable-gpu']});
-let failed = null;
-try {
+await run(async browser => {
   const ctx = await browser.newContext({viewport: {width: 1280, height: 800}});
   const page = await ctx.newPage();
   watch(page, 'desktop');
 
-  step = 'cluster page';
+  state.step = 'cluster page';
   await page.goto(base + '/');
   await page.waitForSelector('#hosts table', {timeout: 15000});
   const hosts = (await rest('/api/v1/hosts')).hosts;
@@ -93,7 +42,7 @@ try {
   check(true, 'job listed, running');
   await shot(page, 'cluster-1280x800');
 
-  step = 'job page';
+  state.step = 'job page';
   await page.click(`#jobs a[href="#/jobs/${job}"]`);
   await page.waitForSelector('svg[data-chart="epoch-time"]', {timeout: 15000});
   // one point per completed epoch: compare with REST once the page caught up
@@ -105,7 +54,7 @@ try {
   });
   check(true, `epoch charts have ${points} points, as many as epochs reported`);
 
-  step = 'straggler';
+  state.step = 'straggler';
   const ranks = (await rest(`/api/v1/jobs/${job}/ranks`)).ranks;
   const slowHost = ranks.find(r => r.rank === 2).host;
   const row = page.locator(`.hm-row[data-host="${slowHost}"]`);
@@ -117,7 +66,7 @@ try {
   const rankRow = page.locator('#steps tbody tr', {hasText: '▲ yes'});
   check(await rankRow.count() === 1 && (await rankRow.locator('td').first().textContent()).trim() === '2',
         'the ranks table marks rank 2 "▲ yes"');
-  step = 'timeline link';
+  state.step = 'timeline link';
   const link = page.locator('a', {hasText: 'Timeline (Chrome trace JSON)'});
   check(await link.count() === 1, 'the job page links its timeline');
   const trace = await rest(await link.getAttribute('href'));
@@ -125,7 +74,7 @@ try {
         `the linked timeline is a trace array with NEGOTIATE_ALLREDUCE (${trace.length} events)`);
   await shot(page, 'job-1280x800');
 
-  step = 'phone width';
+  state.step = 'phone width';
   const phone = await browser.newContext({viewport: {width: 390, height: 844}, isMobile: true, hasTouch: true});
   const pp = await phone.newPage();
   watch(pp, 'phone');
@@ -139,7 +88,7 @@ try {
   check(await noSidewaysScroll(pp), 'the cluster page fits 390 px');
   await phone.close();
 
-  step = 'killed worker';
+  state.step = 'killed worker';
   const before = (await rest(`/api/v1/jobs/${job}/generations`)).current;
   const victim = (await rest(`/api/v1/jobs/${job}`)).ranks.find(r => r.rank === 1);
   check(victim && victim.pid > 0, `rank 1 runs as pid ${victim && victim.pid} on ${victim && victim.host_name}`);
@@ -163,21 +112,10 @@ try {
     (await page.locator('svg[data-chart="epoch-time"] circle.pt').count()) > points);
   check(true, 'epochs keep coming after the reset');
 
-  step = 'output and events';
+  state.step = 'output and events';
   check((await page.locator('pre.output').textContent()).includes('epoch'), 'worker output is shown');
   check(await page.locator('#events li').count() > 0, 'events are listed');
   await shot(page, 'job-after-kill-1280x800');
 
-  step = 'console';
-  check(problems.length === 0, `no console error, page error or failed request${problems.length ? ':\n  ' + problems.join('\n  ') : ''}`);
-} catch (e) {
-  failed = e;
-} finally {
-  await browser.close();
-}
-if (failed) {
-  console.error(`FAIL: ${failed.message}`);
-  if (problems.length) console.error('browser problems:\n  ' + problems.join('\n  '));
-  process.exit(1);
-}
+});
 console.log('all dashboard checks passed');

@@ -8,26 +8,7 @@
 #
 # Skips (77) without chromium, node or playwright-core (npm ci in
 # tests/browser), unless CI is set: CI installs them, so there it fails.
-HERE="$(cd "$(dirname "$0")" && pwd)"
-. "$HERE/../integration/lib.sh"
-PY=/usr/bin/python3
-ROOT="$(cd "$HERE/../.." && pwd)"
-ARTIFACTS="${KOLO_ARTIFACTS:-$ROOT/build/test-artifacts/dashboard}"
-
-missing=""
-[ -x "${CHROMIUM:-/usr/bin/chromium}" ] || missing="$missing chromium"
-command -v node >/dev/null || missing="$missing node"
-[ -d "$HERE/node_modules/playwright-core" ] || missing="$missing playwright-core(npm ci in tests/browser)"
-"$PY" -c 'import torch, sklearn' 2>/dev/null || missing="$missing torch/sklearn"
-if [ -n "$missing" ]; then
-  [ -n "${CI:-}" ] && fail "CI must have:$missing"
-  echo "skipped: no$missing"
-  trap - EXIT
-  rm -rf "$WORK"
-  exit 77
-fi
-
-export PYTHONPATH="$ROOT/python" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+. "$(cd "$(dirname "$0")" && pwd)/browser_lib.sh" dashboard torch sklearn
 start_coordinator coord
 for a in a b c d; do start_agent "$a" 1; done
 wait_hosts 4

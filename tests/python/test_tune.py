@@ -115,6 +115,7 @@ def test_bad_input_is_refused_before_any_job(tmp_path):
         ({"lr": ("uniform", 1)}, "loss", "min", "two numbers"),
         ({"lr": {"a": 1}}, "loss", "min", "unknown distribution"),
         ({"2lr": [1, 2]}, "loss", "min", "identifiers"),
+        ({"lr": ["choice"]}, "loss", "min", "at least one choice"),
         ({"lr": [1, 2]}, "", "min", "metric"),
         ({"lr": [1, 2]}, "loss", "down", "mode"),
     ]
@@ -122,6 +123,9 @@ def test_bad_input_is_refused_before_any_job(tmp_path):
         with pytest.raises(kolo.tune.TuneError, match=text):
             kolo.tune.run(["true"], space, 2, metric=metric, mode=mode,
                           directory=str(tmp_path / "s"), verbose=False)
+    # [choice, a, b] is the list [a, b], as --help writes it
+    d = kolo.tune.parse_space({"b": ["choice", 16, 32], "c": [16, 32]})
+    assert d["b"].choices == (16, 32) and d["c"].choices == (16, 32)
     with pytest.raises(kolo.tune.TuneError, match="1 to 128 bytes"):
         kolo.tune.run(["true"], {"lr": [1, 2]}, 2, study_name="s" * 129,
                       directory=str(tmp_path / "s"), verbose=False)
