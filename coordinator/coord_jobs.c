@@ -440,7 +440,7 @@ int coord_job_submit(struct coord *c, const struct job_request *rq, uint64_t *jo
     if (!j)
         return KOLO_ENOMEM;
     j->argv = calloc((size_t)argc + 1, sizeof(char *));
-    j->env = calloc((size_t)nenv + 3, sizeof(char *)); /* + the elastic entries */
+    j->env = calloc((size_t)nenv + 4, sizeof(char *)); /* + the elastic entries */
     j->meta = calloc((size_t)rq->nmeta + 1, sizeof(char *));
     if (!j->argv || !j->env || !j->meta) {
         job_free(c, j);
@@ -464,6 +464,10 @@ int coord_job_submit(struct coord *c, const struct job_request *rq, uint64_t *jo
         char t[64];
         snprintf(t, sizeof(t), "KOLO_ELASTIC_TIMEOUT_MS=%u", j->el->timeout_ms);
         j->env[j->nenv++] = strdup("KOLO_ELASTIC=1");
+        /* as horovodrun's elastic launcher does: Horovod code reads it (a
+         * DistributedOptimizer made at size 1 hooks the gradients anyway,
+         * or a job that grows would train rank 0 alone) */
+        j->env[j->nenv++] = strdup("HOROVOD_ELASTIC=1");
         j->env[j->nenv++] = strdup(t);
     }
     j->name = strdup(name && name[0] ? name : argv[0]);

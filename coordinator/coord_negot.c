@@ -387,6 +387,12 @@ static struct negot *negot_new(const struct coord *c, const struct job *j, int s
         creds_job(c->mesh_secret, j->id, n->job_cred);
     n->fusion_threshold = NEGOT_DEFAULT_FUSION;
     n->stall_warning_ms = STALL_WARN_MS;
+    /* a host update announced before the ranks' first call of the
+     * generation (a drain while they start) reaches them with it */
+    if (j->el && j->el->update_ms) {
+        n->update_ms = j->el->update_ms;
+        n->update_kind = (uint32_t)j->el->update_kind;
+    }
     n->peers = calloc((size_t)size, sizeof(*n->peers));
     n->cursor = calloc((size_t)size, sizeof(*n->cursor));
     n->parked = calloc((size_t)size, sizeof(*n->parked));

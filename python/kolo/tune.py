@@ -229,6 +229,11 @@ class _Cluster:
     def get(self, path):
         return self.request("GET", path)
 
+    def free_slots(self):
+        """Slots no job uses on the live hosts (REST /hosts)."""
+        return sum(max(0, h["slots"] - h["slots_used"]) for h in self.get("/api/v1/hosts")["hosts"]
+                   if h.get("state") == "alive")
+
     def job_id(self, name):
         """The newest job of this name, or None."""
         ids = [j["id"] for j in self.get("/api/v1/jobs")["jobs"] if j.get("name") == name]
@@ -379,6 +384,17 @@ def run(trainable, space, num_trials, np=2, min_np=None, max_np=None, max_concur
         while True:
             finished = _finished(study, TS)
             while len(running) < max_concurrent and finished + len(running) < num_trials:
+                size = np
+                if min_np is not None:
+                    # an elastic trial starts on what is free now (at least
+                    # min_np, at most max_np) and grows as slots free up
+                    if running and not _submitted(cluster, running[-1]):
+                        break  # its slots are not counted yet: next poll
+                    try:
+                        free = cluster.free_slots()
+                    except (OSError, ValueError, KeyError):
+                        break
+                    size = max(int(min_np), min(int(max_np or np), free))
                 trial = study.ask(dists)
                 name = "%s/trial-%d" % (study_name, trial.number)
                 argv, extra = _command(trainable, trial.params, tmp, python)
@@ -389,8 +405,8 @@ def run(trainable, space, num_trials, np=2, min_np=None, max_np=None, max_concur
                 labels = {"kolo.study": study_name, "kolo.trial": str(trial.number),
                           "kolo.params": json.dumps(trial.params), "kolo.metric": metric,
                           "kolo.mode": mode}
-                proc = cluster.launch(name, np, min_np, max_np, argv, dict(base_env, **extra), log,
-                                      labels)
+                proc = cluster.launch(name, size, min_np, max_np, argv, dict(base_env, **extra),
+                                      log, labels)
                 log.close()
                 running.append(_Trial(trial, proc, name, log_path, t0))
                 _say(verbose, "trial %d started: %s" % (trial.number, _fmt(trial.params)))
@@ -420,6 +436,18 @@ def run(trainable, space, num_trials, np=2, min_np=None, max_np=None, max_concur
         cluster.close()
         shutil.rmtree(tmp, ignore_errors=True)
     return _summary(study, directory, time.monotonic() - t0, TS)
+
+
+def _submitted(cluster, rt):
+    """True once the trial's job is on the coordinator (placed or queued)."""
+    if rt.job is None:
+        try:
+            rt.job = cluster.job_id(rt.name)
+        except (OSError, ValueError):
+            return False
+        if rt.job is not None:
+            rt.trial.set_user_attr("job", rt.job)
+    return rt.job is not None or rt.proc.poll() is not None
 
 
 def _finished(study, TS):

@@ -100,6 +100,18 @@ def test_ddp_baseline_prints_the_same_lines():
 ELASTIC_DIGITS = os.path.join(ROOT, "examples", "pytorch", "elastic_digits.py")
 
 
+def test_elastic_digits_grows_from_one_worker(run_job):
+    # One worker first, a second one at the first commit (the embedded agent
+    # has 2 slots): the optimizer built at size 1 must allreduce once the
+    # job grew, or rank 0 trains alone and rank 1 waits for it forever.
+    job = run_job(1, ELASTIC_DIGITS, ["--epochs", "3", "--step-delay", "0.01", "--json"],
+                  kolo_args=("--min-np", "1", "--max-np", "2"), timeout=120)
+    assert job.rc == 0, job
+    res = last_json(job.lines(0))
+    assert res["workers"] == 2 and res["resets"] >= 1, res
+    assert res["accuracy"] > 0.5, res
+
+
 def test_elastic_digits_learns_and_survives_a_killed_worker(run_job):
     # Rank 1 of the first generation dies in epoch 3; the job shrinks to
     # two workers, grows back to three after the 1 s cooldown, and still

@@ -5,8 +5,10 @@ here); the tests check what the issue names: the search finishes and
 finds >= 0.97 accuracy, pruning stops trials early, the slots are never
 oversubscribed (from the coordinator's own records of when each job ran),
 a crashing trial is recorded as failed and the search goes on, a killed
-driver's study resumes with no trial lost, and bad spaces, metrics and
-modes are refused before any job starts.
+driver's study resumes with no trial lost, bad spaces, metrics and
+modes are refused before any job starts, elastic trials start on the
+slots that are free and shrink when a host leaves, and the coordinator's
+own view of the study (REST /studies) agrees with the search.
 """
 import json
 import os
@@ -255,3 +257,122 @@ def test_killed_driver_resumes(tmp_path):
     assert len(complete) == 6
     assert set(done_before) <= {t.number for t in complete}
     assert not [t for t in trials if t.state in (TS.RUNNING, TS.WAITING)]
+
+
+class _TwoHostCluster:
+    """A coordinator with a token and three agents of one slot each (ha,
+    hb, hc): a running cluster that kolo.tune joins with coordinator= and
+    http=, where a 2-worker trial always spans two hosts, one of which can
+    leave (drain) under it."""
+
+    def __init__(self, tmp):
+        self.tmp = str(tmp)
+        self.token_file = os.path.join(self.tmp, "token")
+        self.token = "tune-" + os.urandom(12).hex()
+        fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, (self.token + "\n").encode())
+        os.close(fd)
+        self.procs = []
+        kolo_bin = os.environ["KOLO_BIN"]
+        coord = subprocess.Popen([kolo_bin, "coordinator", "--listen", "tcp://127.0.0.1:0",
+                                  "--http", "127.0.0.1:0", "--db", os.path.join(self.tmp, "c.db"),
+                                  "--token-file", self.token_file, "--lease", "3s",
+                                  "--heartbeat", "300ms"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.procs.append(coord)
+        line = coord.stdout.readline()
+        assert "http=" in line, line
+        self.rpc = line.split("rpc=")[1].split()[0]
+        self.http = line.split("http=")[1].split()[0]
+        for name, slots in (("ha", 1), ("hb", 1), ("hc", 1)):
+            self.procs.append(subprocess.Popen(
+                [kolo_bin, "agent", "--coordinator", self.rpc, "--slots", str(slots), "--name",
+                 name, "--state-dir", os.path.join(self.tmp, "agent-" + name), "--token-file",
+                 self.token_file], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        self.wait(30, "three live hosts", lambda: sum(
+            h["state"] == "alive" for h in self.get("/api/v1/hosts")["hosts"]) == 3)
+
+    def get(self, path):
+        return json.loads(urllib.request.urlopen(self.http + path, timeout=10).read())
+
+    def post(self, path):
+        req = urllib.request.Request(self.http + path, data=b"", method="POST")
+        req.add_header("Authorization", "Bearer " + self.token)
+        return json.loads(urllib.request.urlopen(req, timeout=10).read())
+
+    @staticmethod
+    def wait(seconds, what, fn):
+        deadline = time.time() + seconds
+        while not fn():
+            assert time.time() < deadline, "timed out waiting for " + what
+            time.sleep(0.1)
+
+    def close(self):
+        for p in reversed(self.procs):
+            p.terminate()
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+ELASTIC_DIGITS = os.path.join(ROOT, "examples", "pytorch", "elastic_digits.py")
+
+
+def test_elastic_trials_fill_free_slots_and_shrink_when_a_host_leaves(tmp_path):
+    """Elastic trials (np 2, min 1, max 2) on a running cluster of three
+    1-slot hosts, 2 at once: the first takes two hosts, the second starts
+    on the one slot left (kolo.tune sizes it to what is free); draining one
+    host of the first shrinks it to one worker at its next commit, a trial
+    grows when slots come free, and every trial completes."""
+    import threading
+    cl = _TwoHostCluster(tmp_path)
+    try:
+        out = {}
+        cmd = ["/usr/bin/python3", ELASTIC_DIGITS, "--epochs", "6", "--step-delay", "0.03",
+               "--lr", "{lr}", "--hidden", "32"]
+        search = threading.Thread(target=lambda: out.update(res=kolo.tune.run(
+            cmd, {"lr": ["choice", 0.02, 0.05]}, 3, np=2, min_np=1, max_np=2, max_concurrent=2,
+            metric="loss", mode="min", sampler="random", pruner="none", seed=2,
+            coordinator=cl.rpc, http=cl.http, token_file=cl.token_file, study_name="elastic",
+            directory=str(tmp_path / "study"), verbose=True)))
+        search.start()
+
+        def trials():
+            return [j for j in cl.get("/api/v1/jobs")["jobs"]
+                    if j["metadata"].get("kolo.study") == "elastic"]
+
+        # both first trials run at once on 3 slots: 2 + 1
+        cl.wait(90, "two trials running on all 3 slots", lambda: sorted(
+            j["ranks_alive"] for j in trials() if j["state"] == "running") == [1, 2])
+        # one host of the 2-worker trial leaves: the trial shrinks
+        def hosts_of(jid):
+            return sorted(r["host_name"] for r in cl.get("/api/v1/jobs/%d" % jid)["ranks"]
+                          if r["state"] == "running")
+        spans = [j["id"] for j in trials() if j["state"] == "running" and j["ranks_alive"] == 2]
+        assert len(spans) == 1, [(j["id"], hosts_of(j["id"])) for j in trials()]
+        left = hosts_of(spans[0])[0]
+        cl.post("/api/v1/hosts/%s/drain" % left)
+
+        def shrunk():
+            return any("drain" in g["cause"] and g["size"] == 1 for g in
+                       cl.get("/api/v1/jobs/%d/generations" % spans[0])["generations"])
+        cl.wait(60, "the trial to leave the drained host", shrunk)
+        # the host comes back: a running trial grows into it
+        cl.post("/api/v1/hosts/%s/undrain" % left)
+        search.join(240)
+        assert not search.is_alive(), "the search did not end"
+        res = out["res"]
+        assert [t["state"] for t in res["trials"]] == ["complete"] * 3, res["trials"]
+        jobs = {j["id"]: j for j in trials()}
+        assert all(j["elastic"] and j["state"] == "succeeded" for j in jobs.values()), jobs
+        # a trial grew back to 2 workers in a later generation
+        grew = [jid for jid in jobs if any(
+            g["size"] == 2 and g["generation"] > 1
+            for g in cl.get("/api/v1/jobs/%d/generations" % jid)["generations"])]
+        assert grew, {jid: cl.get("/api/v1/jobs/%d/generations" % jid) for jid in jobs}
+        s = cl.get("/api/v1/studies/elastic")
+        assert s["states"]["complete"] == 3, s
+    finally:
+        cl.close()
