@@ -93,11 +93,12 @@ static int hexval(int ch)
 }
 
 /* url_decode copies in[0, len) to out (NUL-terminated, cut at size - 1)
- * with %XX decoded, and '+' as a space when plus is set (a query). */
-static void url_decode(const char *in, size_t len, bool plus, char *out, size_t size)
+ * with %XX decoded, and '+' as a space when plus is set (a query); false
+ * when it had to cut. */
+static bool url_decode(const char *in, size_t len, bool plus, char *out, size_t size)
 {
-    size_t o = 0;
-    for (size_t i = 0; i < len && o + 1 < size; i++) {
+    size_t o = 0, i = 0;
+    for (; i < len && o + 1 < size; i++) {
         if (in[i] == '%' && i + 2 < len + 1 && hexval(in[i + 1]) >= 0 && hexval(in[i + 2]) >= 0) {
             out[o++] = (char)(hexval(in[i + 1]) * 16 + hexval(in[i + 2]));
             i += 2;
@@ -106,6 +107,7 @@ static void url_decode(const char *in, size_t len, bool plus, char *out, size_t 
         }
     }
     out[o] = '\0';
+    return i >= len;
 }
 
 /* query_get finds key in "a=1&b=2" and URL-decodes its value. */
@@ -1282,8 +1284,8 @@ static bool route_resolve(struct route_req *x, const struct route *rt, const cha
             return false;
         }
     } else if (strstr(rt->pattern, ":study")) {
-        url_decode(cap, strlen(cap), false, x->study, sizeof x->study);
-        if (!x->study[0] || strlen(cap) >= ROUTE_CAPTURE_MAX - 1) {
+        bool whole = url_decode(cap, strlen(cap), false, x->study, sizeof x->study);
+        if (!whole || !x->study[0] || strlen(cap) >= ROUTE_CAPTURE_MAX - 1) {
             out_json_error(x->o, 404, "no such study");
             return false;
         }

@@ -59,7 +59,9 @@ static inline void harness_call(struct rpc_client *cli, const char *method,
 
 /* Registers host_id with np slots and submits an np-rank job (`true`) on
  * it; returns the job's id. */
-static inline uint64_t harness_submit_job(const char *url, const char *host_id, int np)
+/* harness_submit_job_meta: harness_submit_job with metadata ("key=value"). */
+static inline uint64_t harness_submit_job_meta(const char *url, const char *host_id, int np,
+                                               char **meta, size_t nmeta)
 {
     struct rpc_client *cli = harness_client(url, 0, 0, 0);
     char inst[32], hosts[160];
@@ -82,6 +84,8 @@ static inline uint64_t harness_submit_job(const char *url, const char *host_id, 
     sub.np = np;
     snprintf(hosts, sizeof hosts, "%s:%d", host_id, np);
     sub.hosts = hosts;
+    sub.metadata = meta;
+    sub.n_metadata = nmeta;
     harness_call(cli, "AdminService.SubmitJob", &sub.base, &out, &olen);
     Kolo__SubmitJobReply *rep = kolo__submit_job_reply__unpack(NULL, olen, out);
     REQUIRE(rep);
@@ -90,6 +94,11 @@ static inline uint64_t harness_submit_job(const char *url, const char *host_id, 
     free(out);
     rpc_client_close(cli);
     return id;
+}
+
+static inline uint64_t harness_submit_job(const char *url, const char *host_id, int np)
+{
+    return harness_submit_job_meta(url, host_id, np, NULL, 0);
 }
 
 /* harness_http_get GETs path from the coordinator's HTTP listener at

@@ -3,7 +3,8 @@
  * an in-process coordinator over real RPC, and the REST routes /epochs,
  * /steps and /ranks over real HTTP (issue 6): derived wall times and
  * samples/s, incomplete epochs, fencing, malformed reports, bad query
- * parameters (400), unknown jobs (404), the metrics.
+ * parameters (400), unknown jobs (404), the metrics; and /studies (issue
+ * 18), derived from jobs labelled as kolo tune labels its trials.
  */
 #include <arpa/inet.h>
 #include <inttypes.h>
@@ -507,6 +508,98 @@ static void test_static_files(void)
     CHECK(static_file_find("index.html") == NULL);
 }
 
+static void stop_job(uint64_t job, const char *reason)
+{
+    struct rpc_client *cli = client(0, 0, 0);
+    Kolo__StopJobRequest stop = KOLO__STOP_JOB_REQUEST__INIT;
+    stop.job_id = job;
+    stop.reason = (char *)reason;
+    void *out;
+    size_t olen;
+    harness_call(cli, "AdminService.StopJob", &stop.base, &out, &olen);
+    free(out);
+    rpc_client_close(cli);
+}
+
+/* Trials of two studies: one running (its curve is the mean over its two
+ * ranks per complete epoch), one pruned, one stopped; a job of no study;
+ * the list, one study, 404s, and an encoded name. */
+static void test_studies(void)
+{
+    char *m0[] = {"kolo.study=st udy", "kolo.trial=0", "kolo.params={\"lr\":0.5}",
+                  "kolo.metric=loss", "kolo.mode=min"};
+    char *m1[] = {"kolo.study=st udy", "kolo.trial=1", "kolo.metric=loss"};
+    char *m2[] = {"kolo.study=st udy", "kolo.trial=2", "kolo.params=not json"};
+    char *m3[] = {"kolo.study=other", "kolo.mode=max", "kolo.metric=acc"};
+    const char *url = coord_rpc_url(coord);
+    uint64_t j0 = harness_submit_job_meta(url, "st-h0", 2, m0, 5);
+    uint64_t j1 = harness_submit_job_meta(url, "st-h1", 1, m1, 3);
+    uint64_t j2 = harness_submit_job_meta(url, "st-h2", 1, m2, 3);
+    uint64_t j3 = harness_submit_job_meta(url, "st-h3", 1, m3, 3);
+    REQUIRE(j0 && j1 && j2 && j3);
+    char err[256];
+    uint64_t t = 1700000100000ull;
+    struct rpc_client *r0 = client(j0, 1, 0), *r1 = client(j0, 1, 1), *p0 = client(j1, 1, 0);
+    struct ep a0[] = {{0, 1, t + 100, t, 10, "{\"loss\":1.0}"},
+                      {1, 1, t + 200, t + 100, 10, "{\"loss\":0.5}"}};
+    struct ep a1[] = {{0, 1, t + 110, t, 10, "{\"loss\":3.0}"}}; /* epoch 1: rank 0 only */
+    struct ep b0[] = {{0, 1, t + 150, t, 10, "{\"loss\":0.25,\"acc\":1}"}};
+    CHECK_EQ_INT(report(r0, a0, 2, NULL, 0, err, sizeof err), 0);
+    CHECK_EQ_INT(report(r1, a1, 1, NULL, 0, err, sizeof err), 0);
+    CHECK_EQ_INT(report(p0, b0, 1, NULL, 0, err, sizeof err), 0);
+    stop_job(j1, "pruned by kolo tune after epoch 0");
+    stop_job(j2, "the search was interrupted");
+
+    struct json *v = get_json("/api/v1/studies", 200);
+    const struct json *list = json_get(v, "studies");
+    REQUIRE(list && list->count == 2);
+    CHECK_EQ_STR(json_get(json_at(list, 0), "name")->str, "other"); /* newest first */
+    CHECK_EQ_STR(json_get(json_at(list, 0), "mode")->str, "max");
+    const struct json *s = json_at(list, 1);
+    CHECK_EQ_STR(json_get(s, "name")->str, "st udy");
+    CHECK(num(s, "trial_count") == 3);
+    CHECK(num(json_get(s, "states"), "running") == 1);
+    CHECK(num(json_get(s, "states"), "pruned") == 1);
+    CHECK(num(json_get(s, "states"), "stopped") == 1);
+    CHECK(json_get(s, "best_value")->type == JSON_NULL); /* no trial completed */
+    CHECK(json_get(s, "last_ms")->num == 0);              /* one still runs */
+    json_free(v);
+
+    v = get_json("/api/v1/studies/st%20udy", 200);
+    CHECK_EQ_STR(json_get(v, "metric")->str, "loss");
+    const struct json *trials = json_get(v, "trials");
+    REQUIRE(trials && trials->count == 3);
+    const struct json *t0 = json_at(trials, 0), *t1 = json_at(trials, 1), *t2 = json_at(trials, 2);
+    CHECK(num(t0, "number") == 0 && num(t0, "job") == (double)j0);
+    CHECK_EQ_STR(json_get(t0, "state")->str, "running");
+    CHECK(num(json_get(t0, "params"), "lr") == 0.5);
+    const struct json *curve = json_get(t0, "curve");
+    REQUIRE(curve && curve->count == 1); /* epoch 1 is not complete */
+    CHECK(num(json_at(curve, 0), "value") == 2.0); /* (1.0 + 3.0) / 2 */
+    CHECK(num(t0, "value") == 2.0 && num(t0, "epochs") == 1);
+    CHECK_EQ_STR(json_get(t1, "state")->str, "pruned");
+    CHECK(num(t1, "value") == 0.25);
+    CHECK(json_get(t1, "params")->type == JSON_NULL);
+    CHECK_EQ_STR(json_get(t2, "state")->str, "stopped");
+    CHECK(json_get(t2, "params")->type == JSON_NULL); /* not JSON: null, not broken output */
+    CHECK(json_get(v, "best_so_far")->count == 0);
+    json_free(v);
+    v = get_json("/api/v1/studies/nope", 404);
+    json_free(v);
+    v = get_json("/api/v1/studies/%ZZ", 404);
+    json_free(v);
+    /* the job carries its labels */
+    char path[64];
+    snprintf(path, sizeof path, "/api/v1/jobs/%" PRIu64, j1);
+    v = get_json(path, 200);
+    CHECK_EQ_STR(json_get(json_get(v, "metadata"), "kolo.trial")->str, "1");
+    CHECK_EQ_STR(json_get(v, "reason")->str, "pruned by kolo tune after epoch 0");
+    json_free(v);
+    rpc_client_close(r0);
+    rpc_client_close(r1);
+    rpc_client_close(p0);
+}
+
 int main(void)
 {
     test_straggler_rule();
@@ -520,6 +613,7 @@ int main(void)
     test_refused();
     test_http_errors();
     test_timeline();
+    test_studies();
     coord_stop(coord);
     check_shutdown_commit();
     test_remove_db(dbpath, dir);

@@ -829,6 +829,8 @@ def test_studies(cluster):
 
     expect_error(http, "GET", "/api/v1/studies/nope", 404, text="no such study")
     expect_error(http, "GET", "/api/v1/studies/" + "x" * 400, 404, text="no such study")
+    # a name longer than any study's (128 bytes) is not cut down to one
+    expect_error(http, "GET", "/api/v1/studies/" + enc + "x" * 200, 404, text="no such study")
     expect_error(http, "POST", "/api/v1/studies", 405, allow="GET")
 
 
