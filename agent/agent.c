@@ -271,6 +271,7 @@ static void on_wake(uv_async_t *h)
 
 static void *loop_main(void *arg)
 {
+    thread_name("kolo-agent");
     struct agent *a = arg;
     uv_run(&a->loop, UV_RUN_DEFAULT);
     return NULL;

@@ -233,6 +233,7 @@ static int do_heartbeat(struct agent *a, const char *session, char *version, siz
 
 static void *link_main(void *arg)
 {
+    thread_name("kolo-link");
     struct agent *a = arg;
     char session[128] = "", version[128] = "", err[1024];
     uint32_t hb_ms = LINK_PARK_MAX_MS;
@@ -307,6 +308,7 @@ static void *link_main(void *arg)
 
 static void *report_main(void *arg)
 {
+    thread_name("kolo-agentrep");
     struct agent *a = arg;
     struct outbox_batch batch = {0};
     uint64_t next_send = 0, retry_at = 0, backoff = LINK_BACKOFF_MIN_MS;

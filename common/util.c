@@ -470,6 +470,13 @@ uint64_t str_hash(const char *s)
     return h;
 }
 
+void thread_name(const char *name)
+{
+    char cut[16];
+    snprintf(cut, sizeof cut, "%s", name);
+    pthread_setname_np(pthread_self(), cut);
+}
+
 int usable_cpus(void)
 {
     cpu_set_t set;

@@ -17,6 +17,10 @@ uint64_t now_mono_us(void);
 /* usable_cpus: the CPUs this process may run on (its affinity mask, so a
  * taskset or cpuset counts, not the machine's total); at least 1. */
 int usable_cpus(void);
+/* thread_name names the calling thread (at most 15 bytes are kept), as
+ * `top -H`, `ps -L`, gdb and /proc show it: kolo's threads are all
+ * "kolo-..." (docs/libkolo.md). */
+void thread_name(const char *name);
 /* cond_init_monotonic initialises a condition variable whose timed waits
  * use CLOCK_MONOTONIC (deadlines from mono_deadline), so a step of the
  * wall clock cannot stretch or cut them. */

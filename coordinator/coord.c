@@ -251,6 +251,7 @@ static void coord_cron(struct coord *c)
  * the coordinator's RSS creep by that much (docs/reliability.md). */
 static void *coord_main(void *arg)
 {
+    thread_name("kolo-coord");
     struct coord *c = arg;
     uint64_t trimmed = now_mono_ms();
     pthread_mutex_lock(&c->mtx);

@@ -1075,6 +1075,7 @@ static void discovery_result(struct coord *c, uint64_t job_id, int rc, struct di
 
 static void *discovery_main(void *arg)
 {
+    thread_name("kolo-discovery");
     struct coord *c = arg;
     pthread_mutex_lock(&c->mtx);
     while (!c->stopping) {

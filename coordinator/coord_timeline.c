@@ -211,6 +211,7 @@ static const char *tl_env(const struct job *j)
 
 static void *sink_main(void *arg)
 {
+    thread_name("kolo-timeline");
     struct tl_sink *k = arg;
     pthread_mutex_lock(&k->mu);
     for (;;) {

@@ -29,6 +29,7 @@ struct coord_writer {
 
 static void *writer_main(void *arg)
 {
+    thread_name("kolo-writer");
     struct coord_writer *w = arg;
     for (;;) {
         pthread_mutex_lock(&w->mu);

@@ -5,6 +5,7 @@
 #ifndef KOLO_TESTS_TEST_H
 #define KOLO_TESTS_TEST_H
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,36 @@ static inline void test_remove_db(const char *db_path, const char *dir)
         unlink(path);
     }
     rmdir(dir);
+}
+
+/* How many threads of this process are named `name` (/proc/self/task/N/comm). */
+static inline int test_threads_named_now(const char *name)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/task");
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+        char path[300], comm[32] = "";
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = e->d_name[0] != '.' ? fopen(path, "r") : NULL;
+        if (!f)
+            continue;
+        if (fgets(comm, sizeof comm, f))
+            comm[strcspn(comm, "\n")] = '\0';
+        fclose(f);
+        n += strcmp(comm, name) == 0;
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* test_threads_named_now, after waiting up to 2 s for at least one: a
+ * thread names itself when it starts, a moment after its creator returns. */
+static inline int test_threads_named(const char *name)
+{
+    for (int i = 0; i < 200 && test_threads_named_now(name) == 0; i++)
+        usleep(10000);
+    return test_threads_named_now(name);
 }
 
 #define CHECK(cond)                                                                                \

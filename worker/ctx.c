@@ -821,6 +821,7 @@ void ctx_run_log_entry(struct kolo_ctx *c)
 
 static void *bg_main(void *arg)
 {
+    thread_name("kolo-bg");
     struct kolo_ctx *c = arg;
     pthread_mutex_lock(&c->mu);
     for (;;) {
@@ -906,6 +907,7 @@ static void watch_waiting(struct kolo_ctx *c)
 
 static void *watch_main(void *arg)
 {
+    thread_name("kolo-watch");
     struct kolo_ctx *c = arg;
     pthread_mutex_lock(&c->mu);
     while (!c->stopping) {

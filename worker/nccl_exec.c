@@ -1125,6 +1125,7 @@ static int await(struct kolo_ctx *c, struct gpu *gp, struct pending *p, char *wh
 
 static void *fin_main(void *arg)
 {
+    thread_name("kolo-gpu-fin");
     struct kolo_ctx *c = arg;
     struct gpu *gp = c->gpu;
     const struct gpu_libs *g = gp->g;

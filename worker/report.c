@@ -541,6 +541,7 @@ static void wait_period(struct report *r)
 
 static void *sender_main(void *arg)
 {
+    thread_name("kolo-report");
     struct kolo_ctx *c = arg;
     pthread_mutex_lock(&c->mu);
     struct report *r = c->report;

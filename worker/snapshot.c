@@ -211,6 +211,7 @@ struct hasher {
 
 static void *hasher_main(void *arg)
 {
+    thread_name("kolo-snaphash");
     struct hasher *h = arg;
     sha256(h->data, h->len, h->sum);
     return NULL;

@@ -406,6 +406,9 @@ static void test_failure_stops_others(void)
 static void test_pending_and_bad_submissions(void)
 {
     struct coord *c = start();
+    /* the coordinator's threads are named (top -H, ps -L, gdb) */
+    CHECK_EQ_INT(test_threads_named("kolo-coord"), 1);
+    CHECK(test_threads_named("kolo-writer") >= 1);
     struct fake_agent *a = new_agent(c, "host-a", "alpha", 2);
     struct rpc_client *admin = connect_to(c, "admin");
     char err[512];

@@ -78,6 +78,8 @@ static int submit_wait(kolo_ctx *ctx, const kolo_request *r)
 
 static void test_topology(kolo_ctx *ctx)
 {
+    /* libkolo's threads say whose they are in top -H, ps -L and gdb */
+    CHECK(test_threads_named("kolo-bg") >= 1);
     CHECK_EQ_INT(kolo_solo(ctx), 1);
     CHECK_EQ_INT(kolo_rank(ctx), 0);
     CHECK_EQ_INT(kolo_size(ctx), 1);
