@@ -740,7 +740,7 @@ void coord_elastic_host_drained(struct coord *c, struct host *h)
         j->el->update_ms = now_wall_ms();
         j->el->update_kind |= 1;
         snprintf(j->el->leave_why, sizeof j->el->leave_why, "host %s drained", h->name);
-        coord_negot_hosts_updated(c, j, j->el->update_ms, j->el->update_kind);
+        coord_negot_hosts_updated(c, j);
         coord_event(c, j->id, h->id, "job.hosts_updated",
                     "host %s drained: job %llu will leave it at its next commit", h->name,
                     (unsigned long long)j->id);
@@ -827,7 +827,7 @@ void coord_elastic_cron(struct coord *c, struct job *j, uint64_t now)
     if (!(el->update_kind & 2) && j->negot && room_to_grow(c, j) > 0) {
         el->update_ms = now_wall_ms();
         el->update_kind |= 2;
-        coord_negot_hosts_updated(c, j, el->update_ms, el->update_kind);
+        coord_negot_hosts_updated(c, j);
         coord_event(c, j->id, NULL, "job.hosts_updated",
                     "capacity for job %llu: it will grow at its next commit (%d of max-np %d now)",
                     (unsigned long long)j->id, j->nranks, el->max_np);
@@ -1064,7 +1064,7 @@ static void discovery_result(struct coord *c, uint64_t job_id, int rc, struct di
         if (member_alive(rk) && rk->host && !disc_find(el, rk->host)) {
             el->update_ms = now_wall_ms();
             el->update_kind |= 1;
-            coord_negot_hosts_updated(c, j, el->update_ms, el->update_kind);
+            coord_negot_hosts_updated(c, j);
             coord_event(c, j->id, rk->host->id, "job.hosts_updated",
                         "host %s left the discovery list: job %llu leaves it at its next commit",
                         rk->host->name, (unsigned long long)j->id);

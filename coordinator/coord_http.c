@@ -1013,7 +1013,9 @@ static bool post_job_stop(struct route_req *x)
         const char *r = json_str_member(root, "reason", &bad);
         if (bad || (r && strlen(r) > STOP_REASON_MAX)) {
             json_free(root);
-            out_json_error(x->o, 400, "\"reason\" must be a string of at most 512 bytes");
+            snprintf(err, sizeof err, "\"reason\" must be a string of at most %d bytes",
+                     STOP_REASON_MAX);
+            out_json_error(x->o, 400, err);
             return false;
         }
         if (r && r[0])

@@ -29,19 +29,14 @@ static void render_metrics_text(struct jw *w, const char *text)
  * (keys in the order the lowest rank that reported metrics gave them). */
 static void render_mean(struct jw *w, const struct ep_rows *rs, const struct ep_sum *s)
 {
-    struct json *first = NULL;
-    char err[64];
-    for (size_t x = s->first; x < s->first + s->count && !first; x++) {
-        const char *t = rs->v[x].metrics;
-        if (t && json_parse(t, strlen(t), &first, err, sizeof err) != 0)
-            first = NULL;
-    }
+    struct ep_metrics m;
+    coord_report_metrics(rs, s, &m);
     jw_obj_begin(w);
-    for (const struct json *e = first ? first->child : NULL; e; e = e->next)
+    for (const struct json *e = m.n ? m.v[0]->child : NULL; e; e = e->next)
         if (e->type == JSON_NUMBER)
-            jw_kdouble(w, e->key, coord_report_metric_mean(rs, s, e->key));
+            jw_kdouble(w, e->key, coord_report_mean(&m, e->key));
     jw_obj_end(w);
-    json_free(first);
+    coord_report_metrics_free(&m);
 }
 
 static void jw_kdouble_or_null(struct jw *w, const char *key, double v)

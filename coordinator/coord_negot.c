@@ -139,9 +139,9 @@ struct negot {
     bool shut;
     uint32_t calls_since_trim;
     struct timeline *tl; /* the job's (coord_timeline.c), borrowed; NULL: none */
-    /* elastic: the pending membership update every reply carries */
-    uint64_t update_ms;
-    uint32_t update_kind;
+    /* the job's elastic state (set 0 of an elastic job; else NULL),
+     * borrowed: every reply carries its pending membership update */
+    const struct elastic *el;
     /* resuming after a coordinator restart (see "resuming" below) */
     struct resume_in {
         Kolo__NegotiateRequest *req;
@@ -387,12 +387,9 @@ static struct negot *negot_new(const struct coord *c, const struct job *j, int s
         creds_job(c->mesh_secret, j->id, n->job_cred);
     n->fusion_threshold = NEGOT_DEFAULT_FUSION;
     n->stall_warning_ms = STALL_WARN_MS;
-    /* a host update announced before the ranks' first call of the
-     * generation (a drain while they start) reaches them with it */
-    if (j->el && j->el->update_ms) {
-        n->update_ms = j->el->update_ms;
-        n->update_kind = (uint32_t)j->el->update_kind;
-    }
+    /* read at every reply, so an update announced before the ranks' first
+     * call of the generation (a drain while they start) reaches them too */
+    n->el = set == 0 ? j->el : NULL;
     n->peers = calloc((size_t)size, sizeof(*n->peers));
     n->cursor = calloc((size_t)size, sizeof(*n->cursor));
     n->parked = calloc((size_t)size, sizeof(*n->parked));
@@ -555,11 +552,11 @@ static void negot_answer(struct negot *n, struct rpc_call *call, uint64_t cursor
     }
     *p++ = (2 << 3) | 0;
     put_varint(&p, n->log_base + last);
-    if (n->update_ms) {
+    if (n->el && n->el->update_ms) {
         *p++ = (3 << 3) | 0;
-        put_varint(&p, n->update_ms);
+        put_varint(&p, n->el->update_ms);
         *p++ = (4 << 3) | 0;
-        put_varint(&p, n->update_kind);
+        put_varint(&p, (uint32_t)n->el->update_kind);
     }
     if (n->tl) {
         *p++ = (6 << 3) | 0;
@@ -1199,8 +1196,6 @@ static struct negot *negot_next_session(struct coord *c, struct job *j, struct n
         return NULL;
     n->session = session;
     n->tl = old->tl;
-    n->update_ms = old->update_ms;
-    n->update_kind = old->update_kind;
     char why[160];
     snprintf(why, sizeof(why), "session %u of generation %llu started (the ranks called init "
              "after shutdown)", session, (unsigned long long)j->generation);
@@ -1774,15 +1769,12 @@ void coord_rpc_worker(struct coord *c, struct rpc_call *call, enum coord_method 
     }
 }
 
-void coord_negot_hosts_updated(struct coord *c, struct job *j, uint64_t stamp_ms, int kind)
+void coord_negot_hosts_updated(struct coord *c, struct job *j)
 {
     (void)c;
     struct negot *n = j->negot;
-    if (!n || n->generation != j->generation)
-        return;
-    n->update_ms = stamp_ms;
-    n->update_kind = (uint32_t)kind;
-    negot_wake_all(n);
+    if (n && n->generation == j->generation)
+        negot_wake_all(n);
 }
 
 /* The negotiation borrows j->tl: call after changing it. */

@@ -34,7 +34,9 @@ size_t coord_negot_stalls(const struct job *j, uint64_t min_age_ms, struct negot
  * not: Join stands in for it). */
 bool coord_negot_stall_missing(const struct negot_stall *s, int rank);
 
-void coord_negot_hosts_updated(struct coord *c, struct job *j, uint64_t stamp_ms, int kind);
+/* The job's elastic state announced a membership update (el->update_ms):
+ * the ranks' parked calls hear it now; every later reply carries it. */
+void coord_negot_hosts_updated(struct coord *c, struct job *j);
 bool coord_negot_rank_joined(const struct job *j, int rank);
 /* Each rank's moving average of how late (seconds) its requests come in
  * after the first rank's, for the current generation: fills up to max

@@ -461,22 +461,37 @@ static int gen_size_of(const struct job *j, const struct gen_sizes *gs, uint64_t
     return j->np;
 }
 
-double coord_report_metric_mean(const struct ep_rows *rs, const struct ep_sum *s, const char *key)
+void coord_report_metrics(const struct ep_rows *rs, const struct ep_sum *s, struct ep_metrics *m)
+{
+    m->n = 0;
+    m->v = calloc(s->count ? s->count : 1, sizeof *m->v);
+    for (size_t x = s->first; m->v && x < s->first + s->count; x++) {
+        const char *t = rs->v[x].metrics;
+        char err[64];
+        if (t && json_parse(t, strlen(t), &m->v[m->n], err, sizeof err) == 0)
+            m->n++;
+    }
+}
+
+void coord_report_metrics_free(struct ep_metrics *m)
+{
+    for (size_t i = 0; i < m->n; i++)
+        json_free(m->v[i]);
+    free(m->v);
+    m->v = NULL;
+    m->n = 0;
+}
+
+double coord_report_mean(const struct ep_metrics *m, const char *key)
 {
     double sum = 0;
     int cnt = 0;
-    for (size_t x = s->first; x < s->first + s->count; x++) {
-        const char *t = rs->v[x].metrics;
-        struct json *m = NULL;
-        char err[64];
-        if (!t || json_parse(t, strlen(t), &m, err, sizeof err) != 0)
-            continue;
-        const struct json *v = json_get(m, key);
+    for (size_t i = 0; i < m->n; i++) {
+        const struct json *v = json_get(m->v[i], key);
         if (v && v->type == JSON_NUMBER && isfinite(v->num)) {
             sum += v->num;
             cnt++;
         }
-        json_free(m);
     }
     return cnt ? sum / cnt : NAN;
 }

@@ -62,9 +62,18 @@ struct ep_sum {
 int coord_report_epochs(struct coord *c, const struct job *j, struct ep_rows *rs,
                         struct ep_sum **out, size_t *nout);
 void coord_report_rows_free(struct ep_rows *rs);
-/* The mean over the epoch's ranks of the numeric metric key (ranks that
- * reported it), or NAN when none did. */
-double coord_report_metric_mean(const struct ep_rows *rs, const struct ep_sum *s, const char *key);
+/* The epoch's ranks' metrics, each parsed once: coord_report_metrics
+ * fills m (free with coord_report_metrics_free); coord_report_mean is the
+ * mean over the ranks that reported the numeric metric key, or NAN when
+ * none did. */
+struct json;
+struct ep_metrics {
+    struct json **v;
+    size_t n;
+};
+void coord_report_metrics(const struct ep_rows *rs, const struct ep_sum *s, struct ep_metrics *m);
+void coord_report_metrics_free(struct ep_metrics *m);
+double coord_report_mean(const struct ep_metrics *m, const char *key);
 
 /* The single-worker baseline of j: the newest other job that ran the same
  * command (argv) on one worker and reported complete epochs. Its median

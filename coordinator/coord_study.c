@@ -53,7 +53,10 @@ static int trial_curve(struct coord *c, const struct study *s, struct study_tria
     for (size_t i = 0; !rc && i < n; i++) {
         if (!sums[i].complete)
             continue;
-        double v = coord_report_metric_mean(&rs, &sums[i], s->metric);
+        struct ep_metrics m;
+        coord_report_metrics(&rs, &sums[i], &m);
+        double v = coord_report_mean(&m, s->metric);
+        coord_report_metrics_free(&m);
         if (isnan(v))
             continue;
         t->curve[t->ncurve++] =

@@ -438,16 +438,22 @@ def run(trainable, space, num_trials, np=2, min_np=None, max_np=None, max_concur
     return _summary(study, directory, time.monotonic() - t0, TS)
 
 
-def _submitted(cluster, rt):
-    """True once the trial's job is on the coordinator (placed or queued)."""
+def _find_job(cluster, rt):
+    """The trial's job id once it is on the coordinator (placed or queued),
+    else None; kept on the trial and in its study record."""
     if rt.job is None:
-        try:
-            rt.job = cluster.job_id(rt.name)
-        except (OSError, ValueError):
-            return False
+        rt.job = cluster.job_id(rt.name)
         if rt.job is not None:
             rt.trial.set_user_attr("job", rt.job)
-    return rt.job is not None or rt.proc.poll() is not None
+    return rt.job
+
+
+def _submitted(cluster, rt):
+    """True once the trial's job is on the coordinator, or its kolo run ended."""
+    try:
+        return _find_job(cluster, rt) is not None or rt.proc.poll() is not None
+    except (OSError, ValueError):
+        return False
 
 
 def _finished(study, TS):
@@ -461,11 +467,8 @@ def _finished(study, TS):
 def _poll_trial(cluster, study, rt, metric, TS):
     """Reads the trial's new epochs, reports them, prunes if Optuna says so."""
     try:
-        if rt.job is None:
-            rt.job = cluster.job_id(rt.name)
-            if rt.job is None:
-                return
-            rt.trial.set_user_attr("job", rt.job)
+        if _find_job(cluster, rt) is None:
+            return
         rows = cluster.get("/api/v1/jobs/%d/epochs" % rt.job).get("epochs", [])
     except (OSError, ValueError):
         return  # the coordinator is busy or restarting: next time

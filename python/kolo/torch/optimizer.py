@@ -132,11 +132,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     self._p_to_group[p] = key
                 self._group_counts[key] = 0
 
-        # an elastic job may grow: hooks even at size 1 (Horovod's rule;
-        # kolo's elastic jobs carry both variables)
+        # an elastic job may grow: hooks even at size 1 (Horovod's rule; the
+        # coordinator sets HOROVOD_ELASTIC=1 for elastic jobs, as horovodrun does)
         if self._included and (process_set.size() > 1 or
-                               os.environ.get("HOROVOD_ELASTIC") == "1" or
-                               os.environ.get("KOLO_ELASTIC") == "1"):
+                               os.environ.get("HOROVOD_ELASTIC") == "1"):
             self._register_hooks()
 
     def load_state_dict(self, *args, **kwargs):
