@@ -78,15 +78,20 @@ void cond_init_monotonic(pthread_cond_t *cond)
     pthread_condattr_destroy(&ca);
 }
 
-void mono_deadline(struct timespec *ts, uint64_t ms)
+void mono_deadline_us(struct timespec *ts, uint64_t us)
 {
     clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += (time_t)(ms / 1000);
-    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    ts->tv_sec += (time_t)(us / 1000000);
+    ts->tv_nsec += (long)(us % 1000000) * 1000L;
     if (ts->tv_nsec >= 1000000000L) {
         ts->tv_sec++;
         ts->tv_nsec -= 1000000000L;
     }
+}
+
+void mono_deadline(struct timespec *ts, uint64_t ms)
+{
+    mono_deadline_us(ts, ms * 1000);
 }
 
 /* Fault tests step the wall clock of one process without touching the

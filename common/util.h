@@ -32,6 +32,8 @@ uint64_t deadline_left(uint64_t deadline, uint64_t cap);
  * for pthread_cond_timedwait on a condition set to that clock. */
 struct timespec;
 void mono_deadline(struct timespec *ts, uint64_t ms);
+/* mono_deadline_us: the same, us microseconds from now. */
+void mono_deadline_us(struct timespec *ts, uint64_t us);
 /* now_wall_ms: CLOCK_REALTIME in ms since the epoch, for records. */
 uint64_t now_wall_ms(void);
 /* now_stepless_ms: ms since the epoch as the wall clock read when this

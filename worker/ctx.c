@@ -790,8 +790,15 @@ void ctx_token_release(struct kolo_ctx *c)
 {
     c->executing = false;
     c->exec_since = 0;
-    /* the next response may be waiting for the token */
-    pthread_cond_signal(&c->wake);
+    /* The next response may be waiting for the token, or a round sent
+     * ops to the slow path (q_head) for the background thread to send.
+     * Not otherwise when rounds run and a user thread waits: that thread
+     * runs the next round (and the log with it), and waking the
+     * background thread after every round would preempt it on a busy CPU
+     * (~0.7 switches per op, 4 B p99 50-250 us); the background thread
+     * looks again within BG_WATCH_MS anyway. */
+    if (!c->fast || c->drivers == 0 || c->q_head)
+        pthread_cond_signal(&c->wake);
     pthread_cond_broadcast(&c->done);
 }
 
@@ -815,9 +822,16 @@ void ctx_run_log_entry(struct kolo_ctx *c)
     pthread_mutex_lock(&c->mu);
 }
 
-/* The longest the background thread sleeps while a user thread answers
- * the rounds (a safety net: everything it must act on signals c->wake). */
+/* The longest the background thread sleeps when nothing is expected of
+ * it (a safety net: everything it must act on signals c->wake). */
 #define BG_NAP_MS 100
+/* Rounds: the background thread takes over answering the peers once no
+ * user thread has been in kolo_wait for BG_TAKEOVER_US. While one is, it
+ * looks every BG_WATCH_MS whether the waiter has gone (kolo_wait does not
+ * wake it on leaving: see there). A peer's round or a submission without
+ * a wait may so sit for up to ~5.5 ms after a wait, and only then. */
+#define BG_TAKEOVER_US 500
+#define BG_WATCH_MS 5
 
 static void *bg_main(void *arg)
 {
@@ -860,16 +874,24 @@ static void *bg_main(void *arg)
         if (c->fast && !c->sticky) {
             /* Answer the peers' rounds while no user thread waits. While one
              * does, it answers them, and this thread sleeps until it is
-             * signalled (a reply, a leave, the last waiter leaving
-             * kolo_wait) or the long-poll may be retried: never per
+             * signalled (a reply, a leave), the long-poll may be retried or
+             * it looks again whether the waiter has gone: never per
              * operation, since a wake-up here would preempt the rank's
              * own spinning waiter on a busy CPU (that was a 1.2 ms p99). */
-            if (c->drivers == 0 && fast_idle(c, 100, false))
+            uint64_t now_us = now_mono_us();
+            uint64_t takeover_at = c->undriven_since_us + BG_TAKEOVER_US;
+            if (c->drivers == 0 && now_us >= takeover_at && fast_idle(c, 100, false))
                 continue;
-            uint64_t now = now_mono_ms();
-            uint64_t ms = c->poll_retry_at > now ? c->poll_retry_at - now : BG_NAP_MS;
+            uint64_t nap_us = (uint64_t)BG_NAP_MS * 1000;
+            if (c->drivers > 0)
+                nap_us = (uint64_t)BG_WATCH_MS * 1000;
+            else if (now_us < takeover_at)
+                nap_us = takeover_at - now_us;
+            uint64_t now = now_us / 1000;
+            if (c->poll_retry_at > now && (c->poll_retry_at - now) * 1000 < nap_us)
+                nap_us = (c->poll_retry_at - now) * 1000;
             struct timespec ts;
-            mono_deadline(&ts, ms < BG_NAP_MS ? ms : BG_NAP_MS);
+            mono_deadline_us(&ts, nap_us);
             pthread_cond_timedwait(&c->wake, &c->mu, &ts);
             continue;
         }

@@ -582,9 +582,13 @@ int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
         if (rv == ETIMEDOUT && op->state != OP_DONE)
             break;
     }
-    /* the background thread answers the peers' rounds from now on */
+    /* The background thread answers the peers' rounds once no user thread
+     * has waited for BG_TAKEOVER_US (ctx.c): it is not woken here, since
+     * a caller that waits again at once (the next op of a loop, the next
+     * handle of synchronize) would then find it in idle_wait and have to
+     * ring it out - two thread switches on the path of a small op. */
     if (--c->drivers == 0 && c->fast)
-        pthread_cond_signal(&c->wake);
+        c->undriven_since_us = now_mono_us();
     if (op->state != OP_DONE) {
         pthread_mutex_unlock(&c->mu);
         return KOLO_ETIMEDOUT;

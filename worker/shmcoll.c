@@ -43,9 +43,17 @@
  * hold the CPU its peer needs: there is no spin, but up to KOLO_YIELD_US
  * of sched_yield, which hands the CPU straight to a peer queued behind us
  * without a FUTEX_WAKE round trip (on 4 ranks and 2 CPUs: 4 B in ~6 us
- * against ~13 us going straight to futex and ~50 us after a 2 us spin). After each slice a
- * sleeper checks the peers' pidfds (a pidfd polls readable once the
- * process exited, zombie or not), the abort record and its deadline.
+ * against ~13 us going straight to futex and ~50 us after a 2 us spin).
+ * With a CPU each, a rank also yields for up to 200 us after its spin
+ * before it sleeps: two ranks whose sleeps and wakes put them on one CPU
+ * (the kernel moves a woken task next to its waker, and two tasks that
+ * take turns never look busy enough to be pulled apart) would otherwise
+ * stay there, each op paying the spin and two switches (np 2, 4 B: p99
+ * 130-180 us in 3 launches of 8 against ~1.3 us); a rank that yields
+ * stays runnable, so the idle CPU takes one of them within the period.
+ * After each slice a sleeper checks the peers' pidfds (a pidfd polls
+ * readable once the process exited, zombie or not), the abort record and
+ * its deadline.
  * The deadline is a liveness bound, not a time limit: each wait for a
  * peer gets the operation's whole span, so a long operation whose peers
  * keep posting (a loaded host, a stopping and resuming process) finishes
@@ -64,7 +72,7 @@
  *   KOLO_SPIN_US     spin before sleeping, microseconds (default 30; 0
  *                    when ranks outnumber CPUs)
  *   KOLO_YIELD_US    then yield the CPU for up to this long before
- *                    sleeping (default 0; 1000 when ranks outnumber CPUs)
+ *                    sleeping (default 200; 1000 when ranks outnumber CPUs)
  *   KOLO_SHM_CHUNK   pipeline chunk in bytes when slot_bytes is 0
  *                    (default SHM_CHUNK_DEFAULT); decided by the leader
  *   KOLO_SHM_SMALL   largest allreduce that takes the flat algorithm
@@ -119,6 +127,7 @@
 #define SHM_SLICE_MS                10u
 #define SHM_SPIN_US_DEFAULT         30
 #define SHM_SPIN_US_OVERSUBSCRIBED  0
+#define SHM_YIELD_US_DEFAULT        200
 #define SHM_YIELD_US_OVERSUBSCRIBED 1000
 
 enum { SHM_STATE_FREE = 0, SHM_STATE_ATTACHED = 1, SHM_STATE_LEFT = 2 };
@@ -1233,7 +1242,7 @@ static int shm_new(const char *name, int rank, int size, struct shmcoll **out)
         s->pidfd[r] = -1;
     bool crowded = size > usable_cpus();
     int64_t spin = settings_int(SET_SPIN_US, crowded ? SHM_SPIN_US_OVERSUBSCRIBED : SHM_SPIN_US_DEFAULT);
-    int64_t yield = settings_int(SET_YIELD_US, crowded ? SHM_YIELD_US_OVERSUBSCRIBED : 0);
+    int64_t yield = settings_int(SET_YIELD_US, crowded ? SHM_YIELD_US_OVERSUBSCRIBED : SHM_YIELD_US_DEFAULT);
     s->spin_ns = (uint64_t)spin * 1000u;
     s->yield_ns = (uint64_t)yield * 1000u;
     *out = s;

@@ -193,6 +193,7 @@ struct kolo_ctx {
     uint32_t moded_ops;
     bool idling;       /* a thread sits in coll->idle_wait (one at a time) */
     int drivers;       /* user threads inside kolo_wait */
+    uint64_t undriven_since_us; /* when drivers last fell to 0 */
     uint64_t round;    /* rounds completed */
     uint64_t cache_epoch;
     uint32_t max_id;             /* largest cache id held */
