@@ -864,8 +864,12 @@ static bool stream_answer(struct coord *c, struct job *j, struct rpc_call *call,
         int got = store_output_each(c->store, j->id, after_seq, (int)max_lines, collect_line, &col);
         if (got < 0)
             coord_store_failed(c, "output read");
-        else if (col.n < max_lines && !col.short_of_memory)
-            col.last_seq = j->out_stored; /* the rest are seqs of batches that failed */
+        else if (col.n < max_lines && !col.short_of_memory && col.last_seq < j->out_stored)
+            /* The rest are seqs of batches that failed. Never back: the
+             * writer thread commits a batch before out_stored counts it,
+             * so the read may have given lines above out_stored already,
+             * and a cursor set back below them served them twice. */
+            col.last_seq = j->out_stored;
     }
     Kolo__StreamOutputReply rep = KOLO__STREAM_OUTPUT_REPLY__INIT;
     rep.n_lines = col.n;

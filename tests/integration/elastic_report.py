@@ -40,12 +40,18 @@ LINE = re.compile(r"^\[\d+\]<stdout>:(STEP|RESET|KILL|FINAL) (.*)$")
 
 def parse_out(path):
     """STEP, RESET and KILL records as dicts, in time order; FINAL lines."""
-    recs, finals = [], []
+    recs, finals, seen, twice = [], [], set(), []
     with open(path, errors="replace") as f:
         for line in f:
             m = LINE.match(line.rstrip("\n"))
             if not m:
                 continue
+            # every STEP, RESET and KILL line carries its time: the same
+            # line twice means kolo run printed a line of the job twice
+            if m.group(1) != "FINAL":
+                if line in seen:
+                    twice.append(line.rstrip("\n"))
+                seen.add(line)
             kind, rest = m.group(1), m.group(2)
             if kind == "FINAL":
                 step, w = rest.split(" ", 1)
@@ -64,7 +70,7 @@ def parse_out(path):
             r["t"] = float(r["t"])
             recs.append(r)
     recs.sort(key=lambda r: r["t"])
-    return recs, finals
+    return recs, finals, twice
 
 
 def parse_faults(path):
@@ -129,7 +135,7 @@ def main():
     max_lost = a.commit if a.max_lost is None else a.max_lost
     no_change = set(x for x in a.no_change.split(",") if x)
 
-    recs, finals = parse_out(a.out)
+    recs, finals, twice = parse_out(a.out)
     with open(a.gens) as f:
         g = json.load(f)
     gens = sorted(g["generations"], key=lambda x: x["generation"])
@@ -142,6 +148,8 @@ def main():
     else:
         faults = parse_faults(a.faults)
     errors = []
+    if twice:
+        errors.append("kolo run printed %d line(s) of the job twice, e.g. %s" % (len(twice), twice[0]))
 
     # resets survived / attempted
     attempted = max(0, current - 1)
