@@ -588,6 +588,41 @@ static void t_stall(kolo_ctx *ctx, int rank, int size)
     (void)size;
 }
 
+/* Shutdown while the others' cached ops are pending (issue 13): every rank
+ * reduces "held" twice (cached from then on, so with rounds it no longer
+ * goes to the coordinator), then the last rank calls kolo_fini while the
+ * others wait for "held" again. They fail at once, with Horovod's text
+ * naming the rank that left, not with a timeout or a bare peer error. */
+static void t_shutdown_pending(kolo_ctx *ctx, int rank, int size)
+{
+    kolo_handle h;
+    float f = 1;
+    for (int i = 0; i < 2; i++) {
+        REQUIRE(kolo_allreduce_async(ctx, "held", &f, &f, 1, KOLO_FLOAT32, KOLO_SUM, &h) == 0);
+        CHECK_EQ_INT(kolo_wait(ctx, h, 10000), 0);
+    }
+    if (rank == size - 1) {
+        usleep(200 * 1000); /* the others' ops are pending by now */
+        return;             /* rank_main calls kolo_fini */
+    }
+    uint64_t t0 = now_mono_ms();
+    REQUIRE(kolo_allreduce_async(ctx, "held", &f, &f, 1, KOLO_FLOAT32, KOLO_SUM, &h) == 0);
+    int rc = kolo_wait(ctx, h, 10000);
+    uint64_t took = now_mono_ms() - t0;
+    CHECK_EQ_INT(rc, KOLO_ESHUTDOWN);
+    if (!strstr(kolo_last_error(ctx), "Horovod has been shut down") ||
+        !strstr(kolo_last_error(ctx), "left the job"))
+        fprintf(stderr, "rank %d: %s\n", rank, kolo_last_error(ctx));
+    CHECK(strstr(kolo_last_error(ctx), "Horovod has been shut down") != NULL);
+    CHECK(strstr(kolo_last_error(ctx), "left the job") != NULL);
+    CHECK(took < 1800); /* 200 ms until the leave, then at once */
+    /* and so does new work */
+    rc = kolo_allreduce_async(ctx, "after", &f, &f, 1, KOLO_FLOAT32, KOLO_SUM, &h);
+    if (rc == 0)
+        rc = kolo_wait(ctx, h, 10000);
+    CHECK_EQ_INT(rc, KOLO_ESHUTDOWN);
+}
+
 /* kolo_abort from another thread while a collective runs: the waiter must
  * not get its op back before the data plane is done with its buffers (it
  * frees or reuses them at once, as Python does). The sentinel written after
@@ -877,6 +912,8 @@ int main(int argc, char **argv)
                     run_ranks(np, t_fast_order);
                     run_ranks(np, t_fast_mismatch);
                 }
+                if (np > 1)
+                    run_ranks(np, t_shutdown_pending);
             }
         }
     }
