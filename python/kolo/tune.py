@@ -240,11 +240,14 @@ class _Cluster:
         return max(ids) if ids else None
 
     def stop(self, job, reason):
+        """True if the job is stopped, False if it had already ended."""
         try:
             self.request("POST", "/api/v1/jobs/%d/stop" % job, {"reason": reason})
         except urllib.error.HTTPError as e:
             if e.code != 409:  # already ended
                 raise
+            return False
+        return True
 
     def launch(self, name, np_, min_np, max_np, argv, env, log, metadata):
         cmd = [self.kolo, "run", "--coordinator", self.rpc, "--name", name, "-np", str(np_),
@@ -487,9 +490,10 @@ def _poll_trial(cluster, study, rt, metric, TS):
         rt.epochs[e] = value
         rt.trial.report(value, e)
     if not rt.pruned and rt.epochs and rt.trial.should_prune():
-        rt.pruned = True
-        # "pruned" first: the coordinator's study view reads it so
-        cluster.stop(rt.job, "pruned by kolo tune after epoch %d" % max(rt.epochs))
+        # The reason starts with "pruned": the coordinator's study view
+        # reads it so. A job that ended before the stop (the pruner spoke
+        # at its last epoch) completed, for the coordinator and for Optuna.
+        rt.pruned = cluster.stop(rt.job, "pruned by kolo tune after epoch %d" % max(rt.epochs))
 
 
 def _finish_trial(cluster, study, rt, metric, TS, verbose, mode):

@@ -194,6 +194,49 @@ def test_unknown_metric_stops_the_search(tmp_path):
                       directory=str(tmp_path / "s"), verbose=False)
 
 
+def test_prune_after_the_trial_ended_counts_as_complete(tmp_path):
+    """The pruner may speak at a trial's last epoch, when its job has ended
+    already: the stop is refused (409) and the trial completed, for Optuna
+    and the coordinator alike. A trial still running is stopped: pruned."""
+    TS = optuna.trial.TrialState
+    study = optuna.create_study(study_name="race", direction="minimize",
+                                pruner=optuna.pruners.ThresholdPruner(upper=-1.0))  # prunes all
+    d = str(tmp_path / "race")
+    cluster = kolo.tune._Cluster(kolo.tune._kolo_binary(), os.path.join(d, "cluster"), 2)
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    script = tmp_path / "report_then.py"
+    script.write_text("import sys, time, kolo\nkolo.init()\n"
+                      "kolo.report_epoch(0, metrics={'loss': 1.5})\n"
+                      "time.sleep(float(sys.argv[1]))\nkolo.shutdown()\n")
+    try:
+        for number, linger in enumerate(("0", "60")):
+            trial = study.ask()
+            name = "race/trial-%d" % number
+            labels = {"kolo.study": "race", "kolo.trial": str(number), "kolo.params": "{}",
+                      "kolo.metric": "loss", "kolo.mode": "min"}
+            with open(str(tmp_path / ("t%d.log" % number)), "w") as log:
+                proc = cluster.launch(name, 1, None, None,
+                                      ["/usr/bin/python3", str(script), linger], env, log, labels)
+            rt = kolo.tune._Trial(trial, proc, name, log.name, time.monotonic())
+            if linger == "0":
+                assert proc.wait(timeout=60) == 0  # the job ended before any poll
+            deadline = time.monotonic() + 60
+            while not rt.epochs and time.monotonic() < deadline:
+                kolo.tune._poll_trial(cluster, study, rt, "loss", TS)
+                time.sleep(0.2)
+            assert rt.epochs == {0: 1.5}
+            assert rt.pruned == (linger != "0"), rt.pruned
+            proc.wait(timeout=60)
+            kolo.tune._finish_trial(cluster, study, rt, "loss", TS, False, "min")
+        assert [t.number for t in study.get_trials(states=(TS.COMPLETE,))] == [0]
+        assert [t.number for t in study.get_trials(states=(TS.PRUNED,))] == [1]
+        view = cluster.get("/api/v1/studies/race")
+        assert [t["state"] for t in sorted(view["trials"], key=lambda t: t["number"])] == \
+            ["complete", "pruned"], view
+    finally:
+        cluster.close()
+
+
 def test_digits_search_prunes_and_finds_097(tmp_path):
     d = str(tmp_path / "digits")
     cmd = ["/usr/bin/python3", DIGITS, "--epochs", "6", "--lr", "{lr}", "--batch-size",
