@@ -439,6 +439,10 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
          * clients and ranks may never take their receive contexts (F10). */
         .reserved_prefix = "AgentService.",
         .reserved = contexts >= 64 ? contexts / 16 : (contexts + 3) / 4,
+        /* A coordinator sized for more calls at once admits as many
+         * connections in their handshake: a job's ranks connect at once
+         * (1024 ranks and their agents evicted each other at 1024). */
+        .max_unproven = contexts > RPC_MAX_UNPROVEN ? contexts : 0,
         .handler = rpc_handler,
         .arg = c,
     };
