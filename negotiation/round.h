@@ -45,6 +45,7 @@
 /* flags */
 #define ROUND_F_JOIN  1u /* a rank joined: everything goes through the coordinator */
 #define ROUND_F_SLOW  2u /* while any rank sets it (the job's timeline is on), too */
+#define ROUND_F_SHUTDOWN 4u /* a rank is leaving (kolo_fini): the others' ops fail */
 
 enum { ROUND_K = 0, ROUND_NK, ROUND_EPOCH, ROUND_NEPOCH, ROUND_W, ROUND_NW, ROUND_CURSOR,
        ROUND_FLAGS, ROUND_WAIT };

@@ -1352,6 +1352,10 @@ int kolo_fini(kolo_ctx *c)
     int tell_ms = c->sticky && !c->leaving ? 300 : 1000;
     char reason[200];
     snprintf(reason, sizeof(reason), "%s", c->leaving ? c->leave_reason : "kolo_fini");
+    /* With rounds the peers hear it first from this rank itself (an
+     * elastic leave at a commit is the coordinator's to announce) */
+    if (!c->leaving)
+        fast_leave(c, tell_ms);
     c->leaving = false;
     if (!c->sticky)
         ctx_fail(c, KOLO_ESHUTDOWN,

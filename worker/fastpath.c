@@ -243,13 +243,21 @@ static void check_stalls(struct kolo_ctx *c)
     }
 }
 
-/* A round failed: the generation is over for this rank. When a peer left
- * or died, the coordinator's log is about to say why in Horovod's words
- * (a shutdown entry); wait a moment for it and report that. */
-static void round_failed(struct kolo_ctx *c, int rc)
+/* What the others report when a rank left by kolo_fini and the
+ * coordinator's entry, which names it, does not come in time. */
+#define FAST_SHUTDOWN_TEXT                                                                        \
+    "Horovod has been shut down: a rank left the job (kolo_fini). This was caused by an "       \
+    "exception on one of the ranks or an attempt to run a collective after one of the ranks "   \
+    "finished execution."
+
+/* A round failed, or a peer left (ROUND_F_SHUTDOWN): the generation is
+ * over for this rank. The coordinator's log is about to say why in
+ * Horovod's words (a shutdown entry naming the rank); wait a moment for
+ * it and report that, else `fallback`. */
+static void round_failed(struct kolo_ctx *c, int rc, const char *fallback)
 {
     char why[512];
-    snprintf(why, sizeof(why), "%s", c->coll->why[0] ? c->coll->why : kolo_strerror(rc));
+    snprintf(why, sizeof(why), "%s", fallback);
     struct timespec ts;
     mono_deadline(&ts, FAST_LEFT_WAIT_MS);
     for (;;) {
@@ -332,24 +340,28 @@ static void fast_round(struct kolo_ctx *c)
     size_t nwords = round_words(w);
     uint64_t k = c->round + 1;
     uint64_t flags = (c->joined ? ROUND_F_JOIN : 0) |
-                     (c->timeline_heard || c->timeline_asked || c->moded_ops ? ROUND_F_SLOW : 0);
+                     (c->timeline_heard || c->timeline_asked || c->moded_ops ? ROUND_F_SLOW : 0) |
+                     (c->fast_leaving ? ROUND_F_SHUTDOWN : 0);
     uint64_t *v = c->vec;
     round_init(v, k, c->cache_epoch, w, c->cursor, flags);
-    memcpy(round_ready(v), c->ready_bits, w * sizeof(uint64_t));
+    /* a leaving rank agrees to nothing more (round_init cleared the bits) */
+    if (!c->fast_leaving)
+        memcpy(round_ready(v), c->ready_bits, w * sizeof(uint64_t));
     memcpy(round_invalid(v), c->invalid_bits, w * sizeof(uint64_t));
     v[ROUND_WAIT] = oldest_wait_us(c, w);
     LOGD("kolo", "rank %d: round %llu starts (%s, cursor %llu)", c->rank,
          (unsigned long long)k, c->fast_dirty ? "news here" : "a peer started it",
          (unsigned long long)c->cursor);
     c->fast_dirty = false;
-    uint64_t deadline = ctx_deadline(c);
+    uint64_t deadline = c->fast_leaving ? c->fast_leave_deadline : ctx_deadline(c);
     c->round_busy = true;
     pthread_mutex_unlock(&c->mu);
     int rc = c->coll->ops->round(c->coll, v, nwords, deadline);
     pthread_mutex_lock(&c->mu);
     c->round_busy = false;
     if (rc) {
-        round_failed(c, rc);
+        if (!c->fast_leaving) /* leaving, it goes anyway */
+            round_failed(c, rc, c->coll->why[0] ? c->coll->why : kolo_strerror(rc));
         return;
     }
     /* Failed meanwhile (the generation closed, an abort): every pending op
@@ -359,6 +371,12 @@ static void fast_round(struct kolo_ctx *c)
     char why[300];
     if (round_check(v, k, c->cache_epoch, w, why, sizeof(why)) != 0) {
         ctx_fail(c, KOLO_EPROTO, why);
+        return;
+    }
+    if (v[ROUND_FLAGS] & ROUND_F_SHUTDOWN) {
+        /* a rank left: every rank ends the generation at this round */
+        if (!c->fast_leaving)
+            round_failed(c, KOLO_ESHUTDOWN, FAST_SHUTDOWN_TEXT);
         return;
     }
     c->round = k;
@@ -473,7 +491,7 @@ bool fast_try(struct kolo_ctx *c)
     /* Not while another thread sits in idle_wait: it reads the backend's
      * state (event counters, poll set) that a round changes. Its bell was
      * rung with the news; it leaves at once and broadcasts done. */
-    if (c->executing || c->sticky || c->stopping || c->idling)
+    if (c->executing || c->sticky || c->stopping || c->idling || c->fast_leaving)
         return false;
     check_stalls(c); /* may make the rank dirty */
     if (!fast_work(c))
@@ -487,7 +505,7 @@ bool fast_try(struct kolo_ctx *c)
 
 bool fast_idle(struct kolo_ctx *c, int ms, bool spin)
 {
-    if (c->idling || c->executing || c->sticky)
+    if (c->idling || c->executing || c->sticky || c->fast_leaving)
         return false;
     c->idling = true;
     uint64_t seen = c->coll->ops->bell_seen(c->coll);
@@ -499,4 +517,33 @@ bool fast_idle(struct kolo_ctx *c, int ms, bool spin)
     c->idling = false;
     pthread_cond_broadcast(&c->done); /* a waiter may take the place now */
     return true;
+}
+
+void fast_leave(struct kolo_ctx *c, int ms)
+{
+    if (!c->fast || c->sticky || !c->coll || c->size < 2)
+        return;
+    /* The token, once the thread in idle_wait (rung out) or in a round has
+     * let it go; fast_leaving keeps either from taking it back. All this
+     * rank's agreed ops have run then, so the peers' next exchange with
+     * it is a round: this one. */
+    c->fast_leaving = true;
+    c->fast_leave_deadline = now_mono_ms() + (uint64_t)ms;
+    struct timespec ts;
+    mono_deadline(&ts, (uint64_t)ms);
+    while ((c->executing || c->idling) && !c->sticky) {
+        if (c->idling)
+            c->coll->ops->bell_ring(c->coll);
+        if (pthread_cond_timedwait(&c->done, &c->mu, &ts) != 0)
+            break;
+    }
+    if (!c->executing && !c->idling && !c->sticky) {
+        c->executing = true;
+        c->exec_since = now_mono_ms();
+        LOGD("kolo", "rank %d: leaving; telling the peers in a last round", c->rank);
+        c->fast_dirty = true;
+        fast_round(c);
+        ctx_token_release(c);
+    }
+    c->fast_leaving = false;
 }

@@ -175,6 +175,8 @@ struct kolo_ctx {
     /* ---- the fast path (fastpath.c): readiness rounds; under mu ---- */
     bool fast;         /* rounds on: KOLO_FAST_PATH != 0 and the backend has them */
     bool fast_dirty;   /* something new to contribute since the last round */
+    bool fast_leaving; /* kolo_fini's last round (ROUND_F_SHUTDOWN) is due or runs */
+    uint64_t fast_leave_deadline; /* its deadline (monotonic ms) */
     bool join_mode;    /* a rank joined: every op goes through the coordinator */
     bool timeline_heard; /* the coordinator writes a timeline: ask for ROUND_F_SLOW */
     bool timeline_asked; /* this rank started it (kolo_timeline): SLOW at once, not
@@ -331,6 +333,11 @@ bool fast_try(struct kolo_ctx *c);
 bool fast_idle(struct kolo_ctx *c, int ms, bool spin);
 /* fast_news: a local event worth a round (mu held). */
 void fast_news(struct kolo_ctx *c);
+/* fast_leave: kolo_fini's last round, which tells the peers this rank
+ * leaves (ROUND_F_SHUTDOWN) so that their pending ops fail at once in
+ * Horovod's words, the coordinator reachable or not (mu held; at most
+ * ms, then the rank leaves without it). */
+void fast_leave(struct kolo_ctx *c, int ms);
 
 /* exec.c (background thread, mu not held) */
 void exec_response(struct kolo_ctx *c, const Kolo__Response *r);

@@ -16,7 +16,10 @@
 #  - KOLO_FAST_PATH=0 runs the same job through the coordinator alone;
 #  - the coordinator killed (-9) and restarted mid-training, then the
 #    timeline switched on and off: the ops it sends to the new coordinator
-#    go in full (it never gave the ranks' cache ids) and every step is right.
+#    go in full (it never gave the ranks' cache ids) and every step is right;
+#  - a rank shuts down while the coordinator stands still and its peer
+#    waits for a cached op: the peer fails within 3 s with Horovod's
+#    shutdown text, told by the leaver's last round (ROUND_F_SHUTDOWN).
 . "$(dirname "$0")/lib.sh"
 use_python
 PY=/usr/bin/python3
@@ -145,4 +148,23 @@ note "coordinator restarted at step $before; resumed at step $(progress)"
 [ "$(progress)" -lt 150 ] || note "(the timeline step passed before the resume)"
 job_done rs 300
 grep -q '"grad.3"' "$WORK/tl2.json" || fail "the timeline after the restart has no span of grad.3"
+
+# ---- 6. a rank shuts down while the coordinator stands still
+"$KOLO" run -np 2 --coordinator "$RPC" -- "$PY" "$ROOT/tests/integration/data/shutdown_paused.py" \
+  --ready "$WORK/sd.ready" --go "$WORK/sd.go" --result "$WORK/sd.result" \
+  >"$WORK/sd.out" 2>"$WORK/sd.err" &
+RUN_PID=$!
+PIDS+=("$RUN_PID")
+wait_for 60 test -e "$WORK/sd.ready" || fail "the shutdown job did not start: $(tail "$WORK/sd.err")"
+kill -STOP "$COORD_PID"
+touch "$WORK/sd.go"
+told=0
+wait_for 15 test -e "$WORK/sd.result" && told=1
+kill -CONT "$COORD_PID"
+[ $told -eq 1 ] || fail "rank 0's op did not fail while the coordinator stood still"
+note "rank 0, the coordinator stopped: $(cat "$WORK/sd.result")"
+grep -q "^HorovodInternalError .*Horovod has been shut down" "$WORK/sd.result" ||
+  fail "rank 0 did not get Horovod's shutdown text: $(cat "$WORK/sd.result")"
+awk '{ exit !($2 < 3.0) }' "$WORK/sd.result" || fail "rank 0 learnt it late: $(cat "$WORK/sd.result")"
+wait_for 60 eval '! kill -0 $RUN_PID 2>/dev/null' || fail "the shutdown job did not end"
 echo PASS
