@@ -31,9 +31,11 @@
  *
  * Threads: whoever holds the executor token (ctx.c) runs rounds: a user
  * thread blocked in kolo_wait (no thread hand-off on the path of a small
- * op), or the background thread when nobody waits. One thread at a time
- * sits in idle_wait (c->idling); the background thread gives the place up
- * to a user thread that waits.
+ * op), or the background thread once nobody has waited for a moment
+ * (ctx.c, BG_TAKEOVER_US). One thread at a time sits in idle_wait
+ * (c->idling); the background thread gives the place up to a user thread
+ * that waits. kolo_fini's last round (fast_leave) tells the peers the
+ * rank leaves: ROUND_F_SHUTDOWN ends the generation on every rank.
  */
 #include "worker_int.h"
 
