@@ -1683,11 +1683,7 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
             bad = submit_one(n, rank, req->requests[i]);
         if (req->shutdown) {
             char why[600];
-            snprintf(why, sizeof(why),
-                     "Horovod has been shut down: rank %d left the job (%s). This was caused by an "
-                     "exception on one of the ranks or an attempt to run a collective after one "
-                     "of the ranks finished execution.",
-                     rank, req->reason[0] ? req->reason : "shutdown");
+            mismatch_shutdown_text(why, sizeof why, rank, req->reason);
             negot_shutdown(c, n, KOLO_ESHUTDOWN, why);
         } else {
             negot_progress(c, n);

@@ -34,6 +34,18 @@ const char *mismatch_op_name(uint32_t op)
     return s ? s : "?";
 }
 
+void mismatch_shutdown_text(char *out, size_t size, int rank, const char *reason)
+{
+    char who[32] = "a rank";
+    if (rank >= 0)
+        snprintf(who, sizeof who, "rank %d", rank);
+    snprintf(out, size,
+             "Horovod has been shut down: %s left the job (%s). This was caused by an exception "
+             "on one of the ranks or an attempt to run a collective after one of the ranks "
+             "finished execution.",
+             who, reason && reason[0] ? reason : "shutdown");
+}
+
 void tensor_shape_text(char *out, size_t size, const struct tensor_req *t)
 {
     size_t o = 0;

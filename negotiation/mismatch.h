@@ -38,6 +38,12 @@ const char *mismatch_coll_name(uint32_t coll);
 const char *mismatch_dtype_name(uint32_t dtype);
 const char *mismatch_op_name(uint32_t op);
 
+/* mismatch_shutdown_text writes Horovod's text for the operations that
+ * were pending when a rank left the job (kolo_fini), the one every other
+ * rank fails them with: rank < 0 when who left is not known (the leaver's
+ * own last round told a peer, not the coordinator). */
+void mismatch_shutdown_text(char *out, size_t size, int rank, const char *reason);
+
 /* tensor_shape_text writes "[2, 3]" (Horovod's shape format). */
 void tensor_shape_text(char *out, size_t size, const struct tensor_req *t);
 

@@ -45,6 +45,7 @@
 
 #include "errors.h"
 #include "log.h"
+#include "mismatch.h"
 #include "round.h"
 #include "settings.h"
 #include "util.h"
@@ -245,13 +246,6 @@ static void check_stalls(struct kolo_ctx *c)
     }
 }
 
-/* What the others report when a rank left by kolo_fini and the
- * coordinator's entry, which names it, does not come in time. */
-#define FAST_SHUTDOWN_TEXT                                                                        \
-    "Horovod has been shut down: a rank left the job (kolo_fini). This was caused by an "       \
-    "exception on one of the ranks or an attempt to run a collective after one of the ranks "   \
-    "finished execution."
-
 /* A round failed, or a peer left (ROUND_F_SHUTDOWN): the generation is
  * over for this rank. The coordinator's log is about to say why in
  * Horovod's words (a shutdown entry naming the rank); wait a moment for
@@ -334,9 +328,10 @@ static uint64_t oldest_wait_us(struct kolo_ctx *c, uint32_t w)
 
 /*
  * One round and its outcome (mu and the token held; mu released during the
- * exchange and while ops run). See DESIGN above for the order.
+ * exchange and while ops run), the exchange bounded by deadline. See
+ * DESIGN above for the order.
  */
-static void fast_round(struct kolo_ctx *c)
+static void fast_round(struct kolo_ctx *c, uint64_t deadline)
 {
     uint32_t w = round_bitmap_words(c->max_id);
     size_t nwords = round_words(w);
@@ -355,7 +350,6 @@ static void fast_round(struct kolo_ctx *c)
          (unsigned long long)k, c->fast_dirty ? "news here" : "a peer started it",
          (unsigned long long)c->cursor);
     c->fast_dirty = false;
-    uint64_t deadline = c->fast_leaving ? c->fast_leave_deadline : ctx_deadline(c);
     c->round_busy = true;
     pthread_mutex_unlock(&c->mu);
     int rc = c->coll->ops->round(c->coll, v, nwords, deadline);
@@ -377,8 +371,12 @@ static void fast_round(struct kolo_ctx *c)
     }
     if (v[ROUND_FLAGS] & ROUND_F_SHUTDOWN) {
         /* a rank left: every rank ends the generation at this round */
-        if (!c->fast_leaving)
-            round_failed(c, KOLO_ESHUTDOWN, FAST_SHUTDOWN_TEXT);
+        if (!c->fast_leaving) {
+            /* the text if the coordinator's, which names the rank, is late */
+            char text[300];
+            mismatch_shutdown_text(text, sizeof text, -1, "kolo_fini");
+            round_failed(c, KOLO_ESHUTDOWN, text);
+        }
         return;
     }
     c->round = k;
@@ -500,7 +498,7 @@ bool fast_try(struct kolo_ctx *c)
         return false;
     c->executing = true;
     c->exec_since = now_mono_ms();
-    fast_round(c);
+    fast_round(c, ctx_deadline(c));
     ctx_token_release(c);
     return true;
 }
@@ -530,7 +528,7 @@ void fast_leave(struct kolo_ctx *c, int ms)
      * rank's agreed ops have run then, so the peers' next exchange with
      * it is a round: this one. */
     c->fast_leaving = true;
-    c->fast_leave_deadline = now_mono_ms() + (uint64_t)ms;
+    uint64_t deadline = now_mono_ms() + (uint64_t)ms;
     struct timespec ts;
     mono_deadline(&ts, (uint64_t)ms);
     while ((c->executing || c->idling) && !c->sticky) {
@@ -543,8 +541,7 @@ void fast_leave(struct kolo_ctx *c, int ms)
         c->executing = true;
         c->exec_since = now_mono_ms();
         LOGD("kolo", "rank %d: leaving; telling the peers in a last round", c->rank);
-        c->fast_dirty = true;
-        fast_round(c);
+        fast_round(c, deadline);
         ctx_token_release(c);
     }
     c->fast_leaving = false;

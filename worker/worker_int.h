@@ -176,7 +176,6 @@ struct kolo_ctx {
     bool fast;         /* rounds on: KOLO_FAST_PATH != 0 and the backend has them */
     bool fast_dirty;   /* something new to contribute since the last round */
     bool fast_leaving; /* kolo_fini's last round (ROUND_F_SHUTDOWN) is due or runs */
-    uint64_t fast_leave_deadline; /* its deadline (monotonic ms) */
     bool join_mode;    /* a rank joined: every op goes through the coordinator */
     bool timeline_heard; /* the coordinator writes a timeline: ask for ROUND_F_SLOW */
     bool timeline_asked; /* this rank started it (kolo_timeline): SLOW at once, not

@@ -166,10 +166,25 @@ static void test_names(void)
     CHECK_EQ_STR(text, "[]");
 }
 
+/* The shutdown text: the coordinator names the rank; a peer told by the
+ * leaver's own round does not know it. */
+static void test_shutdown_text(void)
+{
+    char t[300];
+    mismatch_shutdown_text(t, sizeof t, 2, "kolo_fini");
+    CHECK(strncmp(t, "Horovod has been shut down: rank 2 left the job (kolo_fini). This was "
+                     "caused by an exception on one of the ranks",
+                  96) == 0);
+    mismatch_shutdown_text(t, sizeof t, -1, "");
+    CHECK(strncmp(t, "Horovod has been shut down: a rank left the job (shutdown).", 59) == 0);
+    CHECK(strstr(t, "after one of the ranks finished execution.") != NULL);
+}
+
 int main(void)
 {
     test_cases();
     test_missing_ranks();
     test_names();
+    test_shutdown_text();
     TEST_DONE();
 }
