@@ -52,6 +52,7 @@
 #include "json.h"
 #include "kolo.pb-c.h"
 #include "log.h"
+#include "cache.h"
 #include "mismatch.h"
 #include "round.h"
 #include "util.h"
@@ -150,35 +151,18 @@ struct negot {
     int nresumed;
     uint64_t resume_deadline; /* monotonic; 0 = no resume started */
     char *resume_failed;
-    /* cache */
-    char **cache_name;           /* [id] */
-    struct tensor_req **cache_tmpl;    /* [id] */
-    struct entry **cache_pending; /* [id] */
-    uint64_t *cache_born;        /* [id]: when it was given (cache_clock) */
-    uint64_t cache_clock;
-    uint32_t ncache;
+    /* the response cache (negotiation/cache.h): the ids given, each with
+     * the signature a by-id submission stands for (lent to entries) */
+    struct tensor_cache *cache;
+    uint32_t next_id;             /* the next id never given */
+    struct entry **cache_pending; /* [id]: the entry awaiting it */
     bool rounds, rounds_known;   /* every rank runs readiness rounds: ids may be reused */
     uint64_t evictions;
-    /* names in the cache, for lookup at assignment time */
-    struct cname {
-        char *name;
-        uint32_t id;
-        struct cname *next;
-    } *cbuckets[NEGOT_BUCKETS];
 };
 
 static void negot_drop_parked(struct negot *n, int code, const char *why);
 
 /* ---------------------------------------------------------------- memory */
-
-static void treq_free(struct tensor_req *t)
-{
-    if (!t)
-        return;
-    free(t->shape);
-    free(t->splits);
-    free(t);
-}
 
 static struct tensor_req *treq_from(const Kolo__TensorRequest *m)
 {
@@ -192,7 +176,7 @@ static struct tensor_req *treq_from(const Kolo__TensorRequest *m)
     t->shape = malloc((m->n_shape + 1) * sizeof(int64_t));
     t->splits = malloc((m->n_splits + 1) * sizeof(int32_t));
     if (!t->shape || !t->splits) {
-        treq_free(t);
+        tensor_req_free(t);
         return NULL;
     }
     memcpy(t->shape, m->shape, m->n_shape * sizeof(int64_t));
@@ -205,30 +189,11 @@ static struct tensor_req *treq_from(const Kolo__TensorRequest *m)
     return t;
 }
 
-static struct tensor_req *treq_clone(const struct tensor_req *s)
-{
-    struct tensor_req *t = calloc(1, sizeof(*t));
-    if (!t)
-        return NULL;
-    *t = *s;
-    t->shape = malloc(((size_t)s->ndim + 1) * sizeof(int64_t));
-    t->splits = malloc(((size_t)s->nsplits + 1) * sizeof(int32_t));
-    if (!t->shape || !t->splits) {
-        free(t->shape);
-        free(t->splits);
-        free(t);
-        return NULL;
-    }
-    memcpy(t->shape, s->shape, (size_t)s->ndim * sizeof(int64_t));
-    memcpy(t->splits, s->splits, (size_t)s->nsplits * sizeof(int32_t));
-    return t;
-}
-
 static void entry_free(struct negot *n, struct entry *e)
 {
     for (int r = 0; r < n->size; r++)
         if (!e->borrowed[r])
-            treq_free(e->reqs[r]);
+            tensor_req_free(e->reqs[r]);
     free(e->reqs); /* and arrive_us, borrowed: one block */
     free(e->name);
     free(e);
@@ -299,42 +264,12 @@ static bool cacheable(const char *name)
     return strstr(name, ".noname.") == NULL && strncmp(name, "kolo.barrier.", 13) != 0;
 }
 
-static uint32_t cache_lookup(struct negot *n, const char *name)
-{
-    for (struct cname *c = n->cbuckets[str_hash(name) % NEGOT_BUCKETS]; c; c = c->next)
-        if (strcmp(c->name, name) == 0)
-            return c->id;
-    return 0;
-}
-
 /* Whether every rank runs readiness rounds: one that does not makes the
  * ids fixed for the generation (cache_evict). */
 static void note_rounds(struct negot *n, const Kolo__NegotiateRequest *req)
 {
     n->rounds = (n->rounds_known ? n->rounds : true) && req->rounds;
     n->rounds_known = true;
-}
-
-/* cache_bind gives id to name (false: out of memory). */
-static bool cache_bind(struct negot *n, const char *name, uint32_t id)
-{
-    struct cname *cn = calloc(1, sizeof(*cn));
-    char *copy = strdup(name);
-    if (!cn || !(cn->name = strdup(name)) || !copy) {
-        if (cn)
-            free(cn->name);
-        free(cn);
-        free(copy);
-        return false;
-    }
-    cn->id = id;
-    uint64_t hb = str_hash(name) % NEGOT_BUCKETS;
-    cn->next = n->cbuckets[hb];
-    n->cbuckets[hb] = cn;
-    free(n->cache_name[id]);
-    n->cache_name[id] = copy;
-    n->cache_born[id] = ++n->cache_clock;
-    return true;
 }
 
 /*
@@ -346,31 +281,19 @@ static bool cache_bind(struct negot *n, const char *name, uint32_t id)
  * Without rounds ids stay fixed (a rank's by-id request could be older
  * than the entry) and a new name is negotiated without one. 0: none.
  */
+static bool cache_busy(const void *arg, uint32_t id)
+{
+    const struct negot *n = arg;
+    return n->cache_pending[id] != NULL;
+}
+
 static uint32_t cache_evict(struct negot *n)
 {
     if (!n->rounds)
         return 0;
-    uint32_t victim = 0;
-    for (uint32_t id = 1; id < n->ncache; id++)
-        if (!n->cache_pending[id] && (!victim || n->cache_born[id] < n->cache_born[victim]))
-            victim = id;
-    if (!victim)
-        return 0;
-    const char *old = n->cache_name[victim];
-    if (old) { /* unknown after a restart: the ranks gave it */
-        struct cname **pp = &n->cbuckets[str_hash(old) % NEGOT_BUCKETS];
-        while (*pp && (*pp)->id != victim)
-            pp = &(*pp)->next;
-        if (*pp) {
-            struct cname *dead = *pp;
-            *pp = dead->next;
-            free(dead->name);
-            free(dead);
-        }
-        free(n->cache_name[victim]);
-        n->cache_name[victim] = NULL;
-    }
-    n->evictions++;
+    uint32_t victim = tcache_oldest(n->cache, n->next_id, cache_busy, n);
+    if (victim)
+        n->evictions++;
     return victim;
 }
 
@@ -397,13 +320,11 @@ static struct negot *negot_new(const struct coord *c, const struct job *j, int s
     n->rank_joined = calloc((size_t)size, sizeof(*n->rank_joined));
     n->lag_s = calloc((size_t)size, sizeof(*n->lag_s));
     n->round_wait_s = calloc((size_t)size, sizeof(*n->round_wait_s));
-    n->cache_name = calloc(NEGOT_CACHE_MAX, sizeof(*n->cache_name));
-    n->cache_tmpl = calloc(NEGOT_CACHE_MAX, sizeof(*n->cache_tmpl));
+    n->cache = tcache_new();
     n->cache_pending = calloc(NEGOT_CACHE_MAX, sizeof(*n->cache_pending));
-    n->cache_born = calloc(NEGOT_CACHE_MAX, sizeof(*n->cache_born));
-    n->ncache = 1; /* id 0 means "not cached" */
+    n->next_id = 1; /* id 0 means "not cached" */
     if (!n->peers || !n->cursor || !n->parked || !n->parked_deadline || !n->rank_joined || !n->lag_s || !n->round_wait_s ||
-        !n->cache_name || !n->cache_tmpl || !n->cache_pending || !n->cache_born) {
+        !n->cache || !n->cache_pending) {
         coord_negot_free(n);
         return NULL;
     }
@@ -446,19 +367,7 @@ void coord_negot_free(struct negot *n)
     }
     for (size_t i = 0; i < n->log_len; i++)
         free(n->log[i].bytes);
-    for (uint32_t i = 0; n->cache_name && i < n->ncache; i++) {
-        free(n->cache_name[i]);
-        treq_free(n->cache_tmpl[i]);
-    }
-    for (int b = 0; b < NEGOT_BUCKETS; b++) {
-        struct cname *c = n->cbuckets[b];
-        while (c) {
-            struct cname *next = c->next;
-            free(c->name);
-            free(c);
-            c = next;
-        }
-    }
+    tcache_free(n->cache);
     free(n->log);
     free(n->peers);
     free(n->cursor);
@@ -467,10 +376,7 @@ void coord_negot_free(struct negot *n)
     free(n->rank_joined);
     free(n->lag_s);
     free(n->round_wait_s);
-    free(n->cache_name);
-    free(n->cache_tmpl);
     free(n->cache_pending);
-    free(n->cache_born);
     free(n);
 }
 
@@ -705,10 +611,6 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
     uint64_t now = now_mono_ms();
     for (size_t k = 0; k < nready; k++)
         coord_hist_observe(&c->m.negotiation_wait, (double)(now - ready[k]->first_mono) / 1000.0);
-    /* Replaced cache templates may still be borrowed by entries of this
-     * batch: free them at the end. */
-    struct tensor_req **old = calloc(nready + 1, sizeof(*old));
-    size_t nold = 0;
     int32_t *joined = NULL;
     size_t njoined = 0;
     if (n->njoined) {
@@ -792,25 +694,17 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
                 sizes[x] = elems(b, 0);
             /* Cache clean allreduces run by every rank. */
             if (b->coll == KOLO_COLL_ALLREDUCE && n->njoined == 0 && cacheable(f->name)) {
-                uint32_t id = f->cache_id ? f->cache_id : cache_lookup(n, f->name);
-                if (!id) {
-                    uint32_t fresh = n->ncache < NEGOT_CACHE_MAX ? n->ncache : cache_evict(n);
-                    if (fresh && cache_bind(n, f->name, fresh)) {
-                        id = fresh;
-                        if (fresh == n->ncache)
-                            n->ncache++;
-                    }
-                }
-                if (id && n->cache_tmpl[id] == b) {
+                uint32_t id = f->cache_id ? f->cache_id : tcache_id(n->cache, f->name);
+                if (!id)
+                    id = n->next_id < NEGOT_CACHE_MAX ? n->next_id : cache_evict(n);
+                if (id && tcache_sig(n->cache, id) == b) {
                     cids[x] = id; /* submitted through the cache: unchanged */
-                } else if (id && old) {
-                    struct tensor_req *t = treq_clone(b);
-                    if (t) {
-                        if (n->cache_tmpl[id])
-                            old[nold++] = n->cache_tmpl[id];
-                        n->cache_tmpl[id] = t;
-                        cids[x] = id;
-                    }
+                } else if (id && tcache_bind(n->cache, id, f->name, b) == 0) {
+                    /* a new name, or a new signature: the entries of this
+                     * batch may still borrow the one replaced (reaped below) */
+                    cids[x] = id;
+                    if (id == n->next_id)
+                        n->next_id++;
                 }
             }
         }
@@ -842,9 +736,7 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
     free(joined);
     for (size_t x = 0; x < nready; x++)
         entry_free(n, ready[x]);
-    for (size_t x = 0; x < nold; x++)
-        treq_free(old[x]);
-    free(old);
+    tcache_reap(n->cache);
 }
 
 /* A ready tensor's arrivals, into each rank's moving average of how long
@@ -1584,8 +1476,8 @@ static void negotiate_resume(struct coord *c, struct job *j, struct negot *n,
     /* The ranks keep the ids the old coordinator gave for their own
      * readiness rounds: new ids start above all of them, so no id ever
      * means two tensors. */
-    if (req->max_cache_id >= n->ncache && req->max_cache_id < NEGOT_CACHE_MAX)
-        n->ncache = req->max_cache_id + 1;
+    if (req->max_cache_id >= n->next_id && req->max_cache_id < NEGOT_CACHE_MAX)
+        n->next_id = req->max_cache_id + 1;
     LOGI("coord", "job %llu generation %llu: rank %d resumes at log index %llu (%d of %d)",
          (unsigned long long)j->id, (unsigned long long)n->generation, rank,
          (unsigned long long)req->cursor, n->nresumed, n->size);
@@ -1656,14 +1548,15 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
     if (!n->shut) {
         for (size_t i = 0; i < req->n_cached && !bad; i++) {
             uint32_t id = req->cached[i];
-            if (id == 0 || id >= n->ncache || !n->cache_tmpl[id]) {
+            const struct tensor_req *sig = tcache_sig(n->cache, id);
+            if (!sig) {
                 bad = "unknown cache id";
                 break;
             }
             struct entry *e = n->cache_pending[id];
             if (!e)
-                e = negot_find(n, n->cache_name[id]);
-            if (!e && !(e = negot_add(n, n->cache_name[id])))
+                e = negot_find(n, tcache_name(n->cache, id));
+            if (!e && !(e = negot_add(n, tcache_name(n->cache, id))))
                 break;
             e->cache_id = id;
             n->cache_pending[id] = e;
@@ -1671,7 +1564,7 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
                 bad = "a tensor was submitted twice";
                 break;
             }
-            e->reqs[rank] = n->cache_tmpl[id];
+            e->reqs[rank] = (struct tensor_req *)sig; /* lent: never written or freed */
             e->borrowed[rank] = 1;
             e->count++;
             e->arrive_us[rank] = now_mono_us();

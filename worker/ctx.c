@@ -537,7 +537,7 @@ static void resume_send(struct kolo_ctx *c)
     req.session = c->session;
     req.process_set = c->process_set;
     req.rounds = c->fast;
-    req.max_cache_id = c->fast ? c->max_id : 0;
+    req.max_cache_id = c->fast ? tcache_top(c->cache) : 0;
     req.held = held;
     req.n_held = nheld;
     req.wait_ms = WORKER_NEGOTIATE_WAIT_MS;

@@ -68,12 +68,12 @@ static bool fast_wanted(void)
 
 int fast_init(struct kolo_ctx *c)
 {
-    c->by_id = calloc(ROUND_MAX_ID + 1, sizeof(*c->by_id));
+    c->cache = tcache_new();
     c->pending = calloc(ROUND_MAX_ID + 1, sizeof(*c->pending));
     c->vec = calloc(round_words(64), sizeof(uint64_t));
     c->agreed = calloc(ROUND_MAX_ID, sizeof(*c->agreed));
     c->agreed_items = calloc(ROUND_MAX_ID, sizeof(*c->agreed_items));
-    if (!c->by_id || !c->pending || !c->vec || !c->agreed || !c->agreed_items)
+    if (!c->cache || !c->pending || !c->vec || !c->agreed || !c->agreed_items)
         return KOLO_ENOMEM;
     /* Alone, no coordinator gives cache ids: every op is answered at once
      * by the local negotiation (solo.c), which needs no round. */
@@ -108,14 +108,14 @@ int fast_init(struct kolo_ctx *c)
 
 void fast_free(struct kolo_ctx *c)
 {
-    free(c->by_id);
+    tcache_free(c->cache);
+    c->cache = NULL;
     free(c->pending);
     free(c->vec);
     free(c->agreed);
     free(c->agreed_items);
     c->agreed = NULL;
     c->agreed_items = NULL;
-    c->by_id = NULL;
     c->pending = NULL;
     c->vec = NULL;
 }
@@ -234,7 +234,7 @@ static void check_stalls(struct kolo_ctx *c)
         return;
     c->fast_last_stall_check = now;
     uint64_t now_us = now_mono_us();
-    for (uint32_t id = 1; id <= c->max_id; id++) {
+    for (uint32_t id = 1; id <= tcache_top(c->cache); id++) {
         struct op *op = c->pending[id];
         uint64_t waited_ms = op ? (now_us - op->fast_since_us) / 1000 : 0;
         if (op && waited_ms > (uint64_t)c->fast_stall_ms && !round_test(c->invalid_bits, id)) {
@@ -333,7 +333,7 @@ static uint64_t oldest_wait_us(struct kolo_ctx *c, uint32_t w)
  */
 static void fast_round(struct kolo_ctx *c, uint64_t deadline)
 {
-    uint32_t w = round_bitmap_words(c->max_id);
+    uint32_t w = round_bitmap_words(tcache_top(c->cache));
     size_t nwords = round_words(w);
     uint64_t k = c->round + 1;
     uint64_t flags = (c->joined ? ROUND_F_JOIN : 0) |
@@ -405,7 +405,7 @@ static void fast_round(struct kolo_ctx *c, uint64_t deadline)
     c->slow_mode = (v[ROUND_FLAGS] & ROUND_F_SLOW) != 0;
     if (to_join || to_slow) {
         c->join_mode = c->join_mode || to_join;
-        for (uint32_t id = 1; id <= c->max_id; id++)
+        for (uint32_t id = 1; id <= tcache_top(c->cache); id++)
             if (c->pending[id] && (to_slow || !round_test(ready, id)))
                 to_slow_path(c, c->pending[id], true);
         /* one barrier may be agreed in this very round (step 4); every

@@ -15,6 +15,7 @@
 
 #include "errors.h"
 #include "gpu.h"
+#include "log.h"
 #include "round.h"
 #include "util.h"
 
@@ -205,113 +206,62 @@ void ops_free_all(struct kolo_ctx *c)
 
 void ops_cache_clear(struct kolo_ctx *c)
 {
-    if (c->by_id)
-        memset(c->by_id, 0, (ROUND_MAX_ID + 1) * sizeof(*c->by_id));
-    for (int b = 0; b < NAME_BUCKETS; b++) {
-        struct cache_sig *s = c->cache[b];
-        while (s) {
-            struct cache_sig *next = s->next;
-            free(s->name);
-            free(s->shape);
-            free(s);
-            s = next;
-        }
-        c->cache[b] = NULL;
-    }
+    if (!c->cache)
+        return;
+    tcache_clear(c->cache);
+    tcache_reap(c->cache);
 }
 
-/* ---------------------------------------------------------------- the cache */
+/* ---------------------------------------------------------------- the cache
+ *
+ * The table is negotiation/cache.h's; these read it with an op's request
+ * as the signature. */
 
-static bool sig_matches(const struct cache_sig *s, const struct op *op)
+/* sig_of: op's request as a cache signature (borrowing its shape). */
+static struct tensor_req sig_of(const struct op *op)
 {
     const kolo_request *r = &op->req;
-    return s->coll == (uint32_t)r->coll && s->dtype == (uint32_t)r->dtype &&
-           s->op == (uint32_t)r->op && s->ndim == r->ndim &&
-           memcmp(s->shape, r->shape, (size_t)r->ndim * sizeof(int64_t)) == 0 &&
-           s->prescale == r->prescale && s->postscale == r->postscale && s->device == r->device;
+    struct tensor_req t = {.coll = (uint32_t)r->coll, .dtype = (uint32_t)r->dtype,
+                           .op = (uint32_t)r->op, .ndim = r->ndim, .shape = (int64_t *)r->shape,
+                           .prescale = r->prescale, .postscale = r->postscale,
+                           .root = r->root, .device = r->device};
+    return t;
 }
 
 uint32_t ops_cache_id_of(struct kolo_ctx *c, const char *name)
 {
-    for (struct cache_sig *s = c->cache[str_hash(name) % NAME_BUCKETS]; s; s = s->next)
-        if (strcmp(s->name, name) == 0)
-            return s->id;
-    return 0;
+    return tcache_id(c->cache, name);
 }
 
 const char *ops_cache_name_of(struct kolo_ctx *c, uint32_t id)
 {
-    const struct cache_sig *sig = c->by_id && id <= ROUND_MAX_ID ? c->by_id[id] : NULL;
-    return sig ? sig->name : NULL;
+    return tcache_name(c->cache, id);
 }
 
 void ops_cache_forget_id(struct kolo_ctx *c, uint32_t id)
 {
-    struct cache_sig *sig = c->by_id && id <= ROUND_MAX_ID ? c->by_id[id] : NULL;
-    if (!sig)
-        return;
-    struct cache_sig **pp = &c->cache[str_hash(sig->name) % NAME_BUCKETS];
-    while (*pp && *pp != sig)
-        pp = &(*pp)->next;
-    if (*pp)
-        *pp = sig->next;
-    c->by_id[id] = NULL;
-    free(sig->name);
-    free(sig->shape);
-    free(sig);
+    tcache_drop(c->cache, id);
+    tcache_reap(c->cache); /* nobody borrows a worker's signatures */
 }
 
 uint32_t ops_cache_lookup(struct kolo_ctx *c, const struct op *op)
 {
-    for (struct cache_sig *s = c->cache[str_hash(op->name) % NAME_BUCKETS]; s; s = s->next)
-        if (strcmp(s->name, op->name) == 0)
-            return sig_matches(s, op) ? s->id : 0;
-    return 0;
+    uint32_t id = tcache_id(c->cache, op->name);
+    struct tensor_req t = sig_of(op);
+    return id && tensor_sig_equal(tcache_sig(c->cache, id), &t) ? id : 0;
 }
 
 void ops_cache_put(struct kolo_ctx *c, const struct op *op, uint32_t id)
 {
+    if (id < 1 || id > ROUND_MAX_ID)
+        return;
     /* one name per id: a holder the log entry's run did not drop yet (a
      * GPU op binds its id when its finaliser completes it) goes now */
-    if (c->by_id && id && id <= ROUND_MAX_ID)
-        fast_evict(c, id, op->name);
-    uint64_t b = str_hash(op->name) % NAME_BUCKETS;
-    struct cache_sig *s;
-    for (s = c->cache[b]; s; s = s->next)
-        if (strcmp(s->name, op->name) == 0)
-            break;
-    if (!s) {
-        s = calloc(1, sizeof(*s));
-        if (!s || !(s->name = strdup(op->name))) {
-            free(s);
-            return;
-        }
-        s->next = c->cache[b];
-        c->cache[b] = s;
-    }
-    int64_t *shape = malloc(((size_t)op->req.ndim + 1) * sizeof(int64_t));
-    if (!shape)
-        return;
-    memcpy(shape, op->req.shape, (size_t)op->req.ndim * sizeof(int64_t));
-    free(s->shape);
-    s->shape = shape;
-    if (c->by_id) {
-        if (s->id && s->id <= ROUND_MAX_ID && c->by_id[s->id] == s)
-            c->by_id[s->id] = NULL;
-        if (id <= ROUND_MAX_ID) {
-            c->by_id[id] = s;
-            if (id > c->max_id)
-                c->max_id = id;
-        }
-    }
-    s->id = id;
-    s->coll = op->req.coll;
-    s->dtype = op->req.dtype;
-    s->op = op->req.op;
-    s->ndim = op->req.ndim;
-    s->prescale = op->req.prescale;
-    s->postscale = op->req.postscale;
-    s->device = op->req.device;
+    fast_evict(c, id, op->name);
+    struct tensor_req t = sig_of(op);
+    if (tcache_bind(c->cache, id, op->name, &t) != 0)
+        LOGW("kolo", "rank %d: out of memory caching %s", c->rank, op->name);
+    tcache_reap(c->cache);
 }
 
 /* ---------------------------------------------------------------- submit */

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "cache.h"
 #include "coll.h"
 #include "kolo.h"
 #include "kolo.pb-c.h"
@@ -67,17 +68,6 @@ struct op {
     void *gpu_result_stream;
     struct op *next;      /* submit queue */
     struct op *name_next; /* in-flight name table chain */
-};
-
-struct cache_sig {
-    char *name;
-    uint32_t id;
-    uint32_t coll, dtype, op;
-    int ndim;
-    int64_t *shape;
-    double prescale, postscale;
-    int device;
-    struct cache_sig *next;
 };
 
 #define NAME_BUCKETS 1024
@@ -151,7 +141,7 @@ struct kolo_ctx {
     uint64_t unnamed;
     uint64_t groups;
     uint64_t barriers;
-    struct cache_sig *cache[NAME_BUCKETS];
+    struct tensor_cache *cache; /* the response cache (negotiation/cache.h) */
     bool joined;
     bool executing; /* someone runs a response: the executor token */
     bool resume;    /* the coordinator restarted: send a resume request */
@@ -197,8 +187,6 @@ struct kolo_ctx {
     uint64_t undriven_since_us; /* when drivers last fell to 0 */
     uint64_t round;    /* rounds completed */
     uint64_t cache_epoch;
-    uint32_t max_id;             /* largest cache id held */
-    struct cache_sig **by_id;    /* [ROUND_MAX_ID + 1] */
     struct op **pending;         /* [ROUND_MAX_ID + 1]: the op waiting under each id */
     uint64_t ready_bits[64];     /* ids pending here (bit 0: a barrier) */
     uint64_t invalid_bits[64];   /* ids to drop everywhere at the next round */
