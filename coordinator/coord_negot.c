@@ -19,10 +19,10 @@
  * parks until the log grows, which is what makes a small op fast: the
  * last rank's request wakes everyone in one round trip.
  *
- * Log entries are packed once (protobuf bytes) and sent as they are to
- * every rank; the reply is built by concatenating them. Entries every
- * rank has read are dropped. Retrying a request with the same cursor is
- * harmless: the log is read-only once written.
+ * The log (negotiation/resp_log.h) keeps each entry packed once and
+ * builds a rank's reply around the stored bytes; entries every rank has
+ * read are trimmed. Retrying a request with the same cursor is harmless:
+ * the log is read-only once written.
  *
  * Response cache: an allreduce that completed cleanly gets a cache id.
  * A worker that submits the same name with the same signature again
@@ -54,6 +54,7 @@
 #include "log.h"
 #include "cache.h"
 #include "mismatch.h"
+#include "resp_log.h"
 #include "round.h"
 #include "util.h"
 
@@ -78,11 +79,6 @@ struct entry {
     bool warned;
     struct entry *hnext;
     struct entry *prev, *next; /* pending list, arrival order */
-};
-
-struct logent {
-    uint8_t *bytes;
-    size_t len;
 };
 
 struct peer {
@@ -122,9 +118,7 @@ struct negot {
     /* negotiation */
     struct entry *buckets[NEGOT_BUCKETS];
     struct entry *head, *tail;
-    struct logent *log;
-    size_t log_len, log_cap;
-    uint64_t log_base; /* index of log[0] */
+    struct resp_log log;
     uint64_t *cursor;  /* per rank: first index not yet received */
     struct rpc_call **parked;
     uint64_t *parked_deadline;
@@ -365,10 +359,8 @@ void coord_negot_free(struct negot *n)
         entry_free(n, e);
         e = next;
     }
-    for (size_t i = 0; i < n->log_len; i++)
-        free(n->log[i].bytes);
+    rlog_free(&n->log);
     tcache_free(n->cache);
-    free(n->log);
     free(n->peers);
     free(n->cursor);
     free(n->parked);
@@ -382,36 +374,9 @@ void coord_negot_free(struct negot *n)
 
 /* ---------------------------------------------------------------- the log */
 
-static void put_varint(uint8_t **p, uint64_t v)
+static int log_append(struct negot *n, Kolo__Response *r)
 {
-    while (v >= 0x80) {
-        *(*p)++ = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    *(*p)++ = (uint8_t)v;
-}
-
-static int log_append(struct coord *c, struct negot *n, Kolo__Response *r)
-{
-    if (n->log_len == n->log_cap) {
-        size_t cap = n->log_cap ? n->log_cap * 2 : 64;
-        struct logent *nl = realloc(n->log, cap * sizeof(*nl));
-        if (!nl)
-            return KOLO_ENOMEM;
-        n->log = nl;
-        n->log_cap = cap;
-    }
-    r->index = n->log_base + n->log_len;
-    size_t len = protobuf_c_message_get_packed_size(&r->base);
-    uint8_t *b = malloc(len ? len : 1);
-    if (!b)
-        return KOLO_ENOMEM;
-    protobuf_c_message_pack(&r->base, b);
-    n->log[n->log_len].bytes = b;
-    n->log[n->log_len].len = len;
-    n->log_len++;
-    (void)c;
-    return 0;
+    return rlog_append(&n->log, r);
 }
 
 /* Drops entries every rank has read. */
@@ -421,48 +386,25 @@ static void log_trim(struct negot *n)
     for (int r = 0; r < n->size; r++)
         if (n->cursor[r] < min)
             min = n->cursor[r];
-    if (min <= n->log_base)
-        return;
-    size_t drop = (size_t)(min - n->log_base);
-    if (drop > n->log_len)
-        drop = n->log_len;
-    for (size_t i = 0; i < drop; i++)
-        free(n->log[i].bytes);
-    memmove(n->log, n->log + drop, (n->log_len - drop) * sizeof(*n->log));
-    n->log_len -= drop;
-    n->log_base += drop;
+    rlog_trim(&n->log, min);
 }
 
-/* Builds a NegotiateReply from cursor on: field 1 (responses) for each log
- * entry, field 2 (next_cursor). Packed by hand to reuse the entries. */
+/* Answers call with the log from cursor on (resp_log.h), the pending
+ * membership update (fields 3 and 4) and whether the timeline runs (6). */
 static void negot_answer(struct negot *n, struct rpc_call *call, uint64_t cursor)
 {
-    if (cursor < n->log_base)
-        cursor = n->log_base; /* already trimmed: the rank read them */
-    size_t first = (size_t)(cursor - n->log_base), last = first, total = 16;
-    while (last < n->log_len && total + n->log[last].len + 12 < NEGOT_MAX_REPLY_BYTES) {
-        total += n->log[last].len + 12;
-        last++;
-    }
-    total += 26; /* fields 3, 4 and 6 */
-    uint8_t *buf = malloc(total), *p = buf;
+    size_t len;
+    uint8_t *buf = rlog_reply(&n->log, cursor, NEGOT_MAX_REPLY_BYTES, 26, &len), *p;
     if (!buf) {
         rpc_call_error(call, KOLO_ENOMEM, "out of memory");
         return;
     }
-    for (size_t i = first; i < last; i++) {
-        *p++ = (1 << 3) | 2;
-        put_varint(&p, n->log[i].len);
-        memcpy(p, n->log[i].bytes, n->log[i].len);
-        p += n->log[i].len;
-    }
-    *p++ = (2 << 3) | 0;
-    put_varint(&p, n->log_base + last);
+    p = buf + len;
     if (n->el && n->el->update_ms) {
         *p++ = (3 << 3) | 0;
-        put_varint(&p, n->el->update_ms);
+        pb_put_varint(&p, n->el->update_ms);
         *p++ = (4 << 3) | 0;
-        put_varint(&p, (uint32_t)n->el->update_kind);
+        pb_put_varint(&p, (uint32_t)n->el->update_kind);
     }
     if (n->tl) {
         *p++ = (6 << 3) | 0;
@@ -488,7 +430,7 @@ static void negot_wake_all(struct negot *n)
 static void negot_wake(struct negot *n)
 {
     for (int r = 0; r < n->size; r++) {
-        if (n->parked[r] && n->cursor[r] < n->log_base + n->log_len) {
+        if (n->parked[r] && n->cursor[r] < rlog_end(&n->log)) {
             struct rpc_call *call = n->parked[r];
             n->parked[r] = NULL;
             negot_answer(n, call, n->cursor[r]);
@@ -634,7 +576,7 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
             resp.n_names = 1;
             resp.error_code = KOLO_EMISMATCH;
             resp.error = err;
-            if (log_append(c, n, &resp) != 0)
+            if (log_append(n, &resp) != 0)
                 c->m.store_errors++;
             if (n->tl)
                 coord_timeline_ready(n->tl, e->name, mismatch_coll_name(resp.coll), resp.index, NULL, err);
@@ -723,7 +665,7 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
         resp.n_cache_ids = k;
         resp.joined = joined;
         resp.n_joined = njoined;
-        if (log_append(c, n, &resp) != 0)
+        if (log_append(n, &resp) != 0)
             c->m.store_errors++;
         if (n->tl)
             timeline_ready(n, ready + i, k, names, resp.index);
@@ -818,7 +760,7 @@ static void negot_progress(struct coord *c, struct negot *n)
         Kolo__Response resp = KOLO__RESPONSE__INIT;
         resp.coll = KOLO_COLL_JOIN;
         resp.last_joined = n->last_joined;
-        log_append(c, n, &resp);
+        log_append(n, &resp);
         memset(n->rank_joined, 0, (size_t)n->size * sizeof(*n->rank_joined));
         n->njoined = 0;
     }
@@ -833,7 +775,7 @@ static void negot_shutdown(struct coord *c, struct negot *n, int code, const cha
     resp.shutdown = 1;
     resp.error_code = code;
     resp.error = (char *)why;
-    log_append(c, n, &resp);
+    log_append(n, &resp);
     struct entry *e = n->head;
     while (e) {
         struct entry *next = e->next;
@@ -1376,11 +1318,11 @@ static void resume_rebuild(struct coord *c, struct job *j, struct negot *n)
         }
     }
     if (ok) {
-        n->log_base = base;
+        rlog_restart(&n->log, base);
         for (size_t i = 0; i < span; i++) {
             for (size_t k = 0; k < ents[i]->n_cache_ids; k++)
                 ents[i]->cache_ids[k] = 0; /* the cache did not survive */
-            log_append(c, n, ents[i]);
+            log_append(n, ents[i]);
         }
         int resubmitted = 0;
         for (int r = 0; r < n->size; r++) {
@@ -1529,14 +1471,14 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
         return;
     }
     note_rounds(n, req);
-    uint64_t log_end_before = n->log_base + n->log_len;
+    uint64_t log_end_before = rlog_end(&n->log);
     if (n->parked[rank]) {
         /* The worker has something new; its older call ends now. */
         struct rpc_call *old = n->parked[rank];
         n->parked[rank] = NULL;
         negot_answer(n, old, n->cursor[rank]);
     }
-    if (req->cursor > n->cursor[rank] && req->cursor <= n->log_base + n->log_len)
+    if (req->cursor > n->cursor[rank] && req->cursor <= rlog_end(&n->log))
         n->cursor[rank] = req->cursor;
     if (n->tl && coord_timeline_waiting(n->tl)) {
         uint64_t min = UINT64_MAX;
@@ -1596,7 +1538,7 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
     }
     /* Waking and trimming scan every rank: do it only when the log grew
      * (and trim now and then), or a step would cost O(ranks^2). */
-    uint64_t log_end = n->log_base + n->log_len;
+    uint64_t log_end = rlog_end(&n->log);
     if (log_end != log_end_before)
         negot_wake(n);
     if (n->cursor[rank] < log_end || wait == 0) {
@@ -1605,7 +1547,7 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
         n->parked[rank] = call;
         n->parked_deadline[rank] = now_mono_ms() + wait;
     }
-    if (++n->calls_since_trim >= 64 || n->log_len >= 4096) {
+    if (++n->calls_since_trim >= 64 || n->log.len >= 4096) {
         n->calls_since_trim = 0;
         log_trim(n);
     }
