@@ -55,6 +55,7 @@
 #include "cache.h"
 #include "mismatch.h"
 #include "resp_log.h"
+#include "resume.h"
 #include "round.h"
 #include "util.h"
 
@@ -157,31 +158,6 @@ struct negot {
 static void negot_drop_parked(struct negot *n, int code, const char *why);
 
 /* ---------------------------------------------------------------- memory */
-
-static struct tensor_req *treq_from(const Kolo__TensorRequest *m)
-{
-    struct tensor_req *t = calloc(1, sizeof(*t));
-    if (!t)
-        return NULL;
-    t->coll = m->coll;
-    t->dtype = m->dtype;
-    t->op = m->op;
-    t->ndim = (int)m->n_shape;
-    t->shape = malloc((m->n_shape + 1) * sizeof(int64_t));
-    t->splits = malloc((m->n_splits + 1) * sizeof(int32_t));
-    if (!t->shape || !t->splits) {
-        tensor_req_free(t);
-        return NULL;
-    }
-    memcpy(t->shape, m->shape, m->n_shape * sizeof(int64_t));
-    memcpy(t->splits, m->splits, m->n_splits * sizeof(int32_t));
-    t->nsplits = (int)m->n_splits;
-    t->prescale = m->prescale == 0 ? 1.0 : m->prescale;
-    t->postscale = m->postscale == 0 ? 1.0 : m->postscale;
-    t->root = m->root;
-    t->device = m->device;
-    return t;
-}
 
 static void entry_free(struct negot *n, struct entry *e)
 {
@@ -1236,7 +1212,7 @@ static const char *submit_one(struct negot *n, int rank, const Kolo__TensorReque
         return "out of memory";
     if (e->reqs[rank])
         return "a tensor was submitted twice";
-    e->reqs[rank] = treq_from(tr);
+    e->reqs[rank] = tensor_req_from_msg(tr);
     if (!e->reqs[rank])
         return "out of memory";
     e->count++;
@@ -1254,14 +1230,23 @@ static const char *submit_one(struct negot *n, int rank, const Kolo__TensorReque
  * each rank then sends its cursor, every operation it has in flight with
  * no response yet, in full, and the packed responses it received lately.
  * Once every rank is in, the log is rebuilt from the slowest cursor to the
- * fastest out of those copies (the same entry is identical on every rank
- * that has it; response-cache ids are dropped, and the ranks drop their
- * caches too), a rank's in-flight operations that the rebuilt log answers
- * past its cursor are left out, the others are submitted again, and every
- * rank gets its answer: the job goes on without a reset and without losing
- * a step. If a rank does not resume within NEGOT_RESUME_MS, or an entry
- * some rank still needs is nowhere, the generation fails with the reason,
- * which an elastic job turns into a reset from the last commit.
+ * fastest out of those copies (negotiation/resume.h: the same entry is
+ * identical on every rank that has it), a rank's in-flight operations that
+ * the rebuilt log answers past its cursor are left out, the others are
+ * submitted again, and every rank gets its answer: the job goes on without
+ * a reset and without losing a step.
+ *
+ * The response cache: ranks with readiness rounds keep theirs (cached
+ * training goes on while the coordinator is away) and send it, with its
+ * hash; the id map is rebuilt from those tables and the rebuilt entries
+ * keep their ids. Tables that disagree beyond what entries some rank has
+ * not run explain get a cache_reset entry after the rebuilt ones: every
+ * rank clears its cache there. Ranks without rounds drop their caches and
+ * the rebuilt entries' ids.
+ *
+ * If a rank does not resume within NEGOT_RESUME_MS, or an entry some rank
+ * still needs is nowhere, the generation fails with the reason, which an
+ * elastic job turns into a reset from the last commit.
  */
 
 #define NEGOT_RESUME_MS  30000
@@ -1277,95 +1262,91 @@ static void resume_fail(struct coord *c, struct job *j, struct negot *n, const c
 
 static void resume_rebuild(struct coord *c, struct job *j, struct negot *n)
 {
-    uint64_t base = UINT64_MAX, top = 0;
-    for (int r = 0; r < n->size; r++) {
-        uint64_t cur = n->res[r].req->cursor;
-        base = cur < base ? cur : base;
-        top = cur > top ? cur : top;
-    }
-    char why[300];
-    if (top - base > NEGOT_RESUME_GAP) {
-        snprintf(why, sizeof(why), "cannot resume after the coordinator restart: the ranks are %llu "
-                 "log entries apart", (unsigned long long)(top - base));
-        resume_fail(c, j, n, why);
-        return;
-    }
-    size_t span = (size_t)(top - base);
-    Kolo__Response **ents = calloc(span + 1, sizeof(*ents));
-    if (!ents) {
+    struct resume_rank *ranks = calloc((size_t)n->size, sizeof(*ranks));
+    if (!ranks) {
         resume_fail(c, j, n, "out of memory resuming");
         return;
     }
     for (int r = 0; r < n->size; r++) {
+        const Kolo__NegotiateRequest *q = n->res[r].req;
+        ranks[r] = (struct resume_rank){.cursor = q->cursor, .executed = q->executed,
+                                        .held = q->held, .nheld = q->n_held,
+                                        .cache = q->cache, .ncache = q->n_cache,
+                                        .cache_hash = q->cache_hash, .rounds = q->rounds};
+    }
+    /* With readiness rounds the ranks keep their caches, so the entries
+     * keep their ids: every rank then runs the same entries and holds the
+     * same table. Without, the ranks drop their caches and the ids go. */
+    char why[300];
+    struct resume_log rl;
+    int rc = resume_log_rebuild(ranks, n->size, NEGOT_RESUME_GAP, n->rounds, &rl, why, sizeof why);
+    if (rc) {
+        free(ranks);
+        resume_fail(c, j, n, rc == KOLO_ENOMEM ? "out of memory resuming" : why);
+        return;
+    }
+    uint32_t next_id = 1;
+    char cache_why[300] = "";
+    int cache_rc = n->rounds ? resume_cache(n->cache, ranks, n->size, &next_id, cache_why,
+                                            sizeof cache_why)
+                             : 0;
+    free(ranks);
+    if (next_id > n->next_id)
+        n->next_id = next_id < NEGOT_CACHE_MAX ? next_id : NEGOT_CACHE_MAX;
+    rlog_restart(&n->log, rl.base);
+    for (uint64_t i = 0; i < rl.top - rl.base; i++)
+        log_append(n, rl.ents[i]);
+    if (cache_rc != 0) {
+        /* every rank clears its cache at this entry, in the same round */
+        Kolo__Response reset = KOLO__RESPONSE__INIT;
+        reset.cache_reset = true;
+        log_append(n, &reset);
+        tcache_clear(n->cache);
+        tcache_reap(n->cache);
+        n->next_id = 1;
+        LOGW("coord", "job %llu generation %llu: %s; every rank clears its response cache at "
+             "log index %llu", (unsigned long long)j->id, (unsigned long long)n->generation,
+             cache_rc == KOLO_ENOMEM ? "out of memory restoring the response cache" : cache_why,
+             (unsigned long long)reset.index);
+        coord_event(c, j->id, NULL, "job.cache_reset",
+                    "generation %llu: the ranks' response caches disagreed after the coordinator "
+                    "restart (%s); every rank cleared its cache at log index %llu",
+                    (unsigned long long)n->generation,
+                    cache_rc == KOLO_ENOMEM ? "out of memory" : cache_why,
+                    (unsigned long long)reset.index);
+    }
+    int resubmitted = 0;
+    for (int r = 0; r < n->size; r++) {
         Kolo__NegotiateRequest *q = n->res[r].req;
-        for (size_t i = 0; i < q->n_held; i++) {
-            Kolo__Response *x = kolo__response__unpack(NULL, q->held[i].len, q->held[i].data);
-            if (!x)
+        n->cursor[r] = q->cursor;
+        n->peers[r].joined = true;
+        for (size_t i = 0; i < q->n_requests; i++) {
+            const char *name = q->requests[i]->name;
+            if (resume_log_answers(&rl, q->cursor, name))
                 continue;
-            if (x->index >= base && x->index < top && !ents[x->index - base]) {
-                ents[x->index - base] = x;
-                continue;
-            }
-            kolo__response__free_unpacked(x, NULL);
+            const char *bad = submit_one(n, r, q->requests[i]);
+            if (bad)
+                LOGW("coord", "job %llu: resuming rank %d's %s: %s", (unsigned long long)j->id, r,
+                     name, bad);
+            resubmitted++;
         }
     }
-    bool ok = true;
-    for (size_t i = 0; i < span && ok; i++) {
-        if (!ents[i]) {
-            snprintf(why, sizeof(why), "cannot resume after the coordinator restart: log entry %llu "
-                     "was lost with it", (unsigned long long)(base + i));
-            ok = false;
-        }
+    n->joined = n->size;
+    n->complete = true;
+    c->m.resumes++;
+    negot_progress(c, n);
+    coord_event(c, j->id, NULL, "job.resumed",
+                "generation %llu resumed after a coordinator restart: log %llu..%llu rebuilt, "
+                "%d request(s) submitted again, %u response cache id(s) restored",
+                (unsigned long long)n->generation, (unsigned long long)rl.base,
+                (unsigned long long)rl.top, resubmitted, tcache_count(n->cache));
+    for (int r = 0; r < n->size; r++) {
+        negot_answer(n, n->res[r].call, n->cursor[r]);
+        n->res[r].call = NULL;
+        kolo__negotiate_request__free_unpacked(n->res[r].req, NULL);
+        n->res[r].req = NULL;
     }
-    if (ok) {
-        rlog_restart(&n->log, base);
-        for (size_t i = 0; i < span; i++) {
-            for (size_t k = 0; k < ents[i]->n_cache_ids; k++)
-                ents[i]->cache_ids[k] = 0; /* the cache did not survive */
-            log_append(n, ents[i]);
-        }
-        int resubmitted = 0;
-        for (int r = 0; r < n->size; r++) {
-            Kolo__NegotiateRequest *q = n->res[r].req;
-            n->cursor[r] = q->cursor;
-            n->peers[r].joined = true;
-            for (size_t i = 0; i < q->n_requests; i++) {
-                const char *name = q->requests[i]->name;
-                bool answered = false;
-                for (uint64_t k = q->cursor; k < top && !answered; k++)
-                    for (size_t m = 0; m < ents[k - base]->n_names && !answered; m++)
-                        answered = strcmp(ents[k - base]->names[m], name) == 0;
-                if (!answered) {
-                    const char *bad = submit_one(n, r, q->requests[i]);
-                    if (bad)
-                        LOGW("coord", "job %llu: resuming rank %d's %s: %s",
-                             (unsigned long long)j->id, r, name, bad);
-                    resubmitted++;
-                }
-            }
-        }
-        n->joined = n->size;
-        n->complete = true;
-        c->m.resumes++;
-        negot_progress(c, n);
-        coord_event(c, j->id, NULL, "job.resumed",
-                    "generation %llu resumed after a coordinator restart: log %llu..%llu rebuilt, "
-                    "%d request(s) submitted again",
-                    (unsigned long long)n->generation, (unsigned long long)base,
-                    (unsigned long long)top, resubmitted);
-        for (int r = 0; r < n->size; r++) {
-            negot_answer(n, n->res[r].call, n->cursor[r]);
-            n->res[r].call = NULL;
-            kolo__negotiate_request__free_unpacked(n->res[r].req, NULL);
-            n->res[r].req = NULL;
-        }
-    }
-    for (size_t i = 0; i < span; i++)
-        if (ents[i])
-            kolo__response__free_unpacked(ents[i], NULL);
-    free(ents);
-    if (!ok)
-        resume_fail(c, j, n, why);
+    resume_log_free(&rl);
 }
 
 /* A Negotiate for a generation whose negotiation this coordinator does not

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "errors.h"
+#include "resume.h"
 #include "settings.h"
 #include "gpu.h"
 #include "creds.h"
@@ -471,9 +472,61 @@ static void hold_response(struct kolo_ctx *c, const Kolo__Response *x)
     h->index = x->index;
 }
 
+/* This rank's response cache as a resume sends it (mu held): *out points
+ * into one block, freed by the caller once the request is packed (names
+ * and shapes are the cache's own); *hash is the hash of what is sent.
+ * KOLO_FAULT_CACHE_SKEW renames the first tensor (a test's way to make the
+ * ranks' tables disagree). NULL with *n 0: nothing to send, or no memory. */
+static void *cache_table(struct kolo_ctx *c, Kolo__CacheEntry ***out, size_t *n, uint64_t *hash)
+{
+    size_t count = tcache_count(c->cache), k = 0;
+    *n = 0;
+    *hash = tcache_hash(c->cache);
+    if (count == 0)
+        return NULL;
+    void *block = calloc(count, sizeof(Kolo__CacheEntry *) + sizeof(Kolo__CacheEntry) +
+                                    sizeof(Kolo__TensorRequest));
+    if (!block)
+        return NULL;
+    Kolo__CacheEntry **ptrs = block;
+    Kolo__CacheEntry *ents = (Kolo__CacheEntry *)(ptrs + count);
+    Kolo__TensorRequest *ts = (Kolo__TensorRequest *)(ents + count);
+    for (uint32_t id = 1; id <= tcache_top(c->cache) && k < count; id++) {
+        const char *name = tcache_name(c->cache, id);
+        if (!name)
+            continue;
+        kolo__cache_entry__init(&ents[k]);
+        kolo__tensor_request__init(&ts[k]);
+        tensor_req_to_msg(tcache_sig(c->cache, id), name, &ts[k]);
+        ents[k].id = id;
+        ents[k].tensor = &ts[k];
+        ptrs[k] = &ents[k];
+        k++;
+    }
+    if (k && settings_int(SET_FAULT_CACHE_SKEW, 0)) {
+        ts[0].name = "kolo.fault.skewed";
+        struct tensor_cache *sent = tcache_new();
+        for (size_t i = 0; sent && i < k; i++) {
+            struct tensor_req *t = tensor_req_from_msg(&ts[i]);
+            if (t)
+                tcache_bind(sent, ents[i].id, ts[i].name, t);
+            tensor_req_free(t);
+        }
+        if (sent)
+            *hash = tcache_hash(sent);
+        tcache_free(sent);
+        LOGW("kolo", "rank %d: KOLO_FAULT_CACHE_SKEW: resuming with cache id %u renamed",
+             c->rank, ents[0].id);
+    }
+    *out = ptrs;
+    *n = k;
+    return block;
+}
+
 /* The coordinator restarted and lost this generation's negotiation: send
- * it the cursor, every operation in flight without a response (in full:
- * its cache is gone, so ours goes too) and the responses we hold (mu held;
+ * it the cursor, every operation in flight without a response (in full),
+ * the responses we hold and, with readiness rounds, our response cache,
+ * from which it rebuilds its id map (negotiation/resume.h) (mu held;
  * released around the send). */
 static void resume_send(struct kolo_ctx *c)
 {
@@ -538,6 +591,10 @@ static void resume_send(struct kolo_ctx *c)
     req.process_set = c->process_set;
     req.rounds = c->fast;
     req.max_cache_id = c->fast ? tcache_top(c->cache) : 0;
+    Kolo__CacheEntry **table = NULL;
+    void *table_block = c->fast ? cache_table(c, &table, &req.n_cache, &req.cache_hash) : NULL;
+    req.cache = table;
+    req.executed = c->resp_base;
     req.held = held;
     req.n_held = nheld;
     req.wait_ms = WORKER_NEGOTIATE_WAIT_MS;
@@ -546,6 +603,7 @@ static void resume_send(struct kolo_ctx *c)
          "operation(s) in flight", c->rank, (unsigned long long)c->cursor, nr);
     /* It waits for every rank to resume, so give it the resume window. */
     int code = negotiate_call(c, &req, 35000 + c->timeout_ms, reqs, ptrs, held);
+    free(table_block); /* packed by now */
     if (code == KOLO_ENOMEM)
         ctx_fail(c, code, "out of memory resuming the negotiation");
     else if (code)

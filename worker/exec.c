@@ -258,6 +258,12 @@ void exec_response(struct kolo_ctx *c, const Kolo__Response *r)
         pthread_mutex_unlock(&c->mu);
         return;
     }
+    if (r->cache_reset) {
+        pthread_mutex_lock(&c->mu);
+        fast_cache_reset(c);
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
     size_t k = r->n_names;
     struct op **ops = calloc(k + 1, sizeof(*ops));
     if (!ops)

@@ -178,6 +178,22 @@ void fast_evict(struct kolo_ctx *c, uint32_t id, const char *name)
     c->fast_evicted++;
 }
 
+void fast_cache_reset(struct kolo_ctx *c)
+{
+    uint32_t held = tcache_count(c->cache);
+    for (uint32_t id = 1; id <= tcache_top(c->cache); id++)
+        if (c->pending[id])
+            to_slow_path(c, c->pending[id], false);
+    memset(c->invalid_bits, 0, sizeof(c->invalid_bits));
+    for (size_t i = 0; i < sizeof(c->ready_bits) / sizeof(c->ready_bits[0]); i++)
+        c->ready_bits[i] &= i == 0 ? 1ull : 0; /* a barrier stays */
+    ops_cache_clear(c);
+    c->cache_epoch++; /* the rounds check every rank did the same */
+    LOGW("kolo", "rank %d: the coordinator found the ranks' response caches in disagreement "
+         "after its restart; %u cached tensor(s) negotiate afresh", c->rank, held);
+    pthread_cond_signal(&c->wake); /* the background thread sends the ops */
+}
+
 bool fast_submit(struct kolo_ctx *c, struct op *op)
 {
     if (!c->fast ||

@@ -64,6 +64,8 @@
       "µs a waiter spins before it sleeps (unset: 20; shared memory on crowded hosts less)")      \
     X(YIELD_US, "KOLO_YIELD_US", NULL, INT, NULL, 0, 1000000, NULL,                                \
       "µs a shared-memory waiter yields after spinning (unset: 0; crowded hosts more)")           \
+    X(FAULT_CACHE_SKEW, "KOLO_FAULT_CACHE_SKEW", NULL, BOOL, "0", 0, 0, NULL,                    \
+      "fault injection (tests): a resume reports a response cache that differs from the others'") \
     X(SHM_CHUNK, "KOLO_SHM_CHUNK", NULL, SIZE, NULL, 1, 1ll << 30, NULL,                           \
       "shared-memory pipeline chunk bytes (unset: 1 MiB)")                                        \
     X(SHM_SMALL, "KOLO_SHM_SMALL", NULL, SIZE, NULL, 0, 64ll << 20, NULL,                          \

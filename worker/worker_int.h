@@ -307,6 +307,10 @@ void fast_free(struct kolo_ctx *c);
  * coordinator, with op->cache_id set where the coordinator's cache path
  * applies (join mode). */
 bool fast_submit(struct kolo_ctx *c, struct op *op);
+/* fast_cache_reset: a log entry clears every rank's response cache (a
+ * restarted coordinator found the ranks' tables in disagreement): ops
+ * waiting under a cache id go to the coordinator in full (mu held). */
+void fast_cache_reset(struct kolo_ctx *c);
 /* fast_evict: a log entry gives cache id to name; if another name holds
  * it, that one leaves the cache and its pending op goes to the
  * coordinator in full (mu held; every rank runs the entry at the same

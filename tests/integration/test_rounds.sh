@@ -19,7 +19,11 @@
 #    go in full (it never gave the ranks' cache ids) and every step is right;
 #  - a rank shuts down while the coordinator stands still and its peer
 #    waits for a cached op: the peer fails within 3 s with Horovod's
-#    shutdown text, told by the leaver's last round (ROUND_F_SHUTDOWN).
+#    shutdown text, told by the leaver's last round (ROUND_F_SHUTDOWN);
+#  - the coordinator killed and restarted again, one rank reporting a
+#    response cache that differs from its peer's (KOLO_FAULT_CACHE_SKEW):
+#    the coordinator clears every rank's cache at one log entry, every
+#    step is right, and the tensors are agreed by rounds again afterwards.
 . "$(dirname "$0")/lib.sh"
 use_python
 PY=/usr/bin/python3
@@ -42,6 +46,20 @@ job_done() {
   [ $rc -eq 0 ] || fail "job $1 failed ($rc): $(tail -20 "$WORK/$1.err")"
   [ "$(grep -c "<stdout>:done $2" "$WORK/$1.out")" -eq 2 ] || fail "job $1: not every rank finished"
   ! grep -q WRONG "$WORK/$1.out" || fail "job $1: a wrong result"
+}
+
+# rounds_again FROM TO WHAT: between rank 0's steps FROM and TO the job
+# made (almost) no Negotiate call: its tensors are agreed by rounds. The
+# long-polls re-park about once a second per rank.
+rounds_again() {
+  wait_for 60 eval "[ \"\$(progress)\" -ge $1 ]" || fail "$3: stuck at step $(progress)"
+  local s0 n0 s1 n1
+  s0=$(progress); n0=$(negotiates)
+  wait_for 60 eval "[ \"\$(progress)\" -ge $2 ]" || fail "$3: stuck at step $(progress)"
+  s1=$(progress); n1=$(negotiates)
+  note "$3: steps $s0 -> $s1, Negotiate calls $n0 -> $n1"
+  [ $(( (n1 - n0) * 4 )) -lt $(( s1 - s0 )) ] ||
+    fail "$3: rounds did not resume, $((n1 - n0)) Negotiate calls in $((s1 - s0)) steps"
 }
 
 # ---- 1. rounds: no coordinator call per step; the straggler; SIGSTOP
@@ -87,12 +105,7 @@ rm -f "$WORK/progress"
   >"$WORK/tl.out" 2>"$WORK/tl.err" &
 RUN_PID=$!
 PIDS+=("$RUN_PID")
-wait_for 60 eval '[ "$(progress)" -ge 100 ]' || fail "timeline job: stuck at step $(progress): $(tail "$WORK/tl.err")"
-s0=$(progress); n0=$(negotiates)
-wait_for 60 eval '[ "$(progress)" -ge 160 ]' || fail "timeline job: stuck at step $(progress) after the timeline"
-s1=$(progress); n1=$(negotiates)
-note "after the timeline stopped: steps $s0 -> $s1, Negotiate calls $n0 -> $n1"
-[ $(( (n1 - n0) * 4 )) -lt $(( s1 - s0 )) ] || fail "rounds did not resume after the timeline: $((n1 - n0)) Negotiate calls in $((s1 - s0)) steps"
+rounds_again 100 160 "after the timeline stopped"
 job_done tl 200
 grep -q '"grad.3"' "$WORK/tl.json" || fail "the timeline has no span of grad.3"
 
@@ -148,6 +161,10 @@ note "coordinator restarted at step $before; resumed at step $(progress)"
 [ "$(progress)" -lt 150 ] || note "(the timeline step passed before the resume)"
 job_done rs 300
 grep -q '"grad.3"' "$WORK/tl2.json" || fail "the timeline after the restart has no span of grad.3"
+restored=$(sed -n 's/.*resumed after a coordinator restart.* \([0-9][0-9]*\) response cache id(s) restored.*/\1/p' "$WORK/coord.err" | tail -1)
+[ "${restored:-0}" -ge 12 ] || fail "the new coordinator restored ${restored:-no} cache ids, not the 12 tensors'"
+! grep -q "job.cache_reset" "$WORK/coord.err" || fail "caches that agreed were reset: $(grep cache_reset "$WORK/coord.err")"
+note "the new coordinator took back $restored cache ids from the ranks"
 
 # ---- 6. a rank shuts down while the coordinator stands still
 "$KOLO" run -np 2 --coordinator "$RPC" -- "$PY" "$ROOT/tests/integration/data/shutdown_paused.py" \
@@ -167,4 +184,24 @@ grep -q "^HorovodInternalError .*Horovod has been shut down" "$WORK/sd.result" |
   fail "rank 0 did not get Horovod's shutdown text: $(cat "$WORK/sd.result")"
 awk '{ exit !($2 < 3.0) }' "$WORK/sd.result" || fail "rank 0 learnt it late: $(cat "$WORK/sd.result")"
 wait_for 60 eval '! kill -0 $RUN_PID 2>/dev/null' || fail "the shutdown job did not end"
+# ---- 7. a restart with caches that disagree: every rank clears its cache
+# at one log entry and the job goes on, with rounds again afterwards
+rm -f "$WORK/progress"
+"$KOLO" run -np 2 --coordinator "$RPC" -- sh -c \
+  '[ "$KOLO_RANK" = 1 ] && export KOLO_FAULT_CACHE_SKEW=1; exec "$0" "$@"' \
+  "$PY" "$STEPS_PY" --steps 600 --pause 0.01 --progress "$WORK/progress" \
+  >"$WORK/sk.out" 2>"$WORK/sk.err" &
+RUN_PID=$!
+PIDS+=("$RUN_PID")
+wait_for 60 eval '[ "$(progress)" -ge 20 ]' || fail "skew job did not start: $(tail "$WORK/sk.err")"
+kill -9 "$COORD_PID"
+sleep 0.3
+mv "$WORK/coord.err" "$WORK/coord.2.err"
+LISTEN="tcp://127.0.0.1:$port" LEASE=30s start_coordinator coord
+wait_for 30 grep -q "job.cache_reset" "$WORK/coord.err" ||
+  fail "no cache reset after a restart with caches that disagree: $(tail -5 "$WORK/coord.err")"
+note "$(grep -o 'job.cache_reset: .*' "$WORK/coord.err" | head -1)"
+at=$(progress)
+rounds_again $(( at + 40 )) $(( at + 120 )) "after the cache reset"
+job_done sk 600
 echo PASS
