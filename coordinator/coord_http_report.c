@@ -254,6 +254,11 @@ static int render_ranks(struct coord *c, struct job *j, struct jw *w)
             jw_null(w);
         jw_kdouble_or_null(w, "lag_s", known ? lag[i] : NAN);
         jw_kbool(w, "straggler", known && slow[i]);
+        /* the coordinator's clock minus the rank's, and the round trip it
+         * was measured over (its telemetry is placed with it) */
+        bool clock = rr && rr->clock_known;
+        jw_kdouble_or_null(w, "clock_offset_ms", clock ? (double)rr->clock_offset_us / 1e3 : NAN);
+        jw_kdouble_or_null(w, "clock_rtt_ms", clock ? (double)rr->clock_rtt_us / 1e3 : NAN);
         jw_obj_end(w);
     }
     jw_arr_end(w);

@@ -294,6 +294,7 @@ static bool check_report(const Kolo__WorkerReportRequest *m, char *why, size_t w
 
 static void rpc_report(struct coord *c, struct rpc_call *call)
 {
+    uint64_t received_us = now_mono_us();
     const struct rpc_frame *f = rpc_call_frame(call);
     struct job *j = coord_worker_fence(c, call, M_WORKER_REPORT);
     if (!j) {
@@ -391,6 +392,11 @@ static void rpc_report(struct coord *c, struct rpc_call *call)
         for (size_t i = 0; i < m->n_epochs; i++)
             if (m->epochs[i]->phase == 1 && m->epochs[i]->epoch > rr->epoch)
                 rr->epoch = m->epochs[i]->epoch;
+        if (m->clock_known) {
+            rr->clock_known = true;
+            rr->clock_offset_us = m->clock_offset_us;
+            rr->clock_rtt_us = m->clock_rtt_us;
+        }
     }
     if (m->dropped > c->m.report.worker_dropped_max)
         c->m.report.worker_dropped_max = m->dropped;
@@ -399,6 +405,8 @@ static void rpc_report(struct coord *c, struct rpc_call *call)
     Kolo__WorkerReportReply rep = KOLO__WORKER_REPORT_REPLY__INIT;
     rep.accepted_epochs = (uint32_t)m->n_epochs;
     rep.accepted_steps = (uint32_t)m->n_steps;
+    rep.received_us = received_us;
+    rep.replied_us = now_mono_us();
     kolo__worker_report_request__free_unpacked(m, NULL);
     coord_send_pb(call, &rep.base);
 }

@@ -114,6 +114,11 @@ struct report_rank {
     double step_s;
     uint32_t step_n;
     int64_t epoch; /* the last epoch whose end it reported, -1: none */
+    /* its clock: the coordinator's CLOCK_MONOTONIC minus the rank's, from
+     * its reports' round trips (common/clock_offset.h) */
+    bool clock_known;
+    int64_t clock_offset_us;
+    uint64_t clock_rtt_us;
 };
 const struct report_rank *coord_report_rank(struct coord *c, uint64_t job_id, int rank);
 

@@ -35,6 +35,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock_offset.h"
 #include "errors.h"
 #include "json.h"
 #include "log.h"
@@ -87,6 +88,7 @@ struct report {
     int64_t started_epoch;  /* the last epoch with a phase 0 here, -1: none */
     struct round_tel tel;
     struct rpc_client *rpc; /* the sender's, opened on its first send */
+    struct clock_offset clock; /* the coordinator's clock (sender only) */
 };
 
 /* ---------------------------------------------------------------- lifecycle */
@@ -504,6 +506,8 @@ static int send_batch(struct kolo_ctx *c, struct report *r, struct batch *b, int
         req.n_dataplane_rejected++;
     }
     req.dataplane_rejected = rejp;
+    req.clock_known = clock_offset_best(&r->clock, &req.clock_offset_us, &req.clock_rtt_us);
+    req.sent_us = now_mono_us();
     size_t len = kolo__worker_report_request__get_packed_size(&req);
     if (!(buf = malloc(len ? len : 1)))
         goto out;
@@ -511,8 +515,15 @@ static int send_batch(struct kolo_ctx *c, struct report *r, struct batch *b, int
     void *rep = NULL;
     size_t rlen = 0;
     char err[512];
+    uint64_t t0 = now_mono_us();
     code = rpc_client_call(r->rpc, "WorkerService.Report", buf, len, &rep, &rlen, timeout_ms, err,
                            sizeof err);
+    uint64_t t3 = now_mono_us();
+    Kolo__WorkerReportReply *reply = code ? NULL : kolo__worker_report_reply__unpack(NULL, rlen, rep);
+    if (reply && reply->received_us)
+        clock_offset_add(&r->clock, t0, reply->received_us, reply->replied_us, t3);
+    if (reply)
+        kolo__worker_report_reply__free_unpacked(reply, NULL);
     free(rep);
     if (code)
         LOGD("report", "Report (%d epochs, %d step rows) failed: %s", b->nepochs, b->nsteps, err);
