@@ -56,6 +56,12 @@ static void job_cron(struct coord *c, struct job *j, bool terminal, uint64_t now
         coord_negot_cron(c, j, now);
     if (j->tl)
         coord_timeline_cron(j->tl, terminal);
+    if (j->tl_draining && (terminal || coord_timeline_drained(j->tl_draining))) {
+        coord_timeline_free(j->tl_draining);
+        j->tl_draining = NULL;
+    } else if (j->tl_draining) {
+        coord_timeline_cron(j->tl_draining, false);
+    }
     if (j->el)
         coord_elastic_cron(c, j, now);
 }
@@ -65,6 +71,7 @@ static void job_free(struct job *j)
     coord_negot_free_job(j);
     coord_elastic_free(j->el);
     coord_timeline_free(j->tl);
+    coord_timeline_free(j->tl_draining);
 }
 
 static const struct coord_hooks hooks = {

@@ -212,6 +212,9 @@ struct job {
     uint64_t next_wid;   /* worker ids handed out so far */
     struct elastic *el;  /* NULL: fixed size */
     struct timeline *tl; /* coord_timeline.c: HOROVOD_TIMELINE, or NULL */
+    /* one stopped at run time under readiness rounds: it takes the ranks'
+     * spans of what ran before the stop for a moment, then closes */
+    struct timeline *tl_draining;
     bool tl_checked;     /* the job's env was looked at for it */
     char *tl_last;       /* the file of a timeline stopped at run time, or NULL */
 };

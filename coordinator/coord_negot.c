@@ -1451,7 +1451,8 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
         rpc_call_error(call, bad_code, "%s", bad_state);
         return;
     }
-    note_rounds(n, req);
+    if (!req->shutdown) /* a leave says nothing about the rounds */
+        note_rounds(n, req);
     uint64_t log_end_before = rlog_end(&n->log);
     if (n->parked[rank]) {
         /* The worker has something new; its older call ends now. */
@@ -1461,7 +1462,9 @@ static void rpc_negotiate(struct coord *c, struct rpc_call *call)
     }
     if (req->cursor > n->cursor[rank] && req->cursor <= rlog_end(&n->log))
         n->cursor[rank] = req->cursor;
-    if (n->tl && coord_timeline_waiting(n->tl)) {
+    /* under readiness rounds the ranks report when their ops ended
+     * (coord_timeline_spans): a fetched entry may not have run yet */
+    if (n->tl && !n->rounds && coord_timeline_waiting(n->tl)) {
         uint64_t min = UINT64_MAX;
         for (int r = 0; r < n->size; r++)
             min = n->cursor[r] < min ? n->cursor[r] : min;
@@ -1634,7 +1637,15 @@ void coord_rpc_timeline(struct coord *c, struct rpc_call *call, enum coord_metho
             j->tl_last = last;
         }
         negot_set_timeline(j); /* the negotiation borrowed it */
-        coord_timeline_free(old);
+        coord_timeline_free(j->tl_draining);
+        j->tl_draining = NULL;
+        if (j->negot && j->negot->rounds) {
+            /* the ranks' spans of its last ops are still on their way */
+            coord_timeline_stop(old);
+            j->tl_draining = old;
+        } else {
+            coord_timeline_free(old);
+        }
     }
     if (!same && want[0]) {
         j->tl = coord_timeline_open_path(j, req->path);

@@ -32,6 +32,7 @@
  * a restarted coordinator shows it again from the next report on.
  */
 #include "coord_report.h"
+#include "coord_timeline.h"
 #include "coord_core.h"
 #include "coord_jobs.h"
 #include "coord_negot.h"
@@ -52,6 +53,7 @@
 #define REPORT_MAX_EPOCHS  1024 /* per batch */
 #define REPORT_MAX_STEPS   4096 /* per batch */
 #define REPORT_MAX_WAITS   4096 /* rounds' wait samples per batch */
+#define REPORT_MAX_SPANS   16384 /* timeline spans per batch (worker/report.c) */
 #define REPORT_MAX_METRICS 4096
 #define REPORT_MAX_EPOCH   1000000000LL
 #define REPORT_MAX_SAMPLES (1LL << 48) /* per rank and epoch: sums cannot overflow */
@@ -256,6 +258,19 @@ static bool check_report(const Kolo__WorkerReportRequest *m, char *why, size_t w
         if (!json_object_ok(e->metrics_json, REPORT_MAX_METRICS, "metrics_json", why, whylen))
             return false;
     }
+    if (m->n_spans > REPORT_MAX_SPANS) {
+        snprintf(why, whylen, "a report carries at most %d timeline spans, not %zu",
+                 REPORT_MAX_SPANS, m->n_spans);
+        return false;
+    }
+    for (size_t i = 0; i < m->n_spans; i++) {
+        const Kolo__TraceSpan *sp = m->spans[i];
+        if (sp->n_shape > 64 || strlen(sp->name) > 1024) {
+            snprintf(why, whylen, "timeline span %zu is invalid (%zu dimensions, a name of %zu "
+                     "bytes)", i, sp->n_shape, strlen(sp->name));
+            return false;
+        }
+    }
     const Kolo__RoundTelemetry *t = m->rounds;
     if (t && (t->n_wait_us != t->n_wait_ops || t->n_wait_us > REPORT_MAX_WAITS ||
               !(t->wait_avg_s >= 0 && t->wait_avg_s < 1e6))) {
@@ -343,6 +358,14 @@ static void rpc_report(struct coord *c, struct rpc_call *call)
             coord_hist_observe_n(&c->m.negotiation_wait, (double)t->wait_us[i] / 1e6,
                                  t->wait_ops[i]);
         coord_negot_round_wait(j, (int)f->rank, t->wait_avg_s);
+    }
+    /* The timeline's spans, on the coordinator's clock (a rank sends them
+     * only once it knows its offset). */
+    if (m->n_spans && m->clock_known) {
+        coord_timeline_spans(j->tl, (int)f->rank, j->nranks, m->spans, m->n_spans,
+                             m->clock_offset_us);
+        coord_timeline_spans(j->tl_draining, (int)f->rank, j->nranks, m->spans, m->n_spans,
+                             m->clock_offset_us);
     }
     /* The epochs in one transaction (one fsync, all or nothing); the step
      * rows wait for the group commit. */

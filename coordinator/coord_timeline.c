@@ -57,6 +57,7 @@
 #include "json.h"
 #include "kolo.pb-c.h"
 #include "log.h"
+#include "mismatch.h"
 #include "util.h"
 
 #define TL_BUCKETS 1024
@@ -91,11 +92,29 @@ struct tl_name {
     struct tl_name *next;
 };
 
-/* An op whose response is in the log and not yet fetched by every rank. */
+/* An op whose response is in the log and not yet fetched by every rank
+ * (under readiness rounds: not yet reported done by every rank). */
 struct tl_op {
     uint64_t index;
     int pid;
     char *args; /* a JSON object, for the span's end */
+    uint64_t begin_us; /* timeline time of its begin */
+};
+
+/* The ranks' spans of one op (coord_timeline_spans), until every rank's
+ * came in or TL_GROUP_MS passed: an op the ranks agreed in round `round`
+ * (name set), or the log entry `index` (name NULL). Times are the
+ * coordinator's CLOCK_MONOTONIC; ready[r] 0: rank r's span is missing. */
+struct tl_group {
+    char *name;
+    uint64_t round, index;
+    int got;
+    uint64_t born_ms;
+    uint64_t agreed_max, done_min;
+    uint32_t coll, dtype;
+    char shape[160];
+    uint64_t *ready; /* [size] */
+    struct tl_group *hnext, *next; /* hash chain; arrival order */
 };
 
 struct timeline {
@@ -108,8 +127,20 @@ struct timeline {
     uint64_t dropped;
     struct tl_name *names[TL_BUCKETS];
     int npids;
+    /* per pid, the latest ts written: a tensor's events never go back in
+     * time, whatever the ranks' clocks' error (pid_ts) */
+    uint64_t *last_ts;
+    size_t last_cap;
     struct tl_op *ops; /* FIFO by index: ops[head..len) */
     size_t ops_head, ops_len, ops_cap;
+    /* the ranks' telemetry under readiness rounds */
+    uint64_t stop_us; /* monotonic: stopped then (0: running); later ops are not its */
+    uint64_t drain_until_ms; /* a stopped one takes spans until then, then closes */
+    int size;         /* ranks a group waits for */
+    struct tl_group *groups[TL_BUCKETS];
+    struct tl_group *g_head, *g_tail;
+    size_t ngroups;
+    uint64_t spans_dropped;
 };
 
 static void put_str(struct buf *b, const char *s)
@@ -147,6 +178,32 @@ static bool ev_begin(struct timeline *tl)
 static uint64_t ts_now(const struct timeline *tl)
 {
     return now_mono_us() - tl->t0_us;
+}
+
+/* pid_ts: ts for the next event of process pid, no earlier than its last
+ * one. The coordinator's own events are in time order; the ranks' spans
+ * come on their clocks, placed on ours to within half a report's round
+ * trip, which could otherwise put a rank's tick before the end of the
+ * tensor's previous op (spans of one process must nest). */
+static uint64_t pid_ts(struct timeline *tl, int pid, uint64_t ts)
+{
+    if (pid < 0)
+        return ts;
+    if ((size_t)pid >= tl->last_cap) {
+        size_t cap = tl->last_cap ? tl->last_cap : 64;
+        while (cap <= (size_t)pid)
+            cap *= 2;
+        uint64_t *grown = realloc(tl->last_ts, cap * sizeof(*grown));
+        if (!grown)
+            return ts;
+        memset(grown + tl->last_cap, 0, (cap - tl->last_cap) * sizeof(*grown));
+        tl->last_ts = grown;
+        tl->last_cap = cap;
+    }
+    if (ts < tl->last_ts[pid])
+        ts = tl->last_ts[pid];
+    tl->last_ts[pid] = ts;
+    return ts;
 }
 
 /* The tensor's process id, announcing the process on first sight. */
@@ -366,6 +423,7 @@ struct timeline *coord_timeline_open_path(const struct job *j, const char *val)
 
 static void op_end(struct timeline *tl, struct tl_op *o, uint64_t ts)
 {
+    ts = pid_ts(tl, o->pid, ts);
     if (ev_begin(tl))
         buf_printf(&tl->b, "\"ph\":\"E\",\"ts\":%llu,\"pid\":%d,\"args\":%s}",
                    (unsigned long long)ts, o->pid, o->args ? o->args : "{}");
@@ -378,7 +436,7 @@ void coord_timeline_request(struct timeline *tl, const char *name, const char *o
                             bool first)
 {
     int pid = tl_pid(tl, name);
-    uint64_t ts = ts_now(tl);
+    uint64_t ts = pid_ts(tl, pid, ts_now(tl));
     /* A rank that fetched the response may ask for the tensor again before
      * the others fetched it: the op's span ends there, since spans of one
      * process must nest. */
@@ -397,7 +455,7 @@ void coord_timeline_ready(struct timeline *tl, const char *name, const char *op,
                           const char *args, const char *error)
 {
     int pid = tl_pid(tl, name);
-    uint64_t ts = ts_now(tl);
+    uint64_t ts = pid_ts(tl, pid, ts_now(tl));
     if (ev_begin(tl)) {
         buf_printf(&tl->b, "\"ph\":\"E\",\"ts\":%llu,\"pid\":%d", (unsigned long long)ts, pid);
         if (error) {
@@ -422,7 +480,7 @@ void coord_timeline_ready(struct timeline *tl, const char *name, const char *op,
         if (array_room(&tl->ops, tl->ops_len, &tl->ops_cap, sizeof(*tl->ops), 64) != 0)
             return;
     }
-    tl->ops[tl->ops_len++] = (struct tl_op){index, pid, args ? strdup(args) : NULL};
+    tl->ops[tl->ops_len++] = (struct tl_op){index, pid, args ? strdup(args) : NULL, ts};
 }
 
 bool coord_timeline_waiting(const struct timeline *tl)
@@ -443,6 +501,254 @@ void coord_timeline_fetched(struct timeline *tl, uint64_t min_cursor)
     }
     if (tl->ops_head == tl->ops_len)
         tl->ops_head = tl->ops_len = 0;
+}
+
+/* ---------------------------------------------------------------- the ranks' spans
+ *
+ * Under readiness rounds the coordinator sees neither the cached ops'
+ * requests nor when the ranks ran anything, so the timeline is written from
+ * the ranks' telemetry instead (worker/fastpath.c, trace_begin): for each
+ * op a traced round agreed, every rank reports when it submitted it, when
+ * the round agreed it and when its data-plane op ended; for each log entry
+ * it ran, when that ended. Each rank's times come on its own clock and are
+ * placed on the coordinator's with the rank's offset (common/clock_offset.h),
+ * so ranks on hosts whose clocks differ still line up to within half a
+ * report's round trip. One op's spans form a group; once every rank's is
+ * in (or TL_GROUP_MS passed: a rank that died, or that heard of the
+ * timeline late), the group is written as the coordinator's own events
+ * would be: NEGOTIATE_<OP> from the first rank's submission to the
+ * agreement with one tick per rank, then <OP> until the first rank's op
+ * ended (the latest end would let it overlap the tensor's next
+ * negotiation, and spans of one process must nest). A log entry's group
+ * ends its op span the same way. Groups arrive up to a report period late,
+ * so in the file they are not in time order; trace viewers order by ts.
+ */
+
+#define TL_GROUP_MS 3000
+#define TL_MAX_GROUPS 65536
+#define TL_DRAIN_MS 1500
+
+static uint64_t group_hash(const char *name, uint64_t round, uint64_t index)
+{
+    return (name ? str_hash(name) ^ (round * 0x9e3779b97f4a7c15ull) : index * 0x9e3779b97f4a7c15ull) %
+           TL_BUCKETS;
+}
+
+static void group_free(struct tl_group *g)
+{
+    free(g->name);
+    free(g->ready);
+    free(g);
+}
+
+static void group_unlink(struct timeline *tl, struct tl_group *g)
+{
+    struct tl_group **pp = &tl->groups[group_hash(g->name, g->round, g->index)];
+    while (*pp && *pp != g)
+        pp = &(*pp)->hnext;
+    if (*pp)
+        *pp = g->hnext;
+    struct tl_group **lp = &tl->g_head, *prev = NULL;
+    while (*lp && *lp != g) {
+        prev = *lp;
+        lp = &(*lp)->next;
+    }
+    if (*lp)
+        *lp = g->next;
+    if (tl->g_tail == g)
+        tl->g_tail = prev;
+    tl->ngroups--;
+}
+
+static struct tl_group *group_get(struct timeline *tl, const char *name, uint64_t round,
+                                  uint64_t index)
+{
+    uint64_t h = group_hash(name, round, index);
+    for (struct tl_group *g = tl->groups[h]; g; g = g->hnext)
+        if (name ? g->name && g->round == round && strcmp(g->name, name) == 0
+                 : !g->name && g->index == index)
+            return g;
+    if (tl->ngroups >= TL_MAX_GROUPS)
+        return NULL;
+    struct tl_group *g = calloc(1, sizeof(*g));
+    if (!g || !(g->ready = calloc((size_t)tl->size, sizeof(*g->ready))) ||
+        (name && !(g->name = strdup(name)))) {
+        if (g)
+            free(g->ready);
+        free(g);
+        return NULL;
+    }
+    g->round = round;
+    g->index = index;
+    g->born_ms = now_mono_ms();
+    g->done_min = UINT64_MAX;
+    g->hnext = tl->groups[h];
+    tl->groups[h] = g;
+    if (tl->g_tail)
+        tl->g_tail->next = g;
+    else
+        tl->g_head = g;
+    tl->g_tail = g;
+    tl->ngroups++;
+    return g;
+}
+
+/* timeline time of a coordinator-clock instant, clamped to its start */
+static uint64_t tl_ts(const struct timeline *tl, uint64_t mono_us)
+{
+    return mono_us > tl->t0_us ? mono_us - tl->t0_us : 0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Drops the ended ops at the front of the FIFO (under readiness rounds
+ * their spans end out of order, so coord_timeline_fetched does not). */
+static void ops_trim(struct timeline *tl)
+{
+    while (tl->ops_head < tl->ops_len && tl->ops[tl->ops_head].pid < 0)
+        tl->ops_head++;
+    if (tl->ops_head == tl->ops_len)
+        tl->ops_head = tl->ops_len = 0;
+}
+
+/* Writes a complete (or given up) group's events, then frees it. */
+static void group_write(struct timeline *tl, struct tl_group *g)
+{
+    group_unlink(tl, g);
+    if (!g->name) { /* a log entry: its op spans end when the first rank's did */
+        for (size_t i = tl->ops_head; g->done_min != UINT64_MAX && i < tl->ops_len; i++) {
+            struct tl_op *o = &tl->ops[i];
+            if (o->index == g->index && o->pid >= 0) {
+                uint64_t ts = tl_ts(tl, g->done_min);
+                op_end(tl, o, ts > o->begin_us ? ts : o->begin_us);
+            }
+        }
+        group_free(g);
+        ops_trim(tl);
+        return;
+    }
+    /* the ticks, in time order (with their ranks) */
+    uint64_t *order = calloc((size_t)g->got + 1, 2 * sizeof(uint64_t));
+    int n = 0;
+    for (int r = 0; order && r < tl->size; r++) {
+        if (g->ready[r]) {
+            order[2 * n] = g->ready[r];
+            order[2 * n + 1] = (uint64_t)r;
+            n++;
+        }
+    }
+    if (order)
+        qsort(order, (size_t)n, 2 * sizeof(uint64_t), cmp_u64);
+    uint64_t first = n ? order[0] : 0, last = n ? order[2 * (n - 1)] : 0;
+    /* not its ops: agreed before it started, or submitted after it stopped */
+    bool mine = n && last >= tl->t0_us && (!tl->stop_us || first <= tl->stop_us);
+    if (mine) {
+        int pid = tl_pid(tl, g->name);
+        uint64_t b = tl_ts(tl, first);
+        /* an op span of this tensor still open (the log's) ends first */
+        for (size_t i = tl->ops_head; i < tl->ops_len; i++)
+            if (tl->ops[i].pid == pid)
+                op_end(tl, &tl->ops[i], b > tl->ops[i].begin_us ? b : tl->ops[i].begin_us);
+        const char *op = mismatch_coll_name(g->coll);
+        b = pid_ts(tl, pid, b);
+        uint64_t agreed = tl_ts(tl, g->agreed_max > last ? g->agreed_max : last);
+        uint64_t done = g->done_min != UINT64_MAX ? tl_ts(tl, g->done_min) : agreed;
+        if (ev_begin(tl))
+            buf_printf(&tl->b, "\"name\":\"NEGOTIATE_%s\",\"ph\":\"B\",\"ts\":%llu,\"pid\":%d}", op,
+                       (unsigned long long)b, pid);
+        for (int i = 0; i < n; i++)
+            if (ev_begin(tl))
+                buf_printf(&tl->b, "\"name\":\"%d\",\"ph\":\"X\",\"ts\":%llu,\"dur\":0,\"pid\":%d}",
+                           (int)order[2 * i + 1],
+                           (unsigned long long)pid_ts(tl, pid, tl_ts(tl, order[2 * i])), pid);
+        agreed = pid_ts(tl, pid, agreed);
+        done = pid_ts(tl, pid, done);
+        if (ev_begin(tl))
+            buf_printf(&tl->b, "\"ph\":\"E\",\"ts\":%llu,\"pid\":%d}", (unsigned long long)agreed, pid);
+        if (ev_begin(tl))
+            buf_printf(&tl->b, "\"name\":\"%s\",\"ph\":\"B\",\"ts\":%llu,\"pid\":%d}", op,
+                       (unsigned long long)agreed, pid);
+        if (ev_begin(tl)) {
+            buf_printf(&tl->b, "\"ph\":\"E\",\"ts\":%llu,\"pid\":%d,\"args\":{\"dtype\":",
+                       (unsigned long long)done, pid);
+            put_str(&tl->b, mismatch_dtype_name(g->dtype));
+            buf_puts(&tl->b, ",\"shape\":");
+            put_str(&tl->b, g->shape);
+            buf_printf(&tl->b, ",\"round\":%llu", (unsigned long long)g->round);
+            if (n < tl->size)
+                buf_printf(&tl->b, ",\"ranks_reported\":%d", n);
+            buf_puts(&tl->b, "}}");
+        }
+    }
+    free(order);
+    group_free(g);
+    ops_trim(tl);
+}
+
+void coord_timeline_spans(struct timeline *tl, int rank, int size,
+                          Kolo__TraceSpan *const *spans, size_t n, int64_t offset_us)
+{
+    if (!tl || tl->closed || rank < 0 || rank >= size)
+        return;
+    if (tl->size != size) {
+        /* a new generation's size: what is pending belongs to the old one */
+        while (tl->g_head)
+            group_write(tl, tl->g_head);
+        tl->size = size;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const Kolo__TraceSpan *s = spans[i];
+        bool agreed = s->round != 0;
+        if (agreed && !s->name[0])
+            continue;
+        struct tl_group *g = group_get(tl, agreed ? s->name : NULL, s->round, s->log_index);
+        if (!g) {
+            tl->spans_dropped++;
+            continue;
+        }
+        uint64_t ready = (uint64_t)((int64_t)s->ready_us + offset_us);
+        uint64_t done = (uint64_t)((int64_t)s->done_us + offset_us);
+        if (g->ready[rank] == 0)
+            g->got++;
+        g->ready[rank] = agreed ? (ready ? ready : 1) : 1;
+        if (agreed) {
+            uint64_t at = (uint64_t)((int64_t)s->agreed_us + offset_us);
+            g->agreed_max = at > g->agreed_max ? at : g->agreed_max;
+            g->coll = s->coll;
+            g->dtype = s->dtype;
+            if (!g->shape[0]) {
+                struct tensor_req t = {.ndim = (int)s->n_shape, .shape = s->shape};
+                tensor_shape_text(g->shape, sizeof g->shape, &t);
+            }
+        }
+        if (s->done_us && done < g->done_min)
+            g->done_min = done;
+        if (g->got >= tl->size)
+            group_write(tl, g);
+    }
+}
+
+/* Writes the groups older than TL_GROUP_MS (all of them with `all`). */
+static void groups_flush(struct timeline *tl, bool all)
+{
+    uint64_t now = now_mono_ms();
+    while (tl->g_head && (all || now - tl->g_head->born_ms >= TL_GROUP_MS))
+        group_write(tl, tl->g_head);
+}
+
+void coord_timeline_stop(struct timeline *tl)
+{
+    tl->stop_us = now_mono_us();
+    tl->drain_until_ms = now_mono_ms() + TL_DRAIN_MS;
+}
+
+bool coord_timeline_drained(const struct timeline *tl)
+{
+    return tl->stop_us && now_mono_ms() >= tl->drain_until_ms;
 }
 
 /* Hands what the handlers buffered to the writer thread; returns the
@@ -497,6 +803,16 @@ static void tl_close(struct timeline *tl)
 {
     if (tl->closed)
         return;
+    groups_flush(tl, true);
+    /* ops whose end no rank reported end here (spans of a dead rank's
+     * entries, or a timeline stopped under them) */
+    uint64_t now = ts_now(tl);
+    for (size_t i = tl->ops_head; i < tl->ops_len; i++)
+        if (tl->ops[i].pid >= 0)
+            op_end(tl, &tl->ops[i], now);
+    if (tl->spans_dropped)
+        LOGW("coord", "timeline %s: %llu span(s) of the ranks dropped (too many pending)",
+             tl->path, (unsigned long long)tl->spans_dropped);
     if (tl->dropped)
         LOGW("coord", "timeline %s: %llu event(s) dropped (the writer fell behind)", tl->path,
              (unsigned long long)tl->dropped);
@@ -522,6 +838,7 @@ void coord_timeline_cron(struct timeline *tl, bool job_ended)
 {
     if (tl->closed)
         return;
+    groups_flush(tl, false);
     if (job_ended)
         tl_close(tl);
     else
@@ -545,6 +862,12 @@ void coord_timeline_free(struct timeline *tl)
     for (size_t i = tl->ops_head; i < tl->ops_len; i++)
         free(tl->ops[i].args);
     free(tl->ops);
+    free(tl->last_ts);
+    while (tl->g_head) {
+        struct tl_group *g = tl->g_head;
+        group_unlink(tl, g);
+        group_free(g);
+    }
     buf_free(&tl->b);
     free(tl->path);
     free(tl);

@@ -5,6 +5,7 @@
 #define KOLO_COORDINATOR_COORD_TIMELINE_H
 
 #include "coord_model.h"
+#include "kolo.pb-c.h"
 
 /* coord_timeline.c (issue 6): Horovod's Chrome-trace timeline of a job's
  * negotiation. coord_timeline_open returns NULL when the job's env has no
@@ -25,6 +26,16 @@ void coord_timeline_request(struct timeline *tl, const char *name, const char *o
  * cursor passed index, with args (a JSON object) on the end event. */
 void coord_timeline_ready(struct timeline *tl, const char *name, const char *op, uint64_t index,
                           const char *args, const char *error);
+/* The ranks' spans under readiness rounds (coord_timeline.c, "the ranks'
+ * spans"), from rank `rank` of `size`, whose clock is the coordinator's
+ * minus offset_us. */
+void coord_timeline_spans(struct timeline *tl, int rank, int size,
+                          Kolo__TraceSpan *const *spans, size_t n, int64_t offset_us);
+/* coord_timeline_stop: ops that began after now are not its; it keeps
+ * taking the ranks' spans of earlier ones until coord_timeline_drained,
+ * when its owner frees (closes) it. */
+void coord_timeline_stop(struct timeline *tl);
+bool coord_timeline_drained(const struct timeline *tl);
 bool coord_timeline_waiting(const struct timeline *tl);
 void coord_timeline_fetched(struct timeline *tl, uint64_t min_cursor);
 void coord_timeline_cron(struct timeline *tl, bool job_ended);

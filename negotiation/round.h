@@ -44,8 +44,9 @@
 
 /* flags */
 #define ROUND_F_JOIN  1u /* a rank joined: everything goes through the coordinator */
-#define ROUND_F_SLOW  2u /* while any rank sets it (the job's timeline is on), too */
+#define ROUND_F_SLOW  2u /* while any rank sets it (ops a join sent there), too */
 #define ROUND_F_SHUTDOWN 4u /* a rank is leaving (kolo_fini): the others' ops fail */
+#define ROUND_F_TRACE 8u /* the job's timeline is on: every rank reports this round's ops */
 
 enum { ROUND_K = 0, ROUND_NK, ROUND_EPOCH, ROUND_NEPOCH, ROUND_W, ROUND_NW, ROUND_CURSOR,
        ROUND_FLAGS, ROUND_WAIT };

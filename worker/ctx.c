@@ -675,7 +675,7 @@ static void negotiate_done(void *arg, int code, const void *rep, size_t len, con
             c->update_kind = (int)r->hosts_update_kind;
             if (r->timeline != c->timeline_heard) {
                 c->timeline_heard = r->timeline;
-                fast_news(c); /* the rounds pause (or resume) for the timeline */
+                fast_news(c); /* the rounds report their spans (or stop) */
             }
             kolo__negotiate_reply__free_unpacked(r, NULL);
         }
@@ -874,8 +874,17 @@ void ctx_run_log_entry(struct kolo_ctx *c)
             fast_evict(c, r->cache_ids[i], r->names[i]);
     c->exec_since = now_mono_ms();
     c->exec_stale = false;
+    /* the timeline under readiness rounds: when this entry's op ended
+     * here, for the coordinator to end its span (fastpath.c, trace_begin) */
+    bool traced = c->fast && r->n_names && (c->timeline_heard || c->timeline_asked);
     pthread_mutex_unlock(&c->mu);
     exec_response(c, r);
+    if (traced) {
+        Kolo__TraceSpan span = KOLO__TRACE_SPAN__INIT;
+        span.log_index = r->index;
+        span.done_us = exec_done_us();
+        report_trace(c, &span, 1);
+    }
     kolo__response__free_unpacked(r, NULL);
     pthread_mutex_lock(&c->mu);
 }
@@ -1384,6 +1393,7 @@ static void send_leave(struct kolo_ctx *c, const char *reason, int timeout_ms)
     req.session = c->session;
     req.process_set = c->process_set;
     req.shutdown = 1;
+    req.rounds = c->fast;
     req.reason = (char *)reason;
     size_t len = kolo__negotiate_request__get_packed_size(&req);
     uint8_t *buf = malloc(len + 1);

@@ -41,9 +41,17 @@ static int ensure(void **buf, size_t *cap, size_t need)
 
 /* Completes the ops of a response; a failure becomes sticky. Cache ids
  * are recorded first: once complete, an op may be freed by its waiter. */
+static __thread uint64_t done_us;
+
+uint64_t exec_done_us(void)
+{
+    return done_us;
+}
+
 void exec_finish(struct kolo_ctx *c, struct op **ops, size_t n, int rc, const char *why,
                  const uint32_t *cache_ids, size_t ncache)
 {
+    done_us = now_mono_us(); /* before a waiter may submit the next op */
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < n && i < ncache && rc == 0 && !c->exec_stale; i++)
         if (ops[i] && cache_ids[i])

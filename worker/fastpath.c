@@ -338,6 +338,37 @@ static uint64_t oldest_wait_us(struct kolo_ctx *c, uint32_t w)
     return now - oldest;
 }
 
+/* The timeline is on (ROUND_F_TRACE, the same on every rank): spans of
+ * this round's agreed ops for the coordinator, which writes them from
+ * every rank's (report.c; mu held, before the ops run: their names and
+ * shapes are copied while they are sure to exist). NULL: out of memory,
+ * the round goes untraced. The data-plane op's end is filled in as each
+ * fusion run returns (a GPU op: once it is queued on its stream). */
+static Kolo__TraceSpan *trace_begin(struct kolo_ctx *c, uint64_t k, struct op **agreed, size_t na)
+{
+    if (!na)
+        return NULL;
+    Kolo__TraceSpan *t = calloc(na, sizeof(*t));
+    uint64_t now = now_mono_us();
+    for (size_t i = 0; t && i < na; i++) {
+        const struct op *op = agreed[i];
+        if (!report_span_fill(&t[i], op->name, op->req.shape, op->req.ndim)) {
+            while (i--)
+                report_span_free(&t[i]);
+            free(t);
+            LOGW("kolo", "rank %d: out of memory tracing round %llu", c->rank,
+                 (unsigned long long)k);
+            return NULL;
+        }
+        t[i].round = k;
+        t[i].ready_us = op->fast_since_us;
+        t[i].agreed_us = now;
+        t[i].coll = (uint32_t)op->req.coll;
+        t[i].dtype = (uint32_t)op->req.dtype;
+    }
+    return t;
+}
+
 /* The moving average of this rank's own wait per agreed op: the rank the
  * others wait for waits least (coordinator: stragglers, /ranks lag). */
 #define WAIT_AVG_ALPHA 0.05
@@ -352,8 +383,8 @@ static void fast_round(struct kolo_ctx *c, uint64_t deadline)
     uint32_t w = round_bitmap_words(tcache_top(c->cache));
     size_t nwords = round_words(w);
     uint64_t k = c->round + 1;
-    uint64_t flags = (c->joined ? ROUND_F_JOIN : 0) |
-                     (c->timeline_heard || c->timeline_asked || c->moded_ops ? ROUND_F_SLOW : 0) |
+    uint64_t flags = (c->joined ? ROUND_F_JOIN : 0) | (c->moded_ops ? ROUND_F_SLOW : 0) |
+                     (c->timeline_heard || c->timeline_asked ? ROUND_F_TRACE : 0) |
                      (c->fast_leaving ? ROUND_F_SHUTDOWN : 0);
     uint64_t *v = c->vec;
     round_init(v, k, c->cache_epoch, w, c->cursor, flags);
@@ -410,12 +441,11 @@ static void fast_round(struct kolo_ctx *c, uint64_t deadline)
                 to_slow_path(c, op, false);
         }
     }
-    /* 2. join mode, or slow mode for a timeline: everything waiting goes
-     * to the coordinator (slow mode ends at the first round without the
-     * flag, on every rank at once). Entering slow mode, the ops this very
-     * round agreed go too: a rank that started the timeline and then
-     * submitted an op before this round began must see that op in the
-     * timeline (every rank sees the same flags and bits, so all agree). */
+    /* 2. join mode, or slow mode (some rank still has an op a join sent
+     * to the coordinator): everything waiting goes to the coordinator
+     * (slow mode ends at the first round without the flag, on every rank
+     * at once). Entering slow mode, the ops this very round agreed go
+     * too (every rank sees the same flags and bits, so all agree). */
     bool to_join = (v[ROUND_FLAGS] & ROUND_F_JOIN) && !c->join_mode;
     bool to_slow = (v[ROUND_FLAGS] & ROUND_F_SLOW) && !c->slow_mode;
     c->slow_mode = (v[ROUND_FLAGS] & ROUND_F_SLOW) != 0;
@@ -481,13 +511,20 @@ static void fast_round(struct kolo_ctx *c, uint64_t deadline)
             c->ready_bits[0] &= ~1ull;
     }
     uint64_t log_end = v[ROUND_CURSOR];
+    Kolo__TraceSpan *trace = (v[ROUND_FLAGS] & ROUND_F_TRACE) ? trace_begin(c, k, agreed, na) : NULL;
     /* slow-path ops that changed hands go out now */
     ctx_send_queued(c);
     pthread_mutex_unlock(&c->mu);
     for (size_t i = 0; i < na;) {
         size_t run = fusion_run(items + i, na - i, c->fused_threshold);
         run_agreed(c, agreed + i, run);
+        for (size_t x = i; trace && x < i + run; x++)
+            trace[x].done_us = exec_done_us();
         i += run;
+    }
+    if (trace) {
+        report_trace(c, trace, na);
+        free(trace);
     }
     pthread_mutex_lock(&c->mu);
     if (barrier)

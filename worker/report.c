@@ -50,6 +50,7 @@
 #define REPORT_MAX_METRICS 4096
 #define REPORT_MAX_SECONDS 1e6
 #define REPORT_MAX_WAITS   4096 /* rounds' wait samples per report */
+#define REPORT_MAX_SPANS   16384 /* timeline spans queued (report_trace) */
 
 struct epoch_rec {
     int64_t epoch;
@@ -87,6 +88,11 @@ struct report {
     uint64_t last_end_ms;   /* the previous epoch end reported here, 0: none */
     int64_t started_epoch;  /* the last epoch with a phase 0 here, -1: none */
     struct round_tel tel;
+    /* the timeline's spans (report_trace), sent once the clock is known */
+    Kolo__TraceSpan *spans; /* REPORT_MAX_SPANS, allocated on first use */
+    int nspans;
+    uint64_t spans_dropped;
+    bool clock_known; /* the sender got a clock sample (it owns r->clock) */
     struct rpc_client *rpc; /* the sender's, opened on its first send */
     struct clock_offset clock; /* the coordinator's clock (sender only) */
 };
@@ -169,6 +175,50 @@ void report_round(struct kolo_ctx *c, uint32_t agreed, double wait_avg_s, uint64
     pthread_mutex_unlock(&r->mu);
 }
 
+void report_span_free(Kolo__TraceSpan *s)
+{
+    if (s->name != protobuf_c_empty_string)
+        free(s->name);
+    free(s->shape);
+    s->name = (char *)protobuf_c_empty_string;
+    s->shape = NULL;
+    s->n_shape = 0;
+}
+
+bool report_span_fill(Kolo__TraceSpan *s, const char *name, const int64_t *shape, int ndim)
+{
+    kolo__trace_span__init(s);
+    s->name = strdup(name);
+    s->shape = malloc(((size_t)(ndim > 0 ? ndim : 0) + 1) * sizeof(int64_t));
+    if (!s->name || !s->shape) {
+        free(s->name);
+        free(s->shape);
+        kolo__trace_span__init(s);
+        return false;
+    }
+    if (ndim > 0)
+        memcpy(s->shape, shape, (size_t)ndim * sizeof(int64_t));
+    s->n_shape = (size_t)(ndim > 0 ? ndim : 0);
+    return true;
+}
+
+void report_trace(struct kolo_ctx *c, Kolo__TraceSpan *spans, size_t n)
+{
+    struct report *r = __atomic_load_n(&c->report, __ATOMIC_ACQUIRE);
+    size_t i = 0;
+    if (r) {
+        pthread_mutex_lock(&r->mu);
+        if (!r->spans)
+            r->spans = calloc(REPORT_MAX_SPANS, sizeof *r->spans);
+        for (; r->spans && i < n && r->nspans < REPORT_MAX_SPANS; i++)
+            r->spans[r->nspans++] = spans[i]; /* the queue owns the copies now */
+        r->spans_dropped += n - i;
+        pthread_mutex_unlock(&r->mu);
+    }
+    for (; i < n; i++)
+        report_span_free(&spans[i]);
+}
+
 void report_ctx_stop(struct kolo_ctx *c)
 {
     pthread_mutex_lock(&c->mu);
@@ -204,6 +254,9 @@ void report_ctx_free(struct kolo_ctx *c)
     free(r->steps);
     free(r->tel.wait_us);
     free(r->tel.wait_ops);
+    for (int i = 0; i < r->nspans; i++)
+        report_span_free(&r->spans[i]);
+    free(r->spans);
     rpc_client_close(r->rpc);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
@@ -351,6 +404,9 @@ struct batch {
     struct step_rec *steps;
     int nsteps;
     struct round_tel tel; /* sent once, never put back: telemetry */
+    Kolo__TraceSpan *spans; /* likewise */
+    int nspans;
+    uint64_t spans_dropped;
     uint64_t rejected[MESH_REJECT_N]; /* data-plane refusals (mesh.h) */
     bool any_rejected;
 };
@@ -363,6 +419,9 @@ static void batch_free(struct batch *b)
     free(b->steps);
     free(b->tel.wait_us);
     free(b->tel.wait_ops);
+    for (int i = 0; i < b->nspans; i++)
+        report_span_free(&b->spans[i]);
+    free(b->spans);
     memset(b, 0, sizeof *b);
 }
 
@@ -372,7 +431,7 @@ static bool take(struct report *r, struct batch *b)
     memset(b, 0, sizeof *b);
     for (int k = 0; k < MESH_REJECT_N; k++)
         b->any_rejected |= (b->rejected[k] = mesh_rejections_take((enum mesh_reject)k)) != 0;
-    if (!r->nepochs && !r->nsteps && !r->tel.rounds && !b->any_rejected)
+    if (!r->nepochs && !r->nsteps && !r->tel.rounds && !b->any_rejected && !r->nspans)
         return false;
     size_t nw = (size_t)(r->tel.nwaits ? r->tel.nwaits : 1);
     b->epochs = malloc((size_t)(r->nepochs ? r->nepochs : 1) * sizeof *b->epochs);
@@ -398,6 +457,18 @@ static bool take(struct report *r, struct batch *b)
     b->nepochs = r->nepochs;
     b->nsteps = r->nsteps;
     r->nepochs = r->nsteps = 0;
+    /* Spans go once the coordinator's clock is known: until then the
+     * batch (any batch) brings the first sample. */
+    if (r->clock_known && r->nspans) {
+        Kolo__TraceSpan *fresh = calloc(REPORT_MAX_SPANS, sizeof *fresh);
+        if (fresh) {
+            b->spans = r->spans;
+            b->nspans = r->nspans;
+            r->spans = fresh;
+            r->nspans = 0;
+        }
+    }
+    b->spans_dropped = r->spans_dropped;
     return true;
 }
 
@@ -457,6 +528,7 @@ static int send_batch(struct kolo_ctx *c, struct report *r, struct batch *b, int
     Kolo__EpochReport **epp = calloc((size_t)(b->nepochs ? b->nepochs : 1), sizeof *epp);
     Kolo__StepSample *sts = calloc((size_t)(b->nsteps ? b->nsteps : 1), sizeof *sts);
     Kolo__StepSample **stp = calloc((size_t)(b->nsteps ? b->nsteps : 1), sizeof *stp);
+    Kolo__TraceSpan **spp = NULL;
     int code = KOLO_ENOMEM;
     uint8_t *buf = NULL;
     if (!eps || !epp || !sts || !stp)
@@ -507,6 +579,12 @@ static int send_batch(struct kolo_ctx *c, struct report *r, struct batch *b, int
     }
     req.dataplane_rejected = rejp;
     req.clock_known = clock_offset_best(&r->clock, &req.clock_offset_us, &req.clock_rtt_us);
+    spp = b->nspans ? calloc((size_t)b->nspans, sizeof *spp) : NULL;
+    for (int i = 0; spp && i < b->nspans; i++)
+        spp[i] = &b->spans[i];
+    req.spans = spp;
+    req.n_spans = spp ? (size_t)b->nspans : 0;
+    req.spans_dropped = b->spans_dropped;
     req.sent_us = now_mono_us();
     size_t len = kolo__worker_report_request__get_packed_size(&req);
     if (!(buf = malloc(len ? len : 1)))
@@ -520,14 +598,19 @@ static int send_batch(struct kolo_ctx *c, struct report *r, struct batch *b, int
                            sizeof err);
     uint64_t t3 = now_mono_us();
     Kolo__WorkerReportReply *reply = code ? NULL : kolo__worker_report_reply__unpack(NULL, rlen, rep);
-    if (reply && reply->received_us)
-        clock_offset_add(&r->clock, t0, reply->received_us, reply->replied_us, t3);
+    if (reply && reply->received_us &&
+        clock_offset_add(&r->clock, t0, reply->received_us, reply->replied_us, t3)) {
+        pthread_mutex_lock(&r->mu);
+        r->clock_known = true;
+        pthread_mutex_unlock(&r->mu);
+    }
     if (reply)
         kolo__worker_report_reply__free_unpacked(reply, NULL);
     free(rep);
     if (code)
         LOGD("report", "Report (%d epochs, %d step rows) failed: %s", b->nepochs, b->nsteps, err);
 out:
+    free(spp);
     free(buf);
     free(eps);
     free(epp);
@@ -564,6 +647,7 @@ static void *sender_main(void *arg)
      * spread over it, so a large job's reports do not come in a burst */
     int period = report_period_ms(c->rank, c->size);
     uint64_t next = now_mono_ms() + (uint64_t)period * (uint64_t)(c->rank % 64) / 64u;
+    bool final_spans = false;
     for (;;) {
         wait_period(r);
         bool last = r->stop;
@@ -587,8 +671,11 @@ static void *sender_main(void *arg)
             }
         }
         batch_free(&b);
-        if (last)
+        /* the last batch may have brought the first clock sample: the
+         * timeline's spans held back for it go in one more call */
+        if (last && (final_spans || !r->nspans || !r->clock_known))
             break;
+        final_spans = last;
     }
     pthread_mutex_unlock(&r->mu);
     return NULL;

@@ -71,10 +71,10 @@ int kolo_timeline(kolo_ctx *c, const char *path)
     if (code) {
         ctx_set_error(c, "kolo_timeline: %s", err[0] ? err : kolo_strerror(code));
     } else {
-        /* The coordinator writes it now: this rank's next round asks for
-         * SLOW, so every rank's next ops reach the coordinator (and the
-         * timeline) without waiting for the long-poll to tell. Stopped,
-         * the long-poll's word ends SLOW. */
+        /* The coordinator writes it now: this rank's next round carries
+         * TRACE, so every rank reports the ops it agrees from then on
+         * without waiting for the long-poll to tell. Stopped, the
+         * long-poll's word ends TRACE. */
         c->timeline_asked = path && path[0];
         fast_news(c);
     }

@@ -167,15 +167,15 @@ struct kolo_ctx {
     bool fast_dirty;   /* something new to contribute since the last round */
     bool fast_leaving; /* kolo_fini's last round (ROUND_F_SHUTDOWN) is due or runs */
     bool join_mode;    /* a rank joined: every op goes through the coordinator */
-    bool timeline_heard; /* the coordinator writes a timeline: ask for ROUND_F_SLOW */
-    bool timeline_asked; /* this rank started it (kolo_timeline): SLOW at once, not
+    bool timeline_heard; /* the coordinator writes a timeline: ROUND_F_TRACE */
+    bool timeline_asked; /* this rank started it (kolo_timeline): TRACE at once, not
                           * once the long-poll tells, so the ops right after
                           * start_timeline are in it */
     bool slow_mode;      /* some rank asked for ROUND_F_SLOW in the last round */
     /* Where a cached allreduce or a barrier goes (rounds or coordinator)
      * must be decided from the same round's outcome on every rank:
      * submitted while a round is in flight, it waits for that outcome
-     * (defer_*); sent to the coordinator because of a mode (join, slow),
+     * (defer_*); sent to the coordinator because of a mode (join),
      * it keeps ROUND_F_SLOW up until it is done (moded_ops), so the ranks
      * that submit it later send it there too. */
     bool round_busy;
@@ -298,6 +298,14 @@ void report_ctx_stop(struct kolo_ctx *c);
 int report_start(struct kolo_ctx *c);
 void report_round(struct kolo_ctx *c, uint32_t agreed, double wait_avg_s, uint64_t wait_us);
 void report_ctx_free(struct kolo_ctx *c);
+/* The timeline's spans (fastpath.c, ctx.c): report_span_fill makes s a
+ * span with copies of name and shape (false: out of memory);
+ * report_trace hands n spans to the sender, which owns their copies from
+ * then (a full queue drops them, counted); report_span_free frees one's
+ * copies. */
+bool report_span_fill(Kolo__TraceSpan *s, const char *name, const int64_t *shape, int ndim);
+void report_span_free(Kolo__TraceSpan *s);
+void report_trace(struct kolo_ctx *c, Kolo__TraceSpan *spans, size_t n);
 
 /* fastpath.c: readiness rounds among the ranks (docs/design.md) */
 int fast_init(struct kolo_ctx *c);   /* after the data plane is up */
@@ -336,6 +344,10 @@ void exec_response(struct kolo_ctx *c, const Kolo__Response *r);
  * readiness round), pinned by the caller under mu (op.pinned); r's names
  * are not read. */
 void exec_pinned(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops);
+/* exec_done_us: when the calling thread's last exec_finish began (the
+ * ops' end, before their waiters could submit anything else): the
+ * timeline's spans (fastpath.c, ctx.c). */
+uint64_t exec_done_us(void);
 /* Completes ops[0..n) with rc (recording cache ids on success); a
  * failure becomes the context's sticky error. Takes mu. */
 void exec_finish(struct kolo_ctx *c, struct op **ops, size_t n, int rc, const char *why,

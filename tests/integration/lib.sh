@@ -161,6 +161,27 @@ wait_hosts() {
 count_marked() { pgrep -f "^sleep $SLEEP\$" | wc -l; }
 marked_exactly() { [ "$(count_marked)" -eq "$1" ]; }
 
+# metric NAME: the coordinator's /metrics value of NAME; negotiates: its
+# WorkerService.Negotiate calls so far.
+metric() { curl -sf "$HTTP/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
+negotiates() { metric 'kolo_rpc_requests_total{method="WorkerService.Negotiate"}'; }
+# progress: rank 0's last step (data/rounds_steps.py --progress $WORK/progress).
+progress() { cat "$WORK/progress" 2>/dev/null || echo 0; }
+
+# rounds_again FROM TO WHAT: between rank 0's steps FROM and TO the job
+# made (almost) no Negotiate call: its tensors are agreed by readiness
+# rounds. The long-polls re-park about once a second per rank.
+rounds_again() {
+  wait_for 60 eval "[ \"\$(progress)\" -ge $1 ]" || fail "$3: stuck at step $(progress)"
+  local s0 n0 s1 n1
+  s0=$(progress); n0=$(negotiates)
+  wait_for 60 eval "[ \"\$(progress)\" -ge $2 ]" || fail "$3: stuck at step $(progress)"
+  s1=$(progress); n1=$(negotiates)
+  note "$3: steps $s0 -> $s1, Negotiate calls $n0 -> $n1"
+  [ $(( (n1 - n0) * 4 )) -lt $(( s1 - s0 )) ] ||
+    fail "$3: rounds did not go on, $((n1 - n0)) Negotiate calls in $((s1 - s0)) steps"
+}
+
 # skip REASON: the test cannot run here (ctest reads 77 as skipped).
 skip() {
   echo "skipped: $*"

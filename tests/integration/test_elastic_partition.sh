@@ -91,7 +91,6 @@ import json, sys
 names = {r["host_name"] for r in json.load(sys.stdin)["ranks"]}
 sys.exit(0 if names == {"a", "c"} else 1)' || fail "the job does not span both namespaces"
 
-metric() { curl -sf "$HTTP/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
 
 note "1. a cut shorter than the lease: no membership change"
 short_ms=$(( LEASE_MS * 3 / 10 + RANDOM % (LEASE_MS / 5) ))   # 0.3-0.5 lease

@@ -34,9 +34,6 @@ wait_hosts 1
 KOLO="$WORK/kolo-ns1" start_agent b 1 --token-file "$WORK/token" --addr "$ADDR1"
 wait_for 10 hosts_at_least 2 || fail "agent b (in $NS1) did not register over the veth: $(tail -n 5 "$WORK/agent-b.log")"
 
-metric() { curl -sf "$HTTP/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
-negotiates() { metric 'kolo_rpc_requests_total{method="WorkerService.Negotiate"}'; }
-progress() { cat "$WORK/progress" 2>/dev/null || echo 0; }
 
 note "1. rounds over TCP between the namespaces"
 "$KOLO" run -np 2 -H a:1,b:1 --coordinator "$RPC" --token-file "$WORK/token" -- \

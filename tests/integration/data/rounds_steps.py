@@ -5,7 +5,7 @@ a barrier every 10 steps, and checks every sum. --slow-rank R sleeps
 keeps its last step there (its output reaches kolo run through the
 coordinator, which a test may stop); --timeline FILE --timeline-steps A,B:
 every rank starts the job's timeline before step A and stops it before
-step B (rounds pause while it is written, then resume); --jitter S: each
+step B (the rounds go on; the ranks report their spans); --jitter S: each
 rank sleeps up to S before each tensor, so ranks submit on different
 sides of a round. Prints "step N t T" every step and "done N" at the end;
 exits 1 at the first wrong value."""
