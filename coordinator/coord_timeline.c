@@ -527,6 +527,7 @@ void coord_timeline_fetched(struct timeline *tl, uint64_t min_cursor)
 #define TL_GROUP_MS 3000
 #define TL_MAX_GROUPS 65536
 #define TL_DRAIN_MS 1500
+#define TL_START_SLACK_US 1000000
 
 static uint64_t group_hash(const char *name, uint64_t round, uint64_t index)
 {
@@ -644,8 +645,13 @@ static void group_write(struct timeline *tl, struct tl_group *g)
     if (order)
         qsort(order, (size_t)n, 2 * sizeof(uint64_t), cmp_u64);
     uint64_t first = n ? order[0] : 0, last = n ? order[2 * (n - 1)] : 0;
-    /* not its ops: agreed before it started, or submitted after it stopped */
-    bool mine = n && last >= tl->t0_us && (!tl->stop_us || first <= tl->stop_us);
+    /* not its ops: agreed before it started, or submitted after it
+     * stopped. The ranks trace only while some rank has the timeline on,
+     * so the start is given the clocks' error (an op submitted right after
+     * start_timeline may be placed a little before it); a stop is not: the
+     * ranks hear of it late and trace on for a moment. */
+    bool mine = n && last + TL_START_SLACK_US >= tl->t0_us &&
+                (!tl->stop_us || first <= tl->stop_us);
     if (mine) {
         int pid = tl_pid(tl, g->name);
         uint64_t b = tl_ts(tl, first);

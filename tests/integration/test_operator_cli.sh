@@ -73,6 +73,10 @@ FOLLOW=$!
 PIDS+=("$FOLLOW")
 n0=$(ticks)
 wait_for 10 ticks_at_least $((n0 + 10)) || fail "the job stopped ticking"
+# it follows: more lines come than there were when it started (however
+# many ticks the commands above took)
+followed() { [ "$(wc -l <"$WORK/follow.out")" -gt 10 ]; }
+wait_for 10 followed || fail "kolo logs -f followed too little: $(cat "$WORK/follow.out")"
 "$KOLO" stop "${T[@]}" --reason "maintenance window" "$JOB" >"$WORK/stop.out" ||
   fail "kolo stop failed: $(cat "$WORK/stop.out")"
 wait_for 20 sh -c "! kill -0 $FOLLOW 2>/dev/null" || fail "kolo logs -f did not end with the job"

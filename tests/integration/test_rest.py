@@ -493,7 +493,13 @@ def test_job_routes(cluster):
               "since_ms=x", "since_ms=99999999999999999999"]:
         expect_error(http, "GET", "%s/steps?%s" % (base, q), 400, text=q.split("=")[0])
 
-    # the timeline was stopped at run time: the closed file is served
+    # the timeline was stopped at run time: once closed (under readiness
+    # rounds it takes the ranks' last spans for 1.5 s first), the closed
+    # file is served
+    def closed():
+        with open(cluster.timeline) as f:
+            return f.read().rstrip().endswith("]")
+    wait_until("the stopped timeline to close", closed, timeout=10)
     with open(cluster.timeline) as f:
         on_disk = json.load(f)
     st, tl = get(http, base + "/timeline")

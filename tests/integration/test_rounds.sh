@@ -107,7 +107,8 @@ done
 kill -STOP "$rank1"
 sleep 3
 kill -CONT "$rank1"
-wait_for 20 eval 'grep -q "\[0\]<stderr>:.*rank 0: waiting on rank 1 since .* in a readiness round" "$WORK/frz.err"' ||
+# blocked in a round, or (stopped between the round and the op) in the op
+wait_for 20 eval 'grep -Eq "\[0\]<stderr>:.*rank 0: waiting on rank 1 since .* in a (readiness round|collective)" "$WORK/frz.err"' ||
   fail "rank 0 did not say it waits on rank 1: $(tail -5 "$WORK/frz.err")"
 note "$(grep -o 'rank 0: waiting on rank 1 since .*' "$WORK/frz.err" | head -1)"
 job_done frz 600

@@ -5,7 +5,9 @@ every #include "..." of every .c and .h of each part:
     common  <- proto <- store <- coordinator
     common  <- proto <- agent
     common  <- proto <- worker        (libkolo; include/ is its public face)
-    negotiation: pure rules, for the coordinator and libkolo
+    common  <- proto <- negotiation   (the rules, the response cache, the
+                                       log, resume: for the coordinator
+                                       and libkolo, no I/O)
     cli: the kolo binary, on top of everything
 
 common depends on nothing of ours but the shared vocabulary
@@ -33,7 +35,7 @@ PARTS = ["common", "proto", "store", "coordinator", "agent", "worker", "negotiat
 ALLOWED = {
     "common": {"common", "include/kolo"},
     "proto": {"proto"},
-    "negotiation": {"negotiation", "common", "include/kolo"},
+    "negotiation": {"negotiation", "common", "proto", "include/kolo"},
     "store": {"store", "common", "proto", "include/kolo"},
     "coordinator": {"coordinator", "store", "common", "proto", "negotiation", "dashboard",
                     "include/kolo"},
