@@ -877,12 +877,15 @@ void ctx_run_log_entry(struct kolo_ctx *c)
     /* the timeline under readiness rounds: when this entry's op ended
      * here, for the coordinator to end its span (fastpath.c, trace_begin) */
     bool traced = c->fast && r->n_names && (c->timeline_heard || c->timeline_asked);
+    uint64_t started_us = now_mono_us();
     pthread_mutex_unlock(&c->mu);
     exec_response(c, r);
     if (traced) {
         Kolo__TraceSpan span = KOLO__TRACE_SPAN__INIT;
         span.log_index = r->index;
-        span.done_us = exec_done_us();
+        /* (a GPU op's finaliser completes it on its own thread: the time
+         * its launch returned, then) */
+        span.done_us = exec_done_us() >= started_us ? exec_done_us() : now_mono_us();
         report_trace(c, &span, 1);
     }
     kolo__response__free_unpacked(r, NULL);
