@@ -1,11 +1,8 @@
 /*
- * coord_negot.c - rendezvous and tensor negotiation for a job generation.
- *
- * Rendezvous: each worker reports its data-plane addresses, pid and (for
- * the first rank of a host) its shared-memory segment; the call parks
- * until every rank of the generation reported, then all get the full
- * peer table. Later, the same call relays rank 0's ncclUniqueId to the
- * other ranks when the job first uses a GPU (nccl_relay).
+ * coord_negot.c - tensor negotiation for a job generation (the rendezvous,
+ * sessions and process sets are coord_rendezvous.c's; the state both
+ * share is coord_negot_int.h; the rules, the response cache's table, the
+ * log and resume's logic are negotiation/'s).
  *
  * Negotiation follows Horovod's semantics with the coordinator as the one
  * place that decides the order. Workers send the requests they queued
@@ -35,7 +32,7 @@
  * told of each request, each response and the ranks' cursors; without
  * one, that costs a pointer test per request.
  */
-#include "coord_negot.h"
+#include "coord_negot_int.h"
 #include "coord_core.h"
 #include "coord_elastic.h"
 #include "coord_jobs.h"
@@ -47,115 +44,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache.h"
 #include "creds.h"
 #include "errors.h"
 #include "json.h"
 #include "kolo.pb-c.h"
 #include "log.h"
-#include "cache.h"
 #include "mismatch.h"
 #include "resp_log.h"
 #include "resume.h"
 #include "round.h"
 #include "util.h"
 
-#define NEGOT_BUCKETS 4096
-#define NEGOT_MAX_WAIT_MS 30000
-#define NEGOT_MAX_SETS 64 /* process sets alive at once in one generation */
-#define NEGOT_MAX_REPLY_BYTES (8u << 20)
-/* ids 1..ROUND_MAX_ID: the ranks' readiness bitmaps cover them (round.h) */
-#define NEGOT_CACHE_MAX (ROUND_MAX_ID + 1)
-#define NEGOT_DEFAULT_FUSION (64ll << 20)
-#define STALL_WARN_MS 60000
-
-/* One rank's request for one tensor, copied out of the message. */
-struct entry {
-    char *name;
-    uint32_t cache_id;
-    struct tensor_req **reqs; /* [size]; NULL = not yet submitted */
-    uint8_t *borrowed;  /* [size]; 1 = reqs[r] is the cache template (in reqs' block) */
-    int count;
-    uint64_t first_mono;
-    uint64_t *arrive_us; /* [size]; when each rank's request came in (in reqs' block) */
-    bool warned;
-    struct entry *hnext;
-    struct entry *prev, *next; /* pending list, arrival order */
-};
-
-struct peer {
-    bool joined;
-    char *host_id;
-    char **addrs;
-    int naddrs;
-    int pid;
-    char *shm_name;
-    struct rpc_call *parked;
-    uint64_t deadline;
-    /* sessions: this rank left the session (kolo_fini), or already asks
-     * to join the next one (parked until every rank left this one) */
-    bool left;
-    struct rpc_call *next;
-    uint64_t next_deadline;
-};
-
-struct negot {
-    uint64_t job_id, generation;
-    uint32_t session; /* see "sessions" in worker/ctx.c */
-    int32_t set;      /* process set; 0 = the job */
-    int size;
-    /* without a cluster token: the job's credential from the coordinator's
-     * own secret, the root of the mesh key rendezvous replies carry
-     * (common/creds.h); empty with a token (ranks derive it themselves) */
-    char job_cred[CREDS_JOB_HEX];
-    int64_t fusion_threshold;
-    int64_t stall_warning_ms, stall_shutdown_ms;
-    /* rendezvous */
-    struct peer *peers;
-    int joined, nleft;
-    bool complete;
-    /* the GPU communicator's ncclUniqueId, posted by rank 0 (nccl_relay) */
-    uint8_t nccl_id[128];
-    size_t nccl_id_len;
-    /* negotiation */
-    struct entry *buckets[NEGOT_BUCKETS];
-    struct entry *head, *tail;
-    struct resp_log log;
-    uint64_t *cursor;  /* per rank: first index not yet received */
-    struct rpc_call **parked;
-    uint64_t *parked_deadline;
-    bool *rank_joined;
-    int njoined, last_joined;
-    /* stragglers: per rank, how long after the first rank its requests
-     * arrive (moving average over tensors, seconds) */
-    double *lag_s;
-    /* with readiness rounds: per rank, its moving average wait per agreed
-     * op (telemetry); round_waits once any rank reported one */
-    double *round_wait_s;
-    bool round_waits;
-    bool shut;
-    uint32_t calls_since_trim;
-    struct timeline *tl; /* the job's (coord_timeline.c), borrowed; NULL: none */
-    /* the job's elastic state (set 0 of an elastic job; else NULL),
-     * borrowed: every reply carries its pending membership update */
-    const struct elastic *el;
-    /* resuming after a coordinator restart (see "resuming" below) */
-    struct resume_in {
-        Kolo__NegotiateRequest *req;
-        struct rpc_call *call;
-    } *res;
-    int nresumed;
-    uint64_t resume_deadline; /* monotonic; 0 = no resume started */
-    char *resume_failed;
-    /* the response cache (negotiation/cache.h): the ids given, each with
-     * the signature a by-id submission stands for (lent to entries) */
-    struct tensor_cache *cache;
-    uint32_t next_id;             /* the next id never given */
-    struct entry **cache_pending; /* [id]: the entry awaiting it */
-    bool rounds, rounds_known;   /* every rank runs readiness rounds: ids may be reused */
-    uint64_t evictions;
-};
-
-static void negot_drop_parked(struct negot *n, int code, const char *why);
 
 /* ---------------------------------------------------------------- memory */
 
@@ -267,7 +167,7 @@ static uint32_t cache_evict(struct negot *n)
     return victim;
 }
 
-static struct negot *negot_new(const struct coord *c, const struct job *j, int size, int32_t set)
+struct negot *negot_new(const struct coord *c, const struct job *j, int size, int32_t set)
 {
     struct negot *n = calloc(1, sizeof(*n));
     if (!n)
@@ -301,8 +201,7 @@ static struct negot *negot_new(const struct coord *c, const struct job *j, int s
     return n;
 }
 
-/* Ends the resume calls still parked (mu held). */
-static void resume_drop(struct negot *n, int code, const char *why)
+void resume_drop(struct negot *n, int code, const char *why)
 {
     for (int r = 0; n->res && r < n->size; r++) {
         if (n->res[r].call)
@@ -764,7 +663,7 @@ static void negot_shutdown(struct coord *c, struct negot *n, int code, const cha
 
 /* ---------------------------------------------------------------- RPC handlers */
 
-static struct job *worker_job(struct coord *c, struct rpc_call *call, enum coord_method m)
+struct job *worker_job(struct coord *c, struct rpc_call *call, enum coord_method m)
 {
     struct job *j = coord_worker_fence(c, call, m);
     if (!j)
@@ -810,388 +709,6 @@ static int job_negots(struct job *j, struct negot **out, int max)
     for (int i = 0; i < j->nsets && n < max; i++)
         out[n++] = j->sets[i].n;
     return n;
-}
-
-/*
- * Process sets. A set's members run a context of their own (worker/ctx.c
- * kolo_process_set_init): frames carry their rank within the set, requests
- * the set's id. Each set has a negotiation of its own (names are per set),
- * made by the first member's rendezvous with its size, and ends with the
- * generation. The slot of a request: &j->negot for the job itself, the
- * set's otherwise; NULL when it cannot be (the call is answered).
- */
-static struct negot **negot_slot(struct coord *c, struct job *j, struct rpc_call *call,
-                                 uint32_t set, int size, enum coord_method m)
-{
-    const struct rpc_frame *f = rpc_call_frame(call);
-    struct negot **slot = NULL;
-    if (set == 0) {
-        slot = &j->negot;
-    } else {
-        for (int i = 0; i < j->nsets && !slot; i++)
-            if (j->sets[i].id == set)
-                slot = &j->sets[i].n;
-        if (!slot && size > 0) { /* a rendezvous: the set begins */
-            if (j->nsets >= NEGOT_MAX_SETS) {
-                c->m.rpc_errors[m]++;
-                rpc_call_error(call, KOLO_EBUSY, "more than %d process sets", NEGOT_MAX_SETS);
-                return NULL;
-            }
-            if (j->el || size > j->nranks) {
-                c->m.rpc_errors[m]++;
-                rpc_call_error(call, j->el ? KOLO_ENOTSUP : KOLO_EINVAL,
-                               j->el ? "elastic jobs have no process sets"
-                                     : "process set %u of %d ranks in a job of %d",
-                               set, size, j->nranks);
-                return NULL;
-            }
-            struct job_set *grown = realloc(j->sets, (size_t)(j->nsets + 1) * sizeof(*grown));
-            struct negot *n = grown ? negot_new(c, j, size, (int32_t)set) : NULL;
-            if (grown)
-                j->sets = grown;
-            if (!n) {
-                rpc_call_error(call, KOLO_ENOMEM, "out of memory");
-                return NULL;
-            }
-            j->sets[j->nsets] = (struct job_set){.id = set, .n = n};
-            slot = &j->sets[j->nsets++].n;
-        }
-        if (!slot) {
-            c->m.rpc_errors[m]++;
-            rpc_call_error(call, KOLO_ESTATE, "process set %u of generation %llu has no "
-                           "rendezvous", set, (unsigned long long)j->generation);
-            return NULL;
-        }
-    }
-    if (f->rank >= (*slot)->size) {
-        c->m.rpc_errors[m]++;
-        rpc_call_error(call, KOLO_EINVAL, "rank %d out of range for process set %u of %d",
-                       f->rank, set, (*slot)->size);
-        return NULL;
-    }
-    return slot;
-}
-
-static void rendezvous_answer(struct negot *n, struct rpc_call *call)
-{
-    Kolo__RendezvousReply rep = KOLO__RENDEZVOUS_REPLY__INIT;
-    rep.complete = n->complete;
-    rep.joined = n->joined;
-    Kolo__PeerInfo *infos = NULL, **ptrs = NULL;
-    if (n->complete) {
-        infos = calloc((size_t)n->size, sizeof(*infos));
-        ptrs = calloc((size_t)n->size, sizeof(*ptrs));
-        if (!infos || !ptrs) {
-            free(infos);
-            free(ptrs);
-            rpc_call_error(call, KOLO_ENOMEM, "out of memory");
-            return;
-        }
-        for (int r = 0; r < n->size; r++) {
-            kolo__peer_info__init(&infos[r]);
-            infos[r].rank = r;
-            infos[r].host_id = n->peers[r].host_id;
-            infos[r].data_addrs = n->peers[r].addrs;
-            infos[r].n_data_addrs = (size_t)n->peers[r].naddrs;
-            infos[r].pid = n->peers[r].pid;
-            infos[r].shm_name = n->peers[r].shm_name;
-            ptrs[r] = &infos[r];
-        }
-        rep.peers = ptrs;
-        rep.n_peers = (size_t)n->size;
-        rep.fusion_threshold = n->fusion_threshold;
-    }
-    rep.nccl_id.data = n->nccl_id;
-    rep.nccl_id.len = n->nccl_id_len;
-    uint8_t key[CREDS_KEY_LEN];
-    if (n->complete && n->job_cred[0]) {
-        creds_data_key(n->job_cred, n->job_id, n->generation, n->session, n->set, key);
-        rep.data_key.data = key;
-        rep.data_key.len = sizeof key;
-    }
-    coord_send_pb(call, &rep.base);
-    memset(key, 0, sizeof key);
-    free(infos);
-    free(ptrs);
-}
-
-/*
- * The GPU communicator's id (worker/nccl_exec.c). NCCL's ranks need one
- * ncclUniqueId, made by rank 0, before they can build a communicator.
- * Workers do that the first time a job touches a GPU tensor, after the
- * rendezvous: rank 0 posts its id here (the 128 bytes in nccl_id) and
- * the other ranks ask with a one-byte nccl_id, parked like a rendezvous
- * call until the id is there or wait_ms passed (then they ask again).
- * The id belongs to the generation: a new generation starts without one.
- */
-static void nccl_relay(struct coord *c, struct negot *n, int rank,
-                       const Kolo__RendezvousRequest *req, struct rpc_call *call)
-{
-    if (!n->complete) {
-        c->m.rpc_errors[M_WORKER_RENDEZVOUS]++;
-        rpc_call_error(call, KOLO_ESTATE, "the rendezvous of generation %llu is not complete",
-                       (unsigned long long)n->generation);
-        return;
-    }
-    struct peer *p = &n->peers[rank];
-    if (p->parked) {
-        rendezvous_answer(n, p->parked);
-        p->parked = NULL;
-    }
-    if (rank == 0 && req->nccl_id.len > 1) {
-        if (req->nccl_id.len > sizeof(n->nccl_id)) {
-            c->m.rpc_errors[M_WORKER_RENDEZVOUS]++;
-            rpc_call_error(call, KOLO_EINVAL, "nccl_id of %zu bytes; at most %zu",
-                           req->nccl_id.len, sizeof(n->nccl_id));
-            return;
-        }
-        memcpy(n->nccl_id, req->nccl_id.data, req->nccl_id.len);
-        n->nccl_id_len = req->nccl_id.len;
-        for (int r = 0; r < n->size; r++) {
-            if (n->peers[r].parked) {
-                rendezvous_answer(n, n->peers[r].parked);
-                n->peers[r].parked = NULL;
-            }
-        }
-        rendezvous_answer(n, call);
-        return;
-    }
-    uint32_t wait = req->wait_ms > NEGOT_MAX_WAIT_MS ? NEGOT_MAX_WAIT_MS : req->wait_ms;
-    if (n->nccl_id_len || wait == 0) {
-        rendezvous_answer(n, call);
-    } else {
-        p->parked = call;
-        p->deadline = now_mono_ms() + wait;
-    }
-}
-
-/* Ends every call parked on n with code and why (mu held). */
-static void negot_drop_parked(struct negot *n, int code, const char *why)
-{
-    resume_drop(n, code, why);
-    for (int r = 0; r < n->size; r++) {
-        if (n->peers[r].parked) {
-            rpc_call_error(n->peers[r].parked, code, "%s", why);
-            n->peers[r].parked = NULL;
-        }
-        if (n->parked[r]) {
-            rpc_call_error(n->parked[r], code, "%s", why);
-            n->parked[r] = NULL;
-        }
-        if (n->peers[r].next) {
-            rpc_call_error(n->peers[r].next, code, "%s", why);
-            n->peers[r].next = NULL;
-        }
-    }
-}
-
-/* "Not yet": a rendezvous reply that is not complete, so the worker asks
- * again (a join of the next session, parked until the current ends). */
-static void rendezvous_not_yet(struct rpc_call *call)
-{
-    Kolo__RendezvousReply rep = KOLO__RENDEZVOUS_REPLY__INIT;
-    coord_send_pb(call, &rep.base);
-}
-
-/* The next session of the generation starts: its rendezvous and
- * negotiation start over (names may be reused); the ranks that asked to
- * join it are told to ask again, which reaches the new one. NULL when out
- * of memory (the old session stays). */
-static struct negot *negot_next_session(struct coord *c, struct job *j, struct negot **slot,
-                                        uint32_t session)
-{
-    struct negot *old = *slot;
-    struct negot *n = negot_new(c, j, old->size, old->set);
-    if (!n)
-        return NULL;
-    n->session = session;
-    n->tl = old->tl;
-    char why[160];
-    snprintf(why, sizeof(why), "session %u of generation %llu started (the ranks called init "
-             "after shutdown)", session, (unsigned long long)j->generation);
-    for (int r = 0; r < old->size; r++) {
-        if (old->peers[r].next) {
-            rendezvous_not_yet(old->peers[r].next);
-            old->peers[r].next = NULL;
-        }
-    }
-    negot_drop_parked(old, KOLO_ESTALE, why);
-    coord_negot_free(old);
-    *slot = n;
-    c->m.sessions++;
-    LOGI("coord", "job %llu: %s", (unsigned long long)j->id, why);
-    return n;
-}
-
-/* A rank asks to join a later session (it called init again after a
- * clean shutdown). The session it is in starts over once every rank has
- * left it: a slower rank may still be reading the old session's last
- * responses. Until then the call waits (up to wait_ms). true: go on with
- * the join in *slot; false: the call is parked or answered. */
-static bool session_join(struct coord *c, struct job *j, struct negot **slot,
-                         struct rpc_call *call, int rank, uint32_t session, uint32_t wait_ms)
-{
-    struct negot *n = *slot;
-    if (!n->complete && n->joined == 0 && !n->res) {
-        n->session = session; /* nothing happened in it yet (a restart) */
-        return true;
-    }
-    if (n->nleft == n->size || !n->complete) {
-        if (negot_next_session(c, j, slot, session))
-            return true;
-        rpc_call_error(call, KOLO_ENOMEM, "out of memory");
-        return false;
-    }
-    struct peer *p = &n->peers[rank];
-    if (p->next)
-        rendezvous_not_yet(p->next);
-    p->next = call;
-    p->next_deadline = now_mono_ms() + wait_ms;
-    return false;
-}
-
-/* Every rank left the session: if some already wait to join the next,
- * it starts now. */
-static void session_drained(struct coord *c, struct job *j, struct negot **slot)
-{
-    struct negot *n = *slot;
-    uint32_t next = 0;
-    for (int r = 0; r < n->size; r++)
-        if (n->peers[r].next)
-            next = n->session + 1;
-    if (next)
-        negot_next_session(c, j, slot, next);
-}
-
-/* Every member left a process set: it goes (its id is not used again). */
-static void set_drained(struct job *j, struct negot **slot)
-{
-    for (int i = 0; i < j->nsets; i++) {
-        if (&j->sets[i].n != slot)
-            continue;
-        negot_drop_parked(j->sets[i].n, KOLO_ESHUTDOWN, "the process set was removed");
-        coord_negot_free(j->sets[i].n);
-        memmove(&j->sets[i], &j->sets[i + 1], (size_t)(j->nsets - i - 1) * sizeof(*j->sets));
-        j->nsets--;
-        return;
-    }
-}
-
-static void rpc_rendezvous(struct coord *c, struct rpc_call *call)
-{
-    struct job *j = worker_job(c, call, M_WORKER_RENDEZVOUS);
-    if (!j)
-        return;
-    const struct rpc_frame *f = rpc_call_frame(call);
-    Kolo__RendezvousRequest *req = kolo__rendezvous_request__unpack(NULL, f->body_len, f->body);
-    if (!req) {
-        c->m.rpc_errors[M_WORKER_RENDEZVOUS]++;
-        rpc_call_error(call, KOLO_EPROTO, "malformed RendezvousRequest");
-        return;
-    }
-    struct negot **slot = negot_slot(c, j, call, req->process_set,
-                                     req->nccl_id.len > 0 ? 0 : req->size, M_WORKER_RENDEZVOUS);
-    if (!slot) {
-        kolo__rendezvous_request__free_unpacked(req, NULL);
-        return;
-    }
-    struct negot *n = *slot;
-    if (req->size != n->size) {
-        c->m.rpc_errors[M_WORKER_RENDEZVOUS]++;
-        rpc_call_error(call, KOLO_EINVAL, "rank %d believes %s has %d ranks; it has %d",
-                       f->rank, req->process_set ? "its process set" : "the job", req->size,
-                       n->size);
-        kolo__rendezvous_request__free_unpacked(req, NULL);
-        return;
-    }
-    if (req->session != n->session) {
-        if (req->session < n->session) {
-            c->m.rpc_errors[M_WORKER_RENDEZVOUS]++;
-            rpc_call_error(call, KOLO_ESTALE,
-                           "rank %d joins session %u of generation %llu, which ended: the "
-                           "ranks are in session %u",
-                           f->rank, req->session, (unsigned long long)n->generation, n->session);
-            kolo__rendezvous_request__free_unpacked(req, NULL);
-            return;
-        }
-        if (req->nccl_id.len > 0) {
-            c->m.rpc_errors[M_WORKER_RENDEZVOUS]++;
-            rpc_call_error(call, KOLO_ESTATE, "session %u of generation %llu has not started",
-                           req->session, (unsigned long long)n->generation);
-            kolo__rendezvous_request__free_unpacked(req, NULL);
-            return;
-        }
-        uint32_t wait = req->wait_ms > NEGOT_MAX_WAIT_MS ? NEGOT_MAX_WAIT_MS : req->wait_ms;
-        if (!session_join(c, j, slot, call, f->rank, req->session, wait)) {
-            kolo__rendezvous_request__free_unpacked(req, NULL);
-            return;
-        }
-        n = *slot;
-    }
-    if (req->nccl_id.len > 0) { /* the GPU communicator's id, not a join */
-        nccl_relay(c, n, f->rank, req, call);
-        kolo__rendezvous_request__free_unpacked(req, NULL);
-        return;
-    }
-    struct peer *p = &n->peers[f->rank];
-    if (!p->joined) {
-        p->joined = true;
-        n->joined++;
-        if (n == j->negot && f->rank < j->nranks)
-            j->ranks[f->rank].unjoined_since = 0; /* see frozen_member */
-    }
-    free(p->host_id);
-    for (int i = 0; i < p->naddrs; i++)
-        free(p->addrs[i]);
-    free(p->addrs);
-    free(p->shm_name);
-    p->host_id = strdup(req->host_id);
-    p->addrs = calloc(req->n_data_addrs + 1, sizeof(char *));
-    p->naddrs = 0;
-    for (size_t i = 0; p->addrs && i < req->n_data_addrs && i < 16; i++)
-        p->addrs[p->naddrs++] = strdup(req->data_addrs[i]);
-    p->pid = req->pid;
-    p->shm_name = strdup(req->shm_name);
-    if (f->rank == 0) {
-        if (req->fusion_threshold != 0)
-            n->fusion_threshold = req->fusion_threshold;
-        if (req->stall_warning_ms != 0)
-            n->stall_warning_ms = req->stall_warning_ms;
-        n->stall_shutdown_ms = req->stall_shutdown_ms;
-    }
-    uint32_t wait = req->wait_ms > NEGOT_MAX_WAIT_MS ? NEGOT_MAX_WAIT_MS : req->wait_ms;
-    kolo__rendezvous_request__free_unpacked(req, NULL);
-
-    if (p->parked) {
-        rendezvous_answer(n, p->parked);
-        p->parked = NULL;
-    }
-    if (!n->complete && n->joined == n->size) {
-        n->complete = true;
-        if (j->el && j->el->closed_mono) {
-            coord_hist_observe(&c->m.reset_duration,
-                               (double)(now_mono_ms() - j->el->closed_mono) / 1000.0);
-            j->el->closed_mono = 0;
-        }
-        if (n == j->negot)
-            LOGI("coord", "job %llu generation %llu: all %d rank(s) joined",
-                 (unsigned long long)j->id, (unsigned long long)j->generation, n->size);
-        else
-            LOGI("coord", "job %llu generation %llu: all %d rank(s) of a process set joined",
-                 (unsigned long long)j->id, (unsigned long long)j->generation, n->size);
-        for (int r = 0; r < n->size; r++) {
-            if (n->peers[r].parked) {
-                rendezvous_answer(n, n->peers[r].parked);
-                n->peers[r].parked = NULL;
-            }
-        }
-    }
-    if (n->complete || wait == 0) {
-        rendezvous_answer(n, call);
-    } else {
-        p->parked = call;
-        p->deadline = now_mono_ms() + wait;
-    }
 }
 
 /* Takes one rank's full request into the table; NULL or what is wrong. */
@@ -1578,7 +1095,7 @@ void coord_rpc_worker(struct coord *c, struct rpc_call *call, enum coord_method 
 {
     if (m == M_WORKER_RENDEZVOUS) {
         if (!rpc_assign(c, call))
-            rpc_rendezvous(c, call);
+            coord_rpc_rendezvous(c, call);
     } else {
         rpc_negotiate(c, call);
     }

@@ -18,7 +18,7 @@ Inside coordinator/, the layers (README, "Layout") point down only:
     model   coord_model.h (state), coord.h (the public face)
     core    coord_core, coord_hosts, coord_jobs, coord_writer, placement,
             coord_static
-    domain  coord_negot, coord_elastic, coord_snap, coord_report,
+    domain  coord_negot (+ coord_rendezvous), coord_elastic, coord_snap, coord_report,
             coord_timeline, coord_study
     api     coord_api.h: coord.c, coord_http*.c, coord_main.c
 
@@ -49,13 +49,15 @@ COORD_HEADER_LAYER = {
     "coord.h": "model", "coord_model.h": "model",
     "coord_core.h": "core", "coord_hosts.h": "core", "coord_jobs.h": "core",
     "coord_writer.h": "core", "placement.h": "core", "coord_static.h": "core",
-    "coord_negot.h": "domain", "coord_elastic.h": "domain", "coord_snap.h": "domain",
+    "coord_negot.h": "domain", "coord_negot_int.h": "domain",
+    "coord_elastic.h": "domain", "coord_snap.h": "domain",
     "coord_report.h": "domain", "coord_timeline.h": "domain", "coord_study.h": "domain",
     "coord_api.h": "api",
 }
 # .c files whose own header is not <name>.h
 COORD_FILE_LAYER = {"coord.c": "api", "coord_main.c": "api", "coord_http.c": "api",
-                    "coord_http_guard.c": "api", "coord_http_report.c": "api"}
+                    "coord_http_guard.c": "api", "coord_http_report.c": "api",
+                    "coord_rendezvous.c": "domain"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
