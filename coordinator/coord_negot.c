@@ -29,8 +29,10 @@
  * reported, a consistent change is negotiated afresh).
  *
  * Timeline: a job with HOROVOD_TIMELINE has n->tl (coord_timeline.c),
- * told of each request, each response and the ranks' cursors; without
- * one, that costs a pointer test per request.
+ * told of each request, each response and (without readiness rounds) the
+ * ranks' cursors; under rounds the ranks report what they ran instead
+ * (coord_report.c -> coord_timeline_spans). Without a timeline, that costs
+ * a pointer test per request.
  */
 #include "coord_negot_int.h"
 #include "coord_core.h"
@@ -811,13 +813,21 @@ static void resume_rebuild(struct coord *c, struct job *j, struct negot *n)
     if (next_id > n->next_id)
         n->next_id = next_id < NEGOT_CACHE_MAX ? next_id : NEGOT_CACHE_MAX;
     rlog_restart(&n->log, rl.base);
-    for (uint64_t i = 0; i < rl.top - rl.base; i++)
-        log_append(n, rl.ents[i]);
+    /* an entry that does not go in would shift every later one's index */
+    bool stored = true;
+    for (uint64_t i = 0; i < rl.top - rl.base && stored; i++)
+        stored = log_append(n, rl.ents[i]) == 0;
+    /* every rank clears its cache at this entry, in the same round */
+    Kolo__Response reset = KOLO__RESPONSE__INIT;
+    reset.cache_reset = true;
+    if (stored && cache_rc != 0)
+        stored = log_append(n, &reset) == 0;
+    if (!stored) {
+        resume_log_free(&rl);
+        resume_fail(c, j, n, "out of memory rebuilding the log");
+        return;
+    }
     if (cache_rc != 0) {
-        /* every rank clears its cache at this entry, in the same round */
-        Kolo__Response reset = KOLO__RESPONSE__INIT;
-        reset.cache_reset = true;
-        log_append(n, &reset);
         tcache_clear(n->cache);
         tcache_reap(n->cache);
         n->next_id = 1;
@@ -1117,7 +1127,7 @@ static void negot_set_timeline(struct job *j)
     bool was = j->negot->tl != NULL;
     j->negot->tl = j->tl;
     if (was != (j->tl != NULL))
-        negot_wake_all(j->negot); /* the ranks' rounds pause or resume */
+        negot_wake_all(j->negot); /* the ranks start (or stop) tracing their rounds */
 }
 
 /* WorkerService.Timeline: start or stop the job's timeline at run time;
@@ -1165,6 +1175,10 @@ void coord_rpc_timeline(struct coord *c, struct rpc_call *call, enum coord_metho
         }
     }
     if (!same && want[0]) {
+        /* one writer per file: a drain of the same path (stop, then start
+         * again) must be over before the file is truncated */
+        coord_timeline_free(j->tl_draining);
+        j->tl_draining = NULL;
         j->tl = coord_timeline_open_path(j, req->path);
         if (!j->tl) {
             c->m.rpc_errors[M_WORKER_TIMELINE]++;

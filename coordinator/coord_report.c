@@ -361,6 +361,7 @@ static void rpc_report(struct coord *c, struct rpc_call *call)
     }
     /* The timeline's spans, on the coordinator's clock (a rank sends them
      * only once it knows its offset). */
+    coord_timeline_rank_dropped(j->tl, m->spans_dropped);
     if (m->n_spans && m->clock_known) {
         coord_timeline_spans(j->tl, (int)f->rank, j->nranks, m->spans, m->n_spans,
                              m->clock_offset_us);

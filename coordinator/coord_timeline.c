@@ -114,7 +114,8 @@ struct tl_group {
     uint32_t coll, dtype;
     char shape[160];
     uint64_t *ready; /* [size] */
-    struct tl_group *hnext, *next; /* hash chain; arrival order */
+    struct tl_group *hnext;        /* hash chain */
+    struct tl_group *prev, *next;  /* arrival order */
 };
 
 struct timeline {
@@ -141,6 +142,7 @@ struct timeline {
     struct tl_group *g_head, *g_tail;
     size_t ngroups;
     uint64_t spans_dropped;
+    uint64_t ranks_dropped; /* the most spans one rank said it dropped */
 };
 
 static void put_str(struct buf *b, const char *s)
@@ -524,8 +526,15 @@ void coord_timeline_fetched(struct timeline *tl, uint64_t min_cursor)
  * so in the file they are not in time order; trace viewers order by ts.
  */
 
-#define TL_GROUP_MS 3000
-#define TL_MAX_GROUPS 65536
+/* a group waits for the slowest rank's report: ranks of large jobs report
+ * every 4 s at most (worker/report_rate.h) */
+#define TL_GROUP_MS 6000
+/* pending groups take at most this many bytes of per-rank ticks */
+#define TL_MAX_GROUP_BYTES (64u << 20)
+/* an op of the log whose end no rank reported ends this long after it began */
+#define TL_OP_WAIT_MS 10000
+/* a rank's span placed further than this ahead of now is garbage */
+#define TL_FUTURE_SLACK_US 5000000
 #define TL_DRAIN_MS 1500
 #define TL_START_SLACK_US 1000000
 
@@ -549,15 +558,14 @@ static void group_unlink(struct timeline *tl, struct tl_group *g)
         pp = &(*pp)->hnext;
     if (*pp)
         *pp = g->hnext;
-    struct tl_group **lp = &tl->g_head, *prev = NULL;
-    while (*lp && *lp != g) {
-        prev = *lp;
-        lp = &(*lp)->next;
-    }
-    if (*lp)
-        *lp = g->next;
-    if (tl->g_tail == g)
-        tl->g_tail = prev;
+    if (g->prev)
+        g->prev->next = g->next;
+    else
+        tl->g_head = g->next;
+    if (g->next)
+        g->next->prev = g->prev;
+    else
+        tl->g_tail = g->prev;
     tl->ngroups--;
 }
 
@@ -569,7 +577,7 @@ static struct tl_group *group_get(struct timeline *tl, const char *name, uint64_
         if (name ? g->name && g->round == round && strcmp(g->name, name) == 0
                  : !g->name && g->index == index)
             return g;
-    if (tl->ngroups >= TL_MAX_GROUPS)
+    if ((tl->ngroups + 1) * (size_t)tl->size * sizeof(uint64_t) > TL_MAX_GROUP_BYTES)
         return NULL;
     struct tl_group *g = calloc(1, sizeof(*g));
     if (!g || !(g->ready = calloc((size_t)tl->size, sizeof(*g->ready))) ||
@@ -585,6 +593,7 @@ static struct tl_group *group_get(struct timeline *tl, const char *name, uint64_
     g->done_min = UINT64_MAX;
     g->hnext = tl->groups[h];
     tl->groups[h] = g;
+    g->prev = tl->g_tail;
     if (tl->g_tail)
         tl->g_tail->next = g;
     else
@@ -716,13 +725,19 @@ void coord_timeline_spans(struct timeline *tl, int rank, int size,
             tl->spans_dropped++;
             continue;
         }
-        uint64_t ready = (uint64_t)((int64_t)s->ready_us + offset_us);
-        uint64_t done = (uint64_t)((int64_t)s->done_us + offset_us);
+        /* on the coordinator's clock (unsigned: wraps, never overflows);
+         * a time from the future is garbage and goes */
+        uint64_t ready = s->ready_us + (uint64_t)offset_us;
+        uint64_t done = s->done_us + (uint64_t)offset_us;
+        uint64_t at = s->agreed_us + (uint64_t)offset_us, limit = now_mono_us() + TL_FUTURE_SLACK_US;
+        if ((agreed && (ready > limit || at > limit)) || (s->done_us && done > limit)) {
+            tl->spans_dropped++;
+            continue;
+        }
         if (g->ready[rank] == 0)
             g->got++;
         g->ready[rank] = agreed ? (ready ? ready : 1) : 1;
         if (agreed) {
-            uint64_t at = (uint64_t)((int64_t)s->agreed_us + offset_us);
             g->agreed_max = at > g->agreed_max ? at : g->agreed_max;
             g->coll = s->coll;
             g->dtype = s->dtype;
@@ -738,12 +753,27 @@ void coord_timeline_spans(struct timeline *tl, int rank, int size,
     }
 }
 
-/* Writes the groups older than TL_GROUP_MS (all of them with `all`). */
+/* Writes the groups older than TL_GROUP_MS (all of them with `all`), and
+ * ends the log's ops no rank reported the end of within TL_OP_WAIT_MS (a
+ * rank's report lost, or its spans dropped). */
 static void groups_flush(struct timeline *tl, bool all)
 {
     uint64_t now = now_mono_ms();
     while (tl->g_head && (all || now - tl->g_head->born_ms >= TL_GROUP_MS))
         group_write(tl, tl->g_head);
+    uint64_t ts = ts_now(tl);
+    for (size_t i = tl->ops_head; i < tl->ops_len; i++) {
+        struct tl_op *o = &tl->ops[i];
+        if (o->pid >= 0 && ts >= o->begin_us && ts - o->begin_us >= (uint64_t)TL_OP_WAIT_MS * 1000u)
+            op_end(tl, o, ts);
+    }
+    ops_trim(tl);
+}
+
+void coord_timeline_rank_dropped(struct timeline *tl, uint64_t dropped)
+{
+    if (tl && dropped > tl->ranks_dropped)
+        tl->ranks_dropped = dropped;
 }
 
 void coord_timeline_stop(struct timeline *tl)
@@ -816,16 +846,18 @@ static void tl_close(struct timeline *tl)
     for (size_t i = tl->ops_head; i < tl->ops_len; i++)
         if (tl->ops[i].pid >= 0)
             op_end(tl, &tl->ops[i], now);
-    if (tl->spans_dropped)
-        LOGW("coord", "timeline %s: %llu span(s) of the ranks dropped (too many pending)",
-             tl->path, (unsigned long long)tl->spans_dropped);
+    if (tl->spans_dropped || tl->ranks_dropped)
+        LOGW("coord", "timeline %s: %llu span(s) of the ranks dropped here (too many pending, or "
+             "garbage), up to %llu by a rank (its queue was full)", tl->path,
+             (unsigned long long)tl->spans_dropped, (unsigned long long)tl->ranks_dropped);
     if (tl->dropped)
         LOGW("coord", "timeline %s: %llu event(s) dropped (the writer fell behind)", tl->path,
              (unsigned long long)tl->dropped);
     tl->closed = true;
     buf_puts(&tl->b, "\n]\n");
-    /* stop_timeline returns with the file complete (as far as the disk
-     * takes it in TL_SERVE_WAIT_MS) */
+    /* the close returns with the file complete (as far as the disk takes
+     * it in TL_SERVE_WAIT_MS): stop_timeline without readiness rounds, the
+     * end of the drain with them */
     if (!tl_wait_written(tl, tl_write(tl)))
         LOGW("coord", "timeline %s: the disk is slow; the file is completed in the background",
              tl->path);

@@ -35,6 +35,9 @@ void coord_timeline_spans(struct timeline *tl, int rank, int size,
  * taking the ranks' spans of earlier ones until coord_timeline_drained,
  * when its owner frees (closes) it. */
 void coord_timeline_stop(struct timeline *tl);
+/* coord_timeline_rank_dropped: a rank said it dropped this many spans so
+ * far (logged when the file closes). NULL tl is fine. */
+void coord_timeline_rank_dropped(struct timeline *tl, uint64_t dropped);
 bool coord_timeline_drained(const struct timeline *tl);
 bool coord_timeline_waiting(const struct timeline *tl);
 void coord_timeline_fetched(struct timeline *tl, uint64_t min_cursor);

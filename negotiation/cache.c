@@ -79,9 +79,8 @@ struct tensor_cache *tcache_new(void)
     return calloc(1, sizeof(struct tensor_cache));
 }
 
-/* Puts sig on the retired list (freed now if the list cannot grow: only
- * the coordinator borrows, and it reaps before an entry could outlive a
- * failed allocation here by more than one batch). */
+/* Puts sig on the retired list. If the list cannot grow, sig is leaked
+ * rather than freed: an entry may still borrow it. */
 static void retire(struct tensor_cache *tc, struct tensor_req *sig)
 {
     if (!sig)
@@ -89,10 +88,8 @@ static void retire(struct tensor_cache *tc, struct tensor_req *sig)
     if (tc->nretired == tc->retired_cap) {
         size_t cap = tc->retired_cap ? tc->retired_cap * 2 : 16;
         struct tensor_req **r = realloc(tc->retired, cap * sizeof(*r));
-        if (!r) {
-            tensor_req_free(sig);
+        if (!r)
             return;
-        }
         tc->retired = r;
         tc->retired_cap = cap;
     }

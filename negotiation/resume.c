@@ -224,10 +224,20 @@ int resume_cache(struct tensor_cache *into, const struct resume_rank *ranks, int
                          "against %s)", first, r, id, tcache_name(tables[first], id),
                          tcache_name(tables[r], id));
         }
-        if (differs && !given[id])
+        if (differs && !given[id]) {
             rc = 1;
-        else if (first >= 0 && !differs && !given[id])
-            rc = tcache_bind(into, id, tcache_name(tables[first], id), tcache_sig(tables[first], id));
+        } else if (first >= 0 && !differs && !given[id]) {
+            /* a name under two ids (on two ranks), nothing to explain it */
+            const char *name = tcache_name(tables[first], id);
+            uint32_t other = tcache_id(into, name);
+            if (other) {
+                snprintf(why, whylen, "the ranks disagree on the response cache id of %s (%u "
+                         "and %u)", name, other, id);
+                rc = 1;
+            } else {
+                rc = tcache_bind(into, id, name, tcache_sig(tables[first], id));
+            }
+        }
     }
     *next_id = top + 1;
     for (int r = 0; tables && r < size; r++)

@@ -460,11 +460,10 @@ static bool take(struct report *r, struct batch *b)
     /* Spans go once the coordinator's clock is known: until then the
      * batch (any batch) brings the first sample. */
     if (r->clock_known && r->nspans) {
-        Kolo__TraceSpan *fresh = calloc(REPORT_MAX_SPANS, sizeof *fresh);
-        if (fresh) {
-            b->spans = r->spans;
+        b->spans = malloc((size_t)r->nspans * sizeof *b->spans);
+        if (b->spans) { /* the batch owns the copies now */
+            memcpy(b->spans, r->spans, (size_t)r->nspans * sizeof *b->spans);
             b->nspans = r->nspans;
-            r->spans = fresh;
             r->nspans = 0;
         }
     }

@@ -199,6 +199,13 @@ static void test_cache_cases(void)
         {"ids above every table: next id above the held entries' ids",
          {{{1, "a", 4}}, {{1, "a", 4}}, {{1, "a", 4}}},
          {9, 9, 9}, {{3, "d", 7}}, false, 0, NULL, {1, 0, 0, 0}, 8},
+        {"one name under two ids, nothing to explain it: reset",
+         {{{1, "a", 4}, {5, "b", 4}}, {{1, "a", 4}, {7, "b", 4}}, {{1, "a", 4}}},
+         {9, 9, 9}, {{0}}, false, 1, "the ranks disagree on the response cache id of b (5 and 7)",
+         {0, 0, 0, 0}, 8},
+        {"one name under two ids, the new one given by an entry rank 0 has not run",
+         {{{1, "a", 4}, {5, "b", 4}}, {{1, "a", 4}, {7, "b", 4}}, {{1, "a", 4}, {7, "b", 4}}},
+         {8, 9, 9}, {{8, "b", 7}}, false, 0, NULL, {1, 5, 0, 0}, 8},
         {"empty tables", {{{0}}, {{0}}, {{0}}}, {1, 1, 1}, {{0}}, false, 0, NULL, {0, 0, 0, 0}, 1},
     };
     const char *names[4] = {"a", "b", "c", "d"};
