@@ -7,11 +7,14 @@
  *   takes the longest of the ranks' t1 - t0, and a size reports the median
  *   iteration; busbw = size / time * 2(n-1)/n.
  *
- * Ranks are forked processes. Not a test: build it by hand, e.g.
+ * Ranks are forked processes. Not a test: build it by hand against the
+ * objects of a build (scripts/build.sh), e.g.
  *   gcc -O3 -march=native -D_GNU_SOURCE -Iinclude -Iworker -Icommon -Inegotiation \
- *       bench/shmcoll_bench.c worker/shmcoll.c worker/coll.c worker/reduce.c \
- *       worker/errors_api.c common/util.c common/errors.c negotiation/round.c -lm \
- *       -o /tmp/shmcoll_bench
+ *       -Ibuild/proto bench/shmcoll_bench.c build/worker/CMakeFiles/kolo_worker.dir/*.o \
+ *       build/common/CMakeFiles/kolo_common.dir/*.o \
+ *       build/negotiation/CMakeFiles/kolo_negotiation.dir/*.o \
+ *       build/CMakeFiles/kolo_proto.dir/proto/kolo.pb-c.c.o \
+ *       -lnng -lprotobuf-c -lcrypto -lm -lpthread -ldl -o /tmp/shmcoll_bench
  *   /tmp/shmcoll_bench [-o] [-n 2,4] [-s 4,4096,...] [-x iteration-multiplier]
  *   (-o: out of place, into a separate output buffer)
  *

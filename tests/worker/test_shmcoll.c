@@ -430,6 +430,51 @@ static void test_allreduce_matrix(void)
     CHECK_EQ_INT(run_procs(5, 4 * 4096, rank_allreduce_matrix, &all), 0);
 }
 
+/* Out of place past SHM_STREAM_MIN (32 MiB) the result goes out by
+ * streaming stores: into an output 4 bytes off a 16-byte boundary, with a
+ * count that leaves a tail, for a float and an integer type. */
+static int rank_allreduce_streamed(struct coll *c, struct world *w, int rank, int n, void *arg)
+{
+    (void)w, (void)arg;
+    int fails = 0;
+    const size_t count = ((size_t)8 << 20) + 3; /* 32 MiB + 12 B of float32 */
+    static const kolo_dtype types[] = {KOLO_FLOAT32, KOLO_INT64};
+    static const kolo_op ops[] = {KOLO_SUM, KOLO_MAX};
+    unsigned char per_in[PERIOD * 8], per_want[PERIOD * 8];
+    unsigned char *in = malloc(count * 8), *out_block = malloc(count * 8 + 64);
+    unsigned char *out = out_block + 4;
+    for (size_t i = 0; i < 2 && in && out_block; i++) {
+        size_t es = kolo_dtype_size(types[i]);
+        fill_period(per_in, rank, ops[i], types[i]);
+        expect_period(per_want, n, ops[i], types[i]);
+        fill_periodic(in, per_in, count, es);
+        memset(out, 0xee, count * es);
+        int rc = c->ops->allreduce(c, types[i], ops[i], in, out, count, deadline_ms());
+        if (rc) {
+            FAIL(fails, "rank %d/%d streamed allreduce %s: %s (%s)", rank, n,
+                 kolo_dtype_name(types[i]), kolo_errname(rc), c->why);
+            break;
+        }
+        size_t bad = check_periodic(out, per_want, count, es);
+        if (bad != count)
+            FAIL(fails, "rank %d/%d streamed allreduce %s: element %zu wrong", rank, n,
+                 kolo_dtype_name(types[i]), bad);
+        bad = check_periodic(in, per_in, count, es);
+        if (bad != count)
+            FAIL(fails, "rank %d/%d streamed allreduce %s: its input changed at %zu", rank, n,
+                 kolo_dtype_name(types[i]), bad);
+    }
+    free(in);
+    free(out_block);
+    return fails;
+}
+
+static void test_allreduce_streamed(void)
+{
+    CHECK_EQ_INT(run_procs(2, 0, rank_allreduce_streamed, NULL), 0);
+    CHECK_EQ_INT(run_procs(3, 0, rank_allreduce_streamed, NULL), 0);
+}
+
 /* ------------------------------------------------------------------ determinism */
 
 /* Random floats, whose sums round: every rank must hold the same bits,
@@ -1038,6 +1083,7 @@ int main(void)
     uint64_t t0 = now_mono_ms();
     test_setup_edges();
     test_allreduce_matrix();
+    test_allreduce_streamed();
     test_bitwise();
     test_gather_a2a();
     test_rs_bcast();
