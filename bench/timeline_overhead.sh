@@ -5,8 +5,9 @@
 #   ROUNDS=10 bench/timeline_overhead.sh
 #
 # Runs the ResNet-50 gradient step of kolo-bench-allreduce (161 named
-# tensors, 102 MB, kolo_allreduce_async then wait on all: every step goes
-# through the coordinator's negotiation, which is what writes the timeline)
+# tensors, 102 MB, kolo_allreduce_async then wait on all: agreed by the
+# ranks' readiness rounds, which report every op for the timeline, or with
+# KOLO_FAST_PATH=0 negotiated by the coordinator, which writes it)
 # under `kolo run -np 2`, without and with `--timeline-filename`
 # (HOROVOD_TIMELINE), one launch each per round, the order flipping from
 # round to round (off,on / on,off ...) so that the drift of this shared
