@@ -130,17 +130,14 @@ bool resume_log_answers(const struct resume_log *l, uint64_t cursor, const char 
 
 /* ---------------------------------------------------------------- the cache */
 
-/* One rank's table as a cache (0), checked against its hash; 1 with why
- * when it is malformed or does not hash to what the rank said. */
-static int load_table(const struct resume_rank *rk, int rank, struct tensor_cache *tc,
-                      char *why, size_t whylen)
+int resume_table_load(struct tensor_cache *tc, Kolo__CacheEntry *const *cache, size_t n,
+                      size_t *bad)
 {
-    for (size_t i = 0; i < rk->ncache; i++) {
-        const Kolo__CacheEntry *e = rk->cache[i];
+    for (size_t i = 0; i < n; i++) {
+        const Kolo__CacheEntry *e = cache[i];
         if (!e->tensor || e->id < 1 || e->id > ROUND_MAX_ID || !e->tensor->name[0] ||
             tcache_name(tc, e->id) || tcache_id(tc, e->tensor->name)) {
-            snprintf(why, whylen, "rank %d's response cache is malformed (entry %zu, id %u)",
-                     rank, i, e->id);
+            *bad = i;
             return 1;
         }
         struct tensor_req *t = tensor_req_from_msg(e->tensor);
@@ -149,6 +146,21 @@ static int load_table(const struct resume_rank *rk, int rank, struct tensor_cach
         if (rc)
             return rc;
     }
+    return 0;
+}
+
+/* One rank's table as a cache (0), checked against its hash; 1 with why
+ * when it is malformed or does not hash to what the rank said. */
+static int load_table(const struct resume_rank *rk, int rank, struct tensor_cache *tc,
+                      char *why, size_t whylen)
+{
+    size_t bad = 0;
+    int rc = resume_table_load(tc, rk->cache, rk->ncache, &bad);
+    if (rc == 1)
+        snprintf(why, whylen, "rank %d's response cache is malformed (entry %zu, id %u)", rank,
+                 bad, rk->cache[bad]->id);
+    if (rc)
+        return rc;
     if (tcache_hash(tc) != rk->cache_hash) {
         snprintf(why, whylen, "rank %d's response cache (%zu ids) does not match its hash",
                  rank, rk->ncache);

@@ -72,6 +72,12 @@ bool resume_log_answers(const struct resume_log *l, uint64_t cursor, const char 
 int resume_cache(struct tensor_cache *into, const struct resume_rank *ranks, int size,
                  uint32_t *next_id, char *why, size_t whylen);
 
+/* resume_table_load binds the entries of a rank's table (its message)
+ * into tc, empty (0; 1 with *bad the first entry that is malformed: an id
+ * out of range, no name, an id or a name twice; KOLO_ENOMEM). */
+int resume_table_load(struct tensor_cache *tc, Kolo__CacheEntry *const *cache, size_t n,
+                      size_t *bad);
+
 /* tensor_req_from_msg: a request's signature out of its message (NULL:
  * out of memory); tensor_req_to_msg fills m (initialised by the caller)
  * from t, borrowing t's arrays and name. */

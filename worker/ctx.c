@@ -506,13 +506,8 @@ static void *cache_table(struct kolo_ctx *c, Kolo__CacheEntry ***out, size_t *n,
     if (k && settings_int(SET_FAULT_CACHE_SKEW, 0)) {
         ts[0].name = "kolo.fault.skewed";
         struct tensor_cache *sent = tcache_new();
-        for (size_t i = 0; sent && i < k; i++) {
-            struct tensor_req *t = tensor_req_from_msg(&ts[i]);
-            if (t)
-                tcache_bind(sent, ents[i].id, ts[i].name, t);
-            tensor_req_free(t);
-        }
-        if (sent)
+        size_t bad;
+        if (sent && resume_table_load(sent, ptrs, k, &bad) == 0)
             *hash = tcache_hash(sent);
         tcache_free(sent);
         LOGW("kolo", "rank %d: KOLO_FAULT_CACHE_SKEW: resuming with cache id %u renamed",
@@ -877,15 +872,13 @@ void ctx_run_log_entry(struct kolo_ctx *c)
     /* the timeline under readiness rounds: when this entry's op ended
      * here, for the coordinator to end its span (fastpath.c, trace_begin) */
     bool traced = c->fast && r->n_names && (c->timeline_heard || c->timeline_asked);
-    uint64_t started_us = now_mono_us();
+    uint64_t started_us = traced ? now_mono_us() : 0;
     pthread_mutex_unlock(&c->mu);
     exec_response(c, r);
     if (traced) {
         Kolo__TraceSpan span = KOLO__TRACE_SPAN__INIT;
         span.log_index = r->index;
-        /* (a GPU op's finaliser completes it on its own thread: the time
-         * its launch returned, then) */
-        span.done_us = exec_done_us() >= started_us ? exec_done_us() : now_mono_us();
+        span.done_us = exec_done_since(started_us);
         report_trace(c, &span, 1);
     }
     kolo__response__free_unpacked(r, NULL);

@@ -39,15 +39,16 @@ static int ensure(void **buf, size_t *cap, size_t need)
     return 0;
 }
 
-/* Completes the ops of a response; a failure becomes sticky. Cache ids
- * are recorded first: once complete, an op may be freed by its waiter. */
+/* when this thread's last exec_finish began (exec_done_since) */
 static __thread uint64_t done_us;
 
-uint64_t exec_done_us(void)
+uint64_t exec_done_since(uint64_t since)
 {
-    return done_us;
+    return done_us >= since ? done_us : now_mono_us();
 }
 
+/* Completes the ops of a response; a failure becomes sticky. Cache ids
+ * are recorded first: once complete, an op may be freed by its waiter. */
 void exec_finish(struct kolo_ctx *c, struct op **ops, size_t n, int rc, const char *why,
                  const uint32_t *cache_ids, size_t ncache)
 {

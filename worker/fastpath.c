@@ -518,12 +518,8 @@ static void fast_round(struct kolo_ctx *c, uint64_t deadline)
     for (size_t i = 0; i < na;) {
         size_t run = fusion_run(items + i, na - i, c->fused_threshold);
         run_agreed(c, agreed + i, run);
-        for (size_t x = i; trace && x < i + run; x++) {
-            /* a GPU op's finaliser completes it on its own thread: the
-             * time its launch returned, then */
-            uint64_t done = exec_done_us();
-            trace[x].done_us = done >= trace[x].agreed_us ? done : now_mono_us();
-        }
+        for (size_t x = i; trace && x < i + run; x++)
+            trace[x].done_us = exec_done_since(trace[x].agreed_us);
         i += run;
     }
     if (trace) {

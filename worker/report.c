@@ -584,7 +584,6 @@ static int send_batch(struct kolo_ctx *c, struct report *r, struct batch *b, int
     req.spans = spp;
     req.n_spans = spp ? (size_t)b->nspans : 0;
     req.spans_dropped = b->spans_dropped;
-    req.sent_us = now_mono_us();
     size_t len = kolo__worker_report_request__get_packed_size(&req);
     if (!(buf = malloc(len ? len : 1)))
         goto out;

@@ -612,10 +612,15 @@ static int allreduce_stage(struct shmcoll *s, size_t es, const unsigned char *in
  * writing the output, which made a large allreduce out of place ~1.5x as
  * slow as in place. Streaming stores skip that read (and leave the lines
  * out of the cache, where a large result does not fit anyway); the caller
- * fences once after the last one (copy_out_fence).
+ * fences once after the last one (copy_out_fence). Without `stream`, a
+ * plain memcpy.
  */
-static void copy_out(void *dst, const void *src, size_t n)
+static void copy_out(void *dst, const void *src, size_t n, bool stream)
 {
+    if (!stream) {
+        memcpy(dst, src, n);
+        return;
+    }
 #if defined(__SSE2__)
     unsigned char *d = dst;
     const unsigned char *s = src;
@@ -705,7 +710,7 @@ static int allreduce_chunked(struct shmcoll *s, kolo_dtype dtype, kolo_op op, si
             reduce_sources(dtype, op, es, mine, s->srcs, n, cnt,
                            stream ? NULL : out + (c0 + off) * es);
             if (stream) /* from the cache, where the reduction just left it */
-                copy_out(out + (c0 + off) * es, mine, cnt * es);
+                copy_out(out + (c0 + off) * es, mine, cnt * es, true);
         }
         shm_post(s); /* R(k) */
 
@@ -720,12 +725,8 @@ static int allreduce_chunked(struct shmcoll *s, kolo_dtype dtype, kolo_op op, si
             return rc;
         for (int j = 0; j < n; j++) {
             part_of(len, n, j, align, &off, &cnt);
-            if (j != me && cnt) {
-                if (stream)
-                    copy_out(out + (c0 + off) * es, buf_of(s, j, bi) + off * es, cnt * es);
-                else
-                    memcpy(out + (c0 + off) * es, buf_of(s, j, bi) + off * es, cnt * es);
-            }
+            if (j != me && cnt)
+                copy_out(out + (c0 + off) * es, buf_of(s, j, bi) + off * es, cnt * es, stream);
         }
         shm_post(s); /* C(k) */
     }

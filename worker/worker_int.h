@@ -344,10 +344,12 @@ void exec_response(struct kolo_ctx *c, const Kolo__Response *r);
  * readiness round), pinned by the caller under mu (op.pinned); r's names
  * are not read. */
 void exec_pinned(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops);
-/* exec_done_us: when the calling thread's last exec_finish began (the
- * ops' end, before their waiters could submit anything else): the
- * timeline's spans (fastpath.c, ctx.c). */
-uint64_t exec_done_us(void);
+/* exec_done_since: when the ops this thread ran since `since` ended (its
+ * last exec_finish, before their waiters could submit anything else), for
+ * the timeline's spans (fastpath.c, ctx.c); now if it finished none since
+ * then (a GPU op's finaliser completes it on its own thread: the time its
+ * launch returned). */
+uint64_t exec_done_since(uint64_t since);
 /* Completes ops[0..n) with rc (recording cache ids on success); a
  * failure becomes the context's sticky error. Takes mu. */
 void exec_finish(struct kolo_ctx *c, struct op **ops, size_t n, int rc, const char *why,

@@ -37,7 +37,7 @@ wait_for 10 hosts_at_least 2 || fail "agent b (in $NS1) did not register over th
 
 note "1. rounds over TCP between the namespaces"
 "$KOLO" run -np 2 -H a:1,b:1 --coordinator "$RPC" --token-file "$WORK/token" -- \
-  "$PY" "$STEPS_PY" --steps 300 --progress "$WORK/progress" --tag "$MARK" \
+  "$PY" "$STEPS_PY" --steps 1500 --progress "$WORK/progress" --tag "$MARK" \
   >"$WORK/run.out" 2>"$WORK/run.err" &
 RUN_PID=$!
 PIDS+=("$RUN_PID")
@@ -50,7 +50,7 @@ note "steps $s0 -> $s1: Negotiate calls $n0 -> $n1 (12 tensors and 2 ranks a ste
 rc=0
 wait "$RUN_PID" || rc=$?
 [ $rc -eq 0 ] || fail "the job failed ($rc): $(tail -20 "$WORK/run.err")"
-[ "$(grep -c "<stdout>:done 300" "$WORK/run.out")" -eq 2 ] || fail "not every rank finished"
+[ "$(grep -c "<stdout>:done 1500" "$WORK/run.out")" -eq 2 ] || fail "not every rank finished"
 ! grep -q WRONG "$WORK/run.out" || fail "a wrong result"
 ops=$(metric kolo_negotiation_round_ops_total)
 [ "${ops:-0}" -ge $(( 12 * 100 )) ] || fail "the rounds' telemetry counts $ops ops"

@@ -31,8 +31,8 @@ wait_hosts 1
 KOLO="$WORK/kolo-ahead" start_agent b 1
 wait_for 10 hosts_at_least 2 || fail "agent b did not register: $(tail -n 5 "$WORK/agent-b.log")"
 
-"$KOLO" run -np 2 -H a:1,b:1 --coordinator "$RPC" -- "$PY" "$STEPS_PY" --steps 300 \
-  --pause 0.005 --timeline "$WORK/tl.json" --timeline-steps 100,250 \
+"$KOLO" run -np 2 -H a:1,b:1 --coordinator "$RPC" -- "$PY" "$STEPS_PY" --steps 600 \
+  --pause 0.005 --timeline "$WORK/tl.json" --timeline-steps 100,450 \
   --progress "$WORK/progress" >"$WORK/run.out" 2>"$WORK/run.err" &
 RUN_PID=$!
 PIDS+=("$RUN_PID")
@@ -62,12 +62,12 @@ for line in open(sys.argv[1]):
 PYEOF
 
 # ---- the rounds go on while the timeline is written
-rounds_again 120 220 "with the timeline on"
+rounds_again 150 350 "with the timeline on"
 
 rc=0
 wait "$RUN_PID" || rc=$?
 [ $rc -eq 0 ] || fail "the job failed ($rc): $(tail -20 "$WORK/run.err")"
-[ "$(grep -c "<stdout>:done 300" "$WORK/run.out")" -eq 2 ] || fail "not every rank finished"
+[ "$(grep -c "<stdout>:done 600" "$WORK/run.out")" -eq 2 ] || fail "not every rank finished"
 ! grep -q WRONG "$WORK/run.out" || fail "a wrong result"
 
 # ---- the timeline: ticks of both ranks, on one clock
