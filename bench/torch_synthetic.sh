@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/torch_synthetic.sh - PyTorch training throughput, kolo against DDP on Gloo.
 #
-#   bench/torch_synthetic.sh              np 2, REPS=3 launches of each (~2 min on 2 vCPUs)
+#   bench/torch_synthetic.sh              np 2, REPS=3 launches of each (~3 min on 2 vCPUs)
 #   bench/torch_synthetic.sh --np4        np 2 and 4
 #   bench/torch_synthetic.sh -- --fp16-allreduce --batch-size 16
 #                                          extra options for both benchmarks
@@ -11,15 +11,20 @@
 #         (PYTHONPATH=python; kolo.torch's DistributedOptimizer);
 #   ddp:  /usr/bin/python3 bench/ddp_synthetic.py --np N (N local processes,
 #         env:// rendezvous on 127.0.0.1, DistributedDataParallel on Gloo over lo);
+#   solo: /usr/bin/python3 bench/solo_synthetic.py --np N (N processes training
+#         alone, no communication: the ceiling of any data-parallel library,
+#         overall and in lockstep, i.e. N x the slowest; SOLO=0 skips it);
 # the same model, batch and iterations, OMP_NUM_THREADS=1 and one torch thread
 # per worker in both. Each launch reports the mean img/s per worker over its
 # timed iterations (times N: total img/s); the table gives the median over
-# launches of the total and the ratio kolo/DDP (above 1x kolo is faster).
+# launches of the total and the ratio kolo/DDP (above 1x kolo is faster),
+# the no-communication lockstep ceiling, ceiling/DDP (the most any library
+# could beat DDP by here) and kolo/ceiling.
 # Output: a markdown table on stdout, bench/results/<timestamp>-torch-synthetic.{json,md},
 # raw logs under build/bench-peers/raw/<timestamp>-torch-synthetic/.
 #
 # Environment knobs: REPS (launches per impl and np, default 3), NPS ("2";
-# --np4 makes it "2 4"), MODEL (cnn), BATCH_SIZE (32), NUM_WARMUP_BATCHES (5),
+# --np4 makes it "2 4"), SOLO (1), MODEL (cnn), BATCH_SIZE (32), NUM_WARMUP_BATCHES (5),
 # NUM_BATCHES_PER_ITER (5), NUM_ITERS (10), SKIP_BUILD=1, LAUNCH_TIMEOUT (600 s).
 set -euo pipefail
 
@@ -92,6 +97,9 @@ cmd_kolo() {
 cmd_ddp() {
     CMD=(env GLOO_SOCKET_IFNAME=lo "$PY" bench/ddp_synthetic.py --np "$1" "${bench_args[@]}")
 }
+cmd_solo() {
+    CMD=("$PY" bench/solo_synthetic.py --np "$1" "${bench_args[@]}")
+}
 
 # launch IMPL NP ROUND: runs one launch, keeps its output and appends its
 # JSON line to the records with the launch's context.
@@ -120,8 +128,11 @@ log "model $MODEL, batch $BATCH_SIZE, $NUM_ITERS x $NUM_BATCHES_PER_ITER steps a
 log "results go to $results/$name.{json,md}; raw logs in $raw"
 for round in $(seq 1 "$REPS"); do
     for np in $NPS; do
-        # Alternate which implementation goes first.
-        if [ $((round % 2)) = 1 ]; then order="kolo ddp"; else order="ddp kolo"; fi
+        # Rotate which implementation goes first.
+        impls=(kolo ddp)
+        [ "${SOLO:-1}" = 1 ] && impls+=(solo)
+        k=$(((round - 1) % ${#impls[@]}))
+        order="${impls[*]:k} ${impls[*]:0:k}"
         for impl in $order; do
             launch "$impl" "$np" "$round"
         done
@@ -140,8 +151,8 @@ records = [json.loads(l) for l in open(records_path) if l.strip()]
 ok = [r for r in records if not r.get("failed")]
 
 
-def median_total(impl, np_):
-    v = [r["img_sec_total"] for r in ok if r["impl"] == impl and r["np"] == np_]
+def median_total(impl, np_, key="img_sec_total"):
+    v = [r[key] for r in ok if r["impl"] == impl and r["np"] == np_]
     return (statistics.median(v), min(v), max(v), len(v)) if v else None
 
 
@@ -171,18 +182,33 @@ lines = ["# PyTorch synthetic benchmark: kolo vs DDP (Gloo)", "",
              machine["date"], machine["nproc"], machine["cpu_model"], machine["torch"], config["model"],
              config["batch_size"], config["num_iters"], config["num_batches_per_iter"],
              ", fp16 allreduce" if config["fp16_allreduce"] else ""),
-         "Total img/s: median over launches (min..max); kolo/DDP above 1x means kolo is faster.", "",
-         "| np | kolo img/s | DDP Gloo img/s | kolo/DDP | launches (kolo, DDP) | mean load1 |",
-         "|---|---|---|---|---|---|"]
+         "Total img/s: median over launches (min..max); kolo/DDP above 1x means kolo is faster.",
+         "Ceiling: bench/solo_synthetic.py, the same training with no communication, N x its slowest "
+         "process (a synchronous job moves at its slowest worker's pace; all of them together in "
+         "brackets): ceiling/DDP is the most any library could beat DDP by on this machine.", "",
+         "| np | kolo img/s | DDP Gloo img/s | kolo/DDP | ceiling img/s | ceiling/DDP | kolo/ceiling "
+         "| launches (kolo, DDP, solo) | mean load1 |",
+         "|---|---|---|---|---|---|---|---|---|"]
+def ratio_of(a, b):
+    return a[0] / b[0] if a and b else None
+def fmt(r):
+    return "%.2fx" % r if r else "-"
 for np_ in sorted({r["np"] for r in records}):
     k, d = median_total("kolo", np_), median_total("ddp_gloo", np_)
+    c = median_total("solo", np_, "img_sec_lockstep")
+    free = median_total("solo", np_)
     loads = [r["load1"] for r in ok if r["np"] == np_]
-    ratio = k[0] / d[0] if k and d else None
-    lines.append("| %d | %s | %s | %s | %d, %d | %.2f |" % (
-        np_, cell(k), cell(d), "%.2fx" % ratio if ratio else "-", k[3] if k else 0, d[3] if d else 0,
+    ratio = ratio_of(k, d)
+    lines.append("| %d | %s | %s | %s | %s | %s | %s | %d, %d, %d | %.2f |" % (
+        np_, cell(k), cell(d), fmt(ratio),
+        "%s [%.1f]" % (cell(c), free[0]) if c else "-", fmt(ratio_of(c, d)), fmt(ratio_of(k, c)),
+        k[3] if k else 0, d[3] if d else 0, c[3] if c else 0,
         statistics.mean(loads) if loads else float("nan")))
     summary.append({"np": np_, "kolo_img_sec_total_median": k[0] if k else None,
-                    "ddp_img_sec_total_median": d[0] if d else None, "kolo_over_ddp": ratio})
+                    "ddp_img_sec_total_median": d[0] if d else None, "kolo_over_ddp": ratio,
+                    "ceiling_lockstep_median": c[0] if c else None,
+                    "ceiling_free_median": free[0] if free else None,
+                    "ceiling_over_ddp": ratio_of(c, d), "kolo_over_ceiling": ratio_of(k, c)})
 failed = [r["launch"] for r in records if r.get("failed")]
 if failed:
     lines += ["", "Failed launches: " + ", ".join(failed)]

@@ -5,7 +5,8 @@ on 1 worker with a batch of 4B (DistributedSampler + DistributedOptimizer
 make the two runs the same computation up to float rounding), and
 synthetic_benchmark.py must print Horovod's benchmark lines. bench/
 ddp_synthetic.py, the DDP baseline of bench/torch_synthetic.sh, gets a
-smoke run so the benchmark does not rot. About 40 s on 2 cores.
+smoke run so the benchmark does not rot, and so does its no-communication
+ceiling, bench/solo_synthetic.py. About 45 s on 2 cores.
 """
 import json
 import os
@@ -16,6 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DIGITS = os.path.join(ROOT, "examples", "pytorch", "digits.py")
 SYNTHETIC = os.path.join(ROOT, "examples", "pytorch", "synthetic_benchmark.py")
 DDP = os.path.join(ROOT, "bench", "ddp_synthetic.py")
+SOLO = os.path.join(ROOT, "bench", "solo_synthetic.py")
 
 TINY_BENCH = ["--batch-size", "4", "--num-warmup-batches", "1", "--num-batches-per-iter", "1",
               "--num-iters", "2", "--json"]
@@ -95,6 +97,23 @@ def test_ddp_baseline_prints_the_same_lines():
                        stderr=subprocess.PIPE, universal_newlines=True, timeout=60, env=env)
     assert p.returncode == 0, p.stderr
     assert check_benchmark_lines(p.stdout.splitlines(), 2)["impl"] == "ddp_gloo"
+
+
+def test_solo_ceiling_counts_only_the_common_window():
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, SOLO, "--np", "2"] + TINY_BENCH, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, universal_newlines=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert any(l.startswith("Total img/sec on 2 worker(s): ") for l in lines), lines
+    res = last_json(lines)
+    assert res["impl"] == "solo" and res["np"] == 2, res
+    steps = res["steps"]
+    # the first process to finish ends the window with all its steps in it
+    assert len(steps) == 2 and max(steps) == res["num_iters"] * res["num_batches_per_iter"], res
+    assert abs(res["img_sec_total"] - sum(steps) * res["batch_size"] / res["window_s"]) < 1e-6, res
+    assert abs(res["img_sec_lockstep"] - 2 * min(steps) * res["batch_size"] / res["window_s"]) < 1e-6, res
+    assert 0 < res["img_sec_lockstep"] <= res["img_sec_total"], res
 
 
 ELASTIC_DIGITS = os.path.join(ROOT, "examples", "pytorch", "elastic_digits.py")
