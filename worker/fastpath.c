@@ -343,7 +343,8 @@ static uint64_t oldest_wait_us(struct kolo_ctx *c, uint32_t w)
  * every rank's (report.c; mu held, before the ops run: their names and
  * shapes are copied while they are sure to exist). NULL: out of memory,
  * the round goes untraced. The data-plane op's end is filled in as each
- * fusion run returns (a GPU op: once it is queued on its stream). */
+ * fusion run returns; a GPU op's span moves to the op (its name left
+ * NULL here), which sends it when its kernels are done (ops_complete). */
 static Kolo__TraceSpan *trace_begin(struct kolo_ctx *c, uint64_t k, struct op **agreed, size_t na)
 {
     if (!na)
@@ -365,6 +366,11 @@ static Kolo__TraceSpan *trace_begin(struct kolo_ctx *c, uint64_t k, struct op **
         t[i].agreed_us = now;
         t[i].coll = (uint32_t)op->req.coll;
         t[i].dtype = (uint32_t)op->req.dtype;
+        if (op->req.device >= 0 && !op->trace && (agreed[i]->trace = malloc(sizeof(*t)))) {
+            *agreed[i]->trace = t[i];
+            t[i].name = NULL;
+            t[i].shape = NULL;
+        }
     }
     return t;
 }
@@ -523,7 +529,11 @@ static void fast_round(struct kolo_ctx *c, uint64_t deadline)
         i += run;
     }
     if (trace) {
-        report_trace(c, trace, na);
+        size_t m = 0;
+        for (size_t x = 0; x < na; x++)
+            if (trace[x].name) /* not moved to a GPU op */
+                trace[m++] = trace[x];
+        report_trace(c, trace, m);
         free(trace);
     }
     pthread_mutex_lock(&c->mu);

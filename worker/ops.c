@@ -78,6 +78,10 @@ struct op *ops_finished(struct kolo_ctx *c, kolo_handle h, bool ok, int *rv)
 static void op_free(struct op *op)
 {
     gpu_op_free(op);
+    if (op->trace) {
+        report_span_free(op->trace);
+        free(op->trace);
+    }
     free(op->error);
     free(op->name);
     free(op->shape);
@@ -169,6 +173,12 @@ void ops_complete(struct kolo_ctx *c, struct op *op, int status, const char *err
     op->status = status;
     if (status && error)
         op->error = strdup(error);
+    if (op->trace) { /* a GPU op's span ends with its kernels */
+        op->trace->done_us = now_mono_us();
+        report_trace(c, op->trace, 1);
+        free(op->trace);
+        op->trace = NULL;
+    }
     name_remove(c, op);
     pthread_cond_broadcast(&c->done);
     /* A waiter may sleep in the rounds' idle_wait rather than on done: an

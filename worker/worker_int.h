@@ -66,6 +66,9 @@ struct op {
     void *gpu_event;
     void *gpu_result;
     void *gpu_result_stream;
+    /* A traced GPU op's timeline span (fastpath.c), sent when the op
+     * completes: its kernels end after the launch returned. */
+    Kolo__TraceSpan *trace;
     struct op *next;      /* submit queue */
     struct op *name_next; /* in-flight name table chain */
 };
