@@ -70,9 +70,15 @@ for run in $(seq 1 "$RUNS"); do
     for np in ${NP//,/ }; do
         for i in 0 1 2 3; do
             c=(${cells[$(((i + run - 1) % 4))]})
+            if ! cell "${c[0]}" "${c[1]}" "$np" >"$tmp/cell.out" 2>"$tmp/cell.err" ||
+                grep -q FAILED "$tmp/cell.out"; then
+                echo "shm_large: ${c[0]} ${c[1]} of place, np $np, run $run failed:" >&2
+                tail -5 "$tmp/cell.out" "$tmp/cell.err" >&2
+                exit 1
+            fi
             # rows: ranks bytes p50 p99 busbw (tag); keep the numbers
-            cell "${c[0]}" "${c[1]}" "$np" 2>/dev/null | awk -v run="$run" -v who="${c[0]}" -v where="${c[1]}" \
-                '$1 ~ /^[0-9]+$/ && $3 != "FAILED" {print run, who, where, $1, $2, $3, $4}' >>"$raw"
+            awk -v run="$run" -v who="${c[0]}" -v where="${c[1]}" \
+                '$1 ~ /^[0-9]+$/ {print run, who, where, $1, $2, $3, $4}' "$tmp/cell.out" >>"$raw"
         done
     done
     echo "run $run of $RUNS done" >&2
