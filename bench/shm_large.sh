@@ -112,7 +112,8 @@ for (np, size), d in sorted(cells.items()):
     for r in runs:
         g = lambda who, where: d.get((r, who, where), (None, None))
         ki, ko, mi, mo = g("kolo", "in"), g("kolo", "out"), g("mpi", "in"), g("mpi", "out")
-        row = [str(r)] + [f"{c[0] / 1e3:.2f} / {c[1] / 1e3:.2f}" if c[0] else "-" for c in (ki, ko, mi, mo)]
+        ms = lambda us: f"{us / 1e3:.2f}" if us >= 1e3 else f"{us / 1e3:.4f}"
+        row = [str(r)] + [f"{ms(c[0])} / {ms(c[1])}" if c[0] else "-" for c in (ki, ko, mi, mo)]
         for name, a, b in (("in/in", ki, mi), ("out/out", ko, mo), ("out/MPI in", ko, mi)):
             p50, p99 = ratio(a[0], b[0]), ratio(a[1], b[1])
             rs[name].append((p50, p99))
