@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The no-communication ceiling of examples/pytorch/synthetic_benchmark.py.
 
-    solo_synthetic.py --np N [benchmark options]
+    solo_synthetic.py --np N [--lockstep] [benchmark options]
 
 Starts N processes on this host that each train the example's model on
 its batch exactly as a data-parallel worker does (the same model, batch,
@@ -26,9 +26,16 @@ VM's vCPUs seldom are: one takes the device interrupts, another guest
 shares a core) its workers all move at the slowest one's pace. The
 lockstep ceiling is N x the slowest process's steps in the window x batch
 size / window: what N workers in lockstep could make if exchanging
-gradients took no time at all. It prints the example's "Total img/sec on N
-worker(s)" line, a "Lockstep img/sec" line and, with --json, a JSON line
-with "impl": "solo" and both figures.
+gradients took no time at all.
+
+--lockstep measures that instead of estimating it: the processes meet at a
+barrier after every step (a multiprocessing.Barrier, exchanging nothing),
+as the workers of a synchronous job do, and a worker that waits gives up
+its CPU to the others, which matters where workers outnumber CPUs.
+
+It prints the example's "Total img/sec on N worker(s)" line, a "Lockstep
+img/sec" line and, with --json, a JSON line with "impl": "solo" (or
+"solo_lockstep") and both figures.
 
 Run it with /usr/bin/python3 (Debian's python3-torch).
 """
@@ -65,6 +72,8 @@ def worker(args, np_, barrier, results):
     ends = []
     for _ in range(args.num_iters * args.num_batches_per_iter):
         step()
+        if args.lockstep:
+            barrier.wait(timeout=600)
         ends.append(time.monotonic() - t0)
     results.put(ends)
 
@@ -72,6 +81,8 @@ def worker(args, np_, barrier, results):
 def main():
     p = argparse.ArgumentParser(description="PyTorch synthetic benchmark without communication")
     p.add_argument("--np", type=int, default=1, help="processes to start (default 1)")
+    p.add_argument("--lockstep", action="store_true",
+                   help="the processes meet at a barrier after every step, exchanging nothing")
     bench = load_example()
     bench.add_arguments(p)
     args = p.parse_args()
@@ -89,20 +100,23 @@ def main():
     if any(proc.exitcode for proc in procs):
         sys.exit("a solo process failed")
 
-    window = min(e[-1] for e in ends)
+    # in lockstep the last barrier ends every process's run at once: the
+    # window is the latest return from it, and every step counts
+    window = max(e[-1] for e in ends) if args.lockstep else min(e[-1] for e in ends)
     steps = [sum(1 for t in e if t <= window) for e in ends]
     total = sum(steps) * args.batch_size / window
     lockstep = args.np * min(steps) * args.batch_size / window
     per_worker = total / args.np
     bench.log_line("Model: %s" % args.model)
     bench.log_line("Batch size: %d" % args.batch_size)
-    bench.log_line("Number of workers: %d (no communication)" % args.np)
+    bench.log_line("Number of workers: %d (no communication%s)" % (args.np, ", a barrier after every step" if args.lockstep else ""))
     bench.log_line("Window: %.2f s, steps per process: %s" % (window, " ".join(map(str, steps))))
     bench.log_line("Img/sec per worker: %.1f" % per_worker)
     bench.log_line("Total img/sec on %d worker(s): %.1f" % (args.np, total))
     bench.log_line("Lockstep img/sec on %d worker(s): %.1f" % (args.np, lockstep))
     if args.json:
-        bench.log_line(json.dumps({"impl": "solo", "model": args.model, "np": args.np,
+        impl = "solo_lockstep" if args.lockstep else "solo"
+        bench.log_line(json.dumps({"impl": impl, "model": args.model, "np": args.np,
                                    "batch_size": args.batch_size, "num_iters": args.num_iters,
                                    "num_batches_per_iter": args.num_batches_per_iter,
                                    "fp16_allreduce": args.fp16_allreduce, "threads": args.threads,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/torch_synthetic.sh - PyTorch training throughput, kolo against DDP on Gloo.
 #
-#   bench/torch_synthetic.sh              np 2, REPS=3 launches of each (~3 min on 2 vCPUs)
+#   bench/torch_synthetic.sh              np 2, REPS=3 launches of each (~4 min on 2 vCPUs)
 #   bench/torch_synthetic.sh --np4        np 2 and 4
 #   bench/torch_synthetic.sh -- --fp16-allreduce --batch-size 16
 #                                          extra options for both benchmarks
@@ -12,8 +12,10 @@
 #   ddp:  /usr/bin/python3 bench/ddp_synthetic.py --np N (N local processes,
 #         env:// rendezvous on 127.0.0.1, DistributedDataParallel on Gloo over lo);
 #   solo: /usr/bin/python3 bench/solo_synthetic.py --np N (N processes training
-#         alone, no communication: the ceiling of any data-parallel library,
-#         overall and in lockstep, i.e. N x the slowest; SOLO=0 skips it);
+#         alone, no communication: what the machine computes);
+#   solo_lockstep: the same with a barrier after every step and nothing
+#         exchanged: the ceiling of any synchronous data-parallel library
+#         (SOLO=0 skips both);
 # the same model, batch and iterations, OMP_NUM_THREADS=1 and one torch thread
 # per worker in both. Each launch reports the mean img/s per worker over its
 # timed iterations (times N: total img/s); the table gives the median over
@@ -100,6 +102,9 @@ cmd_ddp() {
 cmd_solo() {
     CMD=("$PY" bench/solo_synthetic.py --np "$1" "${bench_args[@]}")
 }
+cmd_solo_lockstep() {
+    CMD=("$PY" bench/solo_synthetic.py --np "$1" --lockstep "${bench_args[@]}")
+}
 
 # launch IMPL NP ROUND: runs one launch, keeps its output and appends its
 # JSON line to the records with the launch's context.
@@ -130,7 +135,7 @@ for round in $(seq 1 "$REPS"); do
     for np in $NPS; do
         # Rotate which implementation goes first.
         impls=(kolo ddp)
-        [ "${SOLO:-1}" = 1 ] && impls+=(solo)
+        [ "${SOLO:-1}" = 1 ] && impls+=(solo solo_lockstep)
         k=$(((round - 1) % ${#impls[@]}))
         order="${impls[*]:k} ${impls[*]:0:k}"
         for impl in $order; do
@@ -183,32 +188,36 @@ lines = ["# PyTorch synthetic benchmark: kolo vs DDP (Gloo)", "",
              config["batch_size"], config["num_iters"], config["num_batches_per_iter"],
              ", fp16 allreduce" if config["fp16_allreduce"] else ""),
          "Total img/s: median over launches (min..max); kolo/DDP above 1x means kolo is faster.",
-         "Ceiling: bench/solo_synthetic.py, the same training with no communication, N x its slowest "
-         "process (a synchronous job moves at its slowest worker's pace; all of them together in "
-         "brackets): ceiling/DDP is the most any library could beat DDP by on this machine.", "",
+         "Ceiling: bench/solo_synthetic.py --lockstep, the same training with a barrier after every "
+         "step and no communication, what a synchronous job would make if exchanging gradients cost "
+         "nothing: ceiling/DDP is the most any library could beat DDP by on this machine. Free: "
+         "the same processes with no barrier (what the machine computes; N x the slowest in brackets).", "",
          "| np | kolo img/s | DDP Gloo img/s | kolo/DDP | ceiling img/s | ceiling/DDP | kolo/ceiling "
-         "| launches (kolo, DDP, solo) | mean load1 |",
-         "|---|---|---|---|---|---|---|---|---|"]
+         "| free img/s [N x slowest] | free/DDP | launches (kolo, DDP, ceiling, free) | mean load1 |",
+         "|---|---|---|---|---|---|---|---|---|---|---|"]
 def ratio_of(a, b):
     return a[0] / b[0] if a and b else None
 def fmt(r):
     return "%.2fx" % r if r else "-"
 for np_ in sorted({r["np"] for r in records}):
     k, d = median_total("kolo", np_), median_total("ddp_gloo", np_)
-    c = median_total("solo", np_, "img_sec_lockstep")
+    c = median_total("solo_lockstep", np_)
     free = median_total("solo", np_)
+    slowest = median_total("solo", np_, "img_sec_lockstep")
     loads = [r["load1"] for r in ok if r["np"] == np_]
     ratio = ratio_of(k, d)
-    lines.append("| %d | %s | %s | %s | %s | %s | %s | %d, %d, %d | %.2f |" % (
-        np_, cell(k), cell(d), fmt(ratio),
-        "%s [%.1f]" % (cell(c), free[0]) if c else "-", fmt(ratio_of(c, d)), fmt(ratio_of(k, c)),
-        k[3] if k else 0, d[3] if d else 0, c[3] if c else 0,
+    lines.append("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %d, %d, %d, %d | %.2f |" % (
+        np_, cell(k), cell(d), fmt(ratio), cell(c) if c else "-", fmt(ratio_of(c, d)), fmt(ratio_of(k, c)),
+        "%s [%.1f]" % (cell(free), slowest[0]) if free else "-", fmt(ratio_of(free, d)),
+        k[3] if k else 0, d[3] if d else 0, c[3] if c else 0, free[3] if free else 0,
         statistics.mean(loads) if loads else float("nan")))
     summary.append({"np": np_, "kolo_img_sec_total_median": k[0] if k else None,
                     "ddp_img_sec_total_median": d[0] if d else None, "kolo_over_ddp": ratio,
                     "ceiling_lockstep_median": c[0] if c else None,
-                    "ceiling_free_median": free[0] if free else None,
-                    "ceiling_over_ddp": ratio_of(c, d), "kolo_over_ceiling": ratio_of(k, c)})
+                    "free_median": free[0] if free else None,
+                    "free_n_x_slowest_median": slowest[0] if slowest else None,
+                    "ceiling_over_ddp": ratio_of(c, d), "kolo_over_ceiling": ratio_of(k, c),
+                    "free_over_ddp": ratio_of(free, d)})
 failed = [r["launch"] for r in records if r.get("failed")]
 if failed:
     lines += ["", "Failed launches: " + ", ".join(failed)]

@@ -116,6 +116,18 @@ def test_solo_ceiling_counts_only_the_common_window():
     assert 0 < res["img_sec_lockstep"] <= res["img_sec_total"], res
 
 
+def test_solo_ceiling_in_lockstep_moves_together():
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, SOLO, "--np", "2", "--lockstep"] + TINY_BENCH, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, universal_newlines=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    res = last_json(p.stdout.splitlines())
+    # a barrier after every step: every process has made every step when the first ends
+    n = res["num_iters"] * res["num_batches_per_iter"]
+    assert res["impl"] == "solo_lockstep" and res["steps"] == [n, n], res
+    assert abs(res["img_sec_total"] - res["img_sec_lockstep"]) < 1e-6, res
+
+
 ELASTIC_DIGITS = os.path.join(ROOT, "examples", "pytorch", "elastic_digits.py")
 
 
