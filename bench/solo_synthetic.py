@@ -31,7 +31,9 @@ gradients took no time at all.
 --lockstep measures that instead of estimating it: the processes meet at a
 barrier after every step (a multiprocessing.Barrier, exchanging nothing),
 as the workers of a synchronous job do, and a worker that waits gives up
-its CPU to the others, which matters where workers outnumber CPUs.
+its CPU to the others, which matters where workers outnumber CPUs. Every
+process then makes every step, and the window ends with the last return
+from the last barrier.
 
 It prints the example's "Total img/sec on N worker(s)" line, a "Lockstep
 img/sec" line and, with --json, a JSON line with "impl": "solo" (or
