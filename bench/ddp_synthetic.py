@@ -2,7 +2,7 @@
 """examples/pytorch/synthetic_benchmark.py under DistributedDataParallel on Gloo.
 
 The peer baseline for kolo's PyTorch path: the same model, batch, warm-up,
-iterations and output lines (model, data and the timing loop are imported
+iterations and output lines (model, data, training step and timing loop are imported
 from the example, so they cannot drift apart); only the data parallelism
 differs. DDP allreduces gradients in buckets during backward; kolo's
 DistributedOptimizer allreduces each gradient as it is ready and fuses them.
@@ -29,7 +29,6 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -100,13 +99,8 @@ def main():
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * size)
 
-    def step():
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(data), target)
-        loss.backward()
-        optimizer.step()
-
-    rates = bench.run_loop(args, step, rank, size, bench.log_line)
+    rates = bench.run_loop(args, bench.make_step(model, optimizer, data, target), rank, size,
+                           bench.log_line)
     if rank == 0:
         bench.report(args, "ddp_gloo", rates, size, bench.log_line)
     dist.destroy_process_group()

@@ -55,17 +55,11 @@ from ddp_synthetic import load_example  # noqa: E402  (the example's model, batc
 
 def worker(args, np_, barrier, results):
     import torch
-    import torch.nn.functional as F
 
     bench = load_example()
     model, data, target = bench.build(args)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * np_)
-
-    def step():
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(data), target)
-        loss.backward()
-        optimizer.step()
+    step = bench.make_step(model, optimizer, data, target)
 
     for _ in range(args.num_warmup_batches):
         step()

@@ -510,11 +510,10 @@ static inline int shm_wait_peer(struct shmcoll *s, int j, uint64_t target, uint6
      * costs the poster no FUTEX_WAKE. Bounded too, then sleep. */
     if (s->yield_ns && yield_worth_trying(s)) {
         uint64_t t0 = now_ns(), t = t0;
-        bool taken = false;
         do {
             sched_yield();
             uint64_t t1 = now_ns();
-            taken = t1 - t >= SHM_YIELD_TAKEN_NS;
+            bool taken = t1 - t >= SHM_YIELD_TAKEN_NS;
             t = t1;
             v = atomic_load_explicit(&cj->events, memory_order_acquire);
             if (reached(v, want)) {

@@ -350,8 +350,9 @@ void exec_pinned(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops);
 /* exec_done_since: when the ops this thread ran since `since` ended (its
  * last exec_finish, before their waiters could submit anything else), for
  * the timeline's spans (fastpath.c, ctx.c); now if it finished none since
- * then (a GPU op's finaliser completes it on its own thread: the time its
- * launch returned). */
+ * then (a GPU op of the coordinator's log, which its finaliser completes
+ * on its own thread: the time its launch returned; the rounds' GPU ops
+ * carry their span to ops_complete instead). */
 uint64_t exec_done_since(uint64_t since);
 /* Completes ops[0..n) with rc (recording cache ids on success); a
  * failure becomes the context's sticky error. Takes mu. */

@@ -93,6 +93,16 @@ def build(args):
     return model, data, target
 
 
+def make_step(model, optimizer, data, target):
+    """One training step on the batch: forward, loss, backward, update."""
+    def step():
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(data), target)
+        loss.backward()
+        optimizer.step()
+    return step
+
+
 def run_loop(args, step, rank, size, log_line):
     """Warm-up, then the timed iterations; returns images per second per worker, one per iteration."""
     if rank == 0:
@@ -154,13 +164,7 @@ def main():
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression)
 
-    def step():
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(data), target)
-        loss.backward()
-        optimizer.step()
-
-    rates = run_loop(args, step, hvd.rank(), hvd.size(), log_line)
+    rates = run_loop(args, make_step(model, optimizer, data, target), hvd.rank(), hvd.size(), log_line)
     if hvd.rank() == 0:
         report(args, "kolo", rates, hvd.size(), log_line)
     hvd.shutdown()
