@@ -74,10 +74,18 @@ static void job_free(struct job *j)
     coord_timeline_free(j->tl_draining);
 }
 
+/* The stop's drain (coord_main): every call the job parked, of every
+ * kind, is answered while the RPC server that holds it is open. */
+static void job_shutdown(struct coord *c, struct job *j)
+{
+    coord_negot_drop_parked(c, j);
+    coord_elastic_shutdown(c, j); /* place requests waiting for capacity */
+}
+
 static const struct coord_hooks hooks = {
     .job_ended = job_ended,
     .job_cron = job_cron,
-    .job_shutdown = coord_negot_drop_parked,
+    .job_shutdown = job_shutdown,
     .job_free = job_free,
     .elastic_init = coord_elastic_init,
     .elastic_to_json = coord_elastic_to_json,
@@ -121,10 +129,13 @@ void coord_post(struct coord *c, struct work *w)
         work_refuse(w);
         return;
     }
+    c->handlers_out++;
     if (w->kind == WORK_RPC)
         dispatch_rpc(c, w->call);
     else
         coord_http_handle(c, w->aio);
+    if (--c->handlers_out == 0 && c->stopping)
+        pthread_cond_broadcast(&c->cond); /* the drain waits for this */
     pthread_mutex_unlock(&c->mtx);
     free(w);
 }
@@ -165,10 +176,14 @@ static enum coord_method method_lookup(const char *name)
 }
 
 /* Without a token the coordinator listens on loopback only, but loopback
- * is not a trust boundary on a shared host: there, submitting and reading
- * jobs is for the user who started it (and root). A caller whose user
- * cannot be known is refused too. With a token, the token decides. */
-static bool admin_allowed(struct coord *c, struct rpc_call *call, enum coord_method m)
+ * is not a trust boundary on a shared host: there every call (an agent's,
+ * a worker's, an operator's) is for the user who started it and root,
+ * since an agent registered by another user would run the next job's
+ * ranks as that user, and a worker's calls read and commit a job's
+ * snapshots. The kernel says who owns the caller's socket (asked once per
+ * connection, common/rpc.c); a caller whose user cannot be known is
+ * refused too. With a token, the token (or a job's credential) decides. */
+static bool caller_allowed(struct coord *c, struct rpc_call *call, enum coord_method m)
 {
     if (c->token)
         return true;
@@ -178,9 +193,11 @@ static bool admin_allowed(struct coord *c, struct rpc_call *call, enum coord_met
     c->m.rpc_errors[m]++;
     c->m.admin_refused++;
     LOGW("coord", "refused %s from uid %d: this coordinator has no token, so only uid %d "
-         "(who started it) may use it", rpc_call_frame(call)->method, uid, (int)geteuid());
+         "(who started it) and root may use it", rpc_call_frame(call)->method, uid,
+         (int)geteuid());
     rpc_call_error(call, KOLO_EPERM, "this coordinator has no token: only the user who "
-                   "started it (uid %d) may submit or read jobs; you are uid %d",
+                   "started it (uid %d) and root may use it (submit or read jobs, register "
+                   "agents, run workers); you are uid %d",
                    (int)geteuid(), uid);
     return false;
 }
@@ -209,6 +226,8 @@ static void dispatch_rpc(struct coord *c, struct rpc_call *call)
     const struct rpc_frame *f = rpc_call_frame(call);
     enum coord_method m = method_lookup(f->method);
     c->m.rpc_requests[m]++;
+    if (!caller_allowed(c, call, m))
+        return;
     if (!scope_allows(c, call, m))
         return;
     if (m == M_UNKNOWN) {
@@ -217,8 +236,6 @@ static void dispatch_rpc(struct coord *c, struct rpc_call *call)
         rpc_call_error(call, KOLO_ENOMETHOD, "unknown method '%s'", f->method);
         return;
     }
-    if (methods[m].who == WHO_ADMIN && !admin_allowed(c, call, m))
-        return;
     methods[m].handler(c, call, m);
 }
 
@@ -281,8 +298,13 @@ static void *coord_main(void *arg)
         }
         pthread_cond_timedwait(&c->cond, &c->mtx, &ts);
     }
-    /* From now on coord_post refuses work; answer every parked call. */
+    /* From now on coord_post refuses work. A handler that released the
+     * lock for a while (coord_read, a snapshot chunk's hash) may still
+     * park its call or hand it to a writer: wait for it, then answer every
+     * parked call, of every kind, while the RPC server is still open. */
     c->draining = true;
+    while (c->handlers_out > 0)
+        pthread_cond_wait(&c->cond, &c->mtx);
     coord_report_flush(c);
     coord_hosts_shutdown(c);
     coord_jobs_shutdown(c);
@@ -326,6 +348,8 @@ static int load_host_cb(const struct store_host *sh, void *arg)
     return 0;
 }
 
+/* Frees the state. Every parked call was answered by the drain
+ * (coord_main) while the RPC server was open; nothing here answers one. */
 static void coord_free(struct coord *c)
 {
     coord_snap_free(c);
@@ -334,13 +358,16 @@ static void coord_free(struct coord *c)
     coord_hosts_free(c);
     if (c->store)
         store_close(c->store);
-    pthread_mutex_destroy(&c->mtx);
-    pthread_cond_destroy(&c->cond);
+    c->store = NULL;
     free(c->listen);
     free(c->http_addr);
     free(c->db_path);
     free(c->token);
     free(c->dashboard_dir);
+    if (c->http_left)
+        return; /* with its lock: a late HTTP callback is refused (draining) */
+    pthread_mutex_destroy(&c->mtx);
+    pthread_cond_destroy(&c->cond);
     free(c);
 }
 
@@ -506,10 +533,24 @@ const char *coord_http_url(const struct coord *c)
     return c->http_url;
 }
 
+/*
+ * The stop, in this order (each step needs the ones before it):
+ *   1. the main thread leaves its loop and drains: coord_post refuses new
+ *      work from then on, handlers still running finish, and every parked
+ *      call (heartbeats, output streams, rendezvous, negotiation long
+ *      polls, elastic place requests) is answered while the RPC server's
+ *      contexts are alive;
+ *   2. the discovery thread and the writers stop (the writers answer the
+ *      calls whose writes they hold, the RPC server still open);
+ *   3. the HTTP server stops, bounded (coord_http_stop);
+ *   4. the RPC server closes (no handler runs after it), then the state
+ *      is freed, with no call left to answer.
+ */
 void coord_stop(struct coord *c)
 {
     if (!c)
         return;
+    uint64_t t0 = now_mono_ms();
     pthread_mutex_lock(&c->mtx);
     c->stopping = true;
     pthread_cond_broadcast(&c->cond);
@@ -517,9 +558,11 @@ void coord_stop(struct coord *c)
     pthread_join(c->thread, NULL);
     coord_discovery_stop(c);
     writers_stop(c); /* they answer the calls whose writes they still hold */
-    /* Parked calls were answered by the tick thread; the listeners can go. */
-    coord_http_stop(c);
+    coord_http_stop(c); /* bounded; on time-out it sets c->http_left */
     coord_reader_close(c); /* after the last REST read */
     rpc_server_close(c->rpc);
+    c->rpc = NULL;
+    LOGI("coord", "coordinator %s stopped in %llu ms", c->instance,
+         (unsigned long long)(now_mono_ms() - t0));
     coord_free(c);
 }

@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include <nng/supplemental/http/http.h>
 
@@ -567,8 +568,8 @@ static void render_metrics(struct coord *c, struct buf *b)
                "# HELP kolo_negotiation_resumes_total Generations whose negotiation was rebuilt "
                "after a coordinator restart.\n# TYPE kolo_negotiation_resumes_total counter\n"
                "kolo_negotiation_resumes_total %llu\n"
-               "# HELP kolo_rpc_admin_refused_total Admin calls refused because they came from "
-               "another user to a coordinator without a token.\n# TYPE "
+               "# HELP kolo_rpc_admin_refused_total Calls (of any kind) refused because they came "
+               "from another user to a coordinator without a token.\n# TYPE "
                "kolo_rpc_admin_refused_total counter\nkolo_rpc_admin_refused_total %llu\n"
                "# HELP kolo_rpc_scope_refused_total Calls refused because they were made with "
                "a job's credential beyond that job's worker calls.\n# TYPE "
@@ -1477,11 +1478,89 @@ fail:
     return KOLO_EIO;
 }
 
+/*
+ * nng_http_server_stop closes every connection and then waits, without a
+ * deadline, until nng's reaper thread has finished each; the handlers
+ * themselves never keep an aio (coord_post answers at once, 503 once the
+ * coordinator drains). nng 1.5's reaper can wait forever on an aio whose
+ * task was prepared but never ran (nng issues 1236, 1598 and 1813, fixed
+ * in 1.8), and one reaper stuck stops every later reap: a SIGTERM once
+ * waited 50 minutes there. So the stop runs on a helper thread, waited
+ * for at most HTTP_STOP_MS; past that the server and the helper are left
+ * behind, logged, and the caller keeps what a late callback touches.
+ */
+struct http_stopper {
+    nng_http_server *srv;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done, abandoned;
+};
+
+static void *http_stop_main(void *arg)
+{
+    thread_name("kolo-http-stop");
+    struct http_stopper *s = arg;
+    nng_http_server_stop(s->srv);
+    nng_http_server_release(s->srv);
+    pthread_mutex_lock(&s->mu);
+    s->done = true;
+    bool abandoned = s->abandoned;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (abandoned) { /* nobody waits for it any more: the helper frees it */
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv);
+        free(s);
+    }
+    return NULL;
+}
+
 void coord_http_stop(struct coord *c)
 {
-    if (c->http) {
-        nng_http_server_stop(c->http);
+    if (!c->http)
+        return;
+    struct http_stopper *s = calloc(1, sizeof(*s));
+    pthread_t t;
+    if (s) {
+        s->srv = c->http;
+        pthread_mutex_init(&s->mu, NULL);
+        cond_init_monotonic(&s->cv);
+    }
+    if (!s || pthread_create(&t, NULL, http_stop_main, s) != 0) {
+        if (s) {
+            pthread_mutex_destroy(&s->mu);
+            pthread_cond_destroy(&s->cv);
+            free(s);
+        }
+        nng_http_server_stop(c->http); /* no thread to spare: unbounded */
         nng_http_server_release(c->http);
         c->http = NULL;
+        return;
     }
+    c->http = NULL;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += HTTP_STOP_MS / 1000;
+    ts.tv_nsec += (HTTP_STOP_MS % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&s->mu);
+    while (!s->done && pthread_cond_timedwait(&s->cv, &s->mu, &ts) == 0)
+        ;
+    bool done = s->done;
+    s->abandoned = !done;
+    pthread_mutex_unlock(&s->mu);
+    if (done) {
+        pthread_join(t, NULL);
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv);
+        free(s);
+        return;
+    }
+    pthread_detach(t);
+    c->http_left = true;
+    LOGW("coord", "the HTTP server did not stop within %d ms (nng's reaper is stuck); it is "
+         "left behind with the coordinator's lock", HTTP_STOP_MS);
 }

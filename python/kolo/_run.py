@@ -16,7 +16,10 @@ job's environment (`KOLO_RUN_PAYLOAD`, base64) when it is small enough
 (`workdir=`). Each worker prints its result as one marked line on its
 stdout, which kolo run streams back through the coordinator from any
 host: the caller takes those lines out and prints everything else (a
-notebook cell shows the workers' output as they run).
+notebook cell shows the workers' output as they run). Each marked line
+carries a MAC keyed with a secret of the call (KOLO_RUN_KEY in the job's
+environment, which the worker removes before the function runs): a line
+that does not verify is printed as output, never unpickled.
 
 Failure. A worker whose function raises prints the exception (pickled
 when it can be) with its traceback; the caller raises it again, with the
@@ -25,6 +28,8 @@ otherwise (a worker killed, no slots) raises RuntimeError with kolo run's
 reason.
 """
 import base64
+import hashlib
+import hmac
 import os
 import shutil
 import subprocess
@@ -35,6 +40,31 @@ import threading
 RESULT_MARK = "@@kolo.run.result@@ "
 ERROR_MARK = "@@kolo.run.error@@ "
 MAX_ENV_PAYLOAD = 96 << 10  # Linux caps one variable at 128 KiB
+KEY_ENV = "KOLO_RUN_KEY"
+
+
+def seal_line(key, mark, blob):
+    """One marked output line: the mark, a MAC over mark and data keyed with
+    the call's secret, and the data (base64)."""
+    data = base64.b64encode(blob).decode()
+    mac = hmac.new(bytes.fromhex(key), (mark + data).encode(), hashlib.sha256).hexdigest()
+    return "%s%s %s" % (mark, mac, data)
+
+
+def open_line(key, mark, rest):
+    """The data of a marked line's rest (after the mark), or None when its
+    MAC does not verify: output that merely looks like a result is never
+    unpickled."""
+    mac, sep, data = rest.strip().partition(" ")
+    if not sep:
+        return None
+    want = hmac.new(bytes.fromhex(key), (mark + data).encode(), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(mac, want):
+        return None
+    try:
+        return base64.b64decode(data, validate=True)
+    except ValueError:
+        return None
 
 
 def _pickle():
@@ -125,14 +155,19 @@ def run(fn, args=(), kwargs=None, np=2, min_np=None, max_np=None, hosts=None, ho
                              "many for the job's environment; pass workdir= a directory every "
                              "host sees" % len(payload))
         child_env.update({k: str(v) for k, v in (env or {}).items()})
+        # The call's secret: only lines MAC'd with it are unpickled.
+        key = os.urandom(32).hex()
+        child_env[KEY_ENV] = key
         elastic = min_np is not None or max_np is not None
-        return _launch(cmd, child_env, None if elastic else int(np), stream)
+        return _launch(cmd, child_env, None if elastic else int(np), stream, key)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _launch(cmd, env, np, stream):
-    """Runs kolo run; np None (elastic): whatever ranks finished."""
+def _launch(cmd, env, np, stream, key):
+    """Runs kolo run; np None (elastic): whatever ranks finished. Only
+    result and error lines whose MAC verifies under key are taken (and
+    unpickled); any other line is the job's output."""
     results, errors = {}, {}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, errors="replace", bufsize=1)
@@ -153,11 +188,14 @@ def _launch(cmd, env, np, stream):
         head, sep, text = line.partition("]<stdout>:")
         if sep and head.startswith("[") and head[1:].isdigit():
             rank = int(head[1:])
-            if text.startswith(RESULT_MARK):
-                results[rank] = text[len(RESULT_MARK):].strip()
-                continue
-            if text.startswith(ERROR_MARK):
-                errors[rank] = text[len(ERROR_MARK):].strip()
+            for mark, into in ((RESULT_MARK, results), (ERROR_MARK, errors)):
+                blob = open_line(key, mark, text[len(mark):]) if text.startswith(mark) else None
+                if blob is not None:
+                    into[rank] = blob
+                    break
+            else:
+                blob = None
+            if blob is not None:
                 continue
         if stream:
             sys.stdout.write(line)
@@ -167,7 +205,7 @@ def _launch(cmd, env, np, stream):
     cloudpickle = _pickle()
     if errors:
         rank = min(errors)
-        exc, tb = cloudpickle.loads(base64.b64decode(errors[rank]))
+        exc, tb = cloudpickle.loads(errors[rank])
         if isinstance(exc, BaseException):
             if hasattr(exc, "add_note"):
                 exc.add_note("kolo.run: raised on rank %d; its traceback:\n%s" % (rank, tb))
@@ -177,4 +215,4 @@ def _launch(cmd, env, np, stream):
         why = "".join(line for line in err_tail if line.startswith("[kolo]")).strip()
         raise RuntimeError("kolo.run: the job failed (exit code %d)%s" %
                            (rc, ": " + why if why else ""))
-    return [cloudpickle.loads(base64.b64decode(results[r])) for r in sorted(results)]
+    return [cloudpickle.loads(results[r]) for r in sorted(results)]

@@ -10,7 +10,9 @@ import os
 import sys
 import traceback
 
-from kolo._run import ERROR_MARK, RESULT_MARK
+from kolo._run import ERROR_MARK, KEY_ENV, RESULT_MARK, seal_line
+
+_KEY = os.environ.pop(KEY_ENV, "")
 
 
 def _load(directory):
@@ -22,10 +24,9 @@ def _load(directory):
         return cloudpickle.loads(f.read())
 
 
-def _emit(mark, obj):
-    import cloudpickle
+def _emit(mark, blob):
     sys.stdout.flush()
-    sys.stdout.write(mark + base64.b64encode(cloudpickle.dumps(obj)).decode() + "\n")
+    sys.stdout.write(seal_line(_KEY, mark, blob) + "\n")
     sys.stdout.flush()
 
 
@@ -38,14 +39,12 @@ def main():
     except BaseException as e:  # noqa: B902 - every failure goes back to the caller
         tb = traceback.format_exc()
         try:
-            cloudpickle.dumps(e)
-            _emit(ERROR_MARK, (e, tb))
+            err = cloudpickle.dumps((e, tb))
         except Exception:
-            _emit(ERROR_MARK, ("%s: %s" % (type(e).__name__, e), tb))
+            err = cloudpickle.dumps(("%s: %s" % (type(e).__name__, e), tb))
+        _emit(ERROR_MARK, err)
         return 1
-    sys.stdout.flush()
-    sys.stdout.write(RESULT_MARK + base64.b64encode(blob).decode() + "\n")
-    sys.stdout.flush()
+    _emit(RESULT_MARK, blob)
     return 0
 
 

@@ -67,5 +67,31 @@ if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null && id nobody >/dev/null
   fi
   curl -sf "$HTTP/metrics" | has "kolo_rpc_admin_refused_total 2" ||
     fail "refusals not counted: $(curl -sf "$HTTP/metrics" | grep admin_refused)"
+
+  note "nobody may not make agent or worker calls either (issue 28)"
+  # An agent of nobody's would run the owner's next job as nobody.
+  mkdir -p "$WORK/evil" && chown nobody "$WORK/evil"
+  timeout 5 setpriv --reuid=nobody --regid=nogroup --clear-groups "$KOLO" agent \
+    --coordinator "$RPC" --slots 2 --name evil --state-dir "$WORK/evil" \
+    >"$WORK/evil.out" 2>&1 || true
+  has "only the user who started it" <"$WORK/evil.out" ||
+    fail "nobody's agent was not refused: $(cat "$WORK/evil.out")"
+  curl -sf "$HTTP/api/v1/hosts" | has '"evil"' && fail "nobody registered an agent"
+  # The owner's job, then nobody with that job's worker environment: its
+  # rendezvous (and so its snapshots and negotiation) is refused.
+  start_agent own 1
+  wait_hosts 1
+  "$KOLO" run --coordinator "$RPC" -np 1 -- sh -c "env >$WORK/job.env; chmod 644 $WORK/job.env; sleep $SLEEP" \
+    >"$WORK/own-run.out" 2>&1 &
+  PIDS+=("$!")
+  wait_for 20 test -s "$WORK/job.env" || fail "the owner's job did not start: $(cat "$WORK/own-run.out")"
+  use_python
+  (cd "$WORK" && env -i $(grep -E '^(KOLO|HOROVOD|OMPI)[A-Z_]*=' "$WORK/job.env" | tr '\n' ' ') \
+    PYTHONPATH="$PYTHONPATH" ${KOLO_LIBRARY:+KOLO_LIBRARY=$KOLO_LIBRARY} \
+    setpriv --reuid=nobody --regid=nogroup --clear-groups /usr/bin/python3 -c \
+    'import kolo; kolo.init(); print("JOINED")' >"$WORK/evil-worker.out" 2>&1) || true
+  has JOINED <"$WORK/evil-worker.out" && fail "nobody joined the owner's job"
+  has "only the user who started it" <"$WORK/evil-worker.out" ||
+    fail "nobody's worker was not refused with the reason: $(tail -5 "$WORK/evil-worker.out")"
 fi
 echo PASS

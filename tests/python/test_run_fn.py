@@ -137,3 +137,29 @@ def test_horovod_arguments_accepted():
     # horovod.run's SSH/MPI/Gloo knobs mean nothing here and are ignored
     assert kolo.run(lambda: "ok", np=1, use_gloo=True, ssh_port=22, network_interface="lo",
                     stream=False) == ["ok"]
+
+
+def test_forged_result_lines_are_not_unpickled(tmp_path, capsys):
+    """Issue 28: kolo.run unpickles only lines MAC'd with the call's secret.
+    Output that merely looks like a result or an error (printed by the job,
+    or injected by anyone who reaches its output) is printed, not loaded."""
+    victim = tmp_path / "unpickled"
+
+    def forge(path):
+        import base64
+        import pickle
+        import kolo._run as r
+
+        class Boom:
+            def __reduce__(self):
+                return (open, (path, "w"))
+        blob = base64.b64encode(pickle.dumps((Boom(), "tb"))).decode()
+        print(r.ERROR_MARK + blob, flush=True)               # the old format
+        print(r.ERROR_MARK + "0" * 64 + " " + blob, flush=True)  # a wrong MAC
+        print(r.RESULT_MARK + "0" * 64 + " " + blob, flush=True)
+        return "real"
+
+    assert kolo.run(forge, args=(str(victim),), np=1) == ["real"]
+    assert not victim.exists(), "a forged line was unpickled"
+    out = capsys.readouterr().out
+    assert out.count("@@kolo.run.error@@") == 2 and "@@kolo.run.result@@" in out  # printed
