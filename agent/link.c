@@ -23,6 +23,31 @@
  *     wait_ms = 0 so a coordinator that comes back is noticed fast.
  * Each kind is logged once when it starts and once when it ends.
  *
+ * Partitions shorter than the lease (issue 28). The coordinator renews
+ * the lease when a heartbeat arrives, so what a cut of length c costs is
+ * the time between two arrivals plus the time the agent needs, once the
+ * network is back, to get a heartbeat through. Two things bounded that
+ * badly: a 1 s park, and a heartbeat caught in a cut waited 5 s on a
+ * connection whose TCP retransmission backoff (0.2, 0.6, 1.4, 3 s ...)
+ * could outlast the lease even after the network healed: 2 s of a 3 s
+ * lease lost the host. Now, with L the lease the coordinator gave:
+ *   - the park is at most L/8 (LINK_PARK_LEASE_DIV), so arrivals are at
+ *     most L/8 + a round trip apart;
+ *   - a heartbeat is abandoned LINK_SLACK (L/8, at least 250 ms) after
+ *     its park should have ended, and every retry goes out on a fresh
+ *     connection (redial), never behind the old one's backoff, and is
+ *     itself abandoned after LINK_SLACK;
+ *   - while the lease may still be alive, retries follow each other
+ *     without backoff (at least LINK_BACKOFF_MIN_MS apart), so after a
+ *     heal a heartbeat arrives within about L/8.
+ * The worst case is a cut that starts just before a parked heartbeat's
+ * answer: the last arrival was L/8 earlier, and the first retry dialed
+ * after the heal arrives up to L/8 after it, so a cut of c keeps the host
+ * while L/8 + c + L/8 < L: cuts up to 3/4 of the lease (a 2 s cut of a
+ * 3 s lease has 0.25 s to spare at worst). Past the lease the backoff
+ * grows to LINK_BACKOFF_MAX_MS as before. The cost is heartbeats: about
+ * 8 per lease per host while idle (1.6 per second at the default 5 s).
+ *
  * The report thread drains the outbound queue (outbox.c) with Report
  * calls: at most one per AGENT_REPORT_PACE_MS unless a full batch waits.
  * A batch is retried until the coordinator accepts it, under whatever
@@ -46,9 +71,12 @@
 #endif
 
 #define LINK_PARK_MAX_MS         1000 /* heartbeat wait until the coordinator names one */
-#define LINK_CALL_SLACK_MS       5000 /* a parked call's timeout beyond its wait */
+#define LINK_LEASE_DEFAULT_MS    5000 /* until the coordinator names its lease */
+#define LINK_PARK_LEASE_DIV      8    /* park at most lease/8 */
+#define LINK_SLACK_LEASE_DIV     8    /* abandon a heartbeat lease/8 after its park */
+#define LINK_SLACK_MIN_MS        250
+#define LINK_SLACK_MAX_MS        5000
 #define LINK_REGISTER_TIMEOUT_MS 3000
-#define LINK_PROBE_TIMEOUT_MS    3000
 #define LINK_BACKOFF_MIN_MS      100
 #define LINK_BACKOFF_MAX_MS      5000
 #define LINK_REFUSED_RETRY_MS    10000
@@ -113,8 +141,8 @@ static bool refused(int rc)
 
 /* ---------------------------------------------------------------- register */
 
-static int do_register(struct agent *a, char *session, size_t slen, uint32_t *hb_ms, char *err,
-                       size_t errlen)
+static int do_register(struct agent *a, char *session, size_t slen, uint32_t *hb_ms,
+                       uint32_t *lease_ms, char *err, size_t errlen)
 {
     Kolo__RegisterRequest req = KOLO__REGISTER_REQUEST__INIT;
     Kolo__HostInventory inv = KOLO__HOST_INVENTORY__INIT;
@@ -180,6 +208,7 @@ static int do_register(struct agent *a, char *session, size_t slen, uint32_t *hb
     }
     str_copy(session, r->session, slen);
     *hb_ms = r->heartbeat_ms ? r->heartbeat_ms : LINK_PARK_MAX_MS;
+    *lease_ms = r->lease_ms ? r->lease_ms : LINK_LEASE_DEFAULT_MS;
     kolo__register_reply__free_unpacked(r, NULL);
 
     pthread_mutex_lock(&a->mu);
@@ -231,21 +260,55 @@ static int do_heartbeat(struct agent *a, const char *session, char *version, siz
     return 0;
 }
 
+/* The time a heartbeat may take beyond its park before it is abandoned
+ * (and the longest a retry waits): lease/8 within [250 ms, 5 s]. */
+static int link_slack_ms(uint32_t lease_ms)
+{
+    uint32_t s = lease_ms / LINK_SLACK_LEASE_DIV;
+    return (int)(s < LINK_SLACK_MIN_MS ? LINK_SLACK_MIN_MS : s > LINK_SLACK_MAX_MS ? LINK_SLACK_MAX_MS : s);
+}
+
+/* link_redial replaces the heartbeat client by a fresh one, so the next
+ * call does not queue behind a connection stuck in TCP's retransmission
+ * backoff. The swap is made under a->mu, where link_stop reads the client
+ * to shut it down; false when the link is stopping (nothing swapped). */
+static bool link_redial(struct agent *a)
+{
+    struct rpc_client_config cc = {0};
+    cc.url = a->url;
+    cc.token = a->token;
+    cc.identity = a->host_id;
+    cc.tls = &a->tls;
+    struct rpc_client *fresh = NULL;
+    if (rpc_client_open(&fresh, &cc) != 0)
+        return !stopping(a); /* keep the old client; the next failure tries again */
+    pthread_mutex_lock(&a->mu);
+    bool stop = a->link_stopping;
+    struct rpc_client *old = stop ? fresh : a->hb_rpc;
+    if (!stop)
+        a->hb_rpc = fresh;
+    pthread_mutex_unlock(&a->mu);
+    rpc_client_close(old);
+    return !stop;
+}
+
 static void *link_main(void *arg)
 {
     thread_name("kolo-link");
     struct agent *a = arg;
     char session[128] = "", version[128] = "", err[1024];
-    uint32_t hb_ms = LINK_PARK_MAX_MS;
+    uint32_t hb_ms = LINK_PARK_MAX_MS, lease_ms = LINK_LEASE_DEFAULT_MS;
     uint64_t backoff = LINK_BACKOFF_MIN_MS;
+    uint64_t renewed = 0; /* when a heartbeat last got through (0: never) */
     bool need_register = true, registered_once = false, probe = false;
     int fault = 0; /* the failure last logged: 0 none, -1 unreachable, else the code */
 
     while (!stopping(a)) {
         int rc;
         err[0] = '\0';
+        uint64_t started = now_mono_ms();
         if (need_register) {
-            rc = do_register(a, session, sizeof(session), &hb_ms, err, sizeof(err));
+            rc = do_register(a, session, sizeof(session), &hb_ms, &lease_ms, err, sizeof(err));
             if (rc == 0) {
                 if (registered_once)
                     LOGI("agent", "re-registered with coordinator %s (session %s)", a->url,
@@ -256,12 +319,17 @@ static void *link_main(void *arg)
                 need_register = probe = false;
                 version[0] = '\0';
                 backoff = LINK_BACKOFF_MIN_MS;
+                renewed = now_mono_ms();
                 fault = 0;
                 continue;
             }
         } else {
-            uint32_t wait = probe ? 0 : hb_ms;
-            int timeout = probe ? LINK_PROBE_TIMEOUT_MS : (int)wait + LINK_CALL_SLACK_MS;
+            uint32_t wait = hb_ms, park_max = lease_ms / LINK_PARK_LEASE_DIV;
+            if (wait > park_max)
+                wait = park_max ? park_max : 1;
+            if (probe)
+                wait = 0;
+            int timeout = (int)wait + link_slack_ms(lease_ms);
             rc =
                 do_heartbeat(a, session, version, sizeof(version), wait, timeout, err, sizeof(err));
             if (rc == 0) {
@@ -270,6 +338,7 @@ static void *link_main(void *arg)
                 fault = 0;
                 probe = false;
                 backoff = LINK_BACKOFF_MIN_MS;
+                renewed = now_mono_ms();
                 continue;
             }
             if (session_unknown(rc)) {
@@ -292,14 +361,25 @@ static void *link_main(void *arg)
                      err, LINK_REFUSED_RETRY_MS / 1000);
             fault = rc;
             link_sleep(a, LINK_REFUSED_RETRY_MS);
-        } else {
-            if (fault != -1)
-                LOGW("agent", "coordinator %s unreachable (%s), retrying", a->url, err);
-            fault = -1;
-            probe = true;
-            link_sleep(a, jitter(backoff));
-            backoff = backoff * 2 < LINK_BACKOFF_MAX_MS ? backoff * 2 : LINK_BACKOFF_MAX_MS;
+            continue;
         }
+        if (fault != -1)
+            LOGW("agent", "coordinator %s unreachable (%s), retrying on a new connection", a->url,
+                 err);
+        fault = -1;
+        probe = true;
+        if (!link_redial(a))
+            break;
+        uint64_t now = now_mono_ms();
+        if (!need_register && renewed && now - renewed < lease_ms) {
+            /* The lease may still be alive: try again at once, on the new
+             * connection, only keeping attempts LINK_BACKOFF_MIN_MS apart. */
+            if (now - started < LINK_BACKOFF_MIN_MS)
+                link_sleep(a, LINK_BACKOFF_MIN_MS - (now - started));
+            continue;
+        }
+        link_sleep(a, jitter(backoff));
+        backoff = backoff * 2 < LINK_BACKOFF_MAX_MS ? backoff * 2 : LINK_BACKOFF_MAX_MS;
     }
     return NULL;
 }
@@ -450,11 +530,12 @@ void link_stop(struct agent *a)
     pthread_mutex_lock(&a->mu);
     a->link_stopping = true;
     a->flush_deadline = now_mono_ms() + LINK_STOP_FLUSH_MS;
+    struct rpc_client *hb = a->hb_rpc; /* link_redial swaps it under a->mu */
     pthread_cond_broadcast(&a->cond);
     pthread_mutex_unlock(&a->mu);
     /* Ends a parked heartbeat now; the reporter's last calls end at the
      * flush deadline. */
-    rpc_client_shutdown(a->hb_rpc);
+    rpc_client_shutdown(hb);
     if (a->link_running)
         pthread_join(a->link_thread, NULL);
     if (a->report_running)
