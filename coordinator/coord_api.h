@@ -40,6 +40,10 @@ int coord_http_start(struct coord *c, char *err, size_t errlen);
 enum { HTTP_CLOSED_IDLE, HTTP_CLOSED_PER_SOURCE, HTTP_CLOSED_TOTAL };
 void coord_http_guard(struct coord *c, uint64_t now);
 void coord_http_handle(struct coord *c, nng_aio *aio);
+/* coord_http_stop stops the HTTP server, waiting at most HTTP_STOP_MS
+ * for nng: past it the server is left behind (logged) and c->http_left
+ * set, so that the state a late callback could touch outlives the stop. */
+#define HTTP_STOP_MS 3000
 void coord_http_stop(struct coord *c);
 
 #endif

@@ -147,6 +147,23 @@ int coord_elastic_init(struct job *j, const struct elastic_opts *o, char *err, s
     return 0;
 }
 
+static void drop_assigns(struct elastic *el, const char *why)
+{
+    while (el->assign) {
+        struct parked_assign *p = el->assign;
+        el->assign = p->next;
+        rpc_call_error(p->call, KOLO_ESHUTDOWN, "%s", why);
+        free(p);
+    }
+}
+
+void coord_elastic_shutdown(struct coord *c, struct job *j)
+{
+    (void)c;
+    if (j->el)
+        drop_assigns(j->el, "the coordinator is shutting down");
+}
+
 void coord_elastic_free(struct elastic *el)
 {
     if (!el)
@@ -156,12 +173,7 @@ void coord_elastic_free(struct elastic *el)
         el->excl = x->next;
         free(x);
     }
-    while (el->assign) {
-        struct parked_assign *p = el->assign;
-        el->assign = p->next;
-        rpc_call_error(p->call, KOLO_ESHUTDOWN, "the coordinator is shutting down");
-        free(p);
-    }
+    drop_assigns(el, "the job is gone");
     free(el->discovery);
     free(el->wait_cause);
     free(el->disc);

@@ -1,11 +1,16 @@
 /*
  * coord_main.c - `kolo coordinator`: knobs, signals, run until told to stop.
  */
+#include <errno.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "coord.h"
 #include "errors.h"
@@ -18,12 +23,60 @@ static const char usage[] =
     "usage: kolo coordinator [--listen tcp://ADDR:PORT] [--http ADDR:PORT] [--db PATH]\n"
     "                        [--token-file PATH] [options]";
 
+/* The stop runs on its own thread so that the main thread can bound it:
+ * coord_stop answers every parked call, stops the writers and closes the
+ * servers, and each step waits on something (a writer's last commit,
+ * nng's reaper). Past --stop-timeout, or at a second SIGINT/SIGTERM, the
+ * process exits at once with status 1: every acknowledged write is
+ * already in the database, so this is no worse than kill -9, which the
+ * coordinator is built to survive. */
+struct stopper {
+    struct coord *c;
+    atomic_bool done;
+};
+
+static void *stop_main(void *arg)
+{
+    thread_name("kolo-stop");
+    struct stopper *s = arg;
+    coord_stop(s->c);
+    atomic_store(&s->done, true);
+    return NULL;
+}
+
+/* Returns 0 once the coordinator stopped, 1 when it was given up on. */
+static int stop_bounded(struct coord *c, const sigset_t *set, int64_t timeout_ms)
+{
+    struct stopper s = {.c = c};
+    pthread_t t;
+    if (pthread_create(&t, NULL, stop_main, &s) != 0) {
+        coord_stop(c);
+        return 0;
+    }
+    uint64_t deadline = now_mono_ms() + (uint64_t)timeout_ms;
+    while (!atomic_load(&s.done)) {
+        if (now_mono_ms() >= deadline) {
+            LOGE("coord", "the stop did not finish within %lld ms (--stop-timeout): exiting "
+                 "without it", (long long)timeout_ms);
+            return 1;
+        }
+        struct timespec slice = {.tv_nsec = 50 * 1000000L};
+        int sig = sigtimedwait(set, NULL, &slice);
+        if (sig > 0) {
+            LOGW("coord", "signal %d again: exiting without waiting for the stop", sig);
+            return 1;
+        }
+    }
+    pthread_join(t, NULL);
+    return 0;
+}
+
 int cmd_coordinator(int argc, char **argv)
 {
     char *listen = NULL, *http = NULL, *db = NULL, *token_file = NULL, *dashboard = NULL,
          *log_level = NULL, *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL, *tls_dir = NULL;
     int64_t lease = 0, heartbeat = 0, grace = 0, max_msg = 0, contexts = 0;
-    int64_t snap_keep = 0, snap_max = 0, snap_upload = 0, http_idle = 0;
+    int64_t snap_keep = 0, snap_max = 0, snap_upload = 0, http_idle = 0, stop_timeout = 0;
     struct knob tab[] = {
         {"listen", NULL, NULL, KNOB_STR, "tcp://127.0.0.1:7070", 0, -1,
          "RPC address for agents, workers and clients (port 0 picks one)", &listen},
@@ -58,6 +111,10 @@ int cmd_coordinator(int argc, char **argv)
          "largest snapshot accepted; also the in-memory upload bytes per job", &snap_max},
         {"snapshot-upload-timeout", NULL, NULL, KNOB_DURATION, "60s", 1000, 86400000,
          "a partial snapshot upload that makes no progress this long is dropped", &snap_upload},
+        {"stop-timeout", NULL, NULL, KNOB_DURATION, "30s", 1000, 3600000,
+         "on SIGTERM/SIGINT, exit with status 1 if the stop (answering parked calls, the last "
+         "writes, closing the servers) takes longer; a second signal exits at once",
+         &stop_timeout},
         {"log-level", NULL, "KOLO_LOG_LEVEL", KNOB_STR, "info", 0, -1,
          "trace, debug, info, warn, error or off", &log_level},
         TLS_KNOBS(tls_cert, tls_key, tls_ca, tls_dir),
@@ -152,7 +209,10 @@ int cmd_coordinator(int argc, char **argv)
     int sig = 0;
     sigwait(&set, &sig);
     LOGI("coord", "signal %d: shutting down", sig);
-    coord_stop(c);
+    if (stop_bounded(c, &set, stop_timeout) != 0) {
+        fflush(NULL);
+        _exit(1); /* the stop thread still runs: no atexit, no free */
+    }
     knobs_free(tab, n);
     return 0;
 }

@@ -380,6 +380,12 @@ struct coord {
     pthread_cond_t cond;
     bool stopping;
     bool draining; /* set by the main thread: answer new work at once */
+    /* handlers running (coord_post), some with the lock released for a
+     * while (coord_read, a snapshot chunk's hash): the drain waits for them */
+    int handlers_out;
+    /* nng's HTTP server did not stop in time (coord_http_stop): the struct
+     * and its lock outlive coord_stop, since a late handler would take it */
+    bool http_left;
 
     struct coord_hooks hooks; /* set by coord_start, then read only */
 
