@@ -305,6 +305,7 @@ static void agent_free(struct agent *a)
     free(a->addr);
     free(a->state_dir);
     free(a->exec_path);
+    free(a->job_user);
     free(a);
 }
 
@@ -391,6 +392,22 @@ int agent_start(struct agent **out, const struct agent_config *cfg, char *err, s
         rc = errf(err, errlen, KOLO_EINVAL, "cannot run %s: %s", a->exec_path, strerror(errno));
         agent_free(a);
         return rc;
+    }
+    if (cfg->job_user && *cfg->job_user) {
+        uid_t uid;
+        gid_t gid;
+        if (job_user_resolve(cfg->job_user, &uid, &gid, err, errlen) != 0) {
+            agent_free(a);
+            return KOLO_EINVAL;
+        }
+        if (uid != geteuid() && !(a->job_user = dup_or_null(cfg->job_user, &oom))) {
+            agent_free(a);
+            return errf(err, errlen, KOLO_ENOMEM, "out of memory");
+        }
+        LOGI("agent", "workers run as %s (uid %d, gid %d)", cfg->job_user, (int)uid, (int)gid);
+    } else if (geteuid() == 0) {
+        LOGW("agent", "running as root without --job-user: jobs run as root and can read this "
+                      "agent's files and token");
     }
     if ((rc = load_host_id(a, err, errlen)) != 0) {
         agent_free(a);

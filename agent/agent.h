@@ -31,6 +31,7 @@ struct agent_config {
     int64_t stop_grace_ms;       /* SIGTERM -> SIGKILL delay; 0 = 5000 */
     const char *exec_path;       /* the kolo binary, run as `exec_path __exec -- argv...` */
     const struct tls_files *tls; /* NULL or off: plain tcp:// (common/tls.h) */
+    const char *job_user;        /* run workers as this user (job_user.c); NULL = the agent's */
 };
 
 /* Counters for tests and `--log-level debug` diagnostics. */

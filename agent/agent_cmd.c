@@ -75,7 +75,7 @@ static void drain_then_wait(struct agent *a, int sig, const sigset_t *set, int64
 int cmd_agent(int argc, char **argv)
 {
     char *coordinator = NULL, *name = NULL, *token_file = NULL, *addr = NULL;
-    char *state_dir = NULL, *log_level = NULL, *token = NULL;
+    char *state_dir = NULL, *log_level = NULL, *token = NULL, *job_user = NULL;
     char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL, *tls_dir = NULL;
     int64_t slots = 0, grace = 0, drain_grace = 0;
     struct knob tab[] = {
@@ -101,6 +101,10 @@ int cmd_agent(int argc, char **argv)
          "and the agent waits up to this long for its workers to go before it stops them "
          "(0: stop at once)",
          &drain_grace, NULL},
+        {"job-user", NULL, NULL, KNOB_STR, NULL, 1, 0,
+         "run workers as this user, with its groups and no capabilities (the agent must run "
+         "as root or hold CAP_SETUID, CAP_SETGID and CAP_KILL); default: the agent's own user",
+         &job_user, NULL},
         {"log-level", NULL, "KOLO_LOG_LEVEL", KNOB_STR, NULL, 1, 0,
          "trace, debug, info, warn, error or off (default: info)", &log_level, NULL},
         TLS_KNOBS(tls_cert, tls_key, tls_ca, tls_dir),
@@ -175,6 +179,7 @@ int cmd_agent(int argc, char **argv)
     cfg.state_dir = state_dir;
     cfg.slots = (int)slots;
     cfg.stop_grace_ms = grace;
+    cfg.job_user = job_user;
     cfg.exec_path = NULL; /* agent_start resolves /proc/self/exe */
     struct agent *a = NULL;
     if ((rc = agent_start(&a, &cfg, err, sizeof(err))) != 0) {

@@ -9,6 +9,7 @@
  *   inventory.c  what this host has (CPUs, GPUs, memory, address)
  *   agent_cmd.c  `kolo agent`
  *   exec_shim.c  `kolo __exec`
+ *   job_user.c   running workers as --job-user
  *
  * Locking. One mutex, agent.mu, guards everything more than one thread
  * touches: the mailbox to the loop, the snapshot of running workers, the
@@ -23,6 +24,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <uv.h>
 
 #include "agent.h"
@@ -152,6 +154,7 @@ struct agent {
     char instance[17]; /* random per agent process (RegisterRequest.agent_instance) */
     int slots;
     int64_t stop_grace_ms;
+    char *job_user; /* the shim becomes this user (--user); NULL: no switch */
     struct inventory inv;
     int pid;
 
@@ -219,6 +222,15 @@ bool supervise_idle(const struct agent *a);
 
 /* link.c */
 int link_start(struct agent *a, char *err, size_t errlen);
+
+/* job_user_resolve looks name up and checks that this process can run
+ * workers as that user (root, or CAP_SETUID, CAP_SETGID and CAP_KILL);
+ * root is refused. 0, or -1 with the reason in err. */
+int job_user_resolve(const char *name, uid_t *uid, gid_t *gid, char *err, size_t errlen);
+/* job_user_become makes this process name (its uid, gid and groups) and
+ * drops every capability; for the exec shim, before anything else. 0, or
+ * -1 with the reason in err. */
+int job_user_become(const char *name, char *err, size_t errlen);
 void link_stop(struct agent *a);
 
 #endif

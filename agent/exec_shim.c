@@ -1,6 +1,7 @@
 /*
- * exec_shim.c - `kolo __exec -- argv...`: the process every worker runs
- * under, so that workers never outlive their agent.
+ * exec_shim.c - `kolo __exec [--user USER] -- argv...`: the process every
+ * worker runs under, so that workers never outlive their agent; with
+ * --user it becomes USER before anything else (job_user.c).
  *
  * DESIGN. The agent spawns the shim as the leader of a new process group
  * (UV_PROCESS_DETACHED). The shim asks the kernel for SIGTERM when its
@@ -38,6 +39,7 @@
 #include <unistd.h>
 
 #include "agent.h"
+#include "agent_int.h"
 
 #define SHIM_DEFAULT_GRACE_MS 5000
 
@@ -82,13 +84,28 @@ static int exit_like(int status)
 int cmd_exec_shim(int argc, char **argv)
 {
     int i = 1;
+    const char *user = NULL;
+    if (i + 1 < argc && strcmp(argv[i], "--user") == 0) {
+        user = argv[i + 1];
+        i += 2;
+    }
     if (i < argc && strcmp(argv[i], "--") == 0)
         i++;
     if (i >= argc) {
-        fprintf(stderr, "usage: kolo __exec -- COMMAND [ARGS...] (internal, used by the agent)\n");
+        fprintf(stderr, "usage: kolo __exec [--user USER] -- COMMAND [ARGS...] (internal, used "
+                        "by the agent)\n");
         return 2;
     }
     char **cmd = argv + i;
+    if (user) {
+        /* First: the parent-death request below would not survive the
+         * change of credentials (job_user.c). */
+        char err[512];
+        if (job_user_become(user, err, sizeof err) != 0) {
+            fprintf(stderr, "kolo: cannot run '%s': %s\n", cmd[0], err);
+            return 127;
+        }
+    }
 
     sigset_t set, old;
     sigemptyset(&set);

@@ -9,7 +9,8 @@
  * drops it from the set. Restarting is the coordinator's decision, made by
  * issuing a new generation.
  *
- * Every worker is `kolo __exec -- argv...` (see exec_shim.c) started with
+ * Every worker is `kolo __exec [--user U] -- argv...` (see exec_shim.c,
+ * job_user.c: U is --job-user, the user the worker runs as) started with
  * UV_PROCESS_DETACHED, so it leads a process group of its own: stopping
  * signals the whole group (the worker and whatever it forked), SIGTERM
  * first and SIGKILL after the grace. The group is signalled only while
@@ -466,18 +467,23 @@ static void worker_spawn(struct agent *a, const Kolo__WorkerSpec *s)
 
     struct envv env = {0};
     build_env(a, s, &env);
-    char **args = calloc(s->n_argv + 4, sizeof(char *));
+    char **args = calloc(s->n_argv + 6, sizeof(char *));
     if (env.oom || !env.v || !args) {
         envv_free(&env);
         free(args);
         spawn_failed(w, "out of memory");
         return;
     }
-    args[0] = a->exec_path;
-    args[1] = "__exec";
-    args[2] = "--";
+    size_t k = 0;
+    args[k++] = a->exec_path;
+    args[k++] = "__exec";
+    if (a->job_user) { /* the shim switches to it first (job_user.c) */
+        args[k++] = "--user";
+        args[k++] = a->job_user;
+    }
+    args[k++] = "--";
     for (size_t i = 0; i < s->n_argv; i++)
-        args[3 + i] = s->argv[i];
+        args[k + i] = s->argv[i];
 
     uv_stdio_container_t stdio[3];
     stdio[0].flags = UV_IGNORE;

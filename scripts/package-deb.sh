@@ -4,7 +4,8 @@
 # kolo.h, the Python package where Debian's python3 finds it), plus
 # deploy/: the systemd units, /etc/kolo/*.conf (conffiles) and the
 # maintainer scripts (the kolo user, /var/lib/kolo 0700, a 0600 token made
-# at install). Prints the .deb's path. dpkg-deb stands in for
+# at install, the kolo-job user jobs run as). libssl3 is a dependency:
+# --encrypt-data's AEAD is libcrypto's (worker/seal.c opens it at run time). Prints the .deb's path. dpkg-deb stands in for
 # `cpack -G DEB`: the same package, with Debian's own tool.
 #
 #   scripts/package-deb.sh [BUILD_DIR]     (default: build; writes BUILD_DIR/kolo_*.deb)
@@ -35,8 +36,8 @@ Version: $version
 Architecture: $arch
 Maintainer: kolo developers <kolo@localhost>
 Installed-Size: $size_kb
-Depends: libc6, libnng1 (>= 1.5), libprotobuf-c1, libuv1, libsqlite3-0, adduser, python3, python3-numpy
-Recommends: libssl3, python3-torch, python3-cloudpickle
+Depends: libc6, libnng1 (>= 1.5), libprotobuf-c1, libuv1, libsqlite3-0, libssl3 | libssl3t64, adduser, python3, python3-numpy
+Recommends: python3-torch, python3-cloudpickle
 Section: science
 Priority: optional
 Description: elastic data-parallel training with a Horovod-compatible API

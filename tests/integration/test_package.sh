@@ -4,13 +4,16 @@
 # - its contents: /usr/bin/kolo, libkolo and its links, kolo.h, the Python
 #   package under /usr/lib/python3/dist-packages, both systemd units (they
 #   pass systemd-analyze verify), /etc/kolo/*.conf as conffiles;
-# - dpkg -i makes the kolo system user, /var/lib/kolo (0700, kolo's) and a
-#   0600 token;
+# - its Depends name libssl3 (--encrypt-data opens libcrypto);
+# - dpkg -i makes the kolo system user, /var/lib/kolo (0700, kolo's), a
+#   0600 token and the kolo-job user (no login shell);
 # - a 2-rank Python job runs from installed paths only (no PYTHONPATH, no
 #   build tree): kolo and libkolo come from /usr;
-# - the units' commands, run by hand as the kolo user with the packaged
-#   config files (no systemd here), form a cluster that runs a job as kolo;
-# - dpkg --purge removes the files, the token, the state and the user;
+# - the units' commands, run by hand as their users with the packaged
+#   config files (no systemd here: the coordinator as kolo, the agent as
+#   root), form a cluster whose jobs run as kolo-job and can read neither
+#   /etc/kolo/token nor /var/lib/kolo;
+# - dpkg --purge removes the files, the token, the state and both users;
 # - pip install ./python (python/pyproject.toml) works offline.
 . "$(dirname "$0")/lib.sh"
 [ "$(id -u)" = 0 ] || skip "installing a package needs root"
@@ -32,6 +35,7 @@ trap 'rc=$?; set +e; purge; (exit $rc); cleanup' EXIT
 note "build the package"
 DEB=$("$ROOT/scripts/package-deb.sh" "$BUILD") || fail "package-deb.sh failed"
 dpkg-deb -f "$DEB" Package Version Depends | has "^Package: kolo" || fail "no control file"
+dpkg-deb -f "$DEB" Depends | has "libssl3" || fail "libssl3 is not in Depends: $(dpkg-deb -f "$DEB" Depends)"
 dpkg-deb -c "$DEB" | awk '{print $6}' >"$WORK/contents"
 for f in ./usr/bin/kolo ./usr/lib/libkolo.so ./usr/lib/libkolo.so.0 ./usr/include/kolo.h \
          ./usr/include/kolo/abi.h \
@@ -61,6 +65,7 @@ kolo.shutdown()') >"$WORK/pip-job.out" 2>&1 || fail "the job failed: $(cat "$WOR
 note "install"
 dpkg -i "$DEB" >"$WORK/install.out" 2>&1 || fail "dpkg -i failed: $(cat "$WORK/install.out")"
 getent passwd kolo >/dev/null || fail "no kolo user"
+getent passwd kolo-job | has ":/usr/sbin/nologin$" || fail "no kolo-job user without a login shell: $(getent passwd kolo-job)"
 [ "$(stat -c '%a %U' /var/lib/kolo)" = "700 kolo" ] || fail "/var/lib/kolo is $(stat -c '%a %U' /var/lib/kolo)"
 [ "$(stat -c '%a %U' /etc/kolo/token)" = "600 kolo" ] || fail "/etc/kolo/token is $(stat -c '%a %U' /etc/kolo/token)"
 [ "$(wc -c </etc/kolo/token)" -ge 64 ] || fail "the token is short"
@@ -91,7 +96,7 @@ PY
 [ "$(grep -c 'result 3 3 3 /usr/lib/python3/dist-packages/kolo/__init__.py /usr/lib/libkolo.so' "$WORK/job.out")" -eq 2 ] ||
   fail "not from installed paths: $(cat "$WORK/job.out")"
 
-note "the units' commands as the kolo user, with the packaged config files"
+note "the units' commands as their users (coordinator: kolo, agent: root), with the packaged config files"
 runuser -u kolo -- /usr/bin/kolo coordinator --config /etc/kolo/coordinator.conf \
   --listen tcp://127.0.0.1:0 --http 127.0.0.1:0 >"$WORK/svc-coord.out" 2>"$WORK/svc-coord.err" &
 PIDS+=($!)
@@ -99,14 +104,20 @@ wait_for 10 grep -q "ready" "$WORK/svc-coord.out" || fail "the coordinator did n
 RPC=$(sed -n 's/.*rpc=\([^ ]*\).*/\1/p' "$WORK/svc-coord.out")
 HTTP=$(sed -n 's/.*http=\([^ ]*\).*/\1/p' "$WORK/svc-coord.out")
 [ -f /var/lib/kolo/kolo.db ] || fail "no database in /var/lib/kolo"
-runuser -u kolo -- /usr/bin/kolo agent --config /etc/kolo/agent.conf --coordinator "$RPC" \
+grep -q "^User=" /lib/systemd/system/kolo-agent.service && fail "the agent's unit names a user: it must run as root to switch to kolo-job"
+/usr/bin/kolo agent --config /etc/kolo/agent.conf --coordinator "$RPC" \
   --slots 2 >"$WORK/svc-agent.out" 2>"$WORK/svc-agent.err" &
 SVC_AGENT=$!
 PIDS+=("$SVC_AGENT")
 wait_hosts 1
-/usr/bin/kolo run -np 2 --coordinator "$RPC" --token-file /etc/kolo/token -- id -un \
+/usr/bin/kolo run -np 2 --coordinator "$RPC" --token-file /etc/kolo/token -- sh -c '
+  id -un
+  if cat /etc/kolo/token >/dev/null 2>&1; then echo token=read; else echo token=denied; fi
+  if ls /var/lib/kolo >/dev/null 2>&1; then echo state=read; else echo state=denied; fi' \
   >"$WORK/svc-job.out" 2>&1 || fail "the job failed: $(cat "$WORK/svc-job.out")"
-[ "$(grep -c '<stdout>:kolo$' "$WORK/svc-job.out")" -eq 2 ] || fail "the job did not run as kolo: $(cat "$WORK/svc-job.out")"
+[ "$(grep -c '<stdout>:kolo-job$' "$WORK/svc-job.out")" -eq 2 ] || fail "the job did not run as kolo-job: $(cat "$WORK/svc-job.out")"
+[ "$(grep -c '<stdout>:token=denied$' "$WORK/svc-job.out")" -eq 2 ] || fail "the job read /etc/kolo/token: $(cat "$WORK/svc-job.out")"
+[ "$(grep -c '<stdout>:state=denied$' "$WORK/svc-job.out")" -eq 2 ] || fail "the job read /var/lib/kolo: $(cat "$WORK/svc-job.out")"
 kill -TERM "$SVC_AGENT"
 wait_for 10 sh -c "! kill -0 $SVC_AGENT 2>/dev/null" || fail "the agent did not stop on SIGTERM"
 
@@ -117,4 +128,5 @@ for f in /usr/bin/kolo /usr/lib/libkolo.so.0 /usr/lib/python3/dist-packages/kolo
   [ ! -e "$f" ] || fail "$f is left after purge"
 done
 getent passwd kolo >/dev/null && fail "the kolo user is left after purge"
+getent passwd kolo-job >/dev/null && fail "the kolo-job user is left after purge"
 echo PASS
