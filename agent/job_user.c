@@ -54,7 +54,8 @@ static bool has_cap(uint64_t set, int cap)
     return (set >> cap) & 1;
 }
 
-int job_user_resolve(const char *name, uid_t *uid, gid_t *gid, char *err, size_t errlen)
+/* lookup finds name's uid and gid, refusing root. */
+static int lookup(const char *name, uid_t *uid, gid_t *gid, char *err, size_t errlen)
 {
     errno = 0;
     struct passwd *pw = getpwnam(name);
@@ -69,7 +70,14 @@ int job_user_resolve(const char *name, uid_t *uid, gid_t *gid, char *err, size_t
         snprintf(err, errlen, "job user '%s' is root: name an unprivileged user", name);
         return -1;
     }
-    if (pw->pw_uid == geteuid())
+    return 0;
+}
+
+int job_user_resolve(const char *name, uid_t *uid, gid_t *gid, char *err, size_t errlen)
+{
+    if (lookup(name, uid, gid, err, errlen) != 0)
+        return -1;
+    if (*uid == geteuid())
         return 0; /* jobs run as the agent's own user: nothing to switch */
     uint64_t caps = effective_caps();
     if (geteuid() != 0 && !(has_cap(caps, CAP_SETUID) && has_cap(caps, CAP_SETGID) &&
@@ -85,19 +93,10 @@ int job_user_resolve(const char *name, uid_t *uid, gid_t *gid, char *err, size_t
 
 int job_user_become(const char *name, char *err, size_t errlen)
 {
-    errno = 0;
-    struct passwd *pw = getpwnam(name);
-    if (!pw) {
-        snprintf(err, errlen, "job user '%s': %s", name,
-                 errno ? strerror(errno) : "no such user");
+    uid_t uid;
+    gid_t gid;
+    if (lookup(name, &uid, &gid, err, errlen) != 0)
         return -1;
-    }
-    uid_t uid = pw->pw_uid;
-    gid_t gid = pw->pw_gid;
-    if (uid == 0) {
-        snprintf(err, errlen, "job user '%s' is root", name);
-        return -1;
-    }
     if (getuid() != uid || geteuid() != uid) {
         if (initgroups(name, gid) != 0 || setresgid(gid, gid, gid) != 0 ||
             setresuid(uid, uid, uid) != 0) {
