@@ -147,12 +147,12 @@ int coord_elastic_init(struct job *j, const struct elastic_opts *o, char *err, s
     return 0;
 }
 
-static void drop_assigns(struct elastic *el, const char *why)
+static void drop_assigns(struct elastic *el, int code, const char *why)
 {
     while (el->assign) {
         struct parked_assign *p = el->assign;
         el->assign = p->next;
-        rpc_call_error(p->call, KOLO_ESHUTDOWN, "%s", why);
+        rpc_call_error(p->call, code, "%s", why);
         free(p);
     }
 }
@@ -161,7 +161,7 @@ void coord_elastic_shutdown(struct coord *c, struct job *j)
 {
     (void)c;
     if (j->el)
-        drop_assigns(j->el, "the coordinator is shutting down");
+        drop_assigns(j->el, KOLO_EIO, COORD_STOPPING_WHY); /* retried, as in coord_negot.c */
 }
 
 void coord_elastic_free(struct elastic *el)
@@ -173,7 +173,7 @@ void coord_elastic_free(struct elastic *el)
         el->excl = x->next;
         free(x);
     }
-    drop_assigns(el, "the job is gone");
+    drop_assigns(el, KOLO_ESHUTDOWN, "the job is gone");
     free(el->discovery);
     free(el->wait_cause);
     free(el->disc);

@@ -14,8 +14,9 @@ int coord_elastic_init(struct job *j, const struct elastic_opts *o, char *err, s
  * answered (KOLO_ESHUTDOWN), so the RPC server must still be open. */
 void coord_elastic_free(struct elastic *el);
 /* coord_elastic_shutdown answers the job's parked place requests
- * (KOLO_ESHUTDOWN, the coordinator is stopping) while the RPC server that
- * holds them is still open: the stop's drain, before it closes. */
+ * (KOLO_EIO, COORD_STOPPING_WHY: the workers ask again) while the RPC
+ * server that holds them is still open: the stop's drain, before it
+ * closes. */
 void coord_elastic_shutdown(struct coord *c, struct job *j);
 bool coord_elastic_host_usable(struct coord *c, struct job *j, const struct host *h);
 void coord_elastic_member_gone(struct coord *c, struct job *j, struct host *h, bool exclude,

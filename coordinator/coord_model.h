@@ -43,6 +43,9 @@ struct coord_writer; /* coord_writer.h */
 
 #define COORD_CRON_MS 100
 #define COORD_MAX_NP  65536
+/* What a worker's call parked at the stop is answered, with KOLO_EIO (a
+ * code workers retry): a restarted coordinator resumes them. */
+#define COORD_STOPPING_WHY "the coordinator is stopping (it may be restarting): ask again"
 
 enum host_state { HOST_ALIVE, HOST_LOST };
 enum job_state { JOB_PENDING, JOB_RUNNING, JOB_SUCCEEDED, JOB_FAILED, JOB_STOPPED };

@@ -1333,11 +1333,14 @@ bool coord_negot_stall_missing(const struct negot_stall *s, int rank)
     return !s->reqs[rank] && !s->rank_joined[rank];
 }
 
+/* The coordinator stops: its workers' parked calls get KOLO_EIO, which
+ * they retry as they do a lost connection, so a restart (systemctl
+ * restart, an upgrade) is resumed like a kill -9 and ends no job. */
 void coord_negot_drop_parked(struct coord *c, struct job *j)
 {
     struct negot *all[1 + NEGOT_MAX_SETS];
     int k = job_negots(j, all, 1 + NEGOT_MAX_SETS);
     for (int i = 0; i < k; i++)
-        negot_drop_parked(all[i], KOLO_ESHUTDOWN, "the coordinator is shutting down");
+        negot_drop_parked(all[i], KOLO_EIO, COORD_STOPPING_WHY);
     (void)c;
 }

@@ -54,6 +54,9 @@ SCENARIOS = {
                          "3,300 held-open connections to the RPC and HTTP ports"),
     "dataplane_strangers": ("test_dataplane_auth.sh",
                             "garbage, idle and forged connections on a rank's data port"),
+    "stop_parked": ("test_coordinator_stop.sh",
+                    "SIGTERM under parked calls of every kind, 4 rounds (an AddressSanitizer "
+                    "coordinator from build-address when there is one)"),
 }
 
 
@@ -66,6 +69,11 @@ def env_for(build):
         "KOLO_EXAMPLE": os.path.join(b, "bin", "kolo-example-allreduce"),
         "KOLO_STORE_CHECK": os.path.join(b, "tests", "store", "kolo-test-store-check"),
     })
+    # stop_parked's coordinator: the AddressSanitizer build scripts/test.sh
+    # makes, where there is one (its workers keep the normal libkolo)
+    asan = os.path.join(ROOT, "build-address", "bin", "kolo")
+    if os.path.exists(asan) and "KOLO_COORD" not in env:
+        env["KOLO_COORD"] = asan
     return env
 
 
