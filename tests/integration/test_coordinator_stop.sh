@@ -114,8 +114,12 @@ for round in $(seq 1 "$ROUNDS"); do
   t0=$(now_ms)
   kill -TERM "$COORD_PID"
   rc=0
-  for _ in $(seq 1 $((STOP_BOUND * 20))); do coord_gone && break; sleep 0.05; done
-  if ! coord_gone; then
+  stopped=0
+  for _ in $(seq 1 $((STOP_BOUND * 20))); do
+    if coord_gone; then stopped=1; break; fi
+    sleep 0.05
+  done
+  if [ $stopped = 0 ]; then
     command -v gdb >/dev/null && timeout 20 gdb -p "$COORD_PID" -batch -ex "thread apply all bt 20" 2>/dev/null | grep -E '^(Thread|#)' | head -n 150
     fail "round $round: the coordinator did not exit within $STOP_BOUND s of SIGTERM"
   fi
