@@ -138,4 +138,36 @@ for round in $(seq 1 "$ROUNDS"); do
   rm -f "$WORK/coord.out"
 done
 echo "coordinator stop under parked calls: $ROUNDS rounds, worst ${worst} ms, mean $((total / ROUNDS)) ms (bound ${STOP_BOUND} s)"
+
+# A stop that cannot finish in time (here: the discovery thread runs a
+# host discovery script that sleeps 8 s, and the stop joins it) is cut
+# short at --stop-timeout, and at once by a second signal: exit 1.
+for mode in timeout again; do
+  "$COORD_BIN" coordinator --listen tcp://127.0.0.1:0 --http "" --db "$WORK/slow-$mode.db" \
+      --stop-timeout 1s >"$WORK/slow.out" 2>"$WORK/slow-$mode.err" &
+  SLOW_PID=$!
+  PIDS+=("$SLOW_PID")
+  wait_for 20 grep -q ready "$WORK/slow.out" || fail "$mode: the coordinator did not start"
+  SRPC=$(sed -n 's/.*rpc=\([^ ]*\).*/\1/p' "$WORK/slow.out")
+  "$KOLO" run --detach -np 1 --min-np 1 --host-discovery-script "sleep 8.$MARK" \
+      --coordinator "$SRPC" -- true >/dev/null 2>&1 || fail "$mode: submit"
+  script_runs() { pgrep -f "^sleep 8.$MARK\$" >/dev/null; }
+  wait_for 10 script_runs || fail "$mode: the discovery script did not run"
+  t0=$(now_ms)
+  kill -TERM "$SLOW_PID"
+  if [ $mode = again ]; then sleep 0.2; kill -TERM "$SLOW_PID"; fi
+  rc=0
+  wait "$SLOW_PID" || rc=$?
+  ms=$(( $(now_ms) - t0 ))
+  pkill -f "^sleep 8.$MARK\$" || true
+  [ $rc -eq 1 ] || fail "$mode: exit $rc, not 1"
+  if [ $mode = timeout ]; then
+    [ $ms -lt 4000 ] || fail "timeout: took $ms ms with --stop-timeout 1s"
+    grep -q "did not finish within 1000 ms" "$WORK/slow-$mode.err" || fail "timeout: not logged"
+  else
+    [ $ms -lt 1000 ] || fail "again: took $ms ms after the second signal"
+    grep -q "again: exiting" "$WORK/slow-$mode.err" || fail "again: not logged"
+  fi
+  note "a stop held by an 8 s discovery script: $mode -> exit 1 after $ms ms"
+done
 echo PASS
