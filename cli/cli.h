@@ -5,7 +5,9 @@
 #ifndef KOLO_CLI_CLI_H
 #define KOLO_CLI_CLI_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include <protobuf-c/protobuf-c.h>
 
@@ -43,6 +45,21 @@ int cli_connect(struct rpc_client **cli, const char *url, const char *token,
 int cli_call(struct rpc_client *cli, const char *method, const ProtobufCMessage *req,
              const ProtobufCMessageDescriptor *rep_desc, ProtobufCMessage **rep, int timeout_ms,
              char *err, size_t errlen);
+
+/* cli_transient: a call failed in a way that a coordinator restarting (or
+ * busy) explains, so following a job should go on asking. */
+bool cli_transient(int rv);
+
+/* job_lines.c: a job's output lines for a person (see its DESIGN). */
+/* cli_escape_wanted: control bytes are escaped on f (a terminal, no --raw). */
+bool cli_escape_wanted(FILE *f, bool raw);
+/* cli_write_text writes text to f, its control bytes and bytes that are
+ * not UTF-8 as \xNN when escape is set, untouched otherwise. */
+void cli_write_text(FILE *f, const void *text, size_t len, bool escape);
+/* cli_print_job_line prints "[rank]<stream>:" (when prefix), the text and
+ * a newline. */
+void cli_print_job_line(FILE *f, int rank, bool err_stream, bool prefix, const void *text,
+                        size_t len, bool escape);
 
 /* cli_state_dir returns $XDG_STATE_HOME/kolo or ~/.local/state/kolo (malloc'd). */
 char *cli_state_dir(void);

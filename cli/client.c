@@ -58,6 +58,12 @@ int cli_call(struct rpc_client *cli, const char *method, const ProtobufCMessage 
     return 0;
 }
 
+bool cli_transient(int rv)
+{
+    return rv == KOLO_ETIMEDOUT || rv == KOLO_ECONNREFUSED || rv == KOLO_ESHUTDOWN ||
+           rv == KOLO_EIO || rv == KOLO_EBUSY;
+}
+
 char *cli_state_dir(void)
 {
     const char *xdg = getenv("XDG_STATE_HOME");

@@ -6,7 +6,8 @@
  *   kolo hosts [-o json]     the hosts
  *   kolo logs [-f] [--rank N] JOB
  *                            a job's output so far (-f: and what follows,
- *                            until the job ends)
+ *                            until the job ends, across coordinator
+ *                            restarts)
  *   kolo stop [--reason TEXT] JOB
  *   kolo attach JOB          follow a job (one submitted with kolo run
  *                            --detach) as kolo run would, exit with its code
@@ -22,6 +23,16 @@
  * same field names as the REST API (docs/api.md). Exit codes a script can
  * rely on: 0 done, 1 the coordinator refused or could not be reached (the
  * reason on stderr), 2 a usage error, 3 no such job or host.
+ *
+ * A job's output reaches a terminal with its control bytes made visible
+ * (job_lines.c); --raw, or a pipe or file, gets the bytes as they are.
+ * `kolo logs -f` outlives a coordinator restart: a call that fails as a
+ * restart would (cli_transient) is retried on the same client, which
+ * redials by itself, from the last sequence number printed, so no line
+ * is printed twice or lost; it gives up once no answer came for
+ * --retry-for (60 s), saying so on stderr. A coordinator killed under a
+ * parked call is noticed when that call times out (--timeout + 5 s), so
+ * giving up can take that much longer.
  */
 #include "cli.h"
 #include "run.h"
@@ -30,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "buf.h"
 #include "errors.h"
@@ -37,6 +49,7 @@
 #include "knobs.h"
 #include "kolo.pb-c.h"
 #include "tls.h"
+#include "util.h"
 
 #define EXIT_REFUSED  1
 #define EXIT_USAGE    2
@@ -334,16 +347,17 @@ int cmd_hosts(int argc, char **argv)
     return list_cmd("hosts", true, false, argc, argv);
 }
 
-#define LOGS_WAIT_MS 5000
+#define LOGS_WAIT_MS  5000
+#define LOGS_RETRY_MS 200 /* between tries while the coordinator is away */
 
 int cmd_logs(int argc, char **argv)
 {
     static const char usage[] =
-        "usage: kolo logs [-f] [--rank N] [-o table|json] [--coordinator URL] [--token-file PATH] "
-        "JOB";
+        "usage: kolo logs [-f] [--rank N] [--raw] [--retry-for DURATION] [-o table|json] "
+        "[--coordinator URL] [--token-file PATH] JOB";
     struct conn c = {0};
-    bool follow = false;
-    int64_t rank = -1;
+    bool follow = false, raw = false;
+    int64_t rank = -1, retry_for = 0;
     struct knob tab[] = {
         CONN_KNOBS(&c),
         OUTPUT_KNOB(&c),
@@ -351,6 +365,14 @@ int cmd_logs(int argc, char **argv)
          "keep printing new lines until the job ends", &follow},
         {"rank", NULL, "", KNOB_INT, "-1", -1, 1 << 20,
          "only this rank's lines, without the [rank]<stream>: prefix", &rank},
+        {"raw", NULL, "", KNOB_BOOL, "false", 0, -1,
+         "print the output bytes as they are even on a terminal (by default a terminal gets "
+         "control bytes, escape sequences included, as \\xNN)",
+         &raw},
+        {"retry-for", NULL, "", KNOB_DURATION, "60s", 0, 86400000,
+         "with -f, how long to keep reconnecting to a coordinator that went away (a restart) "
+         "before giving up",
+         &retry_for},
     };
     size_t n = sizeof tab / sizeof tab[0];
     int rest = 0;
@@ -361,18 +383,53 @@ int cmd_logs(int argc, char **argv)
         conn_close(&c, tab, n);
         return code < 0 ? 0 : code;
     }
-    uint64_t after = 0;
+    bool esc_out = cli_escape_wanted(stdout, raw), esc_err = cli_escape_wanted(stderr, raw);
+    uint64_t after = 0, last_ok = now_mono_ms();
+    bool away = false;
     for (;;) {
         Kolo__StreamOutputRequest req = KOLO__STREAM_OUTPUT_REQUEST__INIT;
         req.job_id = job;
         req.after_seq = after;
-        req.wait_ms = follow ? LOGS_WAIT_MS : 0;
+        req.wait_ms = follow && !away ? LOGS_WAIT_MS : 0;
         req.max_lines = 2000;
+        int timeout = (int)c.timeout + (int)req.wait_ms;
+        if (away) { /* probe within what is left of --retry-for */
+            uint64_t spent = now_mono_ms() - last_ok;
+            int64_t left = retry_for - (int64_t)spent;
+            timeout = left < LOGS_RETRY_MS ? LOGS_RETRY_MS : left < timeout ? (int)left : timeout;
+        }
         ProtobufCMessage *msg = NULL;
-        if ((code = call(&c, "logs", job, "AdminService.StreamOutput", &req.base,
-                         &kolo__stream_output_reply__descriptor, &msg,
-                         (int)c.timeout + (follow ? LOGS_WAIT_MS : 0))) != 0)
+        char err[1024];
+        int rv = cli_call(c.cli, "AdminService.StreamOutput", &req.base,
+                          &kolo__stream_output_reply__descriptor, &msg, timeout, err, sizeof err);
+        if (rv && follow && cli_transient(rv)) {
+            if (!away) {
+                away = true;
+                fprintf(stderr,
+                        "[kolo] coordinator unreachable (%s); reconnecting for up to %lld s\n", err,
+                        (long long)(retry_for / 1000));
+            }
+            if (now_mono_ms() - last_ok >= (uint64_t)retry_for) {
+                fprintf(stderr,
+                        "kolo logs: job %llu: giving up: no answer from the coordinator "
+                        "for %lld s: %s\n",
+                        (unsigned long long)job, (long long)(retry_for / 1000), err);
+                code = EXIT_REFUSED;
+                break;
+            }
+            usleep(LOGS_RETRY_MS * 1000);
+            continue;
+        }
+        if (rv) {
+            fprintf(stderr, "kolo logs: job %llu: %s\n", (unsigned long long)job, err);
+            code = rv == KOLO_ENOTFOUND ? EXIT_NOTFOUND : EXIT_REFUSED;
             break;
+        }
+        last_ok = now_mono_ms();
+        if (away) {
+            fprintf(stderr, "[kolo] coordinator reachable again; going on where it left off\n");
+            away = false;
+        }
         const Kolo__StreamOutputReply *rep = (Kolo__StreamOutputReply *)msg;
         for (size_t i = 0; i < rep->n_lines; i++) {
             const Kolo__OutputLine *l = rep->lines[i];
@@ -392,11 +449,8 @@ int cmd_logs(int argc, char **argv)
                 print_json(&b);
                 continue;
             }
-            FILE *f = err_stream ? stderr : stdout;
-            if (rank < 0)
-                fprintf(f, "[%d]<%s>:", l->rank, err_stream ? "stderr" : "stdout");
-            fwrite(l->text.data, 1, l->text.len, f);
-            fputc('\n', f);
+            cli_print_job_line(err_stream ? stderr : stdout, l->rank, err_stream, rank < 0,
+                               l->text.data, l->text.len, err_stream ? esc_err : esc_out);
         }
         fflush(stdout);
         bool more = rep->next_seq > after && rep->n_lines > 0;
@@ -499,9 +553,15 @@ int cmd_undrain(int argc, char **argv)
 
 int cmd_attach(int argc, char **argv)
 {
-    static const char usage[] = "usage: kolo attach [--coordinator URL] [--token-file PATH] JOB";
+    static const char usage[] =
+        "usage: kolo attach [--raw] [--coordinator URL] [--token-file PATH] JOB";
     struct conn c = {0};
-    struct knob tab[] = {CONN_KNOBS(&c)};
+    bool raw = false;
+    struct knob tab[] = {
+        CONN_KNOBS(&c),
+        {"raw", NULL, "", KNOB_BOOL, "false", 0, -1,
+         "print the output bytes as they are even on a terminal", &raw},
+    };
     size_t n = sizeof tab / sizeof tab[0];
     int rest = 0;
     uint64_t job = 0;
@@ -519,7 +579,7 @@ int cmd_attach(int argc, char **argv)
     if (!code) {
         protobuf_c_message_free_unpacked(msg, NULL);
         /* Ctrl-C leaves the job running: only kolo run stops what it started */
-        code = run_follow(c.cli, job, 0, NULL);
+        code = run_follow(c.cli, job, 0, NULL, raw);
     }
     conn_close(&c, tab, n);
     return code;

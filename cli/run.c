@@ -276,8 +276,10 @@ static void print_epochs(struct rpc_client *cli, uint64_t job_id, int64_t *print
 }
 /* ---- issue 6: per-epoch lines (end) ---- */
 
-int run_follow(struct rpc_client *cli, uint64_t job_id, int64_t grace, struct run_output *files)
+int run_follow(struct rpc_client *cli, uint64_t job_id, int64_t grace, struct run_output *files,
+               bool raw)
 {
+    bool esc_out = cli_escape_wanted(stdout, raw), esc_err = cli_escape_wanted(stderr, raw);
     uint64_t after = 0;
     char last_reason[512] = "";
     char err[1024];
@@ -324,8 +326,7 @@ int run_follow(struct rpc_client *cli, uint64_t job_id, int64_t grace, struct ru
         int rv = cli_call(cli, "AdminService.StreamOutput", &req.base,
                           &kolo__stream_output_reply__descriptor, &msg, STREAM_WAIT_MS + 5000, err,
                           sizeof(err));
-        if (rv == KOLO_ETIMEDOUT || rv == KOLO_ECONNREFUSED || rv == KOLO_ESHUTDOWN ||
-            rv == KOLO_EIO) {
+        if (cli_transient(rv)) {
             /* The coordinator may be restarting: the job lives on in its
              * database. Keep asking for a while. */
             if (!unreachable_since) {
@@ -350,10 +351,8 @@ int run_follow(struct rpc_client *cli, uint64_t job_id, int64_t grace, struct ru
         for (size_t i = 0; i < rep->n_lines; i++) {
             Kolo__OutputLine *l = rep->lines[i];
             bool err_stream = l->stream == KOLO__OUTPUT_STREAM__OUTPUT_STDERR;
-            FILE *f = err_stream ? stderr : stdout;
-            fprintf(f, "[%d]<%s>:", l->rank, err_stream ? "stderr" : "stdout");
-            fwrite(l->text.data, 1, l->text.len, f);
-            fputc('\n', f);
+            cli_print_job_line(err_stream ? stderr : stdout, l->rank, err_stream, true,
+                               l->text.data, l->text.len, err_stream ? esc_err : esc_out);
             run_output_write(files, l->rank, err_stream, l->text.data, l->text.len);
         }
         fflush(stdout);
@@ -650,7 +649,7 @@ int cmd_run(int argc, char **argv)
         code = 0;
         goto out;
     }
-    code = run_follow(cli, job_id, o.grace, files);
+    code = run_follow(cli, job_id, o.grace, files, o.raw);
 
 out:
     free(args);

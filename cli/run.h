@@ -29,6 +29,7 @@ struct run_opts {
     int64_t start_timeout, slots, grace;
     int64_t fusion_threshold_mb, cache_capacity, stall_warning_s, stall_shutdown_s;
     bool verbose, stall_check, version, check_build, encrypt_data, detach;
+    bool raw; /* --raw: output bytes untouched on a terminal too (job_lines.c) */
     bool slurm; /* --slurm; see run_slurm.c (on by itself inside an allocation) */
     /* elastic (horovodrun's names); any of min/max-np or a discovery script
      * makes the job elastic */
@@ -65,9 +66,11 @@ char **run_job_env(struct knob *tab, size_t n, const struct run_opts *o);
  * its epoch lines and why it is pending, until it ends; returns its exit
  * code (1 when it could not be followed). A SIGINT/SIGTERM that kolo run
  * caught stops the job, waiting up to grace + 10 s; files: NULL, or
- * --output-filename's files.
+ * --output-filename's files (always the raw bytes). On a terminal the
+ * output's control bytes are escaped unless raw (job_lines.c).
  */
-int run_follow(struct rpc_client *cli, uint64_t job_id, int64_t grace, struct run_output *files);
+int run_follow(struct rpc_client *cli, uint64_t job_id, int64_t grace, struct run_output *files,
+               bool raw);
 
 /* ---- run_slurm.c: kolo run inside a Slurm allocation ---- */
 

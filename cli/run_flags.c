@@ -299,6 +299,10 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
          "submit to --coordinator, print the job id and return (kolo attach JOB follows it, "
          "kolo logs JOB shows its output)",
          &o->detach},
+        {"raw", NULL, "", KNOB_BOOL, "false", 0, -1,
+         "print the job's output bytes as they are even on a terminal (by default a "
+         "terminal gets its control bytes, escape sequences included, as \\xNN)",
+         &o->raw},
         {"verbose", NULL, "", KNOB_BOOL, "false", 0, -1,
          "log what the embedded coordinator and agent do", &o->verbose},
         {"log-level", NULL, "KOLO_LOG_LEVEL", KNOB_STR, "warn", 0, -1,
