@@ -565,9 +565,9 @@ int cmd_run(int argc, char **argv)
         }
         url = coord_rpc_url(coord);
         if (coord_http_url(coord)[0])
-            fprintf(stderr, "[kolo] embedded coordinator %s, dashboard %s/ (state %s%s%s)\n",
-                    url, coord_http_url(coord), db, run_token_path[0] ? ", token " : "",
-                    run_token_path);
+            fprintf(stderr, "[kolo] embedded coordinator %s, dashboard %s/?key=%s (state %s%s%s)\n",
+                    url, coord_http_url(coord), coord_dashboard_key(coord), db,
+                    run_token_path[0] ? ", token " : "", run_token_path);
     }
 
     if (cli_connect(&cli, url, token, &tls, "kolo-run", err, sizeof(err)) != 0) {
@@ -642,8 +642,9 @@ int cmd_run(int argc, char **argv)
         fprintf(stderr, "[kolo] job %llu submitted (np %lld)\n", (unsigned long long)job_id,
                 (long long)o.np);
     if (coord && coord_http_url(coord)[0])
-        fprintf(stderr, "[kolo] job %llu on the dashboard: %s/#/jobs/%llu\n",
-                (unsigned long long)job_id, coord_http_url(coord), (unsigned long long)job_id);
+        fprintf(stderr, "[kolo] job %llu on the dashboard: %s/?key=%s#/jobs/%llu\n",
+                (unsigned long long)job_id, coord_http_url(coord), coord_dashboard_key(coord),
+                (unsigned long long)job_id);
     if (o.detach) { /* kolo attach JOB follows it later */
         printf("%llu\n", (unsigned long long)job_id);
         code = 0;

@@ -14,6 +14,16 @@ static void put_le(unsigned char *p, uint64_t v)
         p[i] = (unsigned char)(v >> (8 * i));
 }
 
+static void put_hex(const unsigned char *mac, size_t n, char *out)
+{
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = hex[mac[i] >> 4];
+        out[2 * i + 1] = hex[mac[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
 void creds_job(const char *token, uint64_t job, char out[CREDS_JOB_HEX])
 {
     static const char label[] = "kolo-job-credential";
@@ -21,12 +31,15 @@ void creds_job(const char *token, uint64_t job, char out[CREDS_JOB_HEX])
     memcpy(msg, label, sizeof label); /* the NUL separates label and job */
     put_le(msg + sizeof label, job);
     hmac_sha256(token, strlen(token), msg, sizeof msg, mac);
-    static const char hex[] = "0123456789abcdef";
-    for (int i = 0; i < SHA256_LEN; i++) {
-        out[2 * i] = hex[mac[i] >> 4];
-        out[2 * i + 1] = hex[mac[i] & 15];
-    }
-    out[2 * SHA256_LEN] = '\0';
+    put_hex(mac, SHA256_LEN, out);
+}
+
+void creds_view(const char *token, char out[CREDS_VIEW_HEX])
+{
+    static const char label[] = "kolo-dashboard-view";
+    unsigned char mac[SHA256_LEN];
+    hmac_sha256(token, strlen(token), label, sizeof label, mac);
+    put_hex(mac, (CREDS_VIEW_HEX - 1) / 2, out);
 }
 
 void creds_data_key(const char *job_credential, uint64_t job, uint64_t generation,

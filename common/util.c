@@ -490,3 +490,26 @@ int usable_cpus(void)
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
 }
+
+int trace_file_open(const char *path)
+{
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0 && errno == ENOENT)
+        return open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        if (errno == ELOOP)
+            errno = EEXIST; /* a symbolic link: not followed */
+        return -1;
+    }
+    struct stat st;
+    char first = 0;
+    bool ours = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+                (st.st_size == 0 || (pread(fd, &first, 1, 0) == 1 && first == '['));
+    if (!ours || ftruncate(fd, 0) != 0) {
+        int e = ours ? errno : EEXIST;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}

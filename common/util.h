@@ -10,6 +10,17 @@
 #include <stdio.h>
 #include <stdint.h>
 
+/* trace_file_open opens a trace (timeline) file for writing, from its
+ * start: a new file is 0600; an existing one is replaced only when it is
+ * a regular file of this user that is empty or starts like a trace ('[');
+ * symbolic links are not followed. So a timeline path never makes kolo
+ * clobber what is not a timeline. The descriptor, or -1 with errno
+ * (EEXIST: something else is there, TRACE_FILE_EEXIST says it). */
+int trace_file_open(const char *path);
+#define TRACE_FILE_EEXIST                                                                      \
+    "something that is not a kolo timeline is there (a file of another user or kind, or a "  \
+    "symbolic link): kolo overwrites only timelines"
+
 /* now_mono_ms: CLOCK_MONOTONIC in ms, for leases and deadlines. */
 uint64_t now_mono_ms(void);
 /* now_mono_us: the same clock in microseconds, for short intervals. */

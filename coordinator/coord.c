@@ -362,6 +362,7 @@ static void coord_free(struct coord *c)
     free(c->listen);
     free(c->http_addr);
     free(c->db_path);
+    free(c->timeline_dir);
     free(c->token);
     free(c->dashboard_dir);
     if (c->http_left)

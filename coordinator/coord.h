@@ -39,6 +39,10 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
 /* Bound URLs: "tcp://127.0.0.1:40211" and "http://127.0.0.1:40212". */
 const char *coord_rpc_url(const struct coord *c);
 const char *coord_http_url(const struct coord *c);
+/* The key that opens a job's argv, cwd and output to a browser or script
+ * (common/creds.h, view key): the dashboard link kolo prints carries it
+ * as ?key=, which the dashboard keeps as a cookie. */
+const char *coord_dashboard_key(struct coord *c);
 /* coord_stop answers every parked call, closes listeners and the store. */
 void coord_stop(struct coord *c);
 

@@ -9,10 +9,12 @@
  * runs on an nng thread and only posts the request to the main thread,
  * which builds the answer from the state it owns.
  *
- * Authentication: reads are open (the listener is loopback unless a token
- * is configured). Anything that changes state needs
- * "Authorization: Bearer <token>"; with no token configured those routes
- * answer 403, so nothing can start a command over HTTP without the token.
+ * Authentication: timings, states and events are open to every reader; a
+ * job's argv, cwd and output need the token or the view key (a bearer
+ * token, or the cookie the printed ?key= link leaves: http_reader_trusted).
+ * Anything that changes state needs "Authorization: Bearer <token>"; with
+ * no token configured those routes answer 403, so nothing can start a
+ * command over HTTP without the token.
  *
  * Query parameters are integers, checked (query_param): a bad one answers
  * 400 naming it, since a typo silently read as the default would show the
@@ -41,6 +43,7 @@
 
 #include <nng/supplemental/http/http.h>
 
+#include "creds.h"
 #include "errors.h"
 #include "hmac.h"
 #include "json.h"
@@ -65,6 +68,7 @@ struct http_out {
     struct buf body;
     char allow[32];    /* for 405: the methods the path takes */
     bool www_auth;     /* for 401 */
+    bool set_cookie;   /* the request brought the view key as ?key=: keep it */
 };
 
 /* ---------------------------------------------------------------- helpers */
@@ -647,12 +651,65 @@ static bool bearer_ok(struct coord *c, struct http_req *r)
     return ct_equal(a, b, SHA256_LEN);
 }
 
+const char *coord_dashboard_key(struct coord *c)
+{
+    if (!c->view_key[0])
+        creds_view(c->token ? c->token : c->mesh_secret, c->view_key);
+    return c->view_key;
+}
+
+static bool view_key_equal(struct coord *c, const char *given, size_t len)
+{
+    const char *key = coord_dashboard_key(c);
+    return len == strlen(key) && ct_equal((const uint8_t *)given, (const uint8_t *)key, len);
+}
+
+/* The cookie that holds the view key in a browser: one per port, since
+ * browsers share cookies between the ports of a host (every kolo run's
+ * embedded coordinator has its own). */
+static void view_cookie_name(const struct coord *c, char *out, size_t len)
+{
+    snprintf(out, len, "kolo_view_%d", c->http_port);
+}
+
+/* Whether the request brings the view key: as ?key= (the printed link),
+ * as the cookie the dashboard got from that, or as a bearer token. */
+static bool view_key_given(struct coord *c, struct http_req *r, bool *in_query)
+{
+    *in_query = false;
+    for (const char *p = r->query; p && *p;) {
+        size_t n = strcspn(p, "&");
+        if (n > 4 && strncmp(p, "key=", 4) == 0 && view_key_equal(c, p + 4, n - 4))
+            return *in_query = true;
+        p += n + (p[n] == '&');
+    }
+    const char *auth = nng_http_req_get_header(r->req, "Authorization");
+    if (auth && strncmp(auth, "Bearer ", 7) == 0 && view_key_equal(c, auth + 7, strlen(auth + 7)))
+        return true;
+    const char *cookies = nng_http_req_get_header(r->req, "Cookie");
+    char name[40];
+    view_cookie_name(c, name, sizeof name);
+    size_t nlen = strlen(name);
+    for (const char *p = cookies; p && *p;) {
+        while (*p == ' ' || *p == ';')
+            p++;
+        size_t n = strcspn(p, ";");
+        if (n > nlen + 1 && strncmp(p, name, nlen) == 0 && p[nlen] == '=' &&
+            view_key_equal(c, p + nlen + 1, n - nlen - 1))
+            return true;
+        p += n;
+    }
+    return false;
+}
+
 /* What a job runs and prints (argv, cwd, output: a job may print
- * anything, secrets included) is for token holders once HTTP listens
- * beyond loopback; timings, states and events stay open. */
+ * anything, secrets included) is for its owner: whoever holds the token
+ * or the view key (issue 28: loopback is not a trust boundary, another
+ * user of the host reaches it too). Timings, states and events stay open. */
 static bool http_reader_trusted(struct coord *c, struct http_req *r)
 {
-    return !c->http_addr || addr_is_loopback(c->http_addr) || bearer_ok(c, r);
+    bool in_query;
+    return bearer_ok(c, r) || view_key_given(c, r, &in_query);
 }
 
 static bool http_authorized(struct coord *c, struct http_req *r, struct http_out *o)
@@ -1035,8 +1092,9 @@ static bool post_job_stop(struct route_req *x)
 static bool get_job_output(struct route_req *x)
 {
     if (!http_reader_trusted(x->c, x->r)) {
-        out_json_error(x->o, 401, "a job's output is shown to token holders only on this "
-                                  "listener: send 'Authorization: Bearer <token>'");
+        out_json_error(x->o, 401, "a job's output is shown to its owner only: open the "
+                                  "dashboard from the link kolo printed (it carries the "
+                                  "key), or send 'Authorization: Bearer <token>'");
         x->o->www_auth = true;
         return false;
     }
@@ -1372,6 +1430,7 @@ void coord_http_handle(struct coord *c, nng_aio *aio)
         /* trailing slash tolerated on API routes */
         if (plen > 1 && r.path[plen - 1] == '/' && strncmp(r.path, "/api/", 5) == 0)
             r.path[plen - 1] = '\0';
+        view_key_given(c, &r, &o.set_cookie);
         route(c, &r, &o);
     }
     if (o.status >= 500)
@@ -1393,6 +1452,13 @@ void coord_http_handle(struct coord *c, nng_aio *aio)
         nng_http_res_set_header(res, "Allow", o.allow);
     if (o.www_auth)
         nng_http_res_set_header(res, "WWW-Authenticate", "Bearer realm=\"kolo\"");
+    if (o.set_cookie) {
+        char name[40], cookie[160];
+        view_cookie_name(c, name, sizeof name);
+        snprintf(cookie, sizeof cookie, "%s=%s; Path=/; HttpOnly; SameSite=Strict%s", name,
+                 coord_dashboard_key(c), tls_files_on(&c->tls) ? "; Secure" : "");
+        nng_http_res_set_header(res, "Set-Cookie", cookie);
+    }
     if (strcmp(r.method ? r.method : "", "HEAD") != 0)
         nng_http_res_copy_data(res, o.body.data ? o.body.data : "", o.body.len);
     buf_free(&o.body);

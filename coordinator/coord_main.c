@@ -2,6 +2,7 @@
  * coord_main.c - `kolo coordinator`: knobs, signals, run until told to stop.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -71,6 +72,27 @@ static int stop_bounded(struct coord *c, const sigset_t *set, int64_t timeout_ms
     return 0;
 }
 
+/* The dashboard's link with its view key (coord_dashboard_key: it opens
+ * the jobs' argv, cwd and output to a browser) goes into "<db>.dashboard",
+ * mode 0600, for the user who started the coordinator, never into a log. */
+static void write_dashboard_link(struct coord *c, const char *db)
+{
+    if (!db || !db[0] || !coord_http_url(c)[0])
+        return;
+    char path[4200], link[600];
+    snprintf(path, sizeof path, "%s.dashboard", db);
+    int n = snprintf(link, sizeof link, "%s/?key=%s\n", coord_http_url(c), coord_dashboard_key(c));
+    (void)unlink(path);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 || write(fd, link, (size_t)n) != n)
+        LOGW("coord", "cannot write the dashboard link to %s: %s", path, strerror(errno));
+    else
+        LOGI("coord", "the dashboard's link (with the key that shows jobs' output) is in %s",
+             path);
+    if (fd >= 0)
+        close(fd);
+}
+
 int cmd_coordinator(int argc, char **argv)
 {
     char *listen = NULL, *http = NULL, *db = NULL, *token_file = NULL, *dashboard = NULL,
@@ -91,7 +113,9 @@ int cmd_coordinator(int argc, char **argv)
          "agents' heartbeat period (must be well under the lease)", &heartbeat},
         {"stop-grace", NULL, NULL, KNOB_DURATION, "5s", 0, 3600000,
          "time agents give a worker between SIGTERM and SIGKILL", &grace},
-        {"max-msg", NULL, NULL, KNOB_SIZE, "16M", 4096, 1LL << 30, "RPC message size cap",
+        {"max-msg", NULL, NULL, KNOB_SIZE, "1M", 4096, 1LL << 20,
+         "RPC request size cap: what one connection may make the coordinator hold before it "
+         "authenticates anything (larger payloads go in chunks)",
          &max_msg},
         {"rpc-contexts", NULL, NULL, KNOB_INT, "1024", 4, 65536,
          "concurrent RPC calls, parked ones included (1/16 kept for agents' heartbeats and "
@@ -203,6 +227,7 @@ int cmd_coordinator(int argc, char **argv)
         knobs_free(tab, n);
         return 1;
     }
+    write_dashboard_link(c, cfg.db_path);
     /* One line on stdout that scripts can wait for. */
     printf("kolo coordinator ready rpc=%s http=%s\n", coord_rpc_url(c), coord_http_url(c));
     fflush(stdout);

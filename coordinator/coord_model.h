@@ -255,6 +255,7 @@ struct work {
     X(WORKER_GET_SNAPSHOT, "WorkerService.GetSnapshot", WORKER, coord_rpc_snapshot)                \
     X(WORKER_REPORT, "WorkerService.Report", WORKER, coord_rpc_report)                             \
     X(WORKER_TIMELINE, "WorkerService.Timeline", WORKER, coord_rpc_timeline)                       \
+    X(WORKER_TIMELINE_READ, "WorkerService.TimelineRead", WORKER, coord_rpc_timeline_read)         \
     X(ADMIN_GET_EPOCHS, "AdminService.GetEpochs", ADMIN, coord_rpc_report)                         \
     X(ADMIN_DRAIN, "AdminService.DrainHost", ADMIN, coord_rpc_admin)                               \
     X(UNKNOWN, "unknown", NONE, NULL)
@@ -368,6 +369,8 @@ struct coord {
     /* without a token: a random secret of this process, from which the
      * jobs' mesh keys are derived (coord_negot.c); empty with a token */
     char mesh_secret[65];
+    char *timeline_dir; /* coord_timeline.c's own directory, made on first use */
+    char view_key[33];  /* coord_http.c: reads argv, cwd and output (creds_view) */
     char rpc_url[256];
     char http_url[256];
     char instance[17]; /* random per coordinator process */

@@ -679,7 +679,7 @@ struct job *worker_job(struct coord *c, struct rpc_call *call, enum coord_method
         }
         if (!j->tl_checked) {
             j->tl_checked = true;
-            j->tl = coord_timeline_open(j);
+            j->tl = coord_timeline_open(c, j);
         }
         if (j->tl) /* ops of the previous generation end with it */
             coord_timeline_fetched(j->tl, UINT64_MAX);
@@ -1153,7 +1153,7 @@ void coord_rpc_timeline(struct coord *c, struct rpc_call *call, enum coord_metho
         snprintf(want, sizeof(want), "%s", req->path);
     else if (req->path[0])
         snprintf(want, sizeof(want), "%s/%s", j->cwd, req->path);
-    bool same = j->tl && want[0] && strcmp(coord_timeline_path(j->tl), want) == 0;
+    bool same = j->tl && want[0] && strcmp(coord_timeline_label(j->tl), want) == 0;
     if (!same && j->tl) {
         struct timeline *old = j->tl;
         j->tl = NULL;
@@ -1179,7 +1179,7 @@ void coord_rpc_timeline(struct coord *c, struct rpc_call *call, enum coord_metho
          * again) must be over before the file is truncated */
         coord_timeline_free(j->tl_draining);
         j->tl_draining = NULL;
-        j->tl = coord_timeline_open_path(j, req->path);
+        j->tl = coord_timeline_open_path(c, j, req->path);
         if (!j->tl) {
             c->m.rpc_errors[M_WORKER_TIMELINE]++;
             rpc_call_error(call, KOLO_EIO, "cannot write the timeline %s: %s", want,
@@ -1190,7 +1190,7 @@ void coord_rpc_timeline(struct coord *c, struct rpc_call *call, enum coord_metho
         negot_set_timeline(j);
     }
     Kolo__TimelineReply rep = KOLO__TIMELINE_REPLY__INIT;
-    rep.path = j->tl ? (char *)coord_timeline_path(j->tl) : "";
+    rep.path = j->tl ? (char *)coord_timeline_label(j->tl) : "";
     coord_send_pb(call, &rep.base);
     kolo__timeline_request__free_unpacked(req, NULL);
 }

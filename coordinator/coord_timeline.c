@@ -41,6 +41,7 @@
  */
 #include "coord_timeline.h"
 #include "coord_jobs.h"
+#include "coord_core.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -54,6 +55,7 @@
 #include <unistd.h>
 
 #include "errors.h"
+#include "hmac.h"
 #include "json.h"
 #include "kolo.pb-c.h"
 #include "log.h"
@@ -84,6 +86,7 @@ struct tl_sink {
     atomic_size_t bytes;   /* queued, not yet written */
     FILE *f;
     char *path;
+    struct tl_sink *live_next; /* live_head's list */
 };
 
 struct tl_name {
@@ -119,7 +122,8 @@ struct tl_group {
 };
 
 struct timeline {
-    char *path;
+    char *path;  /* the coordinator's own file (tl_file) */
+    char *label; /* the path the job named, absolute: what logs and replies say */
     struct tl_sink *sink; /* NULL once closed */
     bool first; /* no event written yet: no separator */
     bool closed;
@@ -239,10 +243,10 @@ static int tl_pid(struct timeline *tl, const char *name)
 
 static const char *tl_env(const struct job *j);
 
-struct timeline *coord_timeline_open(const struct job *j)
+struct timeline *coord_timeline_open(struct coord *c, const struct job *j)
 {
     const char *val = tl_env(j);
-    return val ? coord_timeline_open_path(j, val) : NULL;
+    return val ? coord_timeline_open_path(c, j, val) : NULL;
 }
 
 /* tl_resolve makes a timeline path absolute (relative ones are the
@@ -258,6 +262,76 @@ static char *tl_resolve(const struct job *j, const char *val)
     return path;
 }
 
+/* tl_dir: the directory of the coordinator's timelines, made on first use
+ * (issue 28): "<database>.timelines", or a private temporary directory
+ * when the store is in memory. A caller never chooses a path on the
+ * coordinator's host: the job's path is a label, and the rank that asked
+ * for the file writes it on its own host, as its own user (worker/
+ * timeline.c, from TimelineRead). The directory must be the
+ * coordinator's, 0700 and not a symbolic link. NULL with errno. */
+static const char *tl_dir(struct coord *c)
+{
+    if (c->timeline_dir)
+        return c->timeline_dir;
+    const char *db = c->db_path;
+    char *dir = NULL;
+    if (db && db[0] && strcmp(db, ":memory:") != 0) {
+        size_t len = strlen(db) + sizeof ".timelines";
+        if ((dir = malloc(len)))
+            snprintf(dir, len, "%s.timelines", db);
+        if (dir && mkdir(dir, 0700) != 0 && errno != EEXIST) {
+            free(dir);
+            return NULL;
+        }
+    } else {
+        const char *tmp = getenv("TMPDIR");
+        size_t len = strlen(tmp && tmp[0] ? tmp : "/tmp") + sizeof "/kolo-timelines-XXXXXX";
+        if ((dir = malloc(len))) {
+            snprintf(dir, len, "%s/kolo-timelines-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+            if (!mkdtemp(dir)) {
+                free(dir);
+                return NULL;
+            }
+        }
+    }
+    if (!dir) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    struct stat st;
+    if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+        (st.st_mode & 077)) {
+        LOGW("coord", "timelines: %s is not a directory of this user's with mode 0700; no "
+             "timeline is written", dir);
+        free(dir);
+        errno = EPERM;
+        return NULL;
+    }
+    return c->timeline_dir = dir;
+}
+
+/* tl_file: the coordinator's file for the job's timeline at (absolute)
+ * label: a name kolo chooses, the same for the same job and label (a
+ * restarted coordinator reopens it, TimelineRead finds it). NULL with
+ * errno. */
+static char *tl_file(struct coord *c, const struct job *j, const char *label)
+{
+    const char *dir = tl_dir(c);
+    if (!dir)
+        return NULL;
+    uint8_t h[SHA256_LEN];
+    sha256(label, strlen(label), h);
+    size_t len = strlen(dir) + 64;
+    char *path = malloc(len);
+    if (!path) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    snprintf(path, len, "%s/job-%llu-%02x%02x%02x%02x%02x%02x%02x%02x.json", dir,
+             (unsigned long long)j->id, h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]);
+    return path;
+}
+
 /* tl_env returns the job's HOROVOD_TIMELINE, or NULL. */
 static const char *tl_env(const struct job *j)
 {
@@ -266,6 +340,33 @@ static const char *tl_env(const struct job *j)
         if (strncmp(j->env[i], "HOROVOD_TIMELINE=", 17) == 0)
             val = j->env[i] + 17;
     return val && val[0] ? val : NULL;
+}
+
+/* The files whose writer has not closed them yet (tl_sink_live): a
+ * TimelineRead of a file still being written is not at its end, even once
+ * the job has let go of its timeline. Any thread; its own lock. */
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct tl_sink *live_head;
+
+static bool tl_sink_live(const char *path)
+{
+    pthread_mutex_lock(&live_mu);
+    bool live = false;
+    for (struct tl_sink *k = live_head; k && !live; k = k->live_next)
+        live = strcmp(k->path, path) == 0;
+    pthread_mutex_unlock(&live_mu);
+    return live;
+}
+
+static void live_remove(struct tl_sink *k)
+{
+    pthread_mutex_lock(&live_mu);
+    for (struct tl_sink **pp = &live_head; *pp; pp = &(*pp)->live_next)
+        if (*pp == k) {
+            *pp = k->live_next;
+            break;
+        }
+    pthread_mutex_unlock(&live_mu);
 }
 
 static void *sink_main(void *arg)
@@ -303,6 +404,7 @@ static void *sink_main(void *arg)
     }
     pthread_mutex_unlock(&k->mu);
     fclose(k->f);
+    live_remove(k);
     pthread_cond_destroy(&k->cv);
     pthread_mutex_destroy(&k->mu);
     free(k->path);
@@ -326,9 +428,14 @@ static struct tl_sink *sink_start(FILE *f, const char *path)
     pthread_attr_t a;
     pthread_attr_init(&a);
     pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    pthread_mutex_lock(&live_mu);
+    k->live_next = live_head;
+    live_head = k;
+    pthread_mutex_unlock(&live_mu);
     int rc = pthread_create(&t, &a, sink_main, k);
     pthread_attr_destroy(&a);
     if (rc != 0) {
+        live_remove(k);
         pthread_cond_destroy(&k->cv);
         pthread_mutex_destroy(&k->mu);
         free(k->path);
@@ -341,37 +448,15 @@ static struct tl_sink *sink_start(FILE *f, const char *path)
 /* tl_why: what a failed open of a timeline means. */
 static const char *tl_why(int err)
 {
-    return err == EEXIST ? "something that is not a kolo timeline is there (a file of another "
-                           "user or kind, or a symbolic link): kolo overwrites only timelines"
-                         : strerror(err);
+    return err == EEXIST ? TRACE_FILE_EEXIST : strerror(err);
 }
 
-/* tl_create opens a timeline file for writing. The coordinator may run as
- * another user (or root) than the job that names the path, so a job must
- * not make it clobber what is not a timeline: an existing file is
- * replaced only when it is a regular file of the coordinator's user that
- * is empty or starts like a trace ('['); symbolic links are not followed;
- * new files are 0600. NULL with errno (EEXIST: there is something else
- * there). */
+/* tl_create opens the coordinator's own timeline file for writing (see
+ * trace_file_open: only an earlier timeline is replaced). NULL with
+ * errno. */
 static FILE *tl_create(const char *path)
 {
-    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0 && errno == ENOENT)
-        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-    else if (fd >= 0) {
-        struct stat st;
-        char first = 0;
-        bool ours = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
-                    (st.st_size == 0 || (pread(fd, &first, 1, 0) == 1 && first == '['));
-        if (!ours || ftruncate(fd, 0) != 0) {
-            int e = ours ? errno : EEXIST;
-            close(fd);
-            errno = e;
-            return NULL;
-        }
-    } else if (errno == ELOOP) {
-        errno = EEXIST; /* a symbolic link: not followed */
-    }
+    int fd = trace_file_open(path);
     if (fd < 0)
         return NULL;
     FILE *f = fdopen(fd, "w");
@@ -383,13 +468,14 @@ static FILE *tl_create(const char *path)
     return f;
 }
 
-struct timeline *coord_timeline_open_path(const struct job *j, const char *val)
+struct timeline *coord_timeline_open_path(struct coord *c, const struct job *j, const char *val)
 {
     struct timeline *tl = calloc(1, sizeof(*tl));
     if (!tl)
         return NULL;
     buf_init(&tl->b);
-    tl->path = tl_resolve(j, val);
+    tl->label = tl_resolve(j, val);
+    tl->path = tl->label ? tl_file(c, j, tl->label) : NULL;
     FILE *f = tl->path ? tl_create(tl->path) : NULL;
     if (f && !(tl->sink = sink_start(f, tl->path))) {
         fclose(f);
@@ -398,14 +484,17 @@ struct timeline *coord_timeline_open_path(const struct job *j, const char *val)
     }
     if (!f) {
         int e = errno;
-        LOGW("coord", "job %llu: cannot write the timeline %s: %s", (unsigned long long)j->id,
-             tl->path ? tl->path : val, tl_why(e));
+        LOGW("coord", "job %llu: cannot write the timeline %s (in %s): %s",
+             (unsigned long long)j->id, tl->label ? tl->label : val,
+             tl->path ? tl->path : "no file", tl_why(e));
         errno = e;
         free(tl->path);
+        free(tl->label);
         free(tl);
         return NULL;
     }
-    LOGI("coord", "job %llu: writing the timeline to %s", (unsigned long long)j->id, tl->path);
+    LOGI("coord", "job %llu: writing the timeline %s to %s", (unsigned long long)j->id,
+         tl->label, tl->path);
     tl->first = true;
     tl->t0_us = now_mono_us();
     struct timespec wall;
@@ -908,6 +997,7 @@ void coord_timeline_free(struct timeline *tl)
     }
     buf_free(&tl->b);
     free(tl->path);
+    free(tl->label);
     free(tl);
 }
 
@@ -921,6 +1011,11 @@ void coord_timeline_free(struct timeline *tl)
 const char *coord_timeline_path(const struct timeline *tl)
 {
     return tl->path ? tl->path : "";
+}
+
+const char *coord_timeline_label(const struct timeline *tl)
+{
+    return tl->label ? tl->label : "";
 }
 
 const char *coord_timeline_why(int err)
@@ -1031,19 +1126,23 @@ static bool tl_close_array(struct buf *b, size_t from)
  * not reopened the file (yet): what that one wrote. A job started here
  * gets nothing before its rendezvous opens the file, not what an older
  * job left at the same path. NULL: none. */
-static const char *tl_serve_path(const struct coord *c, const struct job *j, char **env_path)
+static const char *tl_serve_path(struct coord *c, const struct job *j, char **env_path)
 {
     *env_path = NULL;
     if (j->tl)
         return j->tl->path;
     if (j->tl_last)
         return j->tl_last;
-    if (!j->tl_checked && j->started_ms && j->started_ms < c->started_ms && tl_env(j))
-        return *env_path = tl_resolve(j, tl_env(j));
+    if (!j->tl_checked && j->started_ms && j->started_ms < c->started_ms && tl_env(j)) {
+        char *label = tl_resolve(j, tl_env(j));
+        *env_path = label ? tl_file(c, j, label) : NULL;
+        free(label);
+        return *env_path;
+    }
     return NULL;
 }
 
-bool coord_timeline_available(const struct coord *c, const struct job *j)
+bool coord_timeline_available(struct coord *c, const struct job *j)
 {
     char *env_path;
     bool yes = tl_serve_path(c, j, &env_path) != NULL;
@@ -1079,4 +1178,93 @@ int coord_timeline_serve(struct coord *c, struct job *j, struct buf *out, char *
         out->len = from;
     free(env_path);
     return status ? status : 200;
+}
+
+/* ---------------------------------------------------------------- TimelineRead */
+
+#define TL_READ_MAX (512u << 10)
+
+/* Whether the job still writes the timeline at label (its current one or
+ * the one draining), or its writer has not closed the file yet. */
+static bool tl_writing(const struct job *j, const char *label, const char *file)
+{
+    return (j->tl && strcmp(coord_timeline_label(j->tl), label) == 0) ||
+           (j->tl_draining && strcmp(coord_timeline_label(j->tl_draining), label) == 0) ||
+           tl_sink_live(file);
+}
+
+/* WorkerService.TimelineRead (issue 28): the rank that asked for a
+ * timeline (rank 0, as Horovod's rank 0 writes it) reads the
+ * coordinator's file from an offset and writes the bytes at its path, on
+ * its own host and as its own user (worker/timeline.c). Any rank of the
+ * job may read, in any generation: a rank keeps its file across elastic
+ * resets. The file is the job's own (its credential scopes the call). */
+void coord_rpc_timeline_read(struct coord *c, struct rpc_call *call, enum coord_method m)
+{
+    const struct rpc_frame *f = rpc_call_frame(call);
+    struct job *j = coord_job_find(c, f->job_id);
+    if (!j) {
+        c->m.rpc_errors[m]++;
+        rpc_call_error(call, KOLO_ENOTFOUND, "no such job %llu", (unsigned long long)f->job_id);
+        return;
+    }
+    Kolo__TimelineReadRequest *req = kolo__timeline_read_request__unpack(NULL, f->body_len, f->body);
+    if (!req || !req->path[0] || strlen(req->path) >= 4096) {
+        c->m.rpc_errors[m]++;
+        rpc_call_error(call, KOLO_EPROTO, "malformed TimelineReadRequest");
+        if (req)
+            kolo__timeline_read_request__free_unpacked(req, NULL);
+        return;
+    }
+    char *label = tl_resolve(j, req->path);
+    char *file = label ? tl_file(c, j, label) : NULL;
+    /* asked before the file's size is: once nobody writes it, the size
+     * read after is its end; what is formatted is written out first */
+    bool writing = file && tl_writing(j, label, file);
+    if (j->tl && label && strcmp(coord_timeline_label(j->tl), label) == 0)
+        tl_wait_written(j->tl, tl_write(j->tl));
+    int fd = file ? open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) : -1;
+    int e = errno;
+    struct stat st;
+    uint8_t *data = NULL;
+    ssize_t n = 0;
+    Kolo__TimelineReadReply rep = KOLO__TIMELINE_READ_REPLY__INIT;
+    if (fd >= 0 && fstat(fd, &st) == 0) {
+        /* the file's identity: its first line, unique to each opening */
+        char head[256];
+        ssize_t h = pread(fd, head, sizeof head, 0);
+        uint8_t id[SHA256_LEN];
+        sha256(head, h > 0 ? (size_t)h : 0, id);
+        memcpy(&rep.file_id, id, sizeof rep.file_id);
+        rep.size = (uint64_t)st.st_size;
+        rep.ended = !writing;
+        if (req->offset < rep.size) {
+            size_t want = rep.size - req->offset;
+            want = want > TL_READ_MAX ? TL_READ_MAX : want;
+            data = malloc(want);
+            n = data ? pread(fd, data, want, (off_t)req->offset) : -1;
+            if (n < 0) {
+                e = data ? errno : ENOMEM;
+                rep.ended = false;
+            }
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    if (fd < 0 || n < 0) {
+        c->m.rpc_errors[m]++;
+        rpc_call_error(call, e == ENOENT ? KOLO_ENOTFOUND : KOLO_EIO,
+                       "job %llu has no timeline for %s%s%s", (unsigned long long)j->id,
+                       label ? label : req->path, e == ENOENT ? "" : ": ",
+                       e == ENOENT ? "" : strerror(e));
+    } else {
+        rep.data.data = data;
+        rep.data.len = (size_t)n;
+        rep.ended = rep.ended && req->offset + (uint64_t)n >= rep.size;
+        coord_send_pb(call, &rep.base);
+    }
+    free(data);
+    free(file);
+    free(label);
+    kolo__timeline_read_request__free_unpacked(req, NULL);
 }

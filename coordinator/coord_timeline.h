@@ -13,11 +13,16 @@
  * functions only buffer; coord_timeline_cron writes (and, job_ended,
  * closes the file with its "]"); coord_timeline_free closes and frees. */
 struct timeline;
-struct timeline *coord_timeline_open(const struct job *j);
-/* coord_timeline_open_path opens one at path (relative to the job's cwd). */
-struct timeline *coord_timeline_open_path(const struct job *j, const char *path);
-/* The file it writes ("" if none); what a failed open's errno means. */
+struct timeline *coord_timeline_open(struct coord *c, const struct job *j);
+/* coord_timeline_open_path opens one for path (relative to the job's
+ * cwd): a label; the coordinator writes its own file in its own
+ * directory, and the rank that asked copies it to path on its host
+ * (coord_rpc_timeline_read, worker/timeline.c). */
+struct timeline *coord_timeline_open_path(struct coord *c, const struct job *j, const char *path);
+/* The coordinator's file it writes ("" if none); the path the job named;
+ * what a failed open's errno means. */
 const char *coord_timeline_path(const struct timeline *tl);
+const char *coord_timeline_label(const struct timeline *tl);
 const char *coord_timeline_why(int err);
 void coord_timeline_request(struct timeline *tl, const char *name, const char *op, int rank,
                             bool first);
@@ -53,6 +58,9 @@ void coord_timeline_free(struct timeline *tl);
 int coord_timeline_serve(struct coord *c, struct job *j, struct buf *out, char *why, size_t whylen);
 /* Whether coord_timeline_serve has a file to serve for the job (the job
  * JSON's "timeline"). */
-bool coord_timeline_available(const struct coord *c, const struct job *j);
+bool coord_timeline_available(struct coord *c, const struct job *j);
+/* WorkerService.TimelineRead: the bytes of the job's timeline for a path
+ * from an offset, and whether it is complete (worker/timeline.c). */
+void coord_rpc_timeline_read(struct coord *c, struct rpc_call *call, enum coord_method m);
 
 #endif

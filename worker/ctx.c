@@ -836,7 +836,10 @@ void ctx_rpc_config(const struct kolo_ctx *c, char *ident, size_t identlen,
                                      .job_id = c->job,
                                      .generation = c->generation,
                                      .rank = c->rank,
-                                     .tls = &c->tls};
+                                     .tls = &c->tls,
+                                     /* someone else's parked calls must
+                                      * not fail a training job (issue 28) */
+                                     .retry_busy = true};
 }
 
 void ctx_token_release(struct kolo_ctx *c)
@@ -1271,6 +1274,7 @@ static int init_ctx(kolo_ctx **out, const kolo_config *given, char *err, size_t 
              (unsigned long long)c->job, (unsigned long long)c->generation, c->coll->ops->name,
              c->fast ? "readiness rounds" : "coordinator only",
              c->encrypt_data ? ", TCP sealed with AES-256-GCM" : "");
+    timeline_ctx_init(c);
     *out = c;
     return 0;
 }
@@ -1431,6 +1435,7 @@ int kolo_fini(kolo_ctx *c)
     pthread_mutex_unlock(&c->mu);
     report_ctx_stop(c); /* issue 6: sends what is queued (at most 2 s), stops the sender */
     snapshot_ctx_stop(c);
+    timeline_ctx_fini(c);
     if (c->bg_running)
         pthread_join(c->bg, NULL);
     if (c->watch_running)

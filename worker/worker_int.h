@@ -218,6 +218,11 @@ struct kolo_ctx {
  * (its timeout from now). */
 uint64_t ctx_deadline(const struct kolo_ctx *c);
 void ctx_set_error(struct kolo_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* timeline.c: rank 0's copy of the job's timeline goes on in (or, with
+ * HOROVOD_TIMELINE, starts with) a new context, and is made current and
+ * a valid file when one ends. Contexts of process sets leave it alone. */
+void timeline_ctx_init(struct kolo_ctx *c);
+void timeline_ctx_fini(struct kolo_ctx *c);
 /* ctx_error records the detail of a refused call and returns code. */
 int ctx_error(struct kolo_ctx *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -29,7 +29,8 @@ await run(async browser => {
   watch(page, 'desktop');
 
   state.step = 'cluster page';
-  await page.goto(base + '/');
+  // the link kolo prints carries the view key; the page keeps it as a cookie
+  await page.goto(base + '/' + (process.env.KOLO_VIEW_KEY ? '?key=' + process.env.KOLO_VIEW_KEY : ''));
   await page.waitForSelector('#hosts table', {timeout: 15000});
   const hosts = (await rest('/api/v1/hosts')).hosts;
   const rows = await page.locator('#hosts tbody tr').count();

@@ -25,6 +25,9 @@ JOB=$(curl -sf "$HTTP/api/v1/jobs" | grep -o '"id":[0-9]*' | tail -n 1 | cut -d:
 note "job $JOB running, dashboard $HTTP/#/jobs/$JOB"
 
 rc=0
+# the dashboard's link with its key (a job's output is its owner's)
+KOLO_VIEW_KEY=$(sed 's/.*?key=//' "$WORK/coord.db.dashboard")
+export KOLO_VIEW_KEY
 node "$HERE/test_dashboard.mjs" "$HTTP" "$JOB" "$ARTIFACTS" || rc=$?
 [ $rc -eq 0 ] || fail "the browser checks failed (screenshots in $ARTIFACTS)"
 

@@ -33,7 +33,8 @@ await run(async browser => {
   watch(page, 'desktop');
 
   state.step = 'studies list';
-  await page.goto(base + '/');
+  // the link kolo prints carries the view key; the page keeps it as a cookie
+  await page.goto(base + '/' + (process.env.KOLO_VIEW_KEY ? '?key=' + process.env.KOLO_VIEW_KEY : ''));
   await page.click('nav a[href="#/studies"]');
   const link = page.locator(`#studies a[href="#/studies/${enc}"]`);
   await until(15, 'the study is listed with a link', async () => (await link.count()) === 1);

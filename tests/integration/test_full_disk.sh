@@ -45,9 +45,9 @@ wait "$RUN_PID" || fail "the job failed: $(tail -5 "$WORK/run.err")"
 
 note "nothing acknowledged was lost"
 lines_stored() {
-  curl -sf "$HTTP/api/v1/jobs/1/output?limit=10000" | grep -o 'line [0-9]* of rank [01]' | sort -u | wc -l
+  curl -sf -H "Authorization: Bearer $TOKEN" "$HTTP/api/v1/jobs/1/output?limit=10000" | grep -o 'line [0-9]* of rank [01]' | sort -u | wc -l
 }
-wait_for 30 sh -c "[ \$(curl -sf '$HTTP/api/v1/jobs/1/output?limit=10000' | grep -o 'line [0-9]* of rank [01]' | sort -u | wc -l) -eq $((2 * EPOCHS)) ]" ||
+wait_for 30 sh -c "[ \$(curl -sf -H 'Authorization: Bearer $TOKEN' '$HTTP/api/v1/jobs/1/output?limit=10000' | grep -o 'line [0-9]* of rank [01]' | sort -u | wc -l) -eq $((2 * EPOCHS)) ]" ||
   fail "output lines lost: $(lines_stored) of $((2 * EPOCHS)) stored"
 epochs=$(curl -sf "$HTTP/api/v1/jobs/1/epochs" | grep -o '"epoch":[0-9]*' | sort -u | wc -l)
 [ "$epochs" -eq "$EPOCHS" ] || fail "epoch reports lost: $epochs of $EPOCHS: $(curl -sf "$HTTP/api/v1/jobs/1/epochs" | head -c 600)"

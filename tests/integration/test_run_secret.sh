@@ -19,6 +19,14 @@ TOKEN_FILE=$(sed -n 's/.*, token \([^)]*\)).*/\1/p' "$WORK/run.err")
 [ -n "$URL" ] && [ -n "$TOKEN_FILE" ] || fail "no coordinator or token file: $(cat "$WORK/run.err")"
 [ "$(stat -c %a "$TOKEN_FILE")" = 600 ] || fail "token file mode $(stat -c %a "$TOKEN_FILE")"
 [ "$(wc -c <"$TOKEN_FILE")" -eq 65 ] || fail "token file of $(wc -c <"$TOKEN_FILE") bytes"
+RUN_LINK=$(sed -n 's/.*job 1 on the dashboard: \(http[^ ]*\)/\1/p' "$WORK/run.err")
+case "$RUN_LINK" in http://127.0.0.1:*/\?key=*#/jobs/1) ;; *) fail "printed link: $RUN_LINK" ;; esac
+RUN_HTTP=${RUN_LINK%%/\?key=*}
+code=$(curl -s -o /dev/null -w '%{http_code}' "$RUN_HTTP/api/v1/jobs/1/output")
+[ "$code" = 401 ] || fail "an embedded run's output without its key: $code"
+RUN_KEY=${RUN_LINK##*key=}; RUN_KEY=${RUN_KEY%%#*}
+curl -sf -H "Authorization: Bearer $RUN_KEY" "$RUN_HTTP/api/v1/jobs/1" | has '"argv":\["sleep"' ||
+  fail "the printed key does not open the job"
 
 note "without the token: refused"
 if "$KOLO" status --coordinator "$URL" >"$WORK/st.out" 2>&1; then
@@ -81,7 +89,7 @@ if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null && id nobody >/dev/null
   # rendezvous (and so its snapshots and negotiation) is refused.
   start_agent own 1
   wait_hosts 1
-  "$KOLO" run --coordinator "$RPC" -np 1 -- sh -c "env >$WORK/job.env; chmod 644 $WORK/job.env; sleep $SLEEP" \
+  "$KOLO" run --coordinator "$RPC" -np 1 -- sh -c "echo own-secret-line; env >$WORK/job.env; chmod 644 $WORK/job.env; sleep $SLEEP" \
     >"$WORK/own-run.out" 2>&1 &
   PIDS+=("$!")
   wait_for 20 test -s "$WORK/job.env" || fail "the owner's job did not start: $(cat "$WORK/own-run.out")"
@@ -93,5 +101,28 @@ if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null && id nobody >/dev/null
   has JOINED <"$WORK/evil-worker.out" && fail "nobody joined the owner's job"
   has "only the user who started it" <"$WORK/evil-worker.out" ||
     fail "nobody's worker was not refused with the reason: $(tail -5 "$WORK/evil-worker.out")"
+
+  note "HTTP on loopback: a job's argv, cwd and output need the view key (issue 28)"
+  wait_for 10 sh -c "grep -q own-secret-line '$WORK/own-run.out'" || fail "no output line"
+  sleep 1 # the line reaches the database
+  as_nobody curl -s "$HTTP/api/v1/jobs/1" >"$WORK/nb-job.json"
+  has '"argv":null' <"$WORK/nb-job.json" && has '"redacted":true' <"$WORK/nb-job.json" ||
+    fail "nobody read the job's argv: $(cat "$WORK/nb-job.json")"
+  code=$(as_nobody curl -s -o /dev/null -w '%{http_code}' "$HTTP/api/v1/jobs/1/output" || true)
+  [ "$code" = 401 ] || fail "nobody read the output: $code"
+  as_nobody cat "$WORK/open.db.dashboard" >/dev/null 2>&1 && fail "nobody reads the dashboard link"
+  [ "$(stat -c %a "$WORK/open.db.dashboard")" = 600 ] || fail "the dashboard link is not 0600"
+  LINK=$(cat "$WORK/open.db.dashboard")
+  case "$LINK" in "$HTTP/?key="*) ;; *) fail "dashboard link: $LINK" ;; esac
+  # the printed link, opened once, leaves a cookie that opens the reads
+  curl -s -c "$WORK/jar" -o /dev/null "$LINK" || fail "the link does not open"
+  grep -q "kolo_view_${HTTP##*:}" "$WORK/jar" || fail "no cookie: $(cat "$WORK/jar")"
+  curl -sf -b "$WORK/jar" "$HTTP/api/v1/jobs/1/output" | has own-secret-line ||
+    fail "the owner's browser cannot read the output"
+  curl -sf -b "$WORK/jar" "$HTTP/api/v1/jobs/1" | has '"argv":\["sh"' || fail "argv with the cookie"
+  curl -sf -H "Authorization: Bearer ${LINK##*key=}" "$HTTP/api/v1/jobs/1/output" | has own-secret-line ||
+    fail "the key as a bearer token"
+  code=$(curl -s -o /dev/null -w '%{http_code}' "$HTTP/api/v1/jobs/1/output?key=0123456789abcdef0123456789abcdef")
+  [ "$code" = 401 ] || fail "a wrong key opened the output: $code"
 fi
 echo PASS

@@ -128,7 +128,7 @@ def _diagnose_hang(pid, stderr):
     import re
     import urllib.request
     parts = []
-    m = re.search(r"on the dashboard: (http://[^/\s]+)/#/jobs/(\d+)", stderr)
+    m = re.search(r"on the dashboard: (http://[^/\s]+)/(?:\?key=\w+)?#/jobs/(\d+)", stderr)
     if m:
         for path in ("/api/v1/jobs/%s" % m.group(2), "/api/v1/jobs/%s/events" % m.group(2)):
             try:
