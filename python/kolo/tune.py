@@ -149,6 +149,21 @@ def _pruner(name):
 
 # ---------------------------------------------------------------- the cluster
 
+def _private_dir(path):
+    """Makes path (and its parents) and leaves path itself 0700, whatever
+    the umask: the study's files are the user's alone (issue 28)."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
+def _private_file(path, mode="w"):
+    """Opens path for writing, created or truncated 0600 whatever the
+    umask (an existing file is made 0600 too)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, mode)
+
+
 def _die_with_driver():
     """preexec_fn: the child gets SIGTERM when the driver dies, even by
     SIGKILL, so no coordinator, agent or trial outlives a killed search
@@ -176,13 +191,12 @@ class _Cluster:
                                 "of that coordinator (epoch reports and stops go through it)")
             self.rpc, self.http = coordinator, http.rstrip("/")
             return
-        os.makedirs(state_dir, exist_ok=True)
+        _private_dir(state_dir)
         # A cluster token: REST stops pruned trials, and REST changes state
         # only with one. 0600, the study's own.
         self.token_file = os.path.join(state_dir, "token")
         self.token = secrets.token_hex(32)
-        fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
+        with _private_file(self.token_file) as f:
             f.write(self.token + "\n")
         coord = subprocess.Popen([kolo, "coordinator", "--listen", "tcp://127.0.0.1:0",
                                   "--http", "127.0.0.1:0", "--db",
@@ -355,9 +369,17 @@ def run(trainable, space, num_trials, np=2, min_np=None, max_np=None, max_concur
         max_concurrent = max(1, (slots or 2 * int(np)) // int(np))
     slots = slots or int(np) * int(max_concurrent)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    os.makedirs(directory, exist_ok=True)
+    # The study's directory and everything in it are the user's alone (0700
+    # directories, 0600 files, whatever the umask): trial logs hold the
+    # trials' output, the database their parameters and results. SQLite
+    # gives its journal the database file's mode, so the database is made
+    # 0600 before Optuna opens it.
+    _private_dir(directory)
+    db = os.path.join(directory, "study.db")
+    os.close(os.open(db, os.O_RDWR | os.O_CREAT, 0o600))
+    os.chmod(db, 0o600)
     study = optuna.create_study(study_name=study_name,
-                                storage="sqlite:///" + os.path.join(directory, "study.db"),
+                                storage="sqlite:///" + db,
                                 direction="minimize" if mode == "min" else "maximize",
                                 sampler=_sampler(sampler, seed), pruner=_pruner(pruner),
                                 load_if_exists=resume)
@@ -375,7 +397,7 @@ def run(trainable, space, num_trials, np=2, min_np=None, max_np=None, max_concur
                                              if p)
     base_env.update({k: str(v) for k, v in (env or {}).items()})
     logs = os.path.join(directory, "logs")
-    os.makedirs(logs, exist_ok=True)
+    _private_dir(logs)
     tmp = tempfile.mkdtemp(prefix="run-", dir=directory)  # a killed driver leaves it there
     cluster = _Cluster(_kolo_binary(), os.path.join(directory, "cluster"), slots, coordinator,
                        http, token_file)
@@ -402,7 +424,7 @@ def run(trainable, space, num_trials, np=2, min_np=None, max_np=None, max_concur
                 name = "%s/trial-%d" % (study_name, trial.number)
                 argv, extra = _command(trainable, trial.params, tmp, python)
                 log_path = os.path.join(logs, "trial-%d.log" % trial.number)
-                log = open(log_path, "w")
+                log = _private_file(log_path)
                 trial.set_user_attr("job_name", name)
                 trial.set_user_attr("log", log_path)
                 labels = {"kolo.study": study_name, "kolo.trial": str(trial.number),
