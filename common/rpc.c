@@ -11,12 +11,23 @@
 #include "rpc.h"
 #include "tls.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <arpa/inet.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
@@ -208,6 +219,16 @@ struct rpc_call {
     uint32_t pipe_id;
     bool answered, parked;
     bool unreserved; /* counted in srv->unreserved_calls until answered */
+    int peer_uid;    /* the connection's, from its pipe_rec */
+    uint64_t caller; /* caller_key: whose share a parked call counts in */
+};
+
+/* A connection's far end: the address nng reports for it (TCP), or the
+ * kind of transport. */
+struct peer_addr {
+    int family;       /* NNG_AF_INET, NNG_AF_INET6, NNG_AF_IPC, NNG_AF_INPROC, 0 */
+    uint8_t addr[16]; /* network order; IPv4 in the first 4 */
+    uint16_t port;    /* network order */
 };
 
 /* What the server knows of one connection (nng pipe), under srv->mtx. */
@@ -215,11 +236,28 @@ struct pipe_rec {
     uint32_t id;
     uint64_t since_ms; /* when it connected */
     bool proven;       /* it sent a valid (authenticated) request */
+    bool uid_known;    /* uid was asked of the kernel (at the first request) */
+    int uid;           /* the caller's uid, -1 unknown */
     int parked;        /* its calls the handler keeps */
+    struct peer_addr remote, local;
     struct pipe_rec *next;
 };
 #define PIPE_BUCKETS 256
 
+/* Parked calls per caller (caller_key), under srv->mtx. */
+struct caller_rec {
+    uint64_t key;
+    int parked;
+    struct caller_rec *next;
+};
+#define CALLER_BUCKETS 256
+
+/* A TCP connection accepted by the TLS listener that is not a pipe yet
+ * (its handshake runs): the socket's inode and when a sweep first saw it. */
+struct pending_conn {
+    uint32_t inode;
+    uint64_t seen_ms;
+};
 struct rpc_server {
     nng_socket sock;
     nng_listener listener;
@@ -240,8 +278,22 @@ struct rpc_server {
     /* connections (under mtx): bounded before they prove anything */
     struct pipe_rec *pipes[PIPE_BUCKETS];
     int npipes, nunproven;
-    int handshake_ms, max_unproven;
+    int handshake_ms, max_unproven, max_slow;
     nng_aio *sweep_aio; /* closes connections silent past RPC_HANDSHAKE_MS */
+    struct caller_rec *callers[CALLER_BUCKETS];
+    int max_parked_caller;
+    /* the kernel's answers about peers (peer_uid_of): one netlink socket
+     * kept open, so a coordinator out of descriptors still knows its own
+     * user; diag_mtx serialises its queries */
+    int diag_fd;
+    uint32_t diag_seq;
+    nng_mtx *diag_mtx;
+    /* TLS: handshakes in progress, from the sweep's kernel view (tls_sweep) */
+    bool tls;
+    uint16_t port; /* host order, the bound port */
+    struct pending_conn *pending;
+    size_t npending;
+    uint64_t tls_swept_ms;
 };
 
 /* Closes the connection with that id (nng names pipes by id). */
@@ -259,6 +311,433 @@ static struct pipe_rec *pipe_find(struct rpc_server *srv, uint32_t id)
     while (r && r->id != id)
         r = r->next;
     return r;
+}
+
+/* ---------------------------------------------------------------- callers */
+
+/* Who calls. A token-less server trusts the kernel's word for the user at
+ * the other end of a connection, and asks it once per connection (at its
+ * first request; pipe_identify), never by scanning a table: for TCP a
+ * NETLINK_SOCK_DIAG query names exactly one socket by its 4-tuple (the
+ * caller's socket is the one whose source is our remote end and whose
+ * destination is our local end), IPv4 and IPv6 alike; for ipc:// the
+ * socket's peer credentials (SO_PEERCRED, which nng exposes); inproc://
+ * callers are this process. The netlink socket stays open for the
+ * server's life, so the answer does not depend on free descriptors. A
+ * socket of another host, or of another network namespace, is not in
+ * our table: -1, unknown. */
+
+static void peer_addr_of(nng_pipe p, const char *opt, struct peer_addr *a)
+{
+    nng_sockaddr sa;
+    memset(a, 0, sizeof *a);
+    if (nng_pipe_get_addr(p, opt, &sa) != 0)
+        return;
+    a->family = sa.s_family;
+    if (sa.s_family == NNG_AF_INET) {
+        memcpy(a->addr, &sa.s_in.sa_addr, 4);
+        a->port = sa.s_in.sa_port;
+    } else if (sa.s_family == NNG_AF_INET6) {
+        memcpy(a->addr, sa.s_in6.sa_addr, 16);
+        a->port = sa.s_in6.sa_port;
+    }
+}
+
+static int diag_open(void)
+{
+    int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (fd < 0)
+        return -1;
+    /* the kernel answers at once; a bound keeps a surprise from hanging
+     * the nng thread that asks */
+    struct timeval tv = {.tv_sec = 0, .tv_usec = 200000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+/* Sends one sock_diag request for TCP sockets of family (AF_INET or
+ * AF_INET6); with id it asks for that socket alone, without it for every
+ * socket in states. */
+static int diag_send(int fd, int family, const struct inet_diag_sockid *id, uint32_t states,
+                     uint32_t seq)
+{
+    struct {
+        struct nlmsghdr nh;
+        struct inet_diag_req_v2 r;
+    } req;
+    memset(&req, 0, sizeof req);
+    req.nh.nlmsg_len = sizeof req;
+    req.nh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    req.nh.nlmsg_flags = NLM_F_REQUEST | (id ? 0 : NLM_F_DUMP);
+    req.nh.nlmsg_seq = seq;
+    req.r.sdiag_family = (uint8_t)family;
+    req.r.sdiag_protocol = IPPROTO_TCP;
+    req.r.idiag_states = states;
+    if (id)
+        req.r.id = *id;
+    struct sockaddr_nl nl = {.nl_family = AF_NETLINK};
+    return sendto(fd, &req, sizeof req, 0, (struct sockaddr *)&nl, sizeof nl) == (ssize_t)sizeof req
+               ? 0
+               : -1;
+}
+
+/* The uid owning the caller's end of a loopback TCP connection (see
+ * above), or -1. */
+static int diag_peer_uid(struct rpc_server *srv, const struct peer_addr *local,
+                         const struct peer_addr *remote)
+{
+    if (remote->family != local->family ||
+        (remote->family != NNG_AF_INET && remote->family != NNG_AF_INET6))
+        return -1;
+    struct inet_diag_sockid id;
+    memset(&id, 0, sizeof id);
+    id.idiag_sport = remote->port;
+    id.idiag_dport = local->port;
+    memcpy(id.idiag_src, remote->addr, remote->family == NNG_AF_INET ? 4 : 16);
+    memcpy(id.idiag_dst, local->addr, local->family == NNG_AF_INET ? 4 : 16);
+    id.idiag_cookie[0] = id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+    int family = remote->family == NNG_AF_INET ? AF_INET : AF_INET6;
+    int uid = -1;
+    nng_mtx_lock(srv->diag_mtx);
+    if (srv->diag_fd < 0)
+        srv->diag_fd = diag_open();
+    uint32_t seq = ++srv->diag_seq;
+    if (srv->diag_fd >= 0 && diag_send(srv->diag_fd, family, &id, 0, seq) == 0) {
+        /* one answer: the socket, or an error (ENOENT: not on this host);
+         * what is left of an earlier query that timed out is skipped */
+        union {
+            struct nlmsghdr nh;
+            uint8_t b[1024];
+        } buf;
+        for (int tries = 0; tries < 64; tries++) {
+            ssize_t n = recv(srv->diag_fd, &buf, sizeof buf, 0);
+            if (n < 0) {
+                if (errno != EINTR) {
+                    close(srv->diag_fd); /* opened again by the next query */
+                    srv->diag_fd = -1;
+                    break;
+                }
+                continue;
+            }
+            if (n < (ssize_t)sizeof(struct nlmsghdr) || !NLMSG_OK(&buf.nh, (size_t)n) ||
+                buf.nh.nlmsg_seq != seq)
+                continue;
+            if (buf.nh.nlmsg_type == SOCK_DIAG_BY_FAMILY &&
+                buf.nh.nlmsg_len >= NLMSG_LENGTH(sizeof(struct inet_diag_msg))) {
+                const struct inet_diag_msg *m = NLMSG_DATA(&buf.nh);
+                uid = (int)m->idiag_uid;
+            }
+            break;
+        }
+    }
+    nng_mtx_unlock(srv->diag_mtx);
+    return uid;
+}
+
+/* The caller's uid for the connection p (see above). */
+static int pipe_peer_uid(struct rpc_server *srv, nng_pipe p, const struct peer_addr *remote,
+                         const struct peer_addr *local)
+{
+    if (remote->family == NNG_AF_INPROC)
+        return (int)geteuid();
+    if (remote->family == NNG_AF_IPC) {
+        uint64_t uid;
+        return nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_UID, &uid) == 0 && uid <= INT32_MAX
+                   ? (int)uid
+                   : -1;
+    }
+    return diag_peer_uid(srv, local, remote);
+}
+
+/* Fills in the call's caller uid from its connection, asking the kernel
+ * at the connection's first request only. */
+static void pipe_identify(struct rpc_call *c, nng_pipe p)
+{
+    struct rpc_server *srv = c->srv;
+    struct peer_addr remote, local;
+    nng_mtx_lock(srv->mtx);
+    struct pipe_rec *r = pipe_find(srv, c->pipe_id);
+    if (r && r->uid_known) {
+        c->peer_uid = r->uid;
+        nng_mtx_unlock(srv->mtx);
+        return;
+    }
+    if (r) {
+        remote = r->remote;
+        local = r->local;
+    }
+    nng_mtx_unlock(srv->mtx);
+    if (!r) {
+        peer_addr_of(p, NNG_OPT_REMADDR, &remote);
+        peer_addr_of(p, NNG_OPT_LOCADDR, &local);
+    }
+    c->peer_uid = pipe_peer_uid(srv, p, &remote, &local);
+    nng_mtx_lock(srv->mtx);
+    if ((r = pipe_find(srv, c->pipe_id)) != NULL) {
+        r->uid = c->peer_uid;
+        r->uid_known = true;
+    }
+    nng_mtx_unlock(srv->mtx);
+}
+
+/* Whose share of the contexts a call counts in. Always the caller's
+ * address and user (what the kernel says), so a client cannot escape it
+ * by opening more connections. Then, for a training process that holds
+ * only its job's credential (its frames prove the job), that job: all
+ * the job's ranks on one host together. For every other caller (cluster
+ * token holders: agents, kolo run, admin tools; and everyone on a
+ * token-less server, which admits only its own user) the name, job and
+ * rank its frame gives, so that `kolo run` following its job and a
+ * runaway tool of the same user on the same host are held apart. Those
+ * names prove nothing: the share bounds runaway clients of the token's
+ * holders, who could stop any job anyway. */
+static uint64_t caller_key(const struct pipe_rec *r, int uid, const struct rpc_call *c)
+{
+    uint64_t h = 1469598103934665603ull;
+    uint8_t b[16 + 4 + 4 + 8 + 4];
+    memset(b, 0, sizeof b);
+    if (r) {
+        memcpy(b, r->remote.addr, 16);
+        b[16] = (uint8_t)r->remote.family;
+    }
+    memcpy(b + 20, &uid, 4);
+    memcpy(b + 24, &c->frame.job_id, 8);
+    if (!c->job_key[0])
+        memcpy(b + 32, &c->frame.rank, 4);
+    for (size_t i = 0; i < sizeof b; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    if (!c->job_key[0])
+        for (const char *p = c->frame.identity; *p; p++)
+            h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    return h;
+}
+
+static struct caller_rec *caller_find(struct rpc_server *srv, uint64_t key, bool add)
+{
+    struct caller_rec **pp = &srv->callers[key % CALLER_BUCKETS];
+    while (*pp && (*pp)->key != key)
+        pp = &(*pp)->next;
+    if (!*pp && add && (*pp = calloc(1, sizeof **pp)) != NULL)
+        (*pp)->key = key;
+    return *pp;
+}
+
+/* One parked call of key fewer (under srv->mtx); the record goes at 0. */
+static void caller_unpark(struct rpc_server *srv, uint64_t key)
+{
+    struct caller_rec **pp = &srv->callers[key % CALLER_BUCKETS];
+    while (*pp && (*pp)->key != key)
+        pp = &(*pp)->next;
+    if (*pp && --(*pp)->parked <= 0) {
+        struct caller_rec *q = *pp;
+        *pp = q->next;
+        free(q);
+    }
+}
+
+/* ---------------------------------------------------------------- TLS handshakes */
+
+/* nng makes a pipe of a TLS connection only after the TLS handshake and
+ * its own greeting, and nng 1.5.2 puts no time limit on the handshake: a
+ * connection that never sends a ClientHello is held forever, out of
+ * pipe_cb's sight. So the sweep asks the kernel for the TCP sockets on
+ * our port (a sock_diag dump), keeps those that are not a pipe yet with
+ * the time it first saw them, and shuts down (shutdown(2) on nng's own
+ * descriptor, found through /proc/self/fd by the socket's inode: nng then
+ * sees the connection end and frees it) the ones still there after
+ * handshake_ms. The descriptor is checked against the inode just before
+ * the shutdown; the window in which nng could have closed and reused it
+ * is a few microseconds, and the worst it could do is end another fresh
+ * connection, which its client redials. */
+
+#define TLS_SWEEP_MAX 16384
+
+struct diag_seen {
+    uint32_t inode;
+    uint64_t peer; /* hash of the remote address and port */
+};
+
+static uint64_t addr_hash(int family4or6, const uint8_t *addr, uint16_t port)
+{
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)family4or6;
+    size_t n = family4or6 == 4 ? 4 : 16;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ addr[i]) * 1099511628211ull;
+    h = (h ^ (port & 0xff)) * 1099511628211ull;
+    return (h ^ (port >> 8)) * 1099511628211ull;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int cmp_pending(const void *a, const void *b)
+{
+    uint32_t x = ((const struct pending_conn *)a)->inode,
+             y = ((const struct pending_conn *)b)->inode;
+    return x < y ? -1 : x > y;
+}
+
+/* The established TCP sockets whose local port is port (network order),
+ * both families; returns how many it wrote to out. */
+static size_t diag_sockets_on_port(struct rpc_server *srv, uint16_t port, struct diag_seen *out,
+                                   size_t max)
+{
+    size_t n = 0;
+    int fd = srv->diag_fd;
+    union nlbuf {
+        struct nlmsghdr nh;
+        uint8_t b[32768];
+    } *buf = malloc(sizeof *buf);
+    if (!buf)
+        return 0;
+    uint32_t states = (1u << TCP_ESTABLISHED) | (1u << TCP_CLOSE_WAIT);
+    for (int fam = 0; fam < 2; fam++) {
+        int family = fam ? AF_INET6 : AF_INET;
+        uint32_t seq = ++srv->diag_seq;
+        if (diag_send(fd, family, NULL, states, seq) != 0)
+            continue;
+        for (bool done = false; !done;) {
+            ssize_t len = recv(fd, buf, sizeof *buf, 0);
+            if (len <= 0)
+                break;
+            for (struct nlmsghdr *h = &buf->nh; NLMSG_OK(h, (size_t)len);
+                 h = NLMSG_NEXT(h, len)) {
+                if (h->nlmsg_seq != seq)
+                    continue;
+                if (h->nlmsg_type == NLMSG_DONE || h->nlmsg_type == NLMSG_ERROR) {
+                    done = true;
+                    break;
+                }
+                if (h->nlmsg_len < NLMSG_LENGTH(sizeof(struct inet_diag_msg)))
+                    continue;
+                const struct inet_diag_msg *m = NLMSG_DATA(h);
+                if (m->id.idiag_sport != port || n >= max || m->idiag_inode == 0)
+                    continue;
+                out[n].inode = m->idiag_inode;
+                out[n].peer = addr_hash(family == AF_INET ? 4 : 6,
+                                        (const uint8_t *)m->id.idiag_dst, m->id.idiag_dport);
+                n++;
+            }
+        }
+    }
+    free(buf);
+    return n;
+}
+
+/* Shuts down our descriptors for the sockets with these inodes (sorted);
+ * returns how many. */
+static int shutdown_inodes(const uint32_t *inodes, size_t n)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int done = 0;
+    if (!d)
+        return 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char path[300], link[64];
+        int fd = atoi(e->d_name);
+        if (e->d_name[0] < '0' || e->d_name[0] > '9' || fd == dirfd(d))
+            continue;
+        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+        ssize_t l = readlink(path, link, sizeof link - 1);
+        unsigned long ino;
+        if (l <= 0)
+            continue;
+        link[l] = '\0';
+        if (sscanf(link, "socket:[%lu]", &ino) != 1)
+            continue;
+        uint32_t key = (uint32_t)ino;
+        size_t lo = 0, hi = n;
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (inodes[mid] < key)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        struct stat st;
+        if (lo < n && inodes[lo] == key && fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) &&
+            (uint32_t)st.st_ino == key && shutdown(fd, SHUT_RDWR) == 0)
+            done++;
+    }
+    closedir(d);
+    return done;
+}
+
+/* See above: ends TLS connections whose handshake outlived handshake_ms. */
+static void tls_sweep(struct rpc_server *srv, uint64_t now)
+{
+    struct diag_seen *seen = malloc(TLS_SWEEP_MAX * sizeof *seen);
+    if (!seen)
+        return;
+    size_t n = 0;
+    nng_mtx_lock(srv->diag_mtx);
+    if (srv->diag_fd < 0)
+        srv->diag_fd = diag_open();
+    if (srv->diag_fd >= 0)
+        n = diag_sockets_on_port(srv, htons(srv->port), seen, TLS_SWEEP_MAX);
+    nng_mtx_unlock(srv->diag_mtx);
+    /* the pipes' peers, sorted, to tell connections from handshakes */
+    nng_mtx_lock(srv->mtx);
+    uint64_t *pipes = malloc(((size_t)srv->npipes + 1) * sizeof *pipes);
+    size_t np = 0;
+    for (int b = 0; pipes && b < PIPE_BUCKETS; b++)
+        for (struct pipe_rec *q = srv->pipes[b]; q && np < (size_t)srv->npipes; q = q->next)
+            if (q->remote.family == NNG_AF_INET || q->remote.family == NNG_AF_INET6)
+                pipes[np++] = addr_hash(q->remote.family == NNG_AF_INET ? 4 : 6,
+                                        q->remote.addr, q->remote.port);
+    nng_mtx_unlock(srv->mtx);
+    struct pending_conn *next = calloc(n + 1, sizeof *next);
+    uint32_t *late = calloc(n + 1, sizeof *late);
+    if (!pipes || !next || !late) {
+        free(seen);
+        free(pipes);
+        free(next);
+        free(late);
+        return;
+    }
+    qsort(pipes, np, sizeof *pipes, cmp_u64);
+    size_t nn = 0, nl = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (bsearch(&seen[i].peer, pipes, np, sizeof *pipes, cmp_u64))
+            continue;
+        struct pending_conn key = {.inode = seen[i].inode};
+        const struct pending_conn *old =
+            srv->pending ? bsearch(&key, srv->pending, srv->npending, sizeof key, cmp_pending)
+                         : NULL;
+        next[nn].inode = seen[i].inode;
+        next[nn].seen_ms = old ? old->seen_ms : now;
+        if (now - next[nn].seen_ms > (uint64_t)srv->handshake_ms)
+            late[nl++] = seen[i].inode;
+        nn++;
+    }
+    qsort(next, nn, sizeof *next, cmp_pending);
+    free(srv->pending);
+    srv->pending = next;
+    srv->npending = nn;
+    if (nl) {
+        qsort(late, nl, sizeof *late, cmp_u32);
+        int closed = shutdown_inodes(late, nl);
+        if (closed) {
+            nng_mtx_lock(srv->mtx);
+            srv->stats.conns_timed_out += (uint64_t)closed;
+            nng_mtx_unlock(srv->mtx);
+            LOGI("rpc", "closed %d TLS connection%s whose handshake did not end within %d ms",
+                 closed, closed == 1 ? "" : "s", srv->handshake_ms);
+        }
+    }
+    free(late);
+    free(seen);
+    free(pipes);
 }
 
 /* Connection hygiene (issue 15, F4 F5): a connection that has not sent a
@@ -280,6 +759,9 @@ static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
         }
         r->id = id;
         r->since_ms = now_mono_ms();
+        r->uid = -1;
+        peer_addr_of(p, NNG_OPT_REMADDR, &r->remote);
+        peer_addr_of(p, NNG_OPT_LOCADDR, &r->local);
         r->next = srv->pipes[id % PIPE_BUCKETS];
         srv->pipes[id % PIPE_BUCKETS] = r;
         srv->npipes++;
@@ -315,6 +797,30 @@ static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
     nng_mtx_unlock(srv->mtx);
 }
 
+struct unproven_age {
+    uint64_t since_ms;
+    uint32_t id;
+};
+
+static int cmp_age(const void *a, const void *b)
+{
+    uint64_t x = ((const struct unproven_age *)a)->since_ms;
+    uint64_t y = ((const struct unproven_age *)b)->since_ms;
+    return x < y ? -1 : x > y;
+}
+
+/* The period of the sweep: a quarter of the handshake time, at most
+ * RPC_SLOW_MS / 4 (slow connections are counted that often). */
+static int sweep_period(const struct rpc_server *srv)
+{
+    int p = srv->handshake_ms / 4 + 1;
+    return p < RPC_SLOW_MS / 4 ? p : RPC_SLOW_MS / 4;
+}
+
+/* Closes connections silent past handshake_ms, and the oldest unproven
+ * ones beyond max_slow of those older than RPC_SLOW_MS (rpc.h: what
+ * bounds memory before authentication); then, on a TLS port, handshakes
+ * that outlived handshake_ms (tls_sweep). */
 static void sweep_cb(void *arg)
 {
     struct rpc_server *srv = arg;
@@ -324,19 +830,50 @@ static void sweep_cb(void *arg)
     uint32_t late[64];
     int n = 0;
     nng_mtx_lock(srv->mtx);
-    for (int b = 0; b < PIPE_BUCKETS && n < 64; b++)
-        for (struct pipe_rec *q = srv->pipes[b]; q && n < 64; q = q->next)
-            if (!q->proven && now - q->since_ms > (uint64_t)srv->handshake_ms) {
+    struct unproven_age *slow = malloc((size_t)(srv->nunproven + 1) * sizeof *slow);
+    int nslow = 0;
+    for (int b = 0; b < PIPE_BUCKETS; b++)
+        for (struct pipe_rec *q = srv->pipes[b]; q; q = q->next) {
+            if (q->proven)
+                continue;
+            if (now - q->since_ms > (uint64_t)srv->handshake_ms && n < 64) {
                 q->proven = true; /* no longer counted while it closes */
                 srv->nunproven--;
                 srv->stats.conns_timed_out++;
                 late[n++] = q->id;
+            } else if (now - q->since_ms > RPC_SLOW_MS && slow && nslow < srv->nunproven + 1) {
+                slow[nslow].since_ms = q->since_ms;
+                slow[nslow++].id = q->id;
             }
+        }
+    int evict = nslow - srv->max_slow;
+    uint32_t *gone = NULL;
+    if (evict > 0 && (gone = malloc((size_t)evict * sizeof *gone)) != NULL) {
+        qsort(slow, (size_t)nslow, sizeof *slow, cmp_age);
+        for (int i = 0; i < evict; i++) {
+            struct pipe_rec *q = pipe_find(srv, slow[i].id);
+            gone[i] = slow[i].id;
+            if (q && !q->proven) {
+                q->proven = true; /* no longer counted while it closes */
+                srv->nunproven--;
+                srv->stats.conns_evicted++;
+            }
+        }
+    } else {
+        evict = 0;
+    }
     nng_mtx_unlock(srv->mtx);
+    free(slow);
     for (int i = 0; i < n; i++)
         pipe_close_id(late[i]);
-    int period = srv->handshake_ms / 4 < 1000 ? srv->handshake_ms / 4 + 1 : 1000;
-    nng_sleep_aio(n == 64 ? 10 : period, srv->sweep_aio);
+    for (int i = 0; i < evict; i++)
+        pipe_close_id(gone[i]);
+    free(gone);
+    if (srv->tls && now - srv->tls_swept_ms >= (uint64_t)sweep_period(srv) * 4) {
+        srv->tls_swept_ms = now;
+        tls_sweep(srv, now);
+    }
+    nng_sleep_aio(n == 64 ? 10 : sweep_period(srv), srv->sweep_aio);
 }
 
 static void call_recv(struct rpc_call *c)
@@ -372,6 +909,8 @@ static void call_send_frame(struct rpc_call *c, int status, const void *body, si
     struct pipe_rec *pr = c->parked ? pipe_find(srv, c->pipe_id) : NULL;
     if (pr)
         pr->parked--;
+    if (c->parked)
+        caller_unpark(srv, c->caller);
     if (c->unreserved)
         srv->unreserved_calls--;
     c->parked = c->unreserved = false;
@@ -482,25 +1021,33 @@ static bool is_reserved(const struct rpc_server *srv, const char *method)
            strncmp(method, srv->reserved_prefix, strlen(srv->reserved_prefix)) == 0;
 }
 
-/* A valid request proves its connection. The calls the handler keeps
- * (long polls) are bounded twice, so no client takes every receive
- * context: one connection may hold RPC_MAX_PARKED_PER_CONN of them, and
- * calls outside the reserved methods (the agents'), kept or running, all
+/* A valid request proves its connection: with a token, the request's MAC
+ * did; without one, only a request of the server's own user (or root)
+ * does, so another local user's connections stay under the bounds of
+ * unproven ones (rpc.h). The calls the handler keeps (long polls) are
+ * bounded three times, so no client takes every receive context: one
+ * connection may hold RPC_MAX_PARKED_PER_CONN of them, one caller
+ * (caller_key) max_parked_caller over all its connections, and calls
+ * outside the reserved methods (the agents'), kept or running, all
  * together ncalls - reserved. */
 static int call_admit(struct rpc_call *c)
 {
     struct rpc_server *srv = c->srv;
     bool reserved = is_reserved(srv, c->frame.method);
+    bool owner = c->peer_uid == 0 || c->peer_uid == (int)geteuid();
     nng_mtx_lock(srv->mtx);
     struct pipe_rec *r = pipe_find(srv, c->pipe_id);
-    if (r && !r->proven) {
+    if (r && !r->proven && (srv->token || owner)) {
         r->proven = true;
         srv->nunproven--;
     }
+    c->caller = caller_key(r, c->peer_uid, c);
+    struct caller_rec *who = caller_find(srv, c->caller, false);
     bool conn_full = r && r->parked >= RPC_MAX_PARKED_PER_CONN;
+    bool caller_full = !conn_full && who && who->parked >= srv->max_parked_caller;
     bool all_full = !reserved && srv->reserved &&
                     srv->unreserved_calls >= srv->ncalls - srv->reserved;
-    if (conn_full || all_full) {
+    if (conn_full || caller_full || all_full) {
         srv->stats.busy_refused++;
     } else {
         srv->stats.requests++;
@@ -516,6 +1063,10 @@ static int call_admit(struct rpc_call *c)
     if (conn_full)
         snprintf(msg, sizeof msg, "this connection already has %d calls waiting (the most one "
                  "connection may hold); try again when one returns", RPC_MAX_PARKED_PER_CONN);
+    else if (caller_full)
+        snprintf(msg, sizeof msg, "you already have %d calls waiting over all your connections "
+                 "(the most one caller may hold); try again when one returns",
+                 srv->max_parked_caller);
     else if (all_full)
         snprintf(msg, sizeof msg, "the server holds %d waiting calls, all it takes besides the "
                  "%d kept for %s calls; try again when one returns (or raise --rpc-contexts)",
@@ -545,6 +1096,7 @@ static void call_cb(void *arg)
         c->req = nng_aio_get_msg(c->aio);
         c->pipe_id = (uint32_t)nng_pipe_id(nng_msg_get_pipe(c->req));
         c->answered = c->parked = c->unreserved = false;
+        pipe_identify(c, nng_msg_get_pipe(c->req));
         if (call_validate(c) != 0)
             return;
         if (call_admit(c) != 0)
@@ -554,8 +1106,10 @@ static void call_cb(void *arg)
         /* kept for later (a long poll): counted against its connection */
         nng_mtx_lock(srv->mtx);
         struct pipe_rec *r = c->answered ? NULL : pipe_find(srv, c->pipe_id);
-        if (r) {
+        struct caller_rec *who = r ? caller_find(srv, c->caller, true) : NULL;
+        if (r && who) {
             r->parked++;
+            who->parked++;
             c->parked = true;
         }
         nng_mtx_unlock(srv->mtx);
@@ -582,36 +1136,9 @@ bool rpc_call_job_scoped(const struct rpc_call *call)
     return call->job_key[0] != '\0';
 }
 
-/* The kernel's table of this network namespace's IPv4 TCP sockets has, for
- * each, "local remote ... uid": the caller's socket is the one whose local
- * end is the remote end of ours. */
 int rpc_call_peer_uid(const struct rpc_call *call)
 {
-    nng_pipe p = nng_msg_get_pipe(call->req);
-    nng_sockaddr peer, self;
-    if (nng_pipe_get_addr(p, NNG_OPT_REMADDR, &peer) != 0 ||
-        nng_pipe_get_addr(p, NNG_OPT_LOCADDR, &self) != 0 || peer.s_family != NNG_AF_INET ||
-        self.s_family != NNG_AF_INET)
-        return -1;
-    FILE *f = fopen("/proc/net/tcp", "re");
-    if (!f)
-        return -1;
-    char line[512];
-    int uid = -1;
-    /* addresses as the table writes them: the 32-bit value in host order,
-     * then the port in host order, both in hex */
-    unsigned want_ip = peer.s_in.sa_addr, want_port = ntohs(peer.s_in.sa_port);
-    unsigned our_ip = self.s_in.sa_addr, our_port = ntohs(self.s_in.sa_port);
-    while (uid < 0 && fgets(line, sizeof(line), f)) {
-        unsigned lip, lport, rip, rport, st;
-        int u;
-        if (sscanf(line, " %*d: %x:%x %x:%x %x %*x:%*x %*x:%*x %*x %d", &lip, &lport, &rip,
-                   &rport, &st, &u) == 6 &&
-            lip == want_ip && lport == want_port && rip == our_ip && rport == our_port)
-            uid = u;
-    }
-    fclose(f);
-    return uid;
+    return call->peer_uid;
 }
 
 void rpc_call_reply(struct rpc_call *call, const void *body, size_t len)
@@ -638,6 +1165,7 @@ static void server_resolve_url(struct rpc_server *srv, const char *url)
     int port = 0;
     if (nng_listener_get_int(srv->listener, NNG_OPT_TCP_BOUND_PORT, &port) != 0)
         return;
+    srv->port = (uint16_t)port;
     char *colon = strrchr(srv->url, ':');
     if (colon && colon > srv->url + 5)
         snprintf(colon, sizeof(srv->url) - (size_t)(colon - srv->url), ":%d", port);
@@ -676,10 +1204,16 @@ int rpc_server_open(struct rpc_server **out, const struct rpc_server_config *cfg
         return KOLO_ENOMEM;
     srv->handler = cfg->handler;
     srv->arg = cfg->arg;
-    srv->max_msg = cfg->max_msg ? cfg->max_msg : RPC_DEFAULT_MAX_MSG;
+    srv->max_msg = cfg->max_msg && cfg->max_msg < RPC_MAX_REQUEST ? cfg->max_msg : RPC_MAX_REQUEST;
     srv->ncalls = cfg->contexts > 0 ? cfg->contexts : 256;
     srv->handshake_ms = cfg->handshake_ms > 0 ? cfg->handshake_ms : RPC_HANDSHAKE_MS;
     srv->max_unproven = cfg->max_unproven > 0 ? cfg->max_unproven : RPC_MAX_UNPROVEN;
+    srv->max_slow = cfg->max_slow > 0 ? cfg->max_slow : RPC_MAX_UNPROVEN_SLOW;
+    srv->max_parked_caller = srv->ncalls / 4 > 2 * RPC_MAX_PARKED_PER_CONN
+                                 ? srv->ncalls / 4
+                                 : 2 * RPC_MAX_PARKED_PER_CONN;
+    srv->diag_fd = -1;
+    srv->tls = tls_files_on(cfg->tls) || strncmp(cfg->url, "tls+", 4) == 0;
     srv->token = cfg->token ? strdup(cfg->token) : NULL;
     if (cfg->reserved_prefix && cfg->reserved > 0 && cfg->reserved < srv->ncalls) {
         srv->reserved_prefix = strdup(cfg->reserved_prefix);
@@ -688,7 +1222,9 @@ int rpc_server_open(struct rpc_server **out, const struct rpc_server_config *cfg
     srv->calls = calloc((size_t)srv->ncalls, sizeof(*srv->calls));
     srv->replay = srv->token ? calloc(REPLAY_BUCKETS * REPLAY_WAYS, sizeof(*srv->replay)) : NULL;
     if (!srv->calls || (cfg->token && (!srv->token || !srv->replay)) ||
-        nng_mtx_alloc(&srv->mtx) != 0) {
+        nng_mtx_alloc(&srv->mtx) != 0 || nng_mtx_alloc(&srv->diag_mtx) != 0) {
+        if (srv->mtx)
+            nng_mtx_free(srv->mtx);
         free(srv->calls);
         free(srv->replay);
         free(srv->token);
@@ -699,6 +1235,7 @@ int rpc_server_open(struct rpc_server **out, const struct rpc_server_config *cfg
     if ((rv = nng_rep0_open(&srv->sock)) != 0) {
         LOGE("rpc", "cannot open socket: %s", nng_strerror(rv));
         nng_mtx_free(srv->mtx);
+        nng_mtx_free(srv->diag_mtx);
         free(srv->calls);
         free(srv->replay);
         free(srv->token);
@@ -706,9 +1243,11 @@ int rpc_server_open(struct rpc_server **out, const struct rpc_server_config *cfg
         free(srv);
         return KOLO_EIO;
     }
-    /* Frames between the cap and twice the cap still arrive and get a
-     * clear ETOOBIG reply; beyond that nng drops the connection. */
-    nng_socket_set_size(srv->sock, NNG_OPT_RECVMAXSZ, srv->max_msg * 2);
+    /* nng allocates a whole frame as soon as it has read its length, so
+     * the cap is what one connection may make us hold before anything is
+     * authenticated: a longer length header is refused (the connection
+     * closed) before any allocation. The slack is nng's request id. */
+    nng_socket_set_size(srv->sock, NNG_OPT_RECVMAXSZ, srv->max_msg + 64);
     if (nng_pipe_notify(srv->sock, NNG_PIPE_EV_ADD_PRE, pipe_cb, srv) != 0 ||
         nng_pipe_notify(srv->sock, NNG_PIPE_EV_REM_POST, pipe_cb, srv) != 0 ||
         nng_aio_alloc(&srv->sweep_aio, sweep_cb, srv) != 0) {
@@ -730,7 +1269,7 @@ int rpc_server_open(struct rpc_server **out, const struct rpc_server_config *cfg
     }
     for (int i = 0; i < srv->ncalls; i++)
         call_recv(&srv->calls[i]);
-    nng_sleep_aio(srv->handshake_ms / 4 < 1000 ? srv->handshake_ms / 4 + 1 : 1000, srv->sweep_aio);
+    nng_sleep_aio(sweep_period(srv), srv->sweep_aio);
     *out = srv;
     return 0;
 }
@@ -775,6 +1314,16 @@ void rpc_server_close(struct rpc_server *srv)
             srv->pipes[b] = r->next;
             free(r);
         }
+    for (int b = 0; b < CALLER_BUCKETS; b++)
+        while (srv->callers[b]) {
+            struct caller_rec *r = srv->callers[b];
+            srv->callers[b] = r->next;
+            free(r);
+        }
+    free(srv->pending);
+    if (srv->diag_fd >= 0)
+        close(srv->diag_fd);
+    nng_mtx_free(srv->diag_mtx);
     nng_mtx_free(srv->mtx);
     free(srv->calls);
     free(srv->replay);
@@ -805,6 +1354,8 @@ struct rpc_client {
     struct acall *live; /* async calls in flight */
     nng_aio *sync_aio[64]; /* synchronous calls in flight, for shutdown */
     bool closed;        /* rpc_client_shutdown ran */
+    bool retry_busy;    /* KOLO_EBUSY is tried again until the deadline */
+    nng_cv *wake;       /* ends busy backoffs at shutdown */
 };
 
 static void reap_dead(struct rpc_client *cli);
@@ -816,6 +1367,10 @@ struct acall {
     nng_ctx ctx;
     nng_aio *aio;
     bool receiving;
+    bool sleeping;    /* backing off after KOLO_EBUSY (retry_busy) */
+    int backoff_ms;
+    uint8_t *body;    /* retry_busy: the request body, to send again */
+    size_t body_len;
     struct rpc_frame f;
     char method[RPC_MAX_METHOD + 1];
     int timeout_ms;
@@ -866,6 +1421,8 @@ static int client_dial(struct rpc_client *cli, const struct rpc_client_config *c
  * variable were made (no call ever ran on it). */
 static void client_free_unopened(struct rpc_client *cli)
 {
+    if (cli->wake)
+        nng_cv_free(cli->wake);
     nng_cv_free(cli->idle);
     nng_mtx_free(cli->mtx);
     free(cli->token);
@@ -893,6 +1450,11 @@ int rpc_client_open(struct rpc_client **out, const struct rpc_client_config *cfg
         free(cli);
         return KOLO_ENOMEM;
     }
+    if (nng_cv_alloc(&cli->wake, cli->mtx) != 0) {
+        client_free_unopened(cli);
+        return KOLO_ENOMEM;
+    }
+    cli->retry_busy = cfg->retry_busy;
     rpc_client_set_identity(cli, cfg->identity, cfg->job_id, cfg->generation, cfg->rank);
     if ((rv = nng_req0_open(&cli->sock)) != 0) {
         client_free_unopened(cli);
@@ -925,6 +1487,7 @@ void rpc_client_shutdown(struct rpc_client *cli)
      * nng version. Calls that start later fail at once. */
     nng_mtx_lock(cli->mtx);
     cli->closed = true;
+    nng_cv_wake(cli->wake);
     for (struct acall *a = cli->live; a; a = a->live_next)
         nng_aio_cancel(a->aio);
     for (int i = 0; i < 64; i++)
@@ -945,6 +1508,7 @@ void rpc_client_close(struct rpc_client *cli)
     /* End whatever is still in flight first, then close the socket. */
     rpc_client_shutdown(cli);
     nng_close(cli->sock);
+    nng_cv_free(cli->wake);
     nng_cv_free(cli->idle);
     nng_mtx_free(cli->mtx);
     free(cli->token);
@@ -972,8 +1536,11 @@ static int client_encode(struct rpc_client *cli, const char *method, const void 
     int rv;
     if (strlen(method) > RPC_MAX_METHOD)
         return errf(err, errlen, KOLO_EINVAL, "method name too long");
-    if (req_len + RPC_HEADER_LEN > cli->max_msg)
-        return errf(err, errlen, KOLO_ETOOBIG, "request of %zu bytes exceeds the cap", req_len);
+    /* no server takes more (rpc.h): larger payloads go in chunks */
+    if (req_len + RPC_HEADER_LEN + RPC_MAX_METHOD + RPC_MAX_IDENTITY > RPC_MAX_REQUEST)
+        return errf(err, errlen, KOLO_ETOOBIG,
+                    "request of %zu bytes exceeds the %u-byte cap of a request", req_len,
+                    RPC_MAX_REQUEST - RPC_HEADER_LEN - RPC_MAX_METHOD - RPC_MAX_IDENTITY);
     memset(f, 0, sizeof(*f));
     f->version = KOLO_PROTO_VERSION;
     f->kind = RPC_REQUEST;
@@ -1158,22 +1725,53 @@ out:
     return code;
 }
 
+/* The next wait after KOLO_EBUSY: doubling from 10 ms to 500 ms, less a
+ * random part, so callers refused together do not come back together. */
+static int busy_backoff(int *backoff_ms)
+{
+    int b = *backoff_ms > 0 ? *backoff_ms : 10;
+    *backoff_ms = b * 2 < 500 ? b * 2 : 500;
+    uint8_t r;
+    random_bytes(&r, 1);
+    return b / 2 + (int)((unsigned)r * (unsigned)b / 512u);
+}
+
 int rpc_client_call(struct rpc_client *cli, const char *method, const void *req, size_t req_len,
                     void **rep, size_t *rep_len, int timeout_ms, char *err, size_t errlen)
 {
     bool moved = false;
     uint64_t t0 = now_mono_ms();
-    int code = client_call_once(cli, method, req, req_len, rep, rep_len, timeout_ms, &moved, err,
-                                errlen);
-    /* refused as stale by a server whose clock is not ours: once more, on
-     * its time, within what is left of the caller's time */
-    if (code == KOLO_EAUTH && moved) {
-        uint64_t spent = now_mono_ms() - t0;
-        int left = timeout_ms > (int)spent ? timeout_ms - (int)spent : 1;
+    int backoff = 0, code, left = timeout_ms;
+    for (;;) {
         code = client_call_once(cli, method, req, req_len, rep, rep_len, left, &moved, err,
                                 errlen);
+        /* refused as stale by a server whose clock is not ours: once more, on
+         * its time, within what is left of the caller's time */
+        if (code == KOLO_EAUTH && moved) {
+            uint64_t spent = now_mono_ms() - t0;
+            left = timeout_ms > (int)spent ? timeout_ms - (int)spent : 1;
+            code = client_call_once(cli, method, req, req_len, rep, rep_len, left, &moved, err,
+                                    errlen);
+        }
+        if (code != KOLO_EBUSY || !cli->retry_busy)
+            return code;
+        /* busy: the server holds all the calls it takes (from us); again,
+         * after a backoff, while the deadline allows */
+        int wait = busy_backoff(&backoff);
+        uint64_t spent = now_mono_ms() - t0;
+        if ((int64_t)spent + wait >= timeout_ms)
+            return code;
+        nng_mtx_lock(cli->mtx);
+        nng_time until = nng_clock() + (nng_duration)wait;
+        while (!cli->closed && nng_cv_until(cli->wake, until) != NNG_ETIMEDOUT)
+            ;
+        bool closed = cli->closed;
+        nng_mtx_unlock(cli->mtx);
+        if (closed)
+            return errf(err, errlen, KOLO_ECLOSED, "client closed");
+        spent = now_mono_ms() - t0;
+        left = timeout_ms > (int)spent ? timeout_ms - (int)spent : 1;
     }
-    return code;
 }
 
 /* ---------------------------------------------------------------- async calls */
@@ -1193,6 +1791,7 @@ static void reap_dead(struct rpc_client *cli)
         struct acall *next = a->next;
         nng_aio_free(a->aio); /* waits for the callback to return */
         nng_ctx_close(a->ctx);
+        free(a->body);
         free(a);
         a = next;
     }
@@ -1216,11 +1815,46 @@ static void acall_finish(struct acall *a, int code, const void *rep, size_t len,
     nng_mtx_unlock(cli->mtx);
 }
 
+/* After a backoff (retry_busy): the request again, with a fresh nonce. */
+static void acall_resend(struct acall *a)
+{
+    struct rpc_client *cli = a->cli;
+    char err[256];
+    nng_msg *m = NULL;
+    int code = client_encode(cli, a->method, a->body, a->body_len, &a->f, &m, err, sizeof err);
+    a->f.body = NULL;
+    if (code) {
+        acall_finish(a, code, NULL, 0, err);
+        return;
+    }
+    nng_mtx_lock(cli->mtx);
+    bool closed = cli->closed;
+    if (!closed) {
+        uint64_t now = now_mono_ms();
+        nng_aio_set_timeout(a->aio, now < a->deadline ? (nng_duration)(a->deadline - now) : 1);
+        nng_aio_set_msg(a->aio, m);
+        nng_ctx_send(a->ctx, a->aio);
+    }
+    nng_mtx_unlock(cli->mtx);
+    if (closed) {
+        nng_msg_free(m);
+        acall_finish(a, KOLO_ECLOSED, NULL, 0, "the client was closed");
+    }
+}
+
 static void acall_cb(void *arg)
 {
     struct acall *a = arg;
     char err[1024];
     int rv = nng_aio_result(a->aio);
+    if (a->sleeping) {
+        a->sleeping = false;
+        if (rv != 0)
+            acall_finish(a, KOLO_ECLOSED, NULL, 0, "the client was closed");
+        else
+            acall_resend(a);
+        return;
+    }
     if (!a->receiving) {
         if (rv != 0) {
             nng_msg_free(nng_aio_get_msg(a->aio));
@@ -1254,6 +1888,22 @@ static void acall_cb(void *arg)
     nng_msg *m = nng_aio_get_msg(a->aio);
     struct rpc_frame rf;
     int code = client_check_reply(a->cli, m, &a->f, &rf, NULL, err, sizeof(err));
+    if (code == KOLO_EBUSY && a->cli->retry_busy) {
+        /* busy: again after a backoff, while the deadline allows */
+        int wait = busy_backoff(&a->backoff_ms);
+        nng_msg_free(m);
+        nng_mtx_lock(a->cli->mtx);
+        bool go = !a->cli->closed && now_mono_ms() + (uint64_t)wait < a->deadline;
+        if (go) {
+            a->receiving = false;
+            a->sleeping = true;
+            nng_sleep_aio(wait, a->aio);
+        }
+        nng_mtx_unlock(a->cli->mtx);
+        if (!go)
+            acall_finish(a, code, NULL, 0, err);
+        return;
+    }
     if (code == 0)
         acall_finish(a, 0, rf.body, rf.body_len, "");
     else
@@ -1275,7 +1925,16 @@ int rpc_client_call_async(struct rpc_client *cli, const char *method, const void
         free(a);
         return code;
     }
-    a->f.body = NULL; /* the request body is the caller's: do not keep it */
+    a->f.body = NULL; /* the request body is the caller's: keep a copy only to retry */
+    if (cli->retry_busy && req_len) {
+        if (!(a->body = malloc(req_len))) {
+            nng_msg_free(m);
+            free(a);
+            return KOLO_ENOMEM;
+        }
+        memcpy(a->body, req, req_len);
+        a->body_len = req_len;
+    }
     a->cli = cli;
     a->done = done;
     a->arg = arg;
@@ -1284,12 +1943,14 @@ int rpc_client_call_async(struct rpc_client *cli, const char *method, const void
     str_copy(a->method, method, sizeof(a->method));
     if (nng_ctx_open(&a->ctx, cli->sock) != 0) {
         nng_msg_free(m);
+        free(a->body);
         free(a);
         return KOLO_ECLOSED;
     }
     if (nng_aio_alloc(&a->aio, acall_cb, a) != 0) {
         nng_msg_free(m);
         nng_ctx_close(a->ctx);
+        free(a->body);
         free(a);
         return KOLO_ENOMEM;
     }
@@ -1299,6 +1960,7 @@ int rpc_client_call_async(struct rpc_client *cli, const char *method, const void
         nng_msg_free(m);
         nng_aio_free(a->aio);
         nng_ctx_close(a->ctx);
+        free(a->body);
         free(a);
         return KOLO_ECLOSED;
     }

@@ -62,13 +62,34 @@ struct tls_files; /* tls.h */
 #define RPC_MAX_IDENTITY    128
 #define RPC_DEFAULT_MAX_MSG (16u << 20)
 #define RPC_AUTH_WINDOW_MS  120000
-/* Connection hygiene (rpc.c, pipe_cb): a connection must send a valid
+/* Connection hygiene (rpc.c, pipe_cb and sweep_cb). Memory before
+ * authentication is bounded by what nng may buffer per connection: a
+ * server accepts request frames of at most RPC_MAX_REQUEST bytes and nng
+ * refuses (closes the connection on) a larger length header before it
+ * allocates anything; clients refuse to send more, so larger payloads
+ * (snapshots) go in chunks below it. Replies are not bounded by it
+ * (clients take RPC_DEFAULT_MAX_MSG). A connection must send a valid
  * request within RPC_HANDSHAKE_MS; at most RPC_MAX_UNPROVEN connections
  * that have not are held (the oldest goes; large enough for a thousand
- * ranks connecting at once); one connection holds at most
- * RPC_MAX_PARKED_PER_CONN calls the handler keeps (KOLO_EBUSY beyond). */
+ * ranks connecting at once), and of those at most RPC_MAX_UNPROVEN_SLOW
+ * may be older than RPC_SLOW_MS (an honest client sends its first frame
+ * at once; a trickling one is what holds a buffer), so frames in
+ * progress hold at most RPC_MAX_UNPROVEN_SLOW x RPC_MAX_REQUEST (128
+ * MiB) plus what the link delivers in RPC_SLOW_MS to fresh ones. A
+ * token-less server counts a connection proven only when its caller is
+ * the server's own user or root (rpc_call_peer_uid): another local
+ * user's connections stay under these bounds however many requests they
+ * send. One connection holds at most RPC_MAX_PARKED_PER_CONN calls the
+ * handler keeps, and one caller (rpc.c, caller_key: its address and user
+ * as the kernel gives them, then its job for a job-credential holder, or
+ * the name, job and rank its frame gives for others) at most a quarter of
+ * the contexts, and at least 2 x RPC_MAX_PARKED_PER_CONN: KOLO_EBUSY
+ * beyond, which clients opened with retry_busy retry. */
+#define RPC_MAX_REQUEST         (1u << 20)
 #define RPC_HANDSHAKE_MS        10000
 #define RPC_MAX_UNPROVEN        1024
+#define RPC_MAX_UNPROVEN_SLOW   128
+#define RPC_SLOW_MS             1000
 #define RPC_MAX_PARKED_PER_CONN 64
 
 enum rpc_kind { RPC_REQUEST = 1, RPC_REPLY = 2 };
@@ -113,10 +134,11 @@ typedef void (*rpc_handler_fn)(struct rpc_call *call, void *arg);
 struct rpc_server_config {
     const char *url;   /* e.g. "tcp://127.0.0.1:0", "inproc://x" */
     const char *token; /* NULL: no authentication (loopback only) */
-    size_t max_msg;    /* frame size cap; 0 = RPC_DEFAULT_MAX_MSG */
+    size_t max_msg;    /* request frame cap; 0 or over it = RPC_MAX_REQUEST */
     int contexts;      /* receive contexts = max parked calls; 0 = 256 */
     int handshake_ms;  /* 0 = RPC_HANDSHAKE_MS (tests shorten it) */
     int max_unproven;  /* 0 = RPC_MAX_UNPROVEN */
+    int max_slow;      /* 0 = RPC_MAX_UNPROVEN_SLOW (tests lower it) */
     const struct tls_files *tls; /* NULL or off: plain tcp:// (tls.h) */
     /* Capacity kept for the calls that keep hosts alive: methods starting
      * with reserved_prefix (e.g. "AgentService.") may always be received,
@@ -137,9 +159,12 @@ struct rpc_server_stats {
     uint64_t auth_failed; /* missing/wrong MAC, stale timestamp, replay */
     uint64_t replies_failed;
     uint64_t conns_evicted;   /* unproven connections closed for a newer one */
-    uint64_t conns_timed_out; /* connections silent past RPC_HANDSHAKE_MS */
-    uint64_t busy_refused;    /* calls over RPC_MAX_PARKED_PER_CONN, or over the
-                                 unreserved capacity (reserved_prefix) */
+    uint64_t conns_timed_out; /* connections silent past RPC_HANDSHAKE_MS, and
+                                 TLS connections whose handshake did not end
+                                 within it */
+    uint64_t busy_refused;    /* calls over RPC_MAX_PARKED_PER_CONN, over the
+                                 caller's share, or over the unreserved
+                                 capacity (reserved_prefix) */
 };
 
 int rpc_server_open(struct rpc_server **srv, const struct rpc_server_config *cfg);
@@ -154,9 +179,13 @@ void rpc_server_close(struct rpc_server *srv);
 
 /* The request, valid until the call is answered. */
 const struct rpc_frame *rpc_call_frame(const struct rpc_call *call);
-/* rpc_call_peer_uid: the uid owning the caller's end of a TCP connection
- * from this host's network namespace (a loopback client), or -1 when it
- * cannot be known (another host, IPv6, inproc). */
+/* rpc_call_peer_uid: the uid owning the caller's end of the connection,
+ * or -1 when it cannot be known (another host). The kernel answers once
+ * per connection, at its first request: for TCP (IPv4 and IPv6) a
+ * NETLINK_SOCK_DIAG query for exactly the peer's socket, for ipc:// the
+ * socket's peer credentials; inproc:// callers are this process. Later
+ * calls read the answer kept with the connection, so it is cheap enough
+ * for every request. */
 int rpc_call_peer_uid(const struct rpc_call *call);
 /* rpc_call_job_scoped: the caller proved only the credential of the job
  * its frame names (a training process), not the cluster token. */
@@ -179,8 +208,13 @@ struct rpc_client_config {
     uint64_t job_id;
     uint64_t generation;
     int32_t rank;
-    size_t max_msg; /* 0 = RPC_DEFAULT_MAX_MSG */
+    size_t max_msg; /* reply cap; 0 = RPC_DEFAULT_MAX_MSG (requests: RPC_MAX_REQUEST) */
     const struct tls_files *tls; /* NULL or off: plain, unless the URL is tls+tcp:// */
+    /* KOLO_EBUSY (the server holds all the calls it takes from us, or all
+     * it has) is tried again with backoff until the call's deadline,
+     * sync and async alike: what libkolo's calls want, since a training
+     * job must not fail because someone else parks calls. */
+    bool retry_busy;
 };
 
 int rpc_client_open(struct rpc_client **cli, const struct rpc_client_config *cfg);

@@ -67,7 +67,7 @@
 #define SNAP_DEFAULT_MAX_BYTES (2ll << 30)
 #define SNAP_DEFAULT_UPLOAD_MS 60000
 #define SNAP_MAX_KEEP          100000
-#define SNAP_MAX_CHUNK         (8u << 20)
+#define SNAP_MAX_CHUNK         RPC_MAX_REQUEST /* no request is larger (rpc.h) */
 #define SNAP_MAX_CHUNKS        (1u << 20)
 #define SNAP_MAX_META          (64u << 10)
 

@@ -72,8 +72,8 @@
       "shared-memory small-message slot bytes (unset: 64 KiB)")                                   \
     X(SNAPSHOT_KEEP, "KOLO_SNAPSHOT_KEEP", NULL, INT, "0", 0, 100000, NULL,                        \
       "snapshots the coordinator keeps for this job (0: the coordinator's)")                      \
-    X(SNAPSHOT_CHUNK_BYTES, "KOLO_SNAPSHOT_CHUNK_BYTES", NULL, SIZE, "4M", 4096, 8ll << 20, NULL,  \
-      "snapshot upload chunk bytes")                                                              \
+    X(SNAPSHOT_CHUNK_BYTES, "KOLO_SNAPSHOT_CHUNK_BYTES", NULL, SIZE, "768k", 4096, 896ll << 10,   \
+      NULL, "snapshot upload chunk bytes (a chunk and its meta fit in one RPC request, 1 MiB)")   \
     X(LOG_LEVEL, "KOLO_LOG_LEVEL", NULL, STR, "off", 0, 0, NULL,                                   \
       "trace, debug, info, warn, error or off (common/log.c reads and checks it)")               \
     /* Horovod's stall inspector */                                                               \

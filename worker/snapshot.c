@@ -45,9 +45,12 @@
 #include "log.h"
 #include "util.h"
 
-#define SNAP_CHUNK_DEFAULT (4u << 20)
+/* A chunk, SNAP_MAX_META bytes of meta and the frame's headers fit in one
+ * request (RPC_MAX_REQUEST, 1 MiB: what bounds a server's memory before
+ * it authenticates anything, common/rpc.h). */
+#define SNAP_CHUNK_DEFAULT (768u << 10)
 #define SNAP_CHUNK_MIN     4096u
-#define SNAP_CHUNK_MAX     (8u << 20)
+#define SNAP_CHUNK_MAX     (896u << 10)
 #define SNAP_MAX_CHUNKS    (1u << 20)
 #define SNAP_MAX_META      (64u << 10)
 #define SNAP_CALL_MAX_MS   60000

@@ -30,7 +30,8 @@ acks_at_least() { [ "$(acked)" -ge "$1" ]; }
 
 # Phase 1 keeps every snapshot (the job's own retention), so that every
 # acknowledged one can be checked afterwards.
-export KOLO_SNAPSHOT_KEEP=100000 KOLO_SNAPSHOT_CHUNK_BYTES=1048576 KOLO_LOG_LEVEL=info
+# (the largest chunk: a chunk and its meta fit in one 1 MiB request, issue 28)
+export KOLO_SNAPSHOT_KEEP=100000 KOLO_SNAPSHOT_CHUNK_BYTES=917504 KOLO_LOG_LEVEL=info
 "$KOLO" run -np 2 --coordinator "$RPC" -- \
   "$WRITER" "$WORK/acks.log" "$WORK/stop" "$WORK/go" >"$WORK/run.out" 2>"$WORK/run.err" &
 RUN_PID=$!

@@ -57,7 +57,7 @@ static void test_types(void)
     setenv("KOLO_SNAPSHOT_CHUNK_BYTES", "64k", 1);
     CHECK_EQ_INT(settings_int(SET_SNAPSHOT_CHUNK_BYTES, 0), 65536);
     unsetenv("KOLO_SNAPSHOT_CHUNK_BYTES");
-    CHECK_EQ_INT(settings_int(SET_SNAPSHOT_CHUNK_BYTES, 0), 4 << 20);
+    CHECK_EQ_INT(settings_int(SET_SNAPSHOT_CHUNK_BYTES, 0), 768 << 10);
 
     /* choices */
     CHECK_EQ_STR(settings_str(SET_FAST_PATH), "auto");
