@@ -651,6 +651,11 @@ int cmd_run(int argc, char **argv)
         goto out;
     }
     code = run_follow(cli, job_id, o.grace, files, o.raw);
+    if (coord) {
+        const char *tl = o.timeline_filename && o.timeline_filename[0] ? o.timeline_filename
+                                                                       : getenv("HOROVOD_TIMELINE");
+        run_timeline_final(cli, job_id, tl);
+    }
 
 out:
     free(args);

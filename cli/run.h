@@ -69,6 +69,11 @@ char **run_job_env(struct knob *tab, size_t n, const struct run_opts *o);
  * --output-filename's files (always the raw bytes). On a terminal the
  * output's control bytes are escaped unless raw (job_lines.c).
  */
+/* run_timeline_final writes the job's finished timeline at path (its
+ * HOROVOD_TIMELINE) once the job is over: for jobs of an embedded
+ * coordinator, whose ranks ran on this host (run_timeline.c). */
+void run_timeline_final(struct rpc_client *cli, uint64_t job_id, const char *path);
+
 int run_follow(struct rpc_client *cli, uint64_t job_id, int64_t grace, struct run_output *files,
                bool raw);
 

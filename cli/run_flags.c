@@ -336,8 +336,8 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
          "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
          &o->stall_shutdown_s},
         {"timeline-filename", NULL, "", KNOB_STR, NULL, 0, -1,
-         "the coordinator writes a Chrome-trace timeline of the job's negotiation to this path "
-         "on its host (HOROVOD_TIMELINE; relative: to the job's cwd)",
+         "rank 0 writes a Chrome-trace timeline of the job's negotiation to this path on its "
+         "host (HOROVOD_TIMELINE; relative: to the job's cwd)",
          &o->timeline_filename},
         {"encrypt-data", NULL, "", KNOB_BOOL, "false", 0, -1,
          "seal the job's TCP data plane with AES-256-GCM (needs libssl3 on every host; "

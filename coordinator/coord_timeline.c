@@ -1202,18 +1202,24 @@ static bool tl_writing(const struct job *j, const char *label, const char *file)
 void coord_rpc_timeline_read(struct coord *c, struct rpc_call *call, enum coord_method m)
 {
     const struct rpc_frame *f = rpc_call_frame(call);
-    struct job *j = coord_job_find(c, f->job_id);
-    if (!j) {
-        c->m.rpc_errors[m]++;
-        rpc_call_error(call, KOLO_ENOTFOUND, "no such job %llu", (unsigned long long)f->job_id);
-        return;
-    }
     Kolo__TimelineReadRequest *req = kolo__timeline_read_request__unpack(NULL, f->body_len, f->body);
     if (!req || !req->path[0] || strlen(req->path) >= 4096) {
         c->m.rpc_errors[m]++;
         rpc_call_error(call, KOLO_EPROTO, "malformed TimelineReadRequest");
         if (req)
             kolo__timeline_read_request__free_unpacked(req, NULL);
+        return;
+    }
+    /* a worker's frame names its job (its credential is that job's); a
+     * launcher's names none and asks for its job in the request */
+    uint64_t id = f->job_id ? f->job_id : req->job;
+    struct job *j = rpc_call_job_scoped(call) && req->job && req->job != f->job_id
+                        ? NULL
+                        : coord_job_find(c, id);
+    if (!j) {
+        c->m.rpc_errors[m]++;
+        rpc_call_error(call, KOLO_ENOTFOUND, "no such job %llu", (unsigned long long)id);
+        kolo__timeline_read_request__free_unpacked(req, NULL);
         return;
     }
     char *label = tl_resolve(j, req->path);

@@ -183,7 +183,7 @@ function jobHeader(j, hostNames) {
   if (other.length)
     kids.push(h('p', {class: 'meta'}, other.map(k => h('span', {class: 'chip'}, `${k}: ${meta[k]}`))));
   kids.push(j.argv ? h('p', {class: 'argv'}, h('code', {}, j.argv.join(' ')))
-    : h('p', {class: 'muted'}, 'Command and output are shown to token holders only on this listener.'));
+    : h('p', {class: 'muted'}, 'Command and output are shown to the job\'s owner only: open the dashboard from the link kolo printed (it carries the key).'));
   if (j.timeline)
     kids.push(h('p', {}, h('a', {href: `/api/v1/jobs/${j.id}/timeline`, download: `kolo-job-${j.id}-timeline.json`},
       'Timeline (Chrome trace JSON)'), h('span', {class: 'muted'}, ' — open it in chrome://tracing or ui.perfetto.dev')));
@@ -391,10 +391,13 @@ function jobPage(root, id) {
     const [ep, st, rk, gens, snaps, stl, o, hosts] = await Promise.all([
       q('epochs'), q(`steps?downsample=${bucketFor(span)}`), q('ranks'), q('generations'),
       q('snapshots'), q('stalls?min_age_ms=1000'),
-      q(`output?after=${after}&limit=2000`).catch(e => {
-        if (e.status === 401) return {lines: [], next: after, hidden: true};
-        throw e;
-      }), api('/api/v1/hosts')]);
+      // a job's output is its owner's: a reader without the key is told so
+      // (job.redacted), not sent to be refused
+      job.redacted ? {lines: [], next: after, hidden: true}
+        : q(`output?after=${after}&limit=2000`).catch(e => {
+          if (e.status === 401) return {lines: [], next: after, hidden: true};
+          throw e;
+        }), api('/api/v1/hosts')]);
     document.title = `kolo · job ${id} (${job.state})`;
     title.replaceChildren(`Job ${id} · ${job.name}`);
     head.replaceChildren(...jobHeader(job, new Map(hosts.hosts.map(x => [x.id, x.name]))));
@@ -411,7 +414,7 @@ function jobPage(root, id) {
       if (stick) out.scrollTop = out.scrollHeight;
       after = o.next;
     } else if (!lines.length) {
-      out.textContent = o.hidden ? '(hidden: a job\'s output is for token holders on this listener)'
+      out.textContent = o.hidden ? '(hidden: a job\'s output is for its owner: open the dashboard from the link kolo printed)'
                                  : '(no output yet)';
     }
     return job.state === 'running' || job.state === 'pending' ? POLL_MS : POLL_IDLE_MS;

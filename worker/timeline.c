@@ -110,7 +110,8 @@ static Kolo__TimelineReadReply *copy_read(const char *path, uint64_t offset, int
                                        .job_id = copy.job,
                                        .generation = copy.generation,
                                        .rank = copy.rank,
-                                       .tls = &copy.tls};
+                                       .tls = &copy.tls,
+                                       .retry_busy = true};
         if ((*code = rpc_client_open(&copy.cli, &rc)) != 0)
             return NULL;
     }

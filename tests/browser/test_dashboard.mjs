@@ -83,6 +83,12 @@ await run(async browser => {
   await pp.waitForSelector('svg[data-chart="epoch-time"] circle.pt', {timeout: 15000});
   await pp.waitForSelector('.hm-row', {timeout: 15000});
   check(await noSidewaysScroll(pp), 'the job page fits 390 px (wide tables scroll inside their box)');
+  // this browser never opened the link with the key: another reader, who
+  // sees the job but not what it runs or prints (issue 28)
+  await pp.waitForFunction(() => (document.querySelector('pre.output') || {}).textContent?.includes('hidden'),
+                           null, {timeout: 15000});
+  check(!(await pp.locator('pre.output').textContent()).includes('epoch'), 'without the key the output is hidden');
+  check(await pp.locator('p.argv').count() === 0, 'without the key the command is hidden');
   await shot(pp, 'job-390x844');
   await pp.goto(`${base}/#/`);
   await pp.waitForSelector('#hosts table', {timeout: 15000});

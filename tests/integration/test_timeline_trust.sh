@@ -12,7 +12,6 @@
   skip "needs root, setpriv and the user nobody"
 use_python
 /usr/bin/python3 -c "import torch" 2>/dev/null || skip "needs torch"
-as_nobody() { setpriv --reuid=nobody --regid=nogroup --clear-groups "$@"; }
 chmod 755 "$WORK"
 
 make_token
@@ -21,7 +20,9 @@ mkdir -p "$WORK/agent" "$WORK/job" "$WORK/rootonly"
 chmod 700 "$WORK/rootonly"
 cp "$WORK/token" "$WORK/agent/token"
 chown -R nobody "$WORK/agent" "$WORK/job"
-as_nobody "$KOLO" agent --coordinator "$RPC" --slots 2 --name n --state-dir "$WORK/agent/state" \
+# setpriv itself, not a function: $! is then the agent (setpriv execs it)
+setpriv --reuid=nobody --regid=nogroup --clear-groups "$KOLO" agent --coordinator "$RPC" \
+  --slots 2 --name n --state-dir "$WORK/agent/state" \
   --token-file "$WORK/agent/token" >"$WORK/agent.out" 2>"$WORK/agent.log" &
 PIDS+=("$!")
 wait_hosts 1
