@@ -230,6 +230,18 @@ class _Cluster:
         self.close()
         raise RuntimeError("kolo.tune: the local agent did not register within 30 s")
 
+
+    def view_query(self):
+        """"?key=..." for a dashboard link: the view key (common/creds.h,
+        HMAC(token, "kolo-dashboard-view")) opens the trials' output and
+        command lines to the browser that follows the link; "" without a
+        token."""
+        if not self.token:
+            return ""
+        import hashlib
+        import hmac
+        mac = hmac.new(self.token.encode(), b"kolo-dashboard-view\0", hashlib.sha256)
+        return "?key=" + mac.hexdigest()[:32]
     def request(self, method, path, body=None):
         req = urllib.request.Request(self.http + path, method=method,
                                      data=json.dumps(body).encode() if body is not None else None)
@@ -401,8 +413,9 @@ def run(trainable, space, num_trials, np=2, min_np=None, max_np=None, max_concur
     tmp = tempfile.mkdtemp(prefix="run-", dir=directory)  # a killed driver leaves it there
     cluster = _Cluster(_kolo_binary(), os.path.join(directory, "cluster"), slots, coordinator,
                        http, token_file)
-    _say(verbose, "study %s on the dashboard: %s/#/studies/%s"
-         % (study_name, cluster.http, urllib.parse.quote(study_name, safe="")))
+    _say(verbose, "study %s on the dashboard: %s/%s#/studies/%s"
+         % (study_name, cluster.http, cluster.view_query(),
+            urllib.parse.quote(study_name, safe="")))
     running = []
     t0 = time.monotonic()
     try:
