@@ -31,22 +31,23 @@
  * connection whose TCP retransmission backoff (0.2, 0.6, 1.4, 3 s ...)
  * could outlast the lease even after the network healed: 2 s of a 3 s
  * lease lost the host. Now, with L the lease the coordinator gave:
- *   - the park is at most L/8 (LINK_PARK_LEASE_DIV), so arrivals are at
- *     most L/8 + a round trip apart;
- *   - a heartbeat is abandoned LINK_SLACK (L/8, at least 250 ms) after
- *     its park should have ended, and every retry goes out on a fresh
- *     connection (redial), never behind the old one's backoff, and is
- *     itself abandoned after LINK_SLACK;
+ *   - the park is at most L/10 (LINK_PARK_LEASE_DIV), so arrivals are at
+ *     most P = L/10 + a round trip apart;
+ *   - a parked heartbeat is abandoned L/8 (at least 250 ms) after its
+ *     park should have ended; every retry goes out on a fresh connection
+ *     (redial), never behind the old one's backoff, and is itself
+ *     abandoned after R = L/16 (at least 250 ms: a connection, a request
+ *     and its answer on a slow coordinator);
  *   - while the lease may still be alive, retries follow each other
- *     without backoff (at least LINK_BACKOFF_MIN_MS apart), so after a
- *     heal a heartbeat arrives within about L/8.
- * The worst case is a cut that starts just before a parked heartbeat's
- * answer: the last arrival was L/8 earlier, and the first retry dialed
- * after the heal arrives up to L/8 after it, so a cut of c keeps the host
- * while L/8 + c + L/8 < L: cuts up to 3/4 of the lease (a 2 s cut of a
- * 3 s lease has 0.25 s to spare at worst). Past the lease the backoff
- * grows to LINK_BACKOFF_MAX_MS as before. The cost is heartbeats: about
- * 8 per lease per host while idle (1.6 per second at the default 5 s).
+ *     without backoff (at least LINK_BACKOFF_MIN_MS apart), so a retry
+ *     dials within R of the heal.
+ * The worst case is a cut that starts just after the last arrival (the
+ * answer or the next request is lost): the host is kept while
+ * P + c + R < L, for cuts c up to L - L/10 - max(L/16, 250 ms): 2.45 s
+ * of a 3 s lease (0.82 L), so a 2 s cut has 0.45 s to spare, and 4.2 s
+ * of the default 5 s. Past the lease the backoff grows to
+ * LINK_BACKOFF_MAX_MS as before. The cost is heartbeats: about 10 per
+ * lease per idle host (2 per second at the default 5 s lease).
  *
  * The report thread drains the outbound queue (outbox.c) with Report
  * calls: at most one per AGENT_REPORT_PACE_MS unless a full batch waits.
@@ -72,8 +73,9 @@
 
 #define LINK_PARK_MAX_MS         1000 /* heartbeat wait until the coordinator names one */
 #define LINK_LEASE_DEFAULT_MS    5000 /* until the coordinator names its lease */
-#define LINK_PARK_LEASE_DIV      8    /* park at most lease/8 */
-#define LINK_SLACK_LEASE_DIV     8    /* abandon a heartbeat lease/8 after its park */
+#define LINK_PARK_LEASE_DIV      10   /* park at most lease/10 */
+#define LINK_SLACK_LEASE_DIV     8    /* abandon a parked heartbeat lease/8 after its park */
+#define LINK_RETRY_LEASE_DIV     16   /* abandon a retry after lease/16 */
 #define LINK_SLACK_MIN_MS        250
 #define LINK_SLACK_MAX_MS        5000
 #define LINK_REGISTER_TIMEOUT_MS 3000
@@ -260,12 +262,15 @@ static int do_heartbeat(struct agent *a, const char *session, char *version, siz
     return 0;
 }
 
-/* The time a heartbeat may take beyond its park before it is abandoned
- * (and the longest a retry waits): lease/8 within [250 ms, 5 s]. */
-static int link_slack_ms(uint32_t lease_ms)
+/* The time a heartbeat may take beyond its park before it is abandoned:
+ * lease/div within [250 ms, 5 s] (div: LINK_SLACK_LEASE_DIV for a parked
+ * heartbeat, LINK_RETRY_LEASE_DIV for a retry). */
+static int link_slack_ms(uint32_t lease_ms, uint32_t div)
 {
-    uint32_t s = lease_ms / LINK_SLACK_LEASE_DIV;
-    return (int)(s < LINK_SLACK_MIN_MS ? LINK_SLACK_MIN_MS : s > LINK_SLACK_MAX_MS ? LINK_SLACK_MAX_MS : s);
+    uint32_t s = lease_ms / div;
+    return (int)(s < LINK_SLACK_MIN_MS   ? LINK_SLACK_MIN_MS
+                 : s > LINK_SLACK_MAX_MS ? LINK_SLACK_MAX_MS
+                                         : s);
 }
 
 /* link_redial replaces the heartbeat client by a fresh one, so the next
@@ -329,7 +334,8 @@ static void *link_main(void *arg)
                 wait = park_max ? park_max : 1;
             if (probe)
                 wait = 0;
-            int timeout = (int)wait + link_slack_ms(lease_ms);
+            int timeout = (int)wait + link_slack_ms(lease_ms, probe ? LINK_RETRY_LEASE_DIV
+                                                                    : LINK_SLACK_LEASE_DIV);
             rc =
                 do_heartbeat(a, session, version, sizeof(version), wait, timeout, err, sizeof(err));
             if (rc == 0) {
