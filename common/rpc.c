@@ -20,7 +20,8 @@
 #include <linux/netlink.h>
 #include <linux/sock_diag.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
+#include <linux/rtnetlink.h>
+#include <linux/tcp.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -278,7 +279,8 @@ struct rpc_server {
     /* connections (under mtx): bounded before they prove anything */
     struct pipe_rec *pipes[PIPE_BUCKETS];
     int npipes, nunproven;
-    int handshake_ms, max_unproven, max_slow;
+    int handshake_ms, max_unproven;
+    size_t unproven_budget;
     nng_aio *sweep_aio; /* closes connections silent past RPC_HANDSHAKE_MS */
     struct caller_rec *callers[CALLER_BUCKETS];
     int max_parked_caller;
@@ -359,7 +361,7 @@ static int diag_open(void)
  * AF_INET6); with id it asks for that socket alone, without it for every
  * socket in states. */
 static int diag_send(int fd, int family, const struct inet_diag_sockid *id, uint32_t states,
-                     uint32_t seq)
+                     uint8_t ext, uint32_t seq)
 {
     struct {
         struct nlmsghdr nh;
@@ -373,6 +375,7 @@ static int diag_send(int fd, int family, const struct inet_diag_sockid *id, uint
     req.r.sdiag_family = (uint8_t)family;
     req.r.sdiag_protocol = IPPROTO_TCP;
     req.r.idiag_states = states;
+    req.r.idiag_ext = ext;
     if (id)
         req.r.id = *id;
     struct sockaddr_nl nl = {.nl_family = AF_NETLINK};
@@ -402,7 +405,7 @@ static int diag_peer_uid(struct rpc_server *srv, const struct peer_addr *local,
     if (srv->diag_fd < 0)
         srv->diag_fd = diag_open();
     uint32_t seq = ++srv->diag_seq;
-    if (srv->diag_fd >= 0 && diag_send(srv->diag_fd, family, &id, 0, seq) == 0) {
+    if (srv->diag_fd >= 0 && diag_send(srv->diag_fd, family, &id, 0, 0, seq) == 0) {
         /* one answer: the socket, or an error (ENOENT: not on this host);
          * what is left of an earlier query that timed out is skipped */
         union {
@@ -554,8 +557,12 @@ static void caller_unpark(struct rpc_server *srv, uint64_t key)
 
 struct diag_seen {
     uint32_t inode;
-    uint64_t peer; /* hash of the remote address and port */
+    uint64_t peer;     /* hash of the remote address and port */
+    uint64_t bytes_in; /* tcp_info's bytes received, when asked (0: unknown) */
 };
+
+#define DIAG_TCP_ESTABLISHED 1 /* the kernel's TCP states */
+#define DIAG_TCP_CLOSE_WAIT  8
 
 static uint64_t addr_hash(int family4or6, const uint8_t *addr, uint16_t port)
 {
@@ -589,7 +596,7 @@ static int cmp_pending(const void *a, const void *b)
 /* The established TCP sockets whose local port is port (network order),
  * both families; returns how many it wrote to out. */
 static size_t diag_sockets_on_port(struct rpc_server *srv, uint16_t port, struct diag_seen *out,
-                                   size_t max)
+                                   size_t max, bool with_info)
 {
     size_t n = 0;
     int fd = srv->diag_fd;
@@ -599,11 +606,12 @@ static size_t diag_sockets_on_port(struct rpc_server *srv, uint16_t port, struct
     } *buf = malloc(sizeof *buf);
     if (!buf)
         return 0;
-    uint32_t states = (1u << TCP_ESTABLISHED) | (1u << TCP_CLOSE_WAIT);
+    uint32_t states = (1u << DIAG_TCP_ESTABLISHED) | (1u << DIAG_TCP_CLOSE_WAIT);
+    uint8_t ext = with_info ? (uint8_t)(1u << (INET_DIAG_INFO - 1)) : 0;
     for (int fam = 0; fam < 2; fam++) {
         int family = fam ? AF_INET6 : AF_INET;
         uint32_t seq = ++srv->diag_seq;
-        if (diag_send(fd, family, NULL, states, seq) != 0)
+        if (diag_send(fd, family, NULL, states, ext, seq) != 0)
             continue;
         for (bool done = false; !done;) {
             ssize_t len = recv(fd, buf, sizeof *buf, 0);
@@ -625,6 +633,17 @@ static size_t diag_sockets_on_port(struct rpc_server *srv, uint16_t port, struct
                 out[n].inode = m->idiag_inode;
                 out[n].peer = addr_hash(family == AF_INET ? 4 : 6,
                                         (const uint8_t *)m->id.idiag_dst, m->id.idiag_dport);
+                out[n].bytes_in = 0;
+                int alen = (int)(h->nlmsg_len - NLMSG_LENGTH(sizeof *m));
+                for (struct rtattr *a = (struct rtattr *)(m + 1); with_info && RTA_OK(a, alen);
+                     a = RTA_NEXT(a, alen)) {
+                    size_t want = offsetof(struct tcp_info, tcpi_bytes_received) + 8;
+                    if (a->rta_type == INET_DIAG_INFO && RTA_PAYLOAD(a) >= want)
+                        memcpy(&out[n].bytes_in,
+                               (const uint8_t *)RTA_DATA(a) +
+                                   offsetof(struct tcp_info, tcpi_bytes_received),
+                               8);
+                }
                 n++;
             }
         }
@@ -684,7 +703,7 @@ static void tls_sweep(struct rpc_server *srv, uint64_t now)
     if (srv->diag_fd < 0)
         srv->diag_fd = diag_open();
     if (srv->diag_fd >= 0)
-        n = diag_sockets_on_port(srv, htons(srv->port), seen, TLS_SWEEP_MAX);
+        n = diag_sockets_on_port(srv, htons(srv->port), seen, TLS_SWEEP_MAX, false);
     nng_mtx_unlock(srv->diag_mtx);
     /* the pipes' peers, sorted, to tell connections from handshakes */
     nng_mtx_lock(srv->mtx);
@@ -797,30 +816,107 @@ static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
     nng_mtx_unlock(srv->mtx);
 }
 
-struct unproven_age {
-    uint64_t since_ms;
+struct unproven_held {
+    uint64_t peer; /* addr_hash of its remote end */
+    uint64_t held; /* bytes received past the greeting */
     uint32_t id;
 };
 
-static int cmp_age(const void *a, const void *b)
+static int cmp_seen_peer(const void *a, const void *b)
 {
-    uint64_t x = ((const struct unproven_age *)a)->since_ms;
-    uint64_t y = ((const struct unproven_age *)b)->since_ms;
-    return x < y ? -1 : x > y;
+    return cmp_u64(&((const struct diag_seen *)a)->peer, &((const struct diag_seen *)b)->peer);
+}
+
+static int cmp_held_desc(const void *a, const void *b)
+{
+    uint64_t x = ((const struct unproven_held *)a)->held;
+    uint64_t y = ((const struct unproven_held *)b)->held;
+    return x > y ? -1 : x < y;
+}
+
+/* Memory before authentication (rpc.h): while more than unproven_budget
+ * bytes sit on unproven connections, by the kernel's count of what each
+ * received (a sock_diag dump of our port with tcp_info), the heaviest
+ * are closed. Looked at only when the unproven connections could hold
+ * more than the budget at all (each holds at most max_msg). */
+static void budget_sweep(struct rpc_server *srv)
+{
+    nng_mtx_lock(srv->mtx);
+    bool could = srv->port && (uint64_t)srv->nunproven * srv->max_msg > srv->unproven_budget;
+    int cap = srv->nunproven;
+    nng_mtx_unlock(srv->mtx);
+    if (!could)
+        return;
+    struct diag_seen *seen = malloc(TLS_SWEEP_MAX * sizeof *seen);
+    struct unproven_held *un = malloc(((size_t)cap + 1) * sizeof *un);
+    size_t n = 0, nu = 0;
+    if (!seen || !un)
+        goto out;
+    nng_mtx_lock(srv->diag_mtx);
+    if (srv->diag_fd < 0)
+        srv->diag_fd = diag_open();
+    if (srv->diag_fd >= 0)
+        n = diag_sockets_on_port(srv, htons(srv->port), seen, TLS_SWEEP_MAX, true);
+    nng_mtx_unlock(srv->diag_mtx);
+    qsort(seen, n, sizeof *seen, cmp_seen_peer);
+    nng_mtx_lock(srv->mtx);
+    for (int b = 0; b < PIPE_BUCKETS; b++)
+        for (struct pipe_rec *q = srv->pipes[b]; q && nu < (size_t)cap; q = q->next)
+            if (!q->proven &&
+                (q->remote.family == NNG_AF_INET || q->remote.family == NNG_AF_INET6)) {
+                un[nu].peer = addr_hash(q->remote.family == NNG_AF_INET ? 4 : 6, q->remote.addr,
+                                        q->remote.port);
+                un[nu].id = q->id;
+                un[nu++].held = 0;
+            }
+    nng_mtx_unlock(srv->mtx);
+    uint64_t total = 0;
+    for (size_t i = 0; i < nu; i++) {
+        struct diag_seen key = {.peer = un[i].peer};
+        const struct diag_seen *d = bsearch(&key, seen, n, sizeof key, cmp_seen_peer);
+        un[i].held = d && d->bytes_in > 8 ? d->bytes_in - 8 : 0; /* past nng's greeting */
+        total += un[i].held;
+    }
+    if (total <= srv->unproven_budget)
+        goto out;
+    qsort(un, nu, sizeof *un, cmp_held_desc);
+    int closed = 0;
+    for (size_t i = 0; i < nu && total > srv->unproven_budget && un[i].held > 0; i++) {
+        nng_mtx_lock(srv->mtx);
+        struct pipe_rec *q = pipe_find(srv, un[i].id);
+        bool go = q && !q->proven;
+        if (go) {
+            q->proven = true; /* no longer counted while it closes */
+            srv->nunproven--;
+            srv->stats.conns_evicted++;
+        }
+        nng_mtx_unlock(srv->mtx);
+        if (go) {
+            pipe_close_id(un[i].id);
+            total -= un[i].held;
+            closed++;
+        }
+    }
+    if (closed)
+        LOGW("rpc", "closed %d unauthenticated connection%s holding the most data: more than "
+             "%zu bytes sat on connections that proved nothing", closed, closed == 1 ? "" : "s",
+             srv->unproven_budget);
+out:
+    free(seen);
+    free(un);
 }
 
 /* The period of the sweep: a quarter of the handshake time, at most
- * RPC_SLOW_MS / 4 (slow connections are counted that often). */
+ * RPC_SWEEP_MS. */
 static int sweep_period(const struct rpc_server *srv)
 {
     int p = srv->handshake_ms / 4 + 1;
-    return p < RPC_SLOW_MS / 4 ? p : RPC_SLOW_MS / 4;
+    return p < RPC_SWEEP_MS ? p : RPC_SWEEP_MS;
 }
 
-/* Closes connections silent past handshake_ms, and the oldest unproven
- * ones beyond max_slow of those older than RPC_SLOW_MS (rpc.h: what
- * bounds memory before authentication); then, on a TLS port, handshakes
- * that outlived handshake_ms (tls_sweep). */
+/* Closes connections silent past handshake_ms, then those over the
+ * budget of unauthenticated bytes (budget_sweep) and, on a TLS port,
+ * handshakes that outlived handshake_ms (tls_sweep). */
 static void sweep_cb(void *arg)
 {
     struct rpc_server *srv = arg;
@@ -830,45 +926,18 @@ static void sweep_cb(void *arg)
     uint32_t late[64];
     int n = 0;
     nng_mtx_lock(srv->mtx);
-    struct unproven_age *slow = malloc((size_t)(srv->nunproven + 1) * sizeof *slow);
-    int nslow = 0;
-    for (int b = 0; b < PIPE_BUCKETS; b++)
-        for (struct pipe_rec *q = srv->pipes[b]; q; q = q->next) {
-            if (q->proven)
-                continue;
-            if (now - q->since_ms > (uint64_t)srv->handshake_ms && n < 64) {
+    for (int b = 0; b < PIPE_BUCKETS && n < 64; b++)
+        for (struct pipe_rec *q = srv->pipes[b]; q && n < 64; q = q->next)
+            if (!q->proven && now - q->since_ms > (uint64_t)srv->handshake_ms) {
                 q->proven = true; /* no longer counted while it closes */
                 srv->nunproven--;
                 srv->stats.conns_timed_out++;
                 late[n++] = q->id;
-            } else if (now - q->since_ms > RPC_SLOW_MS && slow && nslow < srv->nunproven + 1) {
-                slow[nslow].since_ms = q->since_ms;
-                slow[nslow++].id = q->id;
             }
-        }
-    int evict = nslow - srv->max_slow;
-    uint32_t *gone = NULL;
-    if (evict > 0 && (gone = malloc((size_t)evict * sizeof *gone)) != NULL) {
-        qsort(slow, (size_t)nslow, sizeof *slow, cmp_age);
-        for (int i = 0; i < evict; i++) {
-            struct pipe_rec *q = pipe_find(srv, slow[i].id);
-            gone[i] = slow[i].id;
-            if (q && !q->proven) {
-                q->proven = true; /* no longer counted while it closes */
-                srv->nunproven--;
-                srv->stats.conns_evicted++;
-            }
-        }
-    } else {
-        evict = 0;
-    }
     nng_mtx_unlock(srv->mtx);
-    free(slow);
     for (int i = 0; i < n; i++)
         pipe_close_id(late[i]);
-    for (int i = 0; i < evict; i++)
-        pipe_close_id(gone[i]);
-    free(gone);
+    budget_sweep(srv);
     if (srv->tls && now - srv->tls_swept_ms >= (uint64_t)sweep_period(srv) * 4) {
         srv->tls_swept_ms = now;
         tls_sweep(srv, now);
@@ -1208,7 +1277,7 @@ int rpc_server_open(struct rpc_server **out, const struct rpc_server_config *cfg
     srv->ncalls = cfg->contexts > 0 ? cfg->contexts : 256;
     srv->handshake_ms = cfg->handshake_ms > 0 ? cfg->handshake_ms : RPC_HANDSHAKE_MS;
     srv->max_unproven = cfg->max_unproven > 0 ? cfg->max_unproven : RPC_MAX_UNPROVEN;
-    srv->max_slow = cfg->max_slow > 0 ? cfg->max_slow : RPC_MAX_UNPROVEN_SLOW;
+    srv->unproven_budget = cfg->unproven_budget ? cfg->unproven_budget : RPC_UNPROVEN_BUDGET;
     srv->max_parked_caller = srv->ncalls / 4 > 2 * RPC_MAX_PARKED_PER_CONN
                                  ? srv->ncalls / 4
                                  : 2 * RPC_MAX_PARKED_PER_CONN;

@@ -71,11 +71,14 @@ struct tls_files; /* tls.h */
  * (clients take RPC_DEFAULT_MAX_MSG). A connection must send a valid
  * request within RPC_HANDSHAKE_MS; at most RPC_MAX_UNPROVEN connections
  * that have not are held (the oldest goes; large enough for a thousand
- * ranks connecting at once), and of those at most RPC_MAX_UNPROVEN_SLOW
- * may be older than RPC_SLOW_MS (an honest client sends its first frame
- * at once; a trickling one is what holds a buffer), so frames in
- * progress hold at most RPC_MAX_UNPROVEN_SLOW x RPC_MAX_REQUEST (128
- * MiB) plus what the link delivers in RPC_SLOW_MS to fresh ones. A
+ * ranks connecting at once). What those connections hold is counted with
+ * the kernel's own figure (tcp_info's bytes received, past nng's
+ * greeting): while more than RPC_UNPROVEN_BUDGET (128 MiB) sits on
+ * unproven connections, the heaviest are closed, every sweep (250 ms).
+ * An idle connection holds nothing and is never chosen; honest first
+ * requests are small. So frames in progress before authentication hold
+ * at most RPC_UNPROVEN_BUDGET plus what the link delivers in one sweep,
+ * and never more than RPC_MAX_UNPROVEN x RPC_MAX_REQUEST. A
  * token-less server counts a connection proven only when its caller is
  * the server's own user or root (rpc_call_peer_uid): another local
  * user's connections stay under these bounds however many requests they
@@ -88,8 +91,8 @@ struct tls_files; /* tls.h */
 #define RPC_MAX_REQUEST         (1u << 20)
 #define RPC_HANDSHAKE_MS        10000
 #define RPC_MAX_UNPROVEN        1024
-#define RPC_MAX_UNPROVEN_SLOW   128
-#define RPC_SLOW_MS             1000
+#define RPC_UNPROVEN_BUDGET     (128u << 20)
+#define RPC_SWEEP_MS            250
 #define RPC_MAX_PARKED_PER_CONN 64
 
 enum rpc_kind { RPC_REQUEST = 1, RPC_REPLY = 2 };
@@ -138,7 +141,7 @@ struct rpc_server_config {
     int contexts;      /* receive contexts = max parked calls; 0 = 256 */
     int handshake_ms;  /* 0 = RPC_HANDSHAKE_MS (tests shorten it) */
     int max_unproven;  /* 0 = RPC_MAX_UNPROVEN */
-    int max_slow;      /* 0 = RPC_MAX_UNPROVEN_SLOW (tests lower it) */
+    size_t unproven_budget; /* 0 = RPC_UNPROVEN_BUDGET (tests lower it) */
     const struct tls_files *tls; /* NULL or off: plain tcp:// (tls.h) */
     /* Capacity kept for the calls that keep hosts alive: methods starting
      * with reserved_prefix (e.g. "AgentService.") may always be received,
