@@ -60,8 +60,7 @@ static int lookup(const char *name, uid_t *uid, gid_t *gid, char *err, size_t er
     errno = 0;
     struct passwd *pw = getpwnam(name);
     if (!pw) {
-        snprintf(err, errlen, "job user '%s': %s", name,
-                 errno ? strerror(errno) : "no such user");
+        snprintf(err, errlen, "job user '%s': %s", name, errno ? strerror(errno) : "no such user");
         return -1;
     }
     *uid = pw->pw_uid;
@@ -80,8 +79,8 @@ int job_user_resolve(const char *name, uid_t *uid, gid_t *gid, char *err, size_t
     if (*uid == geteuid())
         return 0; /* jobs run as the agent's own user: nothing to switch */
     uint64_t caps = effective_caps();
-    if (geteuid() != 0 && !(has_cap(caps, CAP_SETUID) && has_cap(caps, CAP_SETGID) &&
-                            has_cap(caps, CAP_KILL))) {
+    if (geteuid() != 0 &&
+        !(has_cap(caps, CAP_SETUID) && has_cap(caps, CAP_SETGID) && has_cap(caps, CAP_KILL))) {
         snprintf(err, errlen,
                  "cannot run jobs as '%s': the agent runs as uid %d without CAP_SETUID, "
                  "CAP_SETGID and CAP_KILL (run it as root, or give it those capabilities)",
