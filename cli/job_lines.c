@@ -16,6 +16,7 @@
  * wrote; --raw keeps them untouched on a terminal too.
  */
 #include "cli.h"
+#include "json.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -24,35 +25,6 @@
 bool cli_escape_wanted(FILE *f, bool raw)
 {
     return !raw && isatty(fileno(f));
-}
-
-/* utf8_len returns the length of the valid UTF-8 sequence at p (at most n
- * bytes; no overlong forms, surrogates or code points past U+10FFFF) and
- * its code point, or 0 when p does not start one. */
-static size_t utf8_len(const uint8_t *p, size_t n, uint32_t *cp)
-{
-    size_t len;
-    uint32_t c, min;
-    if (p[0] >= 0xc2 && p[0] <= 0xdf) {
-        len = 2, c = p[0] & 0x1f, min = 0x80;
-    } else if (p[0] >= 0xe0 && p[0] <= 0xef) {
-        len = 3, c = p[0] & 0x0f, min = 0x800;
-    } else if (p[0] >= 0xf0 && p[0] <= 0xf4) {
-        len = 4, c = p[0] & 0x07, min = 0x10000;
-    } else {
-        return 0;
-    }
-    if (n < len)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((p[i] & 0xc0) != 0x80)
-            return 0;
-        c = c << 6 | (p[i] & 0x3f);
-    }
-    if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
-        return 0;
-    *cp = c;
-    return len;
 }
 
 void cli_write_text(FILE *f, const void *text, size_t len, bool escape)
@@ -70,8 +42,8 @@ void cli_write_text(FILE *f, const void *text, size_t len, bool escape)
         if (b < 0x80) {
             visible = b == '\t' || (b >= 0x20 && b != 0x7f);
         } else {
-            uint32_t cp = 0;
-            n = utf8_len(p + i, len - i, &cp);
+            unsigned cp = 0;
+            n = utf8_decode(p + i, len - i, &cp);
             visible = n > 0 && !(cp >= 0x80 && cp <= 0x9f);
             if (!n)
                 n = 1;

@@ -86,11 +86,7 @@ void jw_arr_end(struct jw *w)
     jw_close(w, ']');
 }
 
-/* utf8_decode reads one well-formed UTF-8 sequence at s (n bytes left).
- * It returns its length and the code point, or 0 if the bytes there are
- * not valid UTF-8 (overlong forms, surrogates and values past U+10FFFF
- * count as invalid, per RFC 3629). */
-static size_t utf8_decode(const unsigned char *s, size_t n, unsigned *cp)
+size_t utf8_decode(const unsigned char *s, size_t n, unsigned *cp)
 {
     unsigned c = s[0];
     size_t len;

@@ -67,6 +67,11 @@ struct json {
     size_t count;       /* number of children */
 };
 
+/* utf8_decode reads one well-formed UTF-8 sequence at s (n bytes left,
+ * at least 1). It returns its length and the code point, or 0 if the bytes
+ * there are not valid UTF-8 (overlong forms, surrogates and values past
+ * U+10FFFF count as invalid, per RFC 3629). */
+size_t utf8_decode(const unsigned char *s, size_t n, unsigned *cp);
 /* json_parse returns 0 and *out, or an error with a message in err. */
 int json_parse(const char *text, size_t len, struct json **out, char *err, size_t errlen);
 void json_free(struct json *v);

@@ -57,6 +57,12 @@ SCENARIOS = {
     "stop_parked": ("test_coordinator_stop.sh",
                     "SIGTERM under parked calls of every kind, 4 rounds (an AddressSanitizer "
                     "coordinator from build-address when there is one)"),
+    "lease_partition": ("test_lease_partition.sh",
+                        "four 2 s nftables cuts of a 3 s lease (0.67 of it)"),
+    "unauth_frames": ("test_unauth_memory.sh",
+                      "100 x 32 MiB and 600 slow 1 MiB unauthenticated frames, RSS sampled"),
+    "parked_flood": ("test_parked_flood.sh",
+                     "960 parked StreamOutput calls of one client beside a training job"),
 }
 
 
