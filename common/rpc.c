@@ -392,14 +392,20 @@ static int diag_peer_uid(struct rpc_server *srv, const struct peer_addr *local,
     if (remote->family != local->family ||
         (remote->family != NNG_AF_INET && remote->family != NNG_AF_INET6))
         return -1;
+    /* A dual-stack listener sees an IPv4 caller as ::ffff:a.b.c.d; the
+     * caller's socket is an IPv4 one, in the IPv4 table. */
+    static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    bool mapped = remote->family == NNG_AF_INET6 && memcmp(remote->addr, v4mapped, 12) == 0 &&
+                  memcmp(local->addr, v4mapped, 12) == 0;
+    size_t alen = remote->family == NNG_AF_INET || mapped ? 4 : 16, skip = mapped ? 12 : 0;
     struct inet_diag_sockid id;
     memset(&id, 0, sizeof id);
     id.idiag_sport = remote->port;
     id.idiag_dport = local->port;
-    memcpy(id.idiag_src, remote->addr, remote->family == NNG_AF_INET ? 4 : 16);
-    memcpy(id.idiag_dst, local->addr, local->family == NNG_AF_INET ? 4 : 16);
+    memcpy(id.idiag_src, remote->addr + skip, alen);
+    memcpy(id.idiag_dst, local->addr + skip, alen);
     id.idiag_cookie[0] = id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
-    int family = remote->family == NNG_AF_INET ? AF_INET : AF_INET6;
+    int family = alen == 4 ? AF_INET : AF_INET6;
     int uid = -1;
     nng_mtx_lock(srv->diag_mtx);
     if (srv->diag_fd < 0)
@@ -1436,7 +1442,9 @@ struct acall {
     nng_ctx ctx;
     nng_aio *aio;
     bool receiving;
-    bool sleeping;    /* backing off after KOLO_EBUSY (retry_busy) */
+    nng_aio *sleep_aio; /* backing off after KOLO_EBUSY (retry_busy): an aio of
+                         * its own, since one that slept misbehaves when
+                         * reused for a send in this nng version */
     int backoff_ms;
     uint8_t *body;    /* retry_busy: the request body, to send again */
     size_t body_len;
@@ -1557,8 +1565,11 @@ void rpc_client_shutdown(struct rpc_client *cli)
     nng_mtx_lock(cli->mtx);
     cli->closed = true;
     nng_cv_wake(cli->wake);
-    for (struct acall *a = cli->live; a; a = a->live_next)
+    for (struct acall *a = cli->live; a; a = a->live_next) {
         nng_aio_cancel(a->aio);
+        if (a->sleep_aio)
+            nng_aio_cancel(a->sleep_aio);
+    }
     for (int i = 0; i < 64; i++)
         if (cli->sync_aio[i])
             nng_aio_cancel(cli->sync_aio[i]);
@@ -1859,6 +1870,8 @@ static void reap_dead(struct rpc_client *cli)
     while (a) {
         struct acall *next = a->next;
         nng_aio_free(a->aio); /* waits for the callback to return */
+        if (a->sleep_aio)
+            nng_aio_free(a->sleep_aio);
         nng_ctx_close(a->ctx);
         free(a->body);
         free(a);
@@ -1911,19 +1924,21 @@ static void acall_resend(struct acall *a)
     }
 }
 
+/* The end of a busy backoff: the request again, unless shut down. */
+static void acall_sleep_cb(void *arg)
+{
+    struct acall *a = arg;
+    if (nng_aio_result(a->sleep_aio) != 0)
+        acall_finish(a, KOLO_ECLOSED, NULL, 0, "the client was closed");
+    else
+        acall_resend(a);
+}
+
 static void acall_cb(void *arg)
 {
     struct acall *a = arg;
     char err[1024];
     int rv = nng_aio_result(a->aio);
-    if (a->sleeping) {
-        a->sleeping = false;
-        if (rv != 0)
-            acall_finish(a, KOLO_ECLOSED, NULL, 0, "the client was closed");
-        else
-            acall_resend(a);
-        return;
-    }
     if (!a->receiving) {
         if (rv != 0) {
             nng_msg_free(nng_aio_get_msg(a->aio));
@@ -1962,11 +1977,11 @@ static void acall_cb(void *arg)
         int wait = busy_backoff(&a->backoff_ms);
         nng_msg_free(m);
         nng_mtx_lock(a->cli->mtx);
-        bool go = !a->cli->closed && now_mono_ms() + (uint64_t)wait < a->deadline;
+        bool go = !a->cli->closed && now_mono_ms() + (uint64_t)wait < a->deadline &&
+                  (a->sleep_aio || nng_aio_alloc(&a->sleep_aio, acall_sleep_cb, a) == 0);
         if (go) {
             a->receiving = false;
-            a->sleeping = true;
-            nng_sleep_aio(wait, a->aio);
+            nng_sleep_aio(wait, a->sleep_aio);
         }
         nng_mtx_unlock(a->cli->mtx);
         if (!go)

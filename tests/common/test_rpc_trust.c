@@ -524,8 +524,15 @@ static void test_async_busy_retry(void)
     while (atomic_load(&async_ok) < 2 && now_mono_ms() - t0 < 3000)
         usleep(5000);
     CHECK_EQ_INT(atomic_load(&async_ok), 2); /* the released one and the retried one */
-    rpc_client_close(rank);
+    /* every call answered before any client closes: libnng 1.5.2 can hang
+     * in nng_close when replies arrive while a socket closes (so can the
+     * code before issue 28; rpc_client_close's comment) */
     release_all();
+    t0 = now_mono_ms();
+    while (atomic_load(&async_ok) < 13 && now_mono_ms() - t0 < 3000)
+        usleep(5000);
+    CHECK_EQ_INT(atomic_load(&async_ok), 13);
+    rpc_client_close(rank);
     rpc_client_close(hog);
     rpc_server_close(srv);
 }
