@@ -26,7 +26,10 @@ int cli_connect(struct rpc_client **cli, const char *url, const char *token,
     int rv = tls_url(dialed, sizeof dialed, url, tls, err, errlen);
     if (rv != 0)
         return rv;
-    struct rpc_client_config rc = {.url = url, .token = token, .identity = identity, .tls = tls};
+    /* busy (someone else's waiting calls fill the coordinator) is tried
+     * again within each call's deadline, as libkolo's calls do */
+    struct rpc_client_config rc = {
+        .url = url, .token = token, .identity = identity, .tls = tls, .retry_busy = true};
     if ((rv = rpc_client_open(cli, &rc)) != 0)
         snprintf(err, errlen, "invalid coordinator address '%s' (want tcp://HOST:PORT)", url);
     return rv;

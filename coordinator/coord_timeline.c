@@ -1188,9 +1188,11 @@ int coord_timeline_serve(struct coord *c, struct job *j, struct buf *out, char *
  * the one draining), or its writer has not closed the file yet. */
 static bool tl_writing(const struct job *j, const char *label, const char *file)
 {
-    return (j->tl && strcmp(coord_timeline_label(j->tl), label) == 0) ||
-           (j->tl_draining && strcmp(coord_timeline_label(j->tl_draining), label) == 0) ||
-           tl_sink_live(file);
+    const struct timeline *t[2] = {j->tl, j->tl_draining};
+    for (int i = 0; i < 2; i++)
+        if (t[i] && !t[i]->closed && strcmp(coord_timeline_label(t[i]), label) == 0)
+            return true; /* an ended job's stays until the job is freed, closed */
+    return tl_sink_live(file);
 }
 
 /* WorkerService.TimelineRead (issue 28): the rank that asked for a

@@ -17,12 +17,25 @@ static int test_failures;
  * folder (empty by then). */
 static inline void test_remove_db(const char *db_path, const char *dir)
 {
-    const char *suffixes[] = {"", "-wal", "-shm"};
-    for (int i = 0; i < 3; i++) {
+    const char *suffixes[] = {"", "-wal", "-shm", ".dashboard"};
+    for (int i = 0; i < 4; i++) {
         char path[512];
         snprintf(path, sizeof path, "%s%s", db_path, suffixes[i]);
         unlink(path);
     }
+    /* the coordinator's own timelines (coordinator/coord_timeline.c) */
+    char tl[512];
+    snprintf(tl, sizeof tl, "%s.timelines", db_path);
+    DIR *d = opendir(tl);
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", tl, e->d_name);
+        if (e->d_name[0] != '.')
+            unlink(path);
+    }
+    if (d)
+        closedir(d);
+    rmdir(tl);
     rmdir(dir);
 }
 

@@ -83,6 +83,9 @@
       NULL, "seconds before a stall warning (0: 60)")                                             \
     X(STALL_SHUTDOWN_TIME_SECONDS, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", NULL, INT, "0", 0,       \
       INT32_MAX, NULL, "seconds before a stall fails the operations (0: never)")                  \
+    /* Horovod's timeline: rank 0 keeps a copy there (timeline.c) */                              \
+    X(TIMELINE, "HOROVOD_TIMELINE", NULL, STR, NULL, 0, 0, NULL,                                   \
+      "rank 0 writes the job's timeline (traced by the coordinator) to this path")                \
     /* GPUs */                                                                                    \
     X(GPU_STAGING, "KOLO_GPU_STAGING", NULL, CHOICE, NULL, 0, 0, "0 1",                            \
       "ranks sharing a GPU: 1 stage through host memory, 0 try NCCL (unset: stage if shared)")    \

@@ -39,6 +39,7 @@
 #include "kolo.pb-c.h"
 #include "log.h"
 #include "rpc.h"
+#include "settings.h"
 #include "util.h"
 #include "worker_int.h"
 
@@ -461,11 +462,15 @@ void timeline_ctx_init(struct kolo_ctx *c)
         copy_start();
     } else if (!copy.env_taken) {
         copy.env_taken = true;
-        const char *env = getenv("HOROVOD_TIMELINE");
-        int fd = env && env[0] && c->rank == 0 ? copy_open(c, env) : -1;
+        /* the rank 0 of the job's first generation: a worker that joins
+         * an elastic job later as rank 0 must not start the file again
+         * beside the process that keeps it (it may be on this host) */
+        const char *env = settings_str(SET_TIMELINE);
+        bool keeper = env && env[0] && c->rank == 0 && c->generation <= 1;
+        int fd = keeper ? copy_open(c, env) : -1;
         if (fd >= 0)
             copy_adopt(c, fd, env);
-        else if (env && env[0] && c->rank == 0)
+        else if (keeper)
             LOGW("kolo", "rank 0: %s; the coordinator keeps the job's timeline (REST "
                  "/api/v1/jobs/%llu/timeline)", c->last_error, (unsigned long long)c->job);
     }
