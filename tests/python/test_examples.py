@@ -113,7 +113,10 @@ def test_solo_ceiling_counts_only_the_common_window():
     assert len(steps) == 2 and max(steps) == res["num_iters"] * res["num_batches_per_iter"], res
     assert abs(res["img_sec_total"] - sum(steps) * res["batch_size"] / res["window_s"]) < 1e-6, res
     assert abs(res["img_sec_lockstep"] - 2 * min(steps) * res["batch_size"] / res["window_s"]) < 1e-6, res
-    assert 0 < res["img_sec_lockstep"] <= res["img_sec_total"], res
+    # a process that got no CPU inside the window (a loaded CI machine,
+    # two steps each) made 0 steps there: the ceiling is then 0, not wrong
+    assert 0 <= res["img_sec_lockstep"] <= res["img_sec_total"], res
+    assert res["img_sec_total"] > 0, res
 
 
 def test_solo_ceiling_in_lockstep_moves_together():
