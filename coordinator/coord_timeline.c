@@ -1238,11 +1238,17 @@ void coord_rpc_timeline_read(struct coord *c, struct rpc_call *call, enum coord_
     ssize_t n = 0;
     Kolo__TimelineReadReply rep = KOLO__TIMELINE_READ_REPLY__INIT;
     if (fd >= 0 && fstat(fd, &st) == 0) {
-        /* the file's identity: its first line, unique to each opening */
-        char head[256];
+        /* the file's identity: "[" and its header event (its start time,
+         * written with the next event at the opening), unique to each
+         * opening and the same however much follows */
+        char head[512];
         ssize_t h = pread(fd, head, sizeof head, 0);
+        size_t idlen = h > 0 ? (size_t)h : 0;
+        const char *nl = idlen ? memchr(head, '\n', idlen) : NULL;
+        if (nl && (nl = memchr(nl + 1, '\n', idlen - (size_t)(nl + 1 - head))) != NULL)
+            idlen = (size_t)(nl - head);
         uint8_t id[SHA256_LEN];
-        sha256(head, h > 0 ? (size_t)h : 0, id);
+        sha256(head, idlen, id);
         memcpy(&rep.file_id, id, sizeof rep.file_id);
         rep.size = (uint64_t)st.st_size;
         rep.ended = !writing;

@@ -428,13 +428,18 @@ int ops_submit(kolo_ctx *c, const kolo_request *reqs, int n, void *stream, kolo_
         return KOLO_EINVAL;
     pthread_mutex_lock(&c->mu);
     int rv = 0;
+    /* A request that is wrong in itself is refused for that reason first,
+     * whatever became of the job: the same error on every rank, however
+     * far its peers got (one that already left makes every later op fail
+     * with the sticky error below). */
+    for (int i = 0; i < n; i++)
+        if ((rv = validate(c, &reqs[i])) != 0)
+            goto out;
     if (c->sticky) {
         rv = ctx_error(c, c->sticky, "%s", c->sticky_msg);
         goto out;
     }
     for (int i = 0; i < n; i++) {
-        if ((rv = validate(c, &reqs[i])) != 0)
-            goto out;
         const char *nm = reqs[i].name;
         if (nm && nm[0]) {
             if (strlen(nm) >= WORKER_NAME_MAX) {
