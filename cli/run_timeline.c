@@ -23,21 +23,6 @@
 
 #define FINAL_WAIT_MS 5000
 
-static int put_all(int fd, const uint8_t *p, size_t len, uint64_t at)
-{
-    while (len) {
-        ssize_t n = pwrite(fd, p, len, (off_t)at);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        p += n;
-        len -= (size_t)n;
-        at += (uint64_t)n;
-    }
-    return 0;
-}
-
 void run_timeline_final(struct rpc_client *cli, uint64_t job_id, const char *path)
 {
     if (!path || !path[0])
@@ -67,7 +52,7 @@ void run_timeline_final(struct rpc_client *cli, uint64_t job_id, const char *pat
             protobuf_c_message_free_unpacked(msg, NULL);
             break;
         }
-        bool failed = rep->data.len && put_all(fd, rep->data.data, rep->data.len, offset) != 0;
+        bool failed = rep->data.len && pwrite_all(fd, rep->data.data, rep->data.len, offset) != 0;
         offset += rep->data.len;
         bool done = failed || (rep->ended && offset >= rep->size);
         bool more = offset < rep->size;

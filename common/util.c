@@ -513,3 +513,19 @@ int trace_file_open(const char *path)
     }
     return fd;
 }
+
+int pwrite_all(int fd, const void *data, size_t len, uint64_t at)
+{
+    const uint8_t *p = data;
+    while (len) {
+        ssize_t n = pwrite(fd, p, len, (off_t)at);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        p += n;
+        len -= (size_t)n;
+        at += (uint64_t)n;
+    }
+    return 0;
+}

@@ -17,6 +17,9 @@
  * clobber what is not a timeline. The descriptor, or -1 with errno
  * (EEXIST: something else is there, TRACE_FILE_EEXIST says it). */
 int trace_file_open(const char *path);
+/* pwrite_all writes all of data at offset at (retrying short writes and
+ * EINTR): 0, or -1 with errno. */
+int pwrite_all(int fd, const void *data, size_t len, uint64_t at);
 #define TRACE_FILE_EEXIST                                                                      \
     "something that is not a kolo timeline is there (a file of another user or kind, or a "  \
     "symbolic link): kolo overwrites only timelines"

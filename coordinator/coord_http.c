@@ -60,6 +60,7 @@ struct http_req {
     const char *body;
     size_t body_len;
     nng_http_req *req;
+    bool viewer; /* it brought the view key (view_key_given), once per request */
 };
 
 struct http_out {
@@ -708,8 +709,7 @@ static bool view_key_given(struct coord *c, struct http_req *r, bool *in_query)
  * user of the host reaches it too). Timings, states and events stay open. */
 static bool http_reader_trusted(struct coord *c, struct http_req *r)
 {
-    bool in_query;
-    return bearer_ok(c, r) || view_key_given(c, r, &in_query);
+    return r->viewer || bearer_ok(c, r);
 }
 
 static bool http_authorized(struct coord *c, struct http_req *r, struct http_out *o)
@@ -1430,7 +1430,7 @@ void coord_http_handle(struct coord *c, nng_aio *aio)
         /* trailing slash tolerated on API routes */
         if (plen > 1 && r.path[plen - 1] == '/' && strncmp(r.path, "/api/", 5) == 0)
             r.path[plen - 1] = '\0';
-        view_key_given(c, &r, &o.set_cookie);
+        r.viewer = view_key_given(c, &r, &o.set_cookie);
         route(c, &r, &o);
     }
     if (o.status >= 500)

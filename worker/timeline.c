@@ -144,22 +144,6 @@ static Kolo__TimelineReadReply *copy_read(const char *path, uint64_t offset, int
     return rep;
 }
 
-static int write_all(int fd, const void *data, size_t len, uint64_t at)
-{
-    const uint8_t *p = data;
-    while (len) {
-        ssize_t n = pwrite(fd, p, len, (off_t)at);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        p += n;
-        len -= (size_t)n;
-        at += (uint64_t)n;
-    }
-    return 0;
-}
-
 /* copy_pull brings the copy up to date: reads until the coordinator has
  * nothing more (by whoever pulls, without copy.mu). 0, or a kolo error. */
 static int copy_pull(int timeout_ms)
@@ -192,7 +176,7 @@ static int copy_pull(int timeout_ms)
             }
             copy.closed_here = false;
         }
-        if (rep->data.len && write_all(copy.fd, rep->data.data, rep->data.len, copy.offset) != 0) {
+        if (rep->data.len && pwrite_all(copy.fd, rep->data.data, rep->data.len, copy.offset) != 0) {
             LOGW("kolo", "timeline %s: write failed: %s", copy.path, strerror(errno));
             kolo__timeline_read_reply__free_unpacked(rep, NULL);
             return KOLO_EIO;
@@ -245,7 +229,7 @@ static void copy_close_here(void)
     }
     free(tail);
     const char *end = cut == 0 ? "[\n]\n" : "\n]\n";
-    if (write_all(copy.fd, end, strlen(end), cut) != 0 ||
+    if (pwrite_all(copy.fd, end, strlen(end), cut) != 0 ||
         ftruncate(copy.fd, (off_t)(cut + strlen(end))) != 0)
         LOGW("kolo", "timeline %s: cannot end the file: %s", copy.path, strerror(errno));
     copy.offset = cut;
