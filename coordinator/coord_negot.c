@@ -222,6 +222,7 @@ void coord_negot_free(struct negot *n)
     resume_drop(n, KOLO_ESTALE, "the generation ended");
     free(n->res);
     free(n->resume_failed);
+    topology_free(&n->topo);
     for (int r = 0; n->peers && r < n->size; r++) {
         struct peer *p = &n->peers[r];
         free(p->host_id);

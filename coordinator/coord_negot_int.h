@@ -17,6 +17,7 @@
 #include "kolo.pb-c.h"
 #include "resp_log.h"
 #include "round.h"
+#include "topology.h"
 
 #define NEGOT_BUCKETS 4096
 #define NEGOT_MAX_WAIT_MS 30000
@@ -72,6 +73,10 @@ struct negot {
     struct peer *peers;
     int joined, nleft;
     bool complete;
+    /* the topology rendezvous replies carry (negotiation/topology.h),
+     * made from peers once complete; topo.size 0: not made since the
+     * peers last changed */
+    struct topology topo;
     /* the GPU communicator's ncclUniqueId, posted by rank 0 (nccl_relay) */
     uint8_t nccl_id[128];
     size_t nccl_id_len;

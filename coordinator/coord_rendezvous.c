@@ -84,12 +84,51 @@ struct negot **negot_slot(struct coord *c, struct job *j, struct rpc_call *call,
     return slot;
 }
 
+/* The reply's topology (negotiation/topology.h): made once from the peer
+ * table after the rendezvous completed, by the rule every rank would
+ * apply itself; a table it cannot be made from (a peer without a host
+ * id, after a resume) sends none, and the ranks derive it. */
+static void topo_fill(struct negot *n, Kolo__RendezvousReply *rep, Kolo__TopoHost **hosts,
+                      Kolo__TopoHost ***ptrs)
+{
+    if (n->topo.size == 0) {
+        const char **ids = calloc((size_t)n->size, sizeof(*ids));
+        bool *leads = calloc((size_t)n->size, sizeof(*leads));
+        char why[128];
+        for (int r = 0; ids && leads && r < n->size; r++) {
+            ids[r] = n->peers[r].host_id;
+            leads[r] = n->peers[r].shm_name && n->peers[r].shm_name[0];
+        }
+        if (!ids || !leads || topology_derive(&n->topo, n->size, ids, leads, why, sizeof why))
+            topology_free(&n->topo);
+        free(ids);
+        free(leads);
+        if (n->topo.size == 0)
+            return;
+    }
+    *hosts = calloc((size_t)n->topo.nhosts, sizeof(**hosts));
+    *ptrs = calloc((size_t)n->topo.nhosts, sizeof(**ptrs));
+    if (!*hosts || !*ptrs)
+        return; /* the ranks derive it */
+    for (int h = 0; h < n->topo.nhosts; h++) {
+        Kolo__TopoHost *t = &(*hosts)[h];
+        kolo__topo_host__init(t);
+        t->host_id = n->peers[topology_rank(&n->topo, h, 0)].host_id;
+        t->ranks = (int32_t *)&n->topo.ranks[n->topo.first[h]];
+        t->n_ranks = (size_t)n->topo.count[h];
+        (*ptrs)[h] = t;
+    }
+    rep->hosts = *ptrs;
+    rep->n_hosts = (size_t)n->topo.nhosts;
+}
+
 void rendezvous_answer(struct negot *n, struct rpc_call *call)
 {
     Kolo__RendezvousReply rep = KOLO__RENDEZVOUS_REPLY__INIT;
     rep.complete = n->complete;
     rep.joined = n->joined;
     Kolo__PeerInfo *infos = NULL, **ptrs = NULL;
+    Kolo__TopoHost *hosts = NULL, **host_ptrs = NULL;
     if (n->complete) {
         infos = calloc((size_t)n->size, sizeof(*infos));
         ptrs = calloc((size_t)n->size, sizeof(*ptrs));
@@ -112,6 +151,7 @@ void rendezvous_answer(struct negot *n, struct rpc_call *call)
         rep.peers = ptrs;
         rep.n_peers = (size_t)n->size;
         rep.fusion_threshold = n->fusion_threshold;
+        topo_fill(n, &rep, &hosts, &host_ptrs);
     }
     rep.nccl_id.data = n->nccl_id;
     rep.nccl_id.len = n->nccl_id_len;
@@ -125,6 +165,8 @@ void rendezvous_answer(struct negot *n, struct rpc_call *call)
     memset(key, 0, sizeof key);
     free(infos);
     free(ptrs);
+    free(hosts);
+    free(host_ptrs);
 }
 
 /*
@@ -358,6 +400,7 @@ void coord_rpc_rendezvous(struct coord *c, struct rpc_call *call)
     free(p->addrs);
     free(p->shm_name);
     p->host_id = strdup(req->host_id);
+    topology_free(&n->topo); /* made again from the new peer table */
     p->addrs = calloc(req->n_data_addrs + 1, sizeof(char *));
     p->naddrs = 0;
     for (size_t i = 0; p->addrs && i < req->n_data_addrs && i < 16; i++)

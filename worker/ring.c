@@ -33,7 +33,8 @@
  * only ever waits for bytes its neighbour can produce without waiting
  * for it.
  *
- * Small buffers: latency-optimal algorithms on the full mesh, with the
+ * Small buffers: latency-optimal algorithms on the links of hier_links
+ * (r +- 2^k, which a full mesh includes), with the
  * blocking helpers of transport.c: recursive doubling for allreduce
  * (log2(size) exchanges instead of 2 * (size - 1) ring steps), a
  * binomial tree for broadcast, dissemination for barrier, pairwise
@@ -70,6 +71,7 @@
 #include <time.h>
 
 #include "coll.h"
+#include "hier_plan.h"
 #include "reduce.h"
 #include "round.h"
 #include "transport.h"
@@ -100,6 +102,10 @@ struct ring {
     struct coll c;        /* first member: a struct coll * is a struct ring * */
     struct xport **peers; /* peers[r]: connection to rank r, NULL for self */
     bool mesh;            /* every other rank is connected */
+    /* the links of hier_links are connected (r +- 2^k): recursive
+     * doubling, the binomial tree, the dissemination barrier and rounds
+     * work; mesh implies it */
+    bool hyper;
     size_t *off, *len;    /* per-rank segment layout of the current call, bytes */
     unsigned char *scratch;
     size_t scratch_cap;
@@ -614,19 +620,17 @@ static int flow_ring_init(struct flow *f, struct ring *rg, enum flow_kind kind, 
 
 /* ----------------------------------------------------------------- allreduce */
 
-/* Recursive doubling, for small buffers on a full mesh; out already holds
- * our input.
+/* Recursive doubling, for small buffers on the links of hier_links; out
+ * already holds our input.
  *
- * With size = p + rem (p the largest power of two not above size), the
- * first 2*rem ranks first fold in pairs (2i, 2i+1): the even rank hands
- * its vector to the odd one, which reduces them (even's first) and plays
- * virtual rank i; the even rank sits out. Ranks from 2*rem on are virtual
- * ranks rank - rem. Virtual ranks map to increasing, contiguous runs of
- * real ranks, so in round k (mask = 2^k) every virtual rank trades its
- * partial result with virtual rank ^ mask and both compute "lower run OP
- * higher run" from the same two operands: the same bits on both sides.
- * After log2(p) rounds every virtual rank holds the total, and the odd
- * ranks of the fold hand it back to their even partners. */
+ * With size = p + rem (p the largest power of two not above size), ranks
+ * p + i (i < rem) first fold into rank i: rank i reduces "its own OP
+ * p + i" and p + i sits out. In round k (mask = 2^k) every rank below p
+ * trades its partial result with rank ^ mask and both compute "lower
+ * partial OP higher partial" from the same two operands: the same bits on
+ * both sides. After log2(p) rounds ranks 0..p-1 hold the total, and ranks
+ * below rem hand it back to p + i. Every partner is at a distance that is
+ * a power of two, so a lane's +-2^k links suffice. */
 /* What recursive doubling reduces: elements of a dtype with an op, or
  * (round set) a readiness round's vector of count 64-bit words with
  * round_reduce, whose fields are exact and commutative. */
@@ -657,56 +661,52 @@ static int allreduce_rd(struct ring *rg, const struct rd_op *o, unsigned char *o
     int p = 1;
     while (p * 2 <= n)
         p *= 2;
-    int rem = n - p, vr;
+    /* The ranks from p up first fold into rank - p (a distance of p, a
+     * power of two: a link of hier_links), recursive doubling runs among
+     * ranks 0..p-1 (partners r ^ mask = r +- mask), and the folded ranks
+     * get the result back. */
+    int rem = n - p;
 
-    if (r < 2 * rem) {
-        if (r % 2 == 0 && o->round) {
-            /* A round may find the odd partner idle, and only a message
-             * wakes it: both sides of the fold send (the odd one keeps
-             * what it received, the even one drops it). */
-            struct xport *x = rg->peers[r + 1];
+    if (r >= p || r < rem) {
+        int peer = r >= p ? r - p : r + p;
+        struct xport *x = rg->peers[peer];
+        if (o->round) {
+            /* A round may find the partner idle, and only a message wakes
+             * it: both sides of the fold send (the lower one reduces what
+             * it received, the higher one drops it). */
             if ((err = xport_sendrecv(x, out, bytes, x, tmp, bytes, deadline)))
-                return ring_fail(rg, err, r + 1, "round exchanging with");
-            vr = -1;
-        } else if (r % 2 == 0) {
-            if ((err = xport_send(rg->peers[r + 1], out, bytes, deadline)))
-                return ring_fail(rg, err, r + 1, "allreduce sending to");
-            vr = -1;
-        } else if (o->round) {
-            struct xport *x = rg->peers[r - 1];
-            if ((err = xport_sendrecv(x, out, bytes, x, tmp, bytes, deadline)))
-                return ring_fail(rg, err, r - 1, "round exchanging with");
-            rd_combine(o, out, tmp, out, count);
-            vr = r / 2;
+                return ring_fail(rg, err, peer, "round exchanging with");
+            if (r < p)
+                rd_combine(o, out, out, tmp, count);
+        } else if (r >= p) {
+            if ((err = xport_send(x, out, bytes, deadline)))
+                return ring_fail(rg, err, peer, "allreduce sending to");
         } else {
-            if ((err = xport_recv(rg->peers[r - 1], tmp, bytes, deadline)))
-                return ring_fail(rg, err, r - 1, "allreduce receiving from");
-            rd_combine(o, out, tmp, out, count);
-            vr = r / 2;
+            if ((err = xport_recv(x, tmp, bytes, deadline)))
+                return ring_fail(rg, err, peer, "allreduce receiving from");
+            rd_combine(o, out, out, tmp, count);
         }
-    } else {
-        vr = r - rem;
     }
 
-    for (int mask = 1; vr >= 0 && mask < p; mask <<= 1) {
-        int vpeer = vr ^ mask;
-        int peer = vpeer < rem ? 2 * vpeer + 1 : vpeer + rem;
+    for (int mask = 1; r < p && mask < p; mask <<= 1) {
+        int peer = r ^ mask;
         struct xport *x = rg->peers[peer];
         if ((err = xport_sendrecv(x, out, bytes, x, tmp, bytes, deadline)))
             return ring_fail(rg, err, peer, "allreduce exchanging with");
-        if (vpeer < vr)
+        if (peer < r)
             rd_combine(o, out, tmp, out, count);
         else
             rd_combine(o, out, out, tmp, count);
     }
 
-    if (r < 2 * rem) {
-        if (r % 2 == 1)
-            err = xport_send(rg->peers[r - 1], out, bytes, deadline);
+    if (r >= p || r < rem) {
+        int peer = r >= p ? r - p : r + p;
+        if (r >= p)
+            err = xport_recv(rg->peers[peer], out, bytes, deadline);
         else
-            err = xport_recv(rg->peers[r + 1], out, bytes, deadline);
+            err = xport_send(rg->peers[peer], out, bytes, deadline);
         if (err)
-            return ring_fail(rg, err, r % 2 ? r - 1 : r + 1, "allreduce result with");
+            return ring_fail(rg, err, peer, "allreduce result with");
     }
     return 0;
 }
@@ -768,7 +768,7 @@ static int ring_allreduce(struct coll *c, kolo_dtype dtype, kolo_op op, const vo
             memcpy(out, in, bytes);
         return 0;
     }
-    if (rg->mesh && bytes <= allreduce_small_max(c->size)) {
+    if (rg->hyper && bytes <= allreduce_small_max(c->size)) {
         if (in != out)
             memcpy(out, in, bytes);
         struct rd_op o = {.dtype = dtype, .op = op};
@@ -928,7 +928,7 @@ static int ring_broadcast(struct coll *c, void *buf, size_t bytes, int root, uin
         return ring_done(rg, err);
     if (c->size == 1 || bytes == 0)
         return 0;
-    if (rg->mesh && bcast_use_tree(c->size, bytes))
+    if (rg->hyper && bcast_use_tree(c->size, bytes))
         err = bcast_tree(rg, buf, bytes, root, deadline);
     else
         err = bcast_chain(rg, buf, bytes, root, deadline);
@@ -994,7 +994,7 @@ static int ring_barrier(struct coll *c, uint64_t deadline)
     int err = ring_start(rg, deadline);
     if (err || n == 1)
         return ring_done(rg, err);
-    if (rg->mesh) {
+    if (rg->hyper) {
         for (int d = 1; d < n && !err; d <<= 1) {
             int to = (r + d) % n, from = (r + n - d) % n;
             unsigned char token = 1, got = 0;
@@ -1030,7 +1030,7 @@ static int ring_barrier(struct coll *c, uint64_t deadline)
 static int ring_round(struct coll *c, uint64_t *vec, size_t nwords, uint64_t deadline)
 {
     struct ring *rg = (struct ring *)c;
-    if (!vec || nwords < ROUND_HDR || !rg->mesh)
+    if (!vec || nwords < ROUND_HDR || !rg->hyper)
         return KOLO_EINVAL;
     int err = ring_start(rg, deadline);
     if (err || c->size == 1)
@@ -1219,7 +1219,15 @@ int ring_create(int rank, int size, struct xport **peers, struct coll **out)
         if (r != rank && !peers[r])
             rg->mesh = false;
     }
-    rg->c.can_round = rg->mesh; /* rounds use recursive doubling */
+    rg->hyper = rg->mesh;
+    if (!rg->mesh && size > 1) {
+        int links[64], nl = hier_links(rank, size, links);
+        rg->hyper = true;
+        for (int i = 0; i < nl; i++)
+            if (!peers[links[i]])
+                rg->hyper = false;
+    }
+    rg->c.can_round = rg->hyper; /* rounds use recursive doubling */
     *out = &rg->c;
     return 0;
 }

@@ -38,13 +38,14 @@
 #include <unistd.h>
 
 #include "coll.h"
+#include "hier_plan.h"
 #include "dtype_values.h"
 #include "test.h"
 #include "tcp_ident.h"
 #include "transport.h"
 #include "util.h"
 
-#define MAX_RANKS   8
+#define MAX_RANKS   12
 #define JOB         77
 #define GEN         3
 #define DEADLINE_MS 30000
@@ -66,8 +67,10 @@
 #define FAIL_COUNT ((size_t)1 << 20)
 
 /* KIND_TCP_SEALED: the mesh with the encrypted record layer (seal.h) */
-enum kind { KIND_TCP, KIND_SHM, KIND_TCP_RING, KIND_TCP_SEALED };
-static const char *const kind_names[] = {"tcp", "shm", "tcp-ring-only", "tcp+seal"};
+/* KIND_TCP_HYPER: only the links of a lane (hier_plan.h: r +- 2^k), what
+ * a job that spans hosts keeps between them */
+enum kind { KIND_TCP, KIND_SHM, KIND_TCP_RING, KIND_TCP_SEALED, KIND_TCP_HYPER };
+static const char *const kind_names[] = {"tcp", "shm", "tcp-ring-only", "tcp+seal", "tcp-lane"};
 
 /* A rank's connections can be wrapped so that they break after a byte
  * budget: the rank then closes every real connection it has, as a
@@ -223,6 +226,13 @@ static struct xport *faulty_wrap(struct fault *f, int slot, struct xport *inner)
 
 static bool connected(enum kind kind, int n, int i, int j)
 {
+    if (kind == KIND_TCP_HYPER) {
+        int links[64], k = hier_links(i, n, links);
+        for (int x = 0; x < k; x++)
+            if (links[x] == j)
+                return true;
+        return false;
+    }
     if (kind != KIND_TCP_RING)
         return true;
     return (i + 1) % n == j || (j + 1) % n == i;
@@ -625,12 +635,14 @@ static void t_barrier(struct world *w, int me)
     }
 }
 
-/* Without a full mesh alltoallv to a non-neighbour is refused. */
+/* Without a full mesh alltoallv to a rank without a link is refused
+ * (the ring: distance 2; a lane: 3, which is no power of two). */
 static void t_alltoallv_refused(struct world *w, int me)
 {
     size_t sb[MAX_RANKS] = {0}, rb[MAX_RANKS] = {0};
-    sb[(me + 2) % w->n] = 1;
-    rb[(me + w->n - 2) % w->n] = 1;
+    int d = w->kind == KIND_TCP_HYPER ? 3 : 2;
+    sb[(me + d) % w->n] = 1;
+    rb[(me + w->n - d) % w->n] = 1;
     unsigned char x = 1, y;
     int rc = w->c[me]->ops->alltoallv(w->c[me], &x, sb, &y, rb, deadline_in(DEADLINE_MS));
     if (rc != KOLO_ENOTSUP)
@@ -642,7 +654,7 @@ static void t_all(struct world *w, int me)
     t_allreduce_matrix(w, me);
     t_reducescatter(w, me);
     t_allgatherv(w, me);
-    if (w->kind == KIND_TCP_RING)
+    if (w->kind == KIND_TCP_RING || w->kind == KIND_TCP_HYPER)
         t_alltoallv_refused(w, me);
     else
         t_alltoallv(w, me);
@@ -680,6 +692,10 @@ static void test_correctness(void)
     }
     /* ranks 0..4 in a ring without the mesh: the ring algorithms only */
     test_world(KIND_TCP_RING, 5);
+    /* only the +-2^k links: every collective but alltoallv on them, with
+     * the small-message algorithms (folds of 6 and 7, the tree) */
+    test_world(KIND_TCP_HYPER, 6);
+    test_world(KIND_TCP_HYPER, 12);
     /* sealed: the pipelined flows resume records the socket took part of */
     test_world(KIND_TCP_SEALED, 3);
 }
