@@ -463,7 +463,7 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
         coord_free(c);
         return rv;
     }
-    int contexts = (int)(c->cfg.rpc_contexts > 0 ? c->cfg.rpc_contexts : 1024);
+    int contexts = (int)(c->cfg.rpc_contexts > 0 ? c->cfg.rpc_contexts : 4096);
     struct rpc_server_config rc = {
         .url = c->listen,
         .token = c->token,

@@ -117,9 +117,9 @@ int cmd_coordinator(int argc, char **argv)
          "RPC request size cap: what one connection may make the coordinator hold before it "
          "authenticates anything (larger payloads go in chunks)",
          &max_msg},
-        {"rpc-contexts", NULL, NULL, KNOB_INT, "1024", 4, 65536,
+        {"rpc-contexts", NULL, NULL, KNOB_INT, "4096", 4, 65536,
          "concurrent RPC calls, parked ones included (1/16 kept for agents' heartbeats and "
-         "reports)",
+         "reports); a rank parks up to two, so the default serves jobs of about 1,900 ranks",
          &contexts},
         {"http-idle-timeout", NULL, NULL, KNOB_DURATION, "60s", 1000, 86400000,
          "an HTTP connection that moves no byte this long is closed (also: 64 connections per "

@@ -92,6 +92,10 @@ struct coll {
     int failed;     /* sticky KOLO_E* */
     char why[160];  /* e.g. "rank 3 (pid 4242) exited" */
     bool can_round; /* the readiness-round ops work on this instance */
+    /* names[i]: the job's rank of member i, for messages; NULL: i. A
+     * group inside a bigger job (a host's ranks, a lane) names its
+     * members as the job knows them. */
+    const int *names;
     /* Whom this rank sleeps on right now, for "waiting on rank j since T"
      * (read by any thread): peer + 1, 0 = nobody; since when (monotonic
      * ms). Backends call coll_waiting before they sleep on a peer and
@@ -101,6 +105,10 @@ struct coll {
 };
 
 void coll_waiting(struct coll *c, int peer);
+static inline int coll_name(const struct coll *c, int member)
+{
+    return c->names && member >= 0 && member < c->size ? c->names[member] : member;
+}
 static inline void coll_moved(struct coll *c)
 {
     atomic_store_explicit(&c->waiting_on, 0, memory_order_relaxed);

@@ -34,7 +34,9 @@
 #include "gpu.h"
 #include "creds.h"
 #include "log.h"
+#include "hier.h"
 #include "mesh.h"
+#include "topology.h"
 #include "seal.h"
 #include "transport.h"
 #include "util.h"
@@ -172,7 +174,10 @@ static int rendezvous_call(struct kolo_ctx *c, const Kolo__RendezvousRequest *re
     int code = rpc_client_call(c->rpc, "WorkerService.Rendezvous", buf, len, &out, &olen,
                                (int)req->wait_ms + 5000, err, errlen);
     free(buf);
-    if (code == KOLO_ETIMEDOUT || code == KOLO_ECONNREFUSED || code == KOLO_EIO) {
+    /* busy: the coordinator holds as many calls as it takes (retried
+     * until this call's deadline); the rendezvous goes on until its own */
+    if (code == KOLO_ETIMEDOUT || code == KOLO_ECONNREFUSED || code == KOLO_EIO ||
+        code == KOLO_EBUSY) {
         usleep(100000);
         return 0;
     }
@@ -312,6 +317,38 @@ static int data_key(const struct kolo_ctx *c, const struct rdv *rv, unsigned cha
     return KOLO_EPROTO;
 }
 
+/* Where every rank listens, from the peer table ("tcp:ADDR:PORT"):
+ * hosts[r] (64 bytes each) and ports[r] for r < upto. */
+static int peer_addrs(const struct rdv *rv, int upto, char (*hosts)[64], const char **host_ptrs,
+                      int *ports, char *err, size_t errlen)
+{
+    for (int r = 0; r < upto; r++) {
+        Kolo__PeerInfo *p = rv->reply->peers[r];
+        int code = KOLO_EPROTO;
+        for (size_t i = 0; i < p->n_data_addrs && code; i++)
+            if (parse_tcp_addr(p->data_addrs[i], hosts[r], sizeof(hosts[r]), &ports[r]))
+                code = 0;
+        host_ptrs[r] = hosts[r];
+        if (code) {
+            snprintf(err, errlen, "rank %d sent no usable data-plane address", r);
+            return code;
+        }
+    }
+    return 0;
+}
+
+/* Spin briefly on the sockets when every local rank has a CPU to itself
+ * (KOLO_SPIN_US; 0 never): a 4 B allreduce between two hosts then costs
+ * about the round trip, not a wake-up on each side. On a crowded host a
+ * spinning rank would take the CPU its peer needs. */
+static bool spin_on_sockets(const struct kolo_ctx *c)
+{
+    return c->local_size <= usable_cpus();
+}
+
+/* Every rank with every other over TCP: only when some host's ranks
+ * cannot share memory (KOLO_DISABLE_SHM, or a segment that could not be
+ * made). */
 static int connect_mesh(struct kolo_ctx *c, struct rdv *rv, char *err, size_t errlen)
 {
     struct mesh_spec spec = {.me = {.job = c->job,
@@ -332,16 +369,7 @@ static int connect_mesh(struct kolo_ctx *c, struct rdv *rv, char *err, size_t er
     }
     if ((code = data_key(c, rv, spec.me.key, err, errlen)) != 0)
         goto out;
-    for (int r = 0; r < c->rank && !code; r++) {
-        Kolo__PeerInfo *p = rv->reply->peers[r];
-        code = KOLO_EPROTO;
-        for (size_t i = 0; i < p->n_data_addrs && code; i++)
-            if (parse_tcp_addr(p->data_addrs[i], hosts[r], sizeof(hosts[r]), &ports[r]))
-                code = 0;
-        host_ptrs[r] = hosts[r];
-        if (code)
-            snprintf(err, errlen, "rank %d sent no usable data-plane address", r);
-    }
+    code = peer_addrs(rv, c->rank, hosts, host_ptrs, ports, err, errlen);
     spec.hosts = host_ptrs;
     spec.ports = ports;
     if (!code)
@@ -349,11 +377,7 @@ static int connect_mesh(struct kolo_ctx *c, struct rdv *rv, char *err, size_t er
     memset(spec.me.key, 0, sizeof spec.me.key);
     if (code)
         goto out;
-    /* Spin briefly on the sockets when every local rank has a CPU to
-     * itself (KOLO_SPIN_US; 0 never): a 4 B allreduce between two hosts
-     * then costs about the round trip, not a wake-up on each side. On a
-     * crowded host a spinning rank would take the CPU its peer needs. */
-    bool spin = c->local_size <= usable_cpus();
+    bool spin = spin_on_sockets(c);
     for (int r = 0; r < c->size; r++)
         if (peers[r])
             peers[r]->spin = spin;
@@ -368,9 +392,140 @@ out:
     return code;
 }
 
+/* The generation's topology: the coordinator's, or (an older one sent
+ * none) derived from the peer table by the same rule. */
+static int make_topology(const struct rdv *rv, int size, struct topology *t, char *err,
+                         size_t errlen)
+{
+    const Kolo__RendezvousReply *rep = rv->reply;
+    char why[160];
+    int code;
+    if (rep->n_hosts > 0) {
+        int *counts = calloc(rep->n_hosts, sizeof(int));
+        int *ranks = calloc((size_t)size + 1, sizeof(int));
+        size_t k = 0;
+        code = counts && ranks ? 0 : KOLO_ENOMEM;
+        for (size_t h = 0; !code && h < rep->n_hosts; h++) {
+            counts[h] = (int)rep->hosts[h]->n_ranks;
+            for (size_t i = 0; i < rep->hosts[h]->n_ranks && k < (size_t)size + 1; i++)
+                ranks[k++] = rep->hosts[h]->ranks[i];
+        }
+        if (!code && k > (size_t)size) {
+            snprintf(why, sizeof why, "more ranks than %d", size);
+            code = KOLO_EPROTO;
+        } else if (!code) {
+            code = topology_set(t, size, (int)rep->n_hosts, counts, ranks, why, sizeof why);
+        }
+        free(counts);
+        free(ranks);
+    } else {
+        const char **ids = calloc((size_t)size, sizeof(*ids));
+        bool *leads = calloc((size_t)size, sizeof(*leads));
+        code = ids && leads ? 0 : KOLO_ENOMEM;
+        for (int r = 0; !code && r < size; r++) {
+            ids[r] = rep->peers[r]->host_id;
+            leads[r] = rep->peers[r]->shm_name[0] != '\0';
+        }
+        if (!code)
+            code = topology_derive(t, size, ids, leads, why, sizeof why);
+        free(ids);
+        free(leads);
+    }
+    if (code == KOLO_ENOMEM)
+        snprintf(err, errlen, "out of memory reading the topology");
+    else if (code)
+        snprintf(err, errlen, "the coordinator's topology is unusable: %s", why);
+    return code;
+}
+
+/* true when every host of more than one rank has its shared segment */
+static bool hosts_have_segments(const struct rdv *rv, const struct topology *t)
+{
+    for (int h = 0; h < t->nhosts; h++)
+        if (t->count[h] > 1 && !rv->reply->peers[topology_rank(t, h, 0)]->shm_name[0])
+            return false;
+    return true;
+}
+
+/* This host's segment, as member t->local[rank] of t->count[host]: the
+ * one this rank made (it leads the host), or its leader's. */
+static int host_segment(struct kolo_ctx *c, struct rdv *rv, const struct topology *t,
+                        struct coll **out, char *err, size_t errlen)
+{
+    int h = t->host[c->rank], me = t->local[c->rank], n = t->count[h];
+    const Kolo__PeerInfo *lead = rv->reply->peers[topology_rank(t, h, 0)];
+    int code = 0;
+    if (rv->shm && (me != 0 || rv->shm->size != n)) {
+        snprintf(err, errlen, "host %s has %d rank(s) in this generation and rank %d leads it, "
+                 "but this rank made a segment for %d (KOLO_LOCAL_RANK / KOLO_LOCAL_SIZE disagree "
+                 "with the ranks' host ids)", lead->host_id, n, lead->rank, rv->shm->size);
+        return KOLO_EPROTO;
+    }
+    if (rv->shm) {
+        *out = rv->shm;
+        rv->shm = NULL;
+    } else if ((code = shmcoll_attach(lead->shm_name, me, n, 0, out)) != 0) {
+        snprintf(err, errlen, "cannot attach the shared segment %s of host %s: %s", lead->shm_name,
+                 lead->host_id, kolo_strerror(code));
+        return code;
+    }
+    int *pids = calloc((size_t)n, sizeof(int));
+    if (!pids)
+        return KOLO_ENOMEM; /* *out is destroyed by the caller */
+    for (int i = 0; i < n; i++)
+        pids[i] = rv->reply->peers[topology_rank(t, h, i)]->pid;
+    code = shmcoll_ready(*out, pids, ctx_deadline(c));
+    free(pids);
+    if (code)
+        snprintf(err, errlen, "shared-memory setup failed: %s", (*out)->why);
+    return code;
+}
+
+/* A job on several hosts (or one whose ranks are not numbered in its
+ * segment's order): the host's segment and this rank's lane links. */
+static int connect_hier(struct kolo_ctx *c, struct rdv *rv, const struct topology *t, char *err,
+                        size_t errlen)
+{
+    struct coll *local = NULL;
+    char(*hosts)[64] = calloc((size_t)c->size, sizeof(*hosts));
+    const char **host_ptrs = calloc((size_t)c->size, sizeof(*host_ptrs));
+    int *ports = calloc((size_t)c->size, sizeof(*ports));
+    struct hier_spec spec = {.topo = t,
+                             .rank = c->rank,
+                             .listen_fd = rv->listen_fd,
+                             .hosts = host_ptrs,
+                             .ports = ports,
+                             .me = {.job = c->job,
+                                    .generation = c->generation,
+                                    .rank = c->rank,
+                                    .encrypt = c->encrypt_data},
+                             .spin = spin_on_sockets(c),
+                             .deadline = ctx_deadline(c)};
+    int code = hosts && host_ptrs && ports ? 0 : KOLO_ENOMEM;
+    if (!code)
+        code = data_key(c, rv, spec.me.key, err, errlen);
+    if (!code)
+        code = peer_addrs(rv, c->size, hosts, host_ptrs, ports, err, errlen);
+    if (!code && t->count[t->host[c->rank]] > 1)
+        code = host_segment(c, rv, t, &local, err, errlen);
+    spec.local = local;
+    if (!code && (code = hier_create(&spec, &c->coll, err, errlen)) == 0) {
+        rv->listen_fd = -1; /* the coll keeps it, for alltoall's links */
+        local = NULL;
+    }
+    memset(spec.me.key, 0, sizeof spec.me.key);
+    if (local)
+        local->ops->destroy(local);
+    free(hosts);
+    free(host_ptrs);
+    free(ports);
+    return code;
+}
+
 static int setup_data_plane(struct kolo_ctx *c, const kolo_config *cfg, char *err, size_t errlen)
 {
     struct rdv rv = {.listen_fd = -1};
+    struct topology t = {0};
     int code;
     if (cfg->data_addr && cfg->data_addr[0])
         str_copy(rv.addr, cfg->data_addr, sizeof(rv.addr));
@@ -383,10 +538,11 @@ static int setup_data_plane(struct kolo_ctx *c, const kolo_config *cfg, char *er
                  kolo_strerror(code));
         return code;
     }
-    bool one_host = cfg->local_size == c->size && c->size > 1 && !cfg->disable_shm;
-    if (one_host && cfg->local_rank == 0) {
+    /* The first rank of a host makes the host's segment before the
+     * rendezvous, which tells its name to the others. */
+    if (cfg->local_size > 1 && cfg->local_rank == 0 && !cfg->disable_shm) {
         shm_segment_name(c->job, c->generation, rv.shm_name, sizeof(rv.shm_name));
-        if (shmcoll_create(rv.shm_name, c->rank, c->size, 0, &rv.shm) != 0) {
+        if (shmcoll_create(rv.shm_name, 0, cfg->local_size, 0, &rv.shm) != 0) {
             LOGW("kolo", "cannot create the shared segment; using TCP");
             rv.shm = NULL;
             rv.shm_name[0] = '\0';
@@ -405,40 +561,20 @@ static int setup_data_plane(struct kolo_ctx *c, const kolo_config *cfg, char *er
             code = KOLO_ENOMEM;
             goto out;
         }
-    /* One host (same host id everywhere) and a segment: shared memory. */
-    const char *segment = NULL;
-    bool same = true;
-    for (int r = 0; r < c->size; r++) {
-        Kolo__PeerInfo *p = rv.reply->peers[r];
-        if (strcmp(p->host_id, rv.reply->peers[0]->host_id) != 0)
-            same = false;
-        if (p->shm_name[0])
-            segment = p->shm_name;
-    }
-    if (same && segment && !cfg->disable_shm) {
-        if (rv.shm) {
-            c->coll = rv.shm;
-            rv.shm = NULL;
-        } else if ((code = shmcoll_attach(segment, c->rank, c->size, 0, &c->coll)) != 0) {
-            snprintf(err, errlen, "cannot attach the shared segment %s: %s", segment,
-                     kolo_strerror(code));
-            goto out;
-        }
-        int *pids = calloc((size_t)c->size, sizeof(int));
-        if (!pids) {
-            code = KOLO_ENOMEM;
-            goto out;
-        }
-        for (int r = 0; r < c->size; r++)
-            pids[r] = rv.reply->peers[r]->pid;
-        code = shmcoll_ready(c->coll, pids, ctx_deadline(c));
-        free(pids);
-        if (code)
-            snprintf(err, errlen, "shared-memory setup failed: %s", c->coll->why);
-    } else {
+    if ((code = make_topology(&rv, c->size, &t, err, errlen)) != 0)
+        goto out;
+    /* Inside a host, shared memory; between hosts, the lanes (hier.c). One
+     * host whose ranks are its segment's members in order: the segment
+     * alone. Without segments (KOLO_DISABLE_SHM): every pair over TCP. */
+    bool segments = !cfg->disable_shm && hosts_have_segments(&rv, &t);
+    if (c->size > 1 && segments && t.nhosts == 1 && topology_contiguous(&t))
+        code = host_segment(c, &rv, &t, &c->coll, err, errlen);
+    else if (c->size > 1 && segments)
+        code = connect_hier(c, &rv, &t, err, errlen);
+    else
         code = connect_mesh(c, &rv, err, errlen);
-    }
 out:
+    topology_free(&t);
     if (rv.shm)
         rv.shm->ops->destroy(rv.shm);
     if (rv.listen_fd >= 0)

@@ -80,7 +80,8 @@ void hier_plan_free(struct hier_plan *p)
 
 enum hier_algo hier_allreduce_algo(const struct hier_plan *p, size_t count, size_t esz)
 {
-    if (p->lanes < 2 || count < (size_t)p->lanes || count * esz < HIER_LANES_MIN_BYTES)
+    if (p->nhosts < 2 || p->lanes < 2 || count < (size_t)p->lanes ||
+        count * esz < HIER_LANES_MIN_BYTES)
         return HIER_LEADERS;
     return HIER_LANES;
 }

@@ -128,6 +128,11 @@ struct mesh {
     bool fd_warned;
 };
 
+static bool wanted(const struct mesh_spec *s, int r)
+{
+    return r != s->me.rank && (!s->want || s->want[r]);
+}
+
 static void inbound_drop(struct mesh *m, int i)
 {
     m->in[i] = m->in[--m->nin];
@@ -166,9 +171,22 @@ static int step_all(struct mesh *m, uint64_t now, char *err, size_t errlen)
             continue;
         bool done = false;
         int rc = tcp_handshake(m->out[r], &done);
+        if (rc == KOLO_EPEER && now + 100 < m->s->deadline) {
+            /* closed before it finished: the rank had more handshakes
+             * waiting than it keeps (MESH_PENDING, the oldest goes), as
+             * when a whole job dials it at once (alltoall's links). Again;
+             * a refusal (another key, job or generation) is not closed
+             * but answered, and fails below. */
+            xport_close(m->out[r]);
+            m->out[r] = NULL;
+            if ((rc = tcp_dial_start(m->s->hosts[r], m->s->ports[r], &m->s->me, r,
+                                     &m->out[r])) == 0)
+                continue;
+        }
         if (rc) {
             snprintf(err, errlen, "connecting to rank %d at %s:%d: %s", r, m->s->hosts[r],
-                     m->s->ports[r], m->out[r]->why[0] ? m->out[r]->why : kolo_strerror(rc));
+                     m->s->ports[r],
+                     m->out[r] && m->out[r]->why[0] ? m->out[r]->why : kolo_strerror(rc));
             return rc;
         }
         if (done) {
@@ -188,10 +206,11 @@ static int step_all(struct mesh *m, uint64_t now, char *err, size_t errlen)
             inbound_drop(m, i);
         } else if (done) {
             int p = x->peer;
-            if (p <= me || p >= m->s->size || m->peers[p]) {
+            if (p <= me || p >= m->s->size || m->peers[p] || !wanted(m->s, p)) {
                 char why[96];
                 snprintf(why, sizeof why, "rank %d is %s", p,
-                         p > me && p < m->s->size ? "already connected" : "not a rank that dials us");
+                         p > me && p < m->s->size && wanted(m->s, p) ? "already connected"
+                                                                     : "not a rank that dials us");
                 reject(x, MESH_REJECT_DUPLICATE, why);
             } else {
                 m->peers[p] = x;
@@ -243,7 +262,7 @@ static void missing_text(const struct mesh *m, char *buf, size_t len)
     int shown = 0;
     buf[0] = '\0';
     for (int r = 0; r < m->s->size && shown < 8; r++) {
-        if (r == m->s->me.rank || m->peers[r])
+        if (!wanted(m->s, r) || m->peers[r])
             continue;
         int n = snprintf(buf + used, len - used, "%s%d", shown ? ", " : "", r);
         if (n < 0 || (size_t)n >= len - used)
@@ -256,20 +275,28 @@ static void missing_text(const struct mesh *m, char *buf, size_t len)
 int mesh_connect(const struct mesh_spec *s, struct xport **peers, char *err, size_t errlen)
 {
     int me = s->me.rank, code = 0;
-    struct mesh m = {.s = s, .peers = peers, .missing = s->size - 1,
-                     .higher_missing = s->size - 1 - me};
+    struct mesh m = {.s = s, .peers = peers};
+    bool *made = calloc((size_t)s->size, sizeof *made); /* set before the call: kept on failure */
+    for (int r = 0; made && r < s->size; r++) {
+        made[r] = peers[r] != NULL;
+        if (wanted(s, r) && !peers[r]) {
+            m.missing++;
+            m.higher_missing += r > me;
+        }
+    }
     struct pollfd *pfd = calloc((size_t)s->size + MESH_PENDING + 1, sizeof *pfd);
     m.out = calloc((size_t)s->size, sizeof *m.out);
-    if (!pfd || !m.out) {
+    if (!pfd || !m.out || !made) {
         code = KOLO_ENOMEM;
         snprintf(err, errlen, "out of memory setting up the mesh");
         goto out;
     }
     for (int r = 0; r < me && !code; r++)
-        if ((code = tcp_dial_start(s->hosts[r], s->ports[r], &s->me, r, &m.out[r])) != 0)
+        if (wanted(s, r) && !peers[r] &&
+            (code = tcp_dial_start(s->hosts[r], s->ports[r], &s->me, r, &m.out[r])) != 0)
             snprintf(err, errlen, "cannot connect to rank %d at %s:%d: %s", r, s->hosts[r],
                      s->ports[r], kolo_strerror(code));
-    while (!code) {
+    while (!code && m.missing > 0) {
         uint64_t now = now_mono_ms();
         if ((code = step_all(&m, now, err, errlen)) != 0 || m.missing == 0)
             break;
@@ -290,12 +317,13 @@ out:
         if (m.out[r])
             xport_close(m.out[r]);
     if (code)
-        for (int r = 0; r < s->size; r++)
-            if (peers[r]) {
+        for (int r = 0; made && r < s->size; r++)
+            if (peers[r] && !made[r]) {
                 xport_close(peers[r]);
                 peers[r] = NULL;
             }
     free(m.out);
     free(pfd);
+    free(made);
     return code;
 }

@@ -15,6 +15,7 @@
 #ifndef KOLO_WORKER_MESH_H
 #define KOLO_WORKER_MESH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -30,10 +31,15 @@ struct mesh_spec {
     /* where each rank below me listens: hosts[r], ports[r] for r < me.rank */
     const char *const *hosts;
     const int *ports;
+    /* want[r]: connect with rank r (NULL: with every rank). Both ends of a
+     * pair must want it; a rank that dials without being wanted is
+     * refused like a duplicate. */
+    const bool *want;
     uint64_t deadline; /* CLOCK_MONOTONIC ms */
 };
 
-/* Fills peers[r] for every r != me.rank (peers has size entries): 0, or
+/* Fills peers[r] for every wanted r != me.rank (peers has size entries;
+ * entries already set are left alone and not connected again): 0, or
  * the code that stopped it with a sentence in err (nothing is left open
  * then). */
 int mesh_connect(const struct mesh_spec *s, struct xport **peers, char *err, size_t errlen);

@@ -166,7 +166,8 @@ static int ring_fail(struct ring *rg, int err, int peer, const char *what)
         const char *detail = x && x->why[0] ? x->why : kolo_strerror(err);
         /* bounded so that the reason always fits in why[] */
         if (peer >= 0)
-            snprintf(rg->c.why, sizeof rg->c.why, "ring: %.40s rank %d: %.90s", what, peer, detail);
+            snprintf(rg->c.why, sizeof rg->c.why, "ring: %.40s rank %d: %.90s", what,
+                     coll_name(&rg->c, peer), detail);
         else
             snprintf(rg->c.why, sizeof rg->c.why, "ring: %.40s: %.90s", what, detail);
         rg->c.failed = err;

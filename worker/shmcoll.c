@@ -356,7 +356,8 @@ static int shm_check_peers(struct shmcoll *s)
     }
     if (dead < 0)
         return 0;
-    return shm_fail(s, KOLO_EPEER, dead, true, "rank %d (pid %d) exited", dead, (int)s->pid[dead]);
+    return shm_fail(s, KOLO_EPEER, dead, true, "rank %d (pid %d) exited", coll_name(&s->c, dead),
+                    (int)s->pid[dead]);
 }
 
 /* shm_check_abort: the reason this rank may not wait for rank j any more
@@ -367,7 +368,8 @@ static int shm_check_abort(struct shmcoll *s, int j)
     if (culprit)
         return shm_fail(s, KOLO_EPEER, (int)culprit - 1, false, "%s", s->hdr->abort_why);
     if (atomic_load_explicit(&ctrl_of(s, j)->state, memory_order_acquire) == SHM_STATE_LEFT)
-        return shm_fail(s, KOLO_EPEER, j, true, "rank %d left the collective group", j);
+        return shm_fail(s, KOLO_EPEER, j, true, "rank %d left the collective group",
+                        coll_name(&s->c, j));
     return 0;
 }
 
@@ -447,8 +449,9 @@ static int shm_wait_slow(struct shmcoll *s, int j, uint64_t target, uint64_t dea
         }
         if (deadline && now >= deadline) {
             rc = shm_fail(s, KOLO_ETIMEDOUT, s->me, true,
-                          "rank %d timed out waiting for rank %d (no progress for %llu ms)", s->me,
-                          j, (unsigned long long)(deadline - start));
+                          "rank %d timed out waiting for rank %d (no progress for %llu ms)",
+                          coll_name(&s->c, s->me), coll_name(&s->c, j),
+                          (unsigned long long)(deadline - start));
             break;
         }
         uint64_t slice = next_check - now;
@@ -988,8 +991,9 @@ static int shm_alltoallv(struct coll *c, const void *in_, const size_t *send, vo
     for (int j = 0; j < n; j++) {
         if (s->matrix[(size_t)j * n + me] != recv[j])
             return shm_fail(s, KOLO_EMISMATCH, me, true,
-                            "alltoall: rank %d sends %llu bytes to rank %d, which expects %zu", j,
-                            (unsigned long long)s->matrix[(size_t)j * n + me], me, recv[j]);
+                            "alltoall: rank %d sends %llu bytes to rank %d, which expects %zu",
+                            coll_name(&s->c, j), (unsigned long long)s->matrix[(size_t)j * n + me],
+                            coll_name(&s->c, me), recv[j]);
     }
 
     size_t *soff = s->off_a, *roff = s->off_b;
