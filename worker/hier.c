@@ -57,6 +57,7 @@
 
 #include "hier_plan.h"
 #include "mesh.h"
+#include "settings.h"
 #include "util.h"
 
 struct hier {
@@ -720,6 +721,9 @@ int hier_create(const struct hier_spec *s, struct coll **out, char *err, size_t 
     int code = copy_topology(&h->t, s->topo);
     if (!code)
         code = hier_plan_make(&h->p, &h->t, s->rank);
+    /* every rank must take the same path: the knob is the job's (kolo run
+     * gives every worker the same environment) */
+    h->p.lanes_min = (size_t)settings_int(SET_HIER_LANES, (int64_t)HIER_LANES_MIN_BYTES);
     size_t most = (size_t)(n > h->t.nhosts ? n : h->t.nhosts);
     if (!code) {
         h->a2a = calloc((size_t)n, sizeof *h->a2a);

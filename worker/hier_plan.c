@@ -47,6 +47,7 @@ int hier_plan_make(struct hier_plan *p, const struct topology *t, int rank)
     p->lane = p->local < p->lanes ? p->local : -1;
     p->lane_size = t->nhosts;
     p->contiguous = topology_contiguous(t);
+    p->lanes_min = HIER_LANES_MIN_BYTES;
     p->host_ranks = calloc((size_t)p->nlocal, sizeof(int));
     if (!p->host_ranks)
         goto nomem;
@@ -81,7 +82,7 @@ void hier_plan_free(struct hier_plan *p)
 enum hier_algo hier_allreduce_algo(const struct hier_plan *p, size_t count, size_t esz)
 {
     if (p->nhosts < 2 || p->lanes < 2 || count < (size_t)p->lanes ||
-        count * esz < HIER_LANES_MIN_BYTES)
+        count * esz < p->lanes_min)
         return HIER_LEADERS;
     return HIER_LANES;
 }

@@ -50,6 +50,7 @@ struct hier_plan {
     int nlinks;
     int *links;         /* [nlinks]: the ranks this rank keeps a TCP link with */
     bool contiguous;    /* ranks numbered host after host (topology_contiguous) */
+    size_t lanes_min;   /* HIER_LANES_MIN_BYTES, or KOLO_HIER_LANES (hier.c) */
 };
 
 /* hier_plan_make: rank's plan in topology t. 0, KOLO_EINVAL or KOLO_ENOMEM. */
@@ -65,7 +66,8 @@ enum hier_algo {
     HIER_LEADERS, /* reduce on the host, leaders across, broadcast on the host */
     HIER_LANES,   /* reduce-scatter on the host, every lane across, allgather on the host */
 };
-/* The allreduce of count elements of esz bytes. */
+/* The allreduce of count elements of esz bytes: by the leaders below
+ * p->lanes_min bytes, by every lane from there. */
 enum hier_algo hier_allreduce_algo(const struct hier_plan *p, size_t count, size_t esz);
 
 #endif

@@ -70,6 +70,8 @@
       "shared-memory pipeline chunk bytes (unset: 1 MiB)")                                        \
     X(SHM_SMALL, "KOLO_SHM_SMALL", NULL, SIZE, NULL, 0, 64ll << 20, NULL,                          \
       "shared-memory small-message slot bytes (unset: 64 KiB)")                                   \
+    X(HIER_LANES, "KOLO_HIER_LANES", NULL, SIZE, NULL, 0, INT64_MAX, NULL,                         \
+      "across hosts, allreduces from this many bytes use every lane (unset: 128 KiB)")            \
     X(SNAPSHOT_KEEP, "KOLO_SNAPSHOT_KEEP", NULL, INT, "0", 0, 100000, NULL,                        \
       "snapshots the coordinator keeps for this job (0: the coordinator's)")                      \
     X(SNAPSHOT_CHUNK_BYTES, "KOLO_SNAPSHOT_CHUNK_BYTES", NULL, SIZE, "768k", 4096, 896ll << 10,   \
