@@ -15,7 +15,10 @@
 #     the coordinator still reaches every agent) while a 3-host job trains:
 #     the job fails within a bounded time (its data plane's liveness
 #     window, KOLO_TIMEOUT_MS=15000, plus slack) naming a rank, never
-#     hangs; healed, the same hosts run a job again.
+#     hangs; healed, the same hosts run a job again;
+#  6. 3 hosts x 2 ranks with KOLO_HIER_LANES=0: every allreduce, even of
+#     one element, split over both lanes between the hosts (by default
+#     only those of 128 KiB or more; smaller ones go through the leaders).
 # Needs root, `ip netns`, veth, a bridge, nft and /usr/bin/python3 with
 # torch; skipped (77) otherwise, with the reason.
 . "$(dirname "$0")/lib.sh"
@@ -118,7 +121,9 @@ curl() { ip netns exec "${NSS[0]}" curl "$@"; }
 KOLO="$WORK/kolo-ns0"
 make_token
 
-LISTEN="tcp://${ADDRS[0]}:0" LEASE=30s start_coordinator coord --token-file "$WORK/token"
+# a long lease: no section needs one to end, and a crowded machine (the
+# coordinator standing still for seconds) must not lose an idle agent
+LISTEN="tcp://${ADDRS[0]}:0" LEASE=120s start_coordinator coord --token-file "$WORK/token"
 for i in 0 1 2; do
   KOLO="$WORK/kolo-ns$i" start_agent "${HOSTS[i]}" 2 --token-file "$WORK/token" --addr "${ADDRS[i]}"
   wait_for 20 hosts_at_least $((i + 1)) ||
@@ -243,6 +248,10 @@ job_pids $JOBS
 [ $rc -eq 0 ] || fail "healed: a job across the healed link failed ($rc): $(tail -n 10 "$WORK/healed.err")"
 [ "$(grep -c '<stdout>:done 30' "$WORK/healed.out")" -eq 5 ] || fail "healed: not every rank finished"
 note "healed: a 3-host job ran 30 steps again"
+
+note "6. 3 hosts x 2 ranks, every allreduce over the lanes (KOLO_HIER_LANES=0)"
+KOLO_HIER_LANES=0 run_check lanes a:2,b:2,c:2 2,2,2
+grep -q "<stdout>:hosts: .* hier_lanes=0" "$WORK/lanes.out" || fail "lanes: the job ran without KOLO_HIER_LANES=0"
 
 left=$(shm_left)
 [ -z "$left" ] || fail "shared-memory segments of the test's ranks left behind: $left"

@@ -226,8 +226,9 @@ for lr in range(max(len(v) for v in hosts.values())):
     check(sorted(x[3] for x in rows) == list(range(len(rows))),
           "cross ranks of local rank %d: %s" % (lr, [x[3] for x in rows]))
 if r == 0:
-    print("hosts: %s encrypt=%s" % ({h: [x[0] for x in v] for h, v in hosts.items()},
-                                     os.environ.get("KOLO_DATA_ENCRYPT", "0")), flush=True)
+    print("hosts: %s encrypt=%s hier_lanes=%s" % (
+        {h: [x[0] for x in v] for h, v in hosts.items()}, os.environ.get("KOLO_DATA_ENCRYPT", "0"),
+        os.environ.get("KOLO_HIER_LANES", "default")), flush=True)
 
 # ---------------------------------------------------------------- allreduce
 section("allreduce")
