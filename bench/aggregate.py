@@ -15,7 +15,7 @@ import sys
 from collections import defaultdict
 
 IMPL_NAMES = {"kolo": "kolo", "kolo-sealed": "kolo, sealed", "openmpi": "Open MPI",
-              "gloo": "Gloo"}
+              "openmpi-yield": "Open MPI, yield", "gloo": "Gloo"}
 
 
 def fmt_size(b):
@@ -57,6 +57,195 @@ def ratio(a, b):
     if r >= 10:
         return f"{r:.1f}×"
     return f"{r:.2f}×"
+
+
+MPI_MODES = (("openmpi", "default"), ("openmpi-yield", "yield"))
+RESNET_MPI = (("resnet50_step", "fused"), ("resnet50_step_161", "161 blocking"),
+              ("resnet50_step_161nb", "161 non-blocking"))
+RESNET_GLOO = (("resnet50_step", "161 async"), ("resnet50_step_fused", "fused"))
+
+
+def best_of(cands, stat):
+    """The (value, label) of the lowest `stat` among (summary or None, label) pairs."""
+    got = [(c[stat], label) for c, label in cands if c and c.get(stat) is not None]
+    return min(got, key=lambda x: x[0]) if got else (None, None)
+
+
+def hosts_section(md, cell, records, machine):
+    """The "Hosts" tables, one per shape (scenario "hosts-HxL"); returns their JSON."""
+    shapes = {}
+    for k in cell:
+        if k[0].startswith("hosts-"):
+            try:
+                h, l_ = (int(x) for x in k[0][len("hosts-"):].split("x"))
+            except ValueError:
+                continue
+            shapes[k[0]] = (h, l_)
+    if not shapes:
+        return {}
+    bridge = defaultdict(lambda: defaultdict(list))
+    restarts = defaultdict(list)
+    failed = defaultdict(list)
+    for r in records:
+        if "agent_restart" in r:
+            restarts[r["scenario"]].append(r)
+        if r.get("failed"):
+            failed[r["scenario"]].append(r)
+        if "bridge_tx_bytes" in r:
+            bridge[r["scenario"]][f"{r['impl_tag']} {r['mode']}"].append(r["bridge_tx_bytes"])
+
+    def get(sc, impl, kind, np_, nbytes):
+        return cell.get((sc, impl, kind, np_, nbytes))
+
+    def pv(x, stat="median_us"):
+        return x.get(stat) if x else None
+
+    def c(x, scale=1.0):
+        if not x:
+            return "—"
+        p99 = x.get("p99_us")
+        return f"{fmt_num(x['median_us'] / scale)} / {fmt_num(p99 / scale if p99 else None)}"
+
+    def rl(a, best):
+        v, label = best
+        return "—" if a is None or v is None else f"{ratio(a, v)} ({label})"
+
+    md.append("## Hosts: H network namespaces × L ranks, on a bridge")
+    md.append("")
+    md.append("H namespaces, each with one veth (10.78.0.i/24) into a bridge in a namespace of "
+              "its own; L ranks per namespace. kolo: a coordinator in namespace 0, one agent "
+              "with L slots per namespace, `kolo run -np H·L -H h0:L,h1:L,...` (\"kolo, "
+              "sealed\": the same with `--encrypt-data`). Open MPI: `mpirun --hostfile` with "
+              "`slots=L` per namespace address, `--mca btl vader,self,tcp` (shared memory "
+              "inside a namespace, TCP across), orted started by bench/nsrsh.sh; by default "
+              "(no node is oversubscribed, so its ranks spin while they wait) and with "
+              "`--mca mpi_yield_when_idle 1` (\"yield\"). Gloo: L ranks per namespace, "
+              "GLOO_SOCKET_IFNAME = its veth. All H·L ranks share this machine's CPUs."
+              + (f" Open MPI's default mode times at most {machine['hosts_spin_iters']} "
+                 f"iterations per size and {machine['hosts_spin_resnet_steps']} ResNet steps "
+                 f"per launch, within {machine['hosts_spin_timeout']} s (its p99 is over "
+                 "those iterations)." if machine.get("hosts_spin_iters") else ""))
+    md.append("")
+    md.append("Cells: median / p99 µs (median over launches of each launch's median and p99). "
+              "Ratios are kolo's over the peer's at the same statistic, below 1× kolo is "
+              "faster; \"best MPI\" is the faster Open MPI mode at that statistic (named in "
+              "brackets: default or yield).")
+    md.append("")
+    out = {}
+    for sc in sorted(shapes, key=lambda s: (shapes[s][0] * shapes[s][1], shapes[s][0])):
+        h, l_ = shapes[sc]
+        np_ = h * l_
+        sj = {"hosts": h, "ranks_per_host": l_, "np": np_, "allreduce": [], "resnet50": None,
+              "tcp_rtt": None}
+        out[sc[len("hosts-"):]] = sj
+        md.append(f"### Hosts {h}×{l_} (np {np_})")
+        md.append("")
+        sizes = sorted({k[4] for k in cell if k[0] == sc and k[2] == "allreduce"})
+        if sizes:
+            md.append("| size | kolo | kolo, sealed | Open MPI | Open MPI, yield | Gloo | "
+                      "kolo/best MPI p50 | kolo/best MPI p99 | kolo/Gloo p50 | kolo/Gloo p99 |")
+            md.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for b in sizes:
+            k, ks, o, oy, g = (get(sc, i, "allreduce", np_, b) for i in
+                               ("kolo", "kolo-sealed", "openmpi", "openmpi-yield", "gloo"))
+            mpis = [(o, "default"), (oy, "yield")]
+            b50, b99 = best_of(mpis, "median_us"), best_of(mpis, "p99_us")
+            md.append(f"| {fmt_size(b)} | {c(k)} | {c(ks)} | {c(o)} | {c(oy)} | {c(g)} | "
+                      f"{rl(pv(k), b50)} | {rl(pv(k, 'p99_us'), b99)} | "
+                      f"{ratio(pv(k), pv(g))} | {ratio(pv(k, 'p99_us'), pv(g, 'p99_us'))} |")
+
+            def r2(a, bv):
+                return round(a / bv, 4) if a is not None and bv else None
+            sj["allreduce"].append({
+                "bytes": b,
+                **{f"{n}_{s}": pv(x, f"{s}_us") for n, x in
+                   (("kolo", k), ("kolo_sealed", ks), ("openmpi", o), ("openmpi_yield", oy),
+                    ("gloo", g)) for s in ("median", "p99")},
+                "best_mpi_mode_p50": b50[1], "best_mpi_mode_p99": b99[1],
+                "kolo_over_best_mpi_p50": r2(pv(k), b50[0]),
+                "kolo_over_best_mpi_p99": r2(pv(k, "p99_us"), b99[0]),
+                "kolo_over_gloo_p50": r2(pv(k), pv(g)),
+                "kolo_over_gloo_p99": r2(pv(k, "p99_us"), pv(g, "p99_us")),
+            })
+        if sizes:
+            md.append("")
+        rtt = get(sc, "tcp", "rtt", 2, 4)
+        if rtt:
+            sj["tcp_rtt"] = {"median_us": rtt["median_us"], "p99_us": rtt.get("p99_us")}
+            parts = []
+            for name, x in (("kolo", get(sc, "kolo", "allreduce", np_, 4)),
+                            ("kolo, sealed", get(sc, "kolo-sealed", "allreduce", np_, 4)),
+                            ("Open MPI", get(sc, "openmpi", "allreduce", np_, 4)),
+                            ("Open MPI, yield", get(sc, "openmpi-yield", "allreduce", np_, 4)),
+                            ("Gloo", get(sc, "gloo", "allreduce", np_, 4))):
+                if x:
+                    p99 = (f", p99 {x['p99_us'] / rtt['p99_us']:.2f}×"
+                           if x.get("p99_us") and rtt.get("p99_us") else "")
+                    parts.append(f"{name} {x['median_us'] / rtt['median_us']:.2f}×{p99}")
+                    sj["tcp_rtt"][f"{name} 4B p50 / rtt p50"] = round(
+                        x["median_us"] / rtt["median_us"], 3)
+            md.append(f"TCP round trip from namespace 0 to namespace 1 across the bridge "
+                      f"(bench/tcp_rtt.c, 4-byte ping-pong, measured in every round): "
+                      f"{fmt_num(rtt['median_us'])} µs median, {fmt_num(rtt.get('p99_us'))} µs "
+                      f"p99. **4 B p50 / RTT**: " + "; ".join(parts) + " (p99: over the RTT's "
+                      "p99).")
+            md.append("")
+        total = next((k[4] for k in cell if k[0] == sc and k[2].startswith("resnet50")), None)
+        if total:
+            kr = get(sc, "kolo", "resnet50_step", np_, total)
+            ksr = get(sc, "kolo-sealed", "resnet50_step", np_, total)
+            mpis = [(get(sc, impl, kind, np_, total), f"{kn}, {mn}")
+                    for impl, mn in MPI_MODES for kind, kn in RESNET_MPI]
+            gls = [(get(sc, "gloo", kind, np_, total), kn) for kind, kn in RESNET_GLOO]
+            variants = ([("kolo 161 async (fused by kolo)", kr), ("kolo sealed", ksr)] +
+                        [(f"Open MPI {lab}", x) for x, lab in mpis] +
+                        [(f"Gloo {lab}", x) for x, lab in gls])
+            md.append(f"ResNet-50 step (161 tensors, {total:,} B), ms, median / p99 over "
+                      "steps: " + "; ".join(f"{lab} {c(x, 1e3)}" for lab, x in variants if x) +
+                      ".")
+            md.append("")
+            md.append("| ResNet-50 step | kolo ms | best Open MPI ms | best Gloo ms | "
+                      "kolo/best MPI | kolo/best Gloo |")
+            md.append("|---|---:|---:|---:|---:|---:|")
+            rj = {"bytes": total}
+            for stat, sname in (("median_us", "p50"), ("p99_us", "p99")):
+                kv = pv(kr, stat)
+                bm, bg = best_of(mpis, stat), best_of(gls, stat)
+
+                def ms(v, label=None):
+                    if v is None:
+                        return "—"
+                    return f"{v / 1e3:,.1f}" + (f" ({label})" if label else "")
+                md.append(f"| {sname} | {ms(kv)} | {ms(*bm)} | {ms(*bg)} | {ratio(kv, bm[0])} | "
+                          f"{ratio(kv, bg[0])} |")
+                rj[sname] = {"kolo_us": kv, "kolo_sealed_us": pv(ksr, stat),
+                             "best_mpi_us": bm[0], "best_mpi": bm[1],
+                             "best_gloo_us": bg[0], "best_gloo": bg[1]}
+            sj["resnet50"] = rj
+            md.append("")
+        if failed.get(sc):
+            sj["failed_launches"] = [{"launch": r["launch"], "rc": r["rc"]} for r in failed[sc]]
+            md.append("Failed launches (rc 124: stopped by the timeout; the sizes a launch "
+                      "finished before are in the table): " + ", ".join(
+                          f"{r['launch']} (rc {r['rc']})" for r in failed[sc]) + ".")
+            md.append("")
+        if restarts.get(sc):
+            sj["agent_restarts"] = [{"agent": r["agent_restart"], "before": r["launch"]}
+                                    for r in restarts[sc]]
+            md.append(f"kolo agents restarted ({len(restarts[sc])}): not alive 20 s before a "
+                      "kolo launch (they lost the coordinator while a peer's launch held the "
+                      "CPUs), so the bench restarted them: " + ", ".join(
+                          f"{r['agent_restart']} before {r['launch']}" for r in restarts[sc]) +
+                      ".")
+            md.append("")
+        if sc in bridge:
+            sj["bridge_tx_bytes"] = {t: v for t, v in bridge[sc].items()}
+            md.append("Bytes the bridge forwarded per launch (its ports' TX, median over "
+                      "rounds; evidence the traffic crossed it): " + "; ".join(
+                          f"{t}: {statistics.median(v) / 1e6:,.0f} MB" for t, v in
+                          sorted(bridge[sc].items())) + ".")
+            md.append("")
+    return out
 
 
 def main():
@@ -259,7 +448,10 @@ def main():
                           sorted(veth.items())) + ".")
             md.append("")
 
-    # 4. coordinator load
+    # 4. hosts: H namespaces x L ranks on a bridge
+    hosts_json = hosts_section(md, cell, records, machine)
+
+    # 5. coordinator load
     if loads:
         md.append("## Coordinator capacity (bench/coord_load.c)")
         md.append("")
@@ -302,7 +494,8 @@ def main():
 
     with open(out_json, "w") as f:
         json.dump({"machine": machine, "summary": summary, "coord_load": loads,
-                   "veth_tx_bytes": veth, "failures": failures, "records": records}, f, indent=1)
+                   "veth_tx_bytes": veth, "hosts": hosts_json, "failures": failures,
+                   "records": records}, f, indent=1)
         f.write("\n")
     with open(out_md, "w") as f:
         f.write("\n".join(md))

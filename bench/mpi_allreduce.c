@@ -14,6 +14,11 @@
  *       "resnet50_step_161"    161 blocking MPI_Allreduce calls
  *       "resnet50_step_161nb"  161 MPI_Iallreduce + MPI_Waitall
  *
+ * MPI_BENCH_MAX_ITERS=N (environment, > 0) caps the timed iterations of
+ * every size at N (the warm-up is N/10 + 2 then); bench/run.sh sets it for
+ * Open MPI's spinning mode in its hosts part, where an iteration can take
+ * a fraction of a second.
+ *
  * After the timed loop of every size the buffer is reset to 1.0 and
  * reduced once more; every rank checks that each element equals the world
  * size (exit 2 otherwise).
@@ -28,7 +33,7 @@
 #define MAX_TENSORS 256
 
 /* The iteration counts of kolo_allreduce.c, size for size. */
-static int iters_for(size_t bytes)
+static int iters_default(size_t bytes)
 {
     if (bytes <= 4096)
         return 1000;
@@ -41,6 +46,16 @@ static int iters_for(size_t bytes)
     if (bytes <= (64 << 20))
         return 10;
     return 5;
+}
+
+/* ... at most MPI_BENCH_MAX_ITERS of them when that is set. */
+static int iters_for(size_t bytes)
+{
+    int n = iters_default(bytes);
+    const char *cap = getenv("MPI_BENCH_MAX_ITERS");
+    if (cap && atoi(cap) > 0 && atoi(cap) < n)
+        n = atoi(cap);
+    return n;
 }
 
 static int g_rank, g_size;

@@ -12,7 +12,11 @@
 #   2. the ResNet-50 gradient step (161 tensors), every impl, np 2 and 4;
 #   3. 2 ranks in two network namespaces joined by a veth pair (TCP),
 #      kolo vs Open MPI (btl tcp) vs Gloo, large sizes;
-#   4. coordinator capacity: negotiated steps/s of one coordinator for a
+#   4. "hosts": H network namespaces x L ranks each, joined by a bridge
+#      (shapes HOSTS_SHAPES, "2x2 4x2"): kolo (plain and sealed) vs Open MPI
+#      (vader+tcp, default and mpi_yield_when_idle) vs Gloo, allreduce sizes
+#      and the ResNet-50 step, beside the TCP round trip across the bridge;
+#   5. coordinator capacity: negotiated steps/s of one coordinator for a
 #      job of 64 / 256 / 1024 simulated ranks (bench/coord_load.c).
 # Every launch reports per-size medians over iterations (see README.md);
 # the tables give the median over launches. Output: a markdown table on
@@ -22,16 +26,26 @@
 # Environment knobs: REPS (rounds, default 3; QUICK: 1), QUICK=1,
 # SIZES / NETNS_SIZES (bytes, space separated), NPS ("2 4"),
 # RESNET_STEPS (20), LOCAL=0 to skip the one-host parts (1, 2), NETNS=0 to
-# skip the namespace part, COORD_LOAD=0 to
+# skip the namespace part, HOSTS=0 to skip the hosts part, HOSTS_SHAPES
+# ("2x2 4x2": namespaces x ranks per namespace), HOSTS_SIZES ("4 65536
+# 1048576 16777216"), HOSTS_SEALED_SHAPES (shapes that also run kolo with
+# --encrypt-data, "2x2"; "all" for every shape), HOSTS_RESNET=0 to skip the
+# ResNet step there, HOSTS_SPIN_ITERS (100), HOSTS_SPIN_RESNET_STEPS (5)
+# and HOSTS_SPIN_TIMEOUT (600 s, QUICK: 300): the iterations, steps and
+# time of one launch of Open MPI's default, spinning mode there,
+# COORD_LOAD=0 to
 # skip the coordinator load, COORD_LOAD_RANKS ("64 256 1024"),
 # COORD_LOAD_STEPS (50, batched mode), COORD_LOAD_ROUNDS_STEPS (1000 at
 # 100 steps/s), COORD_LOAD_PER_TENSOR_RANKS ("64 256"), SKIP_DEPS=1,
-# SKIP_BUILD=1, LAUNCH_TIMEOUT (900 s).
+# SKIP_BUILD=1 (kolo is not built; the peer programs still are, when
+# missing or older than their source), LAUNCH_TIMEOUT (900 s),
+# BUILD_DIR (or KOLO_BUILD_DIR; default build/, relative to the repository).
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-build="${KOLO_BUILD_DIR:-$root/build}"
+build="${BUILD_DIR:-${KOLO_BUILD_DIR:-$root/build}}"
+case "$build" in /*) ;; *) build="$root/$build" ;; esac
 bb="$build/bench-peers"
 PY=/usr/bin/python3 # Debian's python: the only one that sees python3-torch
 
@@ -57,6 +71,19 @@ else
 fi
 NPS="${NPS:-2 4}"
 NETNS="${NETNS:-1}"
+HOSTS="${HOSTS:-1}"
+HOSTS_SHAPES="${HOSTS_SHAPES:-2x2 4x2}"
+HOSTS_SIZES="${HOSTS_SIZES:-4 65536 1048576 16777216}"
+HOSTS_SEALED_SHAPES="${HOSTS_SEALED_SHAPES:-2x2}"
+HOSTS_RESNET="${HOSTS_RESNET:-1}"
+# Open MPI's default (spinning) mode in the hosts part takes up to a few
+# hundred ms per small allreduce on 2 vCPUs: its launches run at most
+# HOSTS_SPIN_ITERS timed iterations per size (0: the usual counts) and
+# HOSTS_SPIN_RESNET_STEPS ResNet steps, and stop after HOSTS_SPIN_TIMEOUT s
+# (what they measured until then is kept; the launch is listed as failed).
+HOSTS_SPIN_ITERS="${HOSTS_SPIN_ITERS:-100}"
+HOSTS_SPIN_RESNET_STEPS="${HOSTS_SPIN_RESNET_STEPS:-$((RESNET_STEPS < 5 ? RESNET_STEPS : 5))}"
+HOSTS_SPIN_TIMEOUT="${HOSTS_SPIN_TIMEOUT:-$([ "$QUICK" = 1 ] && echo 300 || echo 600)}"
 LOCAL="${LOCAL:-1}"
 COORD_LOAD="${COORD_LOAD:-1}"
 LAUNCH_TIMEOUT="${LAUNCH_TIMEOUT:-900}"
@@ -75,6 +102,7 @@ records="$raw/records.jsonl"
 tmp="$(mktemp -d /tmp/kolo-bench.XXXXXX)"
 bg_pids=()
 ns_a="" ns_b=""
+hosts_br="" hosts_ns=() # the hosts part's bridge namespace and host namespaces
 
 log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
@@ -120,6 +148,10 @@ cleanup() {
     done
     [ -n "$ns_a" ] && as_root ip netns del "$ns_a" 2>/dev/null
     [ -n "$ns_b" ] && as_root ip netns del "$ns_b" 2>/dev/null
+    for i in "${hosts_ns[@]}"; do
+        as_root ip netns del "$i" 2>/dev/null
+    done
+    [ -n "$hosts_br" ] && as_root ip netns del "$hosts_br" 2>/dev/null
     rm -rf "$tmp"
     exit "$rc"
 }
@@ -148,7 +180,7 @@ ensure_deps() {
     fi
 }
 
-build_all() {
+build_kolo() {
     local try
     for try in 1 2 3; do
         if KOLO_BUILD_DIR="$build" scripts/build.sh >"$tmp/build.log" 2>&1; then
@@ -158,16 +190,34 @@ build_all() {
         [ "$try" = 3 ] && { cat "$tmp/build.log" >&2; return 1; }
         sleep 60
     done
+}
+
+# fresh OUT IN...: OUT exists and is newer than every IN.
+fresh() {
+    local out="$1" f
+    shift
+    for f in "$@"; do
+        [ "$out" -nt "$f" ] || return 1
+    done
+}
+
+# The peer programs, each when missing or older than its sources (or, for
+# coord_load, than the kolo libraries it links).
+build_peers() {
     mkdir -p "$bb"
-    mpicc -O2 -o "$bb/mpi_allreduce" bench/mpi_allreduce.c
-    gcc -O2 -D_GNU_SOURCE -Icommon -Iinclude -Iworker -I"$build/proto" bench/coord_load.c \
-        "$build/common/libkolo_common.a" "$build/libkolo_proto.a" \
-        -lnng -lprotobuf-c -lpthread -o "$bb/coord_load"
-    gcc -O2 -o "$bb/tcp_rtt" bench/tcp_rtt.c
+    fresh "$bb/mpi_allreduce" bench/mpi_allreduce.c bench/bench_clock.h ||
+        mpicc -O2 -o "$bb/mpi_allreduce" bench/mpi_allreduce.c
+    fresh "$bb/coord_load" bench/coord_load.c "$build/common/libkolo_common.a" \
+        "$build/libkolo_proto.a" ||
+        gcc -O2 -D_GNU_SOURCE -Icommon -Iinclude -Iworker -I"$build/proto" bench/coord_load.c \
+            "$build/common/libkolo_common.a" "$build/libkolo_proto.a" \
+            -lnng -lprotobuf-c -lpthread -o "$bb/coord_load"
+    fresh "$bb/tcp_rtt" bench/tcp_rtt.c bench/bench_clock.h || gcc -O2 -o "$bb/tcp_rtt" bench/tcp_rtt.c
 }
 
 [ "${SKIP_DEPS:-0}" = 1 ] || ensure_deps
-[ "${SKIP_BUILD:-0}" = 1 ] || { log "building kolo and the peer programs"; build_all; }
+[ "${SKIP_BUILD:-0}" = 1 ] || { log "building kolo in $build"; build_kolo; }
+build_peers
 for f in "$build/bin/kolo" "$build/bin/kolo-bench-allreduce" "$bb/mpi_allreduce" "$bb/coord_load" "$bb/tcp_rtt"; do
     [ -x "$f" ] || { log "missing $f"; exit 1; }
 done
@@ -182,24 +232,35 @@ mkdir -p "$raw" "$results"
 # launch SCENARIO ROUND TAG cmd_FN ARGS...: runs one launch (the command
 # cmd_FN puts in CMD), keeps its output, and
 # appends its JSON lines to the records with the launch's context.
+# cmd_FN may also set CMD_IMPL (the "impl" its records report as, e.g.
+# openmpi-yield) and CMD_TIMEOUT (seconds, instead of LAUNCH_TIMEOUT; the
+# records a launch printed before its timeout are kept); LAUNCH_EXTRA
+# ('"k":v,' pairs) is added to every record.
+CMD_IMPL=""
+CMD_TIMEOUT=""
+LAUNCH_EXTRA=""
 launch() {
     local scenario="$1" round="$2" tag="$3"
     shift 3
+    CMD_IMPL=""
+    CMD_TIMEOUT=""
     "$@" # sets CMD
     local out="$raw/$tag.out" err="$raw/$tag.err" rc=0
     local load
     load="$(cut -d' ' -f1 /proc/loadavg)"
     local t0=$SECONDS
-    timeout --kill-after=20 "$LAUNCH_TIMEOUT" "${CMD[@]}" >"$out" 2>"$err" || rc=$?
+    timeout --kill-after=20 "${CMD_TIMEOUT:-$LAUNCH_TIMEOUT}" "${CMD[@]}" >"$out" 2>"$err" || rc=$?
     local n
     n="$(grep -c '{"impl"' "$out" || true)"
     log "$tag: rc=$rc, $n result(s), $((SECONDS - t0)) s, load $load"
-    sed -n 's/^[^{]*\({"impl".*}\)[[:space:]]*$/\1/p' "$out" |
-        sed "s/^{/{\"scenario\":\"$scenario\",\"round\":$round,\"launch\":\"$tag\",\"load1\":$load,/" \
+    local rename="s/^/ /"
+    [ -n "$CMD_IMPL" ] && rename="s/^{\"impl\":\"[^\"]*\"/ {\"impl\":\"$CMD_IMPL\"/"
+    sed -n 's/^[^{]*\({"impl".*}\)[[:space:]]*$/\1/p' "$out" | sed "$rename" |
+        sed "s/^ *{/{\"scenario\":\"$scenario\",\"round\":$round,\"launch\":\"$tag\",\"load1\":$load,$LAUNCH_EXTRA/" \
             >>"$records"
     if [ "$rc" != 0 ]; then
-        printf '{"scenario":"%s","round":%s,"launch":"%s","failed":true,"rc":%s}\n' \
-            "$scenario" "$round" "$tag" "$rc" >>"$records"
+        printf '{"scenario":"%s","round":%s,"launch":"%s",%s"failed":true,"rc":%s}\n' \
+            "$scenario" "$round" "$tag" "$LAUNCH_EXTRA" "$rc" >>"$records"
         tail -5 "$err" >&2 || true
     fi
 }
@@ -359,6 +420,255 @@ if [ "$NETNS" = 1 ]; then
     ns_a="" ns_b=""
 fi
 
+# ---------------------------------------------------------------- hosts
+
+# H emulated hosts of L ranks each: H network namespaces kbH<pid>-<i>, each
+# with one veth (kbh<i>, 10.78.0.<i+1>/24) whose peer (kbp<i>) is a port of
+# the bridge kbbr0 in a namespace of its own (kbHbr<pid>), so the root
+# namespace is untouched and every packet stays on this machine.
+hosts_up() { # H
+    local h="$1" i ns
+    hosts_br="kbHbr$$"
+    as_root ip netns add "$hosts_br"
+    as_root ip -n "$hosts_br" link set lo up
+    as_root ip -n "$hosts_br" link add kbbr0 type bridge
+    as_root ip -n "$hosts_br" link set kbbr0 up
+    hosts_ns=()
+    for ((i = 0; i < h; i++)); do
+        ns="kbH$$-$i"
+        as_root ip netns add "$ns"
+        hosts_ns+=("$ns")
+        as_root ip link add "kbp$i" netns "$hosts_br" type veth peer name "kbh$i" netns "$ns"
+        as_root ip -n "$hosts_br" link set "kbp$i" master kbbr0
+        as_root ip -n "$hosts_br" link set "kbp$i" up
+        as_root ip -n "$ns" addr add "10.78.0.$((i + 1))/24" dev "kbh$i"
+        as_root ip -n "$ns" link set lo up
+        as_root ip -n "$ns" link set "kbh$i" up
+    done
+}
+hosts_down() {
+    local ns
+    for ns in "${hosts_ns[@]}"; do
+        as_root ip netns del "$ns" 2>/dev/null || true
+    done
+    hosts_ns=()
+    [ -n "$hosts_br" ] && { as_root ip netns del "$hosts_br" 2>/dev/null || true; }
+    hosts_br=""
+}
+# Bytes the bridge delivered to the hosts (TX of its ports), all ports.
+bridge_tx() {
+    local i s=0 n
+    for ((i = 0; i < ${#hosts_ns[@]}; i++)); do
+        n="$(as_root ip -n "$hosts_br" -s link show "kbp$i" | awk '/TX:/{getline; print $1; exit}')"
+        s=$((s + n))
+    done
+    echo "$s"
+}
+# The impls of one round of the hosts part, rotating from round to round.
+hosts_order() {
+    local a=(kolo mpi mpiyield gloo) r=$(($1 % 4))
+    echo "${a[*]:r} ${a[*]:0:r}"
+}
+
+if [ "$HOSTS" = 1 ]; then
+    for shape in $HOSTS_SHAPES; do
+        nh="${shape%x*}"
+        nl="${shape#*x}"
+        if ! [[ "$nh" =~ ^[0-9]+$ && "$nl" =~ ^[0-9]+$ ]] || [ "$nh" -lt 2 ] || [ "$nh" -gt 200 ] ||
+            [ "$nl" -lt 1 ]; then
+            log "hosts: bad shape '$shape' (want HxL, 2 <= H <= 200, L >= 1): skipped"
+            continue
+        fi
+        np=$((nh * nl))
+        sc="hosts-$shape"
+        LAUNCH_EXTRA="\"shape\":\"$shape\",\"hosts\":$nh,\"ranks_per_host\":$nl,"
+        sealed=0
+        case " $HOSTS_SEALED_SHAPES " in *" all "* | *" $shape "*) sealed=1 ;; esac
+        log "hosts $shape: $nh namespaces on a bridge, $nl rank(s) each (np $np), sizes [$HOSTS_SIZES]"
+        hosts_up "$nh"
+        nsmap="" hostlist="" hostfile="$tmp/hosts-$shape.ompi"
+        : >"$hostfile"
+        for ((i = 0; i < nh; i++)); do
+            nsmap+="10.78.0.$((i + 1))=${hosts_ns[$i]} "
+            hostlist+="${hostlist:+,}h$i:$nl"
+            echo "10.78.0.$((i + 1)) slots=$nl" >>"$hostfile"
+        done
+        export KOLO_BENCH_NSMAP="$nsmap"
+        ns0="${hosts_ns[0]}"
+
+        # kolo: a coordinator in host 0's namespace, one agent with L slots
+        # per namespace (names h0, h1, ...). --lease 60s (default 5 s): the
+        # peers' launches can hold both CPUs for seconds, and a host that
+        # misses its heartbeats meanwhile must not be dropped (this measures
+        # the data plane, not failure detection).
+        [ -s "$tmp/token" ] || { head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/token"; }
+        chmod 600 "$tmp/token"
+        rm -f "$tmp/hosts-coord.db"*
+        "${SUDO[@]}" ip netns exec "$ns0" "$build/bin/kolo" coordinator --listen tcp://10.78.0.1:0 \
+            --http '' --db "$tmp/hosts-coord.db" --token-file "$tmp/token" --lease 60s --log-level warn \
+            >"$raw/$sc-coordinator.out" 2>"$raw/$sc-coordinator.err" &
+        h_coord_pid=$!
+        bg_pids+=("$h_coord_pid")
+        coord_url=""
+        for _ in $(seq 100); do
+            coord_url="$(sed -n 's/.*ready rpc=\([^ ]*\).*/\1/p' "$raw/$sc-coordinator.out")"
+            [ -n "$coord_url" ] && break
+            sleep 0.1
+        done
+        [ -n "$coord_url" ] || { log "hosts coordinator did not start"; cat "$raw/$sc-coordinator.err" >&2; exit 1; }
+        h_agent_pids=()
+        hosts_agent() { # I: (re)starts agent h<I> in namespace I
+            "${SUDO[@]}" ip netns exec "${hosts_ns[$1]}" "$build/bin/kolo" agent --coordinator "$coord_url" \
+                --token-file "$tmp/token" --slots "$nl" --name "h$1" --state-dir "$tmp/$sc-agent-$1" \
+                --log-level warn >>"$raw/$sc-agent-$1.log" 2>&1 &
+            h_agent_pids[$1]=$!
+            bg_pids+=($!)
+        }
+        # The agents the coordinator does not list as alive.
+        hosts_agents_lost() {
+            local st i
+            st="$(as_root ip netns exec "$ns0" "$build/bin/kolo" status --coordinator "$coord_url" \
+                --token-file "$tmp/token" 2>/dev/null || true)"
+            for ((i = 0; i < nh; i++)); do
+                grep -Eq "[[:space:]]h${i}[[:space:]].*[[:space:]]alive[[:space:]]" <<<"$st" || echo "h$i"
+            done
+        }
+        # Before every kolo launch: all agents alive within 20 s, or the lost
+        # ones are restarted (a peer launch that keeps the CPUs busy can make
+        # an agent miss its heartbeats; one was seen to hang for good in the
+        # redial that follows). Every restart is recorded and reported.
+        hosts_agents_ready() { # TAG: the launch about to run
+            local lost="" a t0=$SECONDS
+            while :; do
+                lost="$(hosts_agents_lost)"
+                [ -z "$lost" ] && return 0
+                [ $((SECONDS - t0)) -ge 20 ] && break
+                sleep 0.2
+            done
+            log "hosts $shape: agent(s) $(tr '\n' ' ' <<<"$lost")not alive before $1: restarting them"
+            local pids=()
+            for a in $lost; do
+                pids+=("${h_agent_pids[${a#h}]}")
+            done
+            stop_pids "${pids[@]}"
+            for a in $lost; do
+                hosts_agent "${a#h}"
+                printf '{"scenario":"%s","round":%s,"launch":"%s",%s"agent_restart":"%s"}\n' \
+                    "$sc" "$round" "$1" "$LAUNCH_EXTRA" "$a" >>"$records"
+            done
+            t0=$SECONDS
+            while [ $((SECONDS - t0)) -lt 30 ]; do
+                [ -z "$(hosts_agents_lost)" ] && return 0
+                sleep 0.2
+            done
+            log "hosts $shape: agents still not alive before $1: $(hosts_agents_lost | tr '\n' ' ')"
+        }
+        for ((i = 0; i < nh; i++)); do
+            hosts_agent "$i"
+        done
+        round=0
+        hosts_agents_ready start
+
+        kolo_run_flags=()
+        cmd_kolo_hosts() {
+            CMD=("${SUDO[@]}" ip netns exec "$ns0" "$build/bin/kolo" run --coordinator "$coord_url"
+                --token-file "$tmp/token" -np "$np" -H "$hostlist" "${kolo_run_flags[@]}"
+                -- "$build/bin/kolo-bench-allreduce" "$@")
+        }
+        cmd_kolosealed_hosts() {
+            kolo_run_flags=(--encrypt-data)
+            cmd_kolo_hosts "$@"
+            kolo_run_flags=()
+        }
+        # Open MPI from host 0's namespace, L slots per namespace address
+        # (ranks fill a host before the next), orted started in the other
+        # namespaces by nsrsh.sh; vader between the ranks of a namespace,
+        # tcp across the bridge. --bind-to none: every emulated host would
+        # otherwise bind its ranks to the same first cores. Default mode:
+        # iterations and steps capped (HOSTS_SPIN_*, see the knobs above).
+        cmd_mpi_hosts() {
+            local args=("$@")
+            CMD_TIMEOUT="$HOSTS_SPIN_TIMEOUT"
+            if [ "$1" = resnet ]; then
+                args=(resnet "$2" "$HOSTS_SPIN_RESNET_STEPS")
+            fi
+            cmd_mpi_hosts_any -x "MPI_BENCH_MAX_ITERS=$HOSTS_SPIN_ITERS" -- "${args[@]}"
+        }
+        cmd_mpi_hosts_any() { # MPIRUN_OPTS... -- ARGS...
+            local opts=()
+            while [ "$1" != -- ]; do
+                opts+=("$1")
+                shift
+            done
+            shift
+            CMD=("${SUDO[@]}" env KOLO_BENCH_NSMAP="$KOLO_BENCH_NSMAP" ip netns exec "$ns0"
+                mpirun --allow-run-as-root --bind-to none -np "$np" --hostfile "$hostfile"
+                --map-by slot --display-map --mca plm_rsh_agent "$root/bench/nsrsh.sh"
+                --mca btl "vader,self,tcp" --mca btl_tcp_if_include 10.78.0.0/24
+                --mca oob_tcp_if_include 10.78.0.0/24 "${opts[@]}" "$bb/mpi_allreduce" "$@")
+        }
+        # The same with mpi_yield_when_idle: with slots = L no node counts as
+        # oversubscribed, so by default Open MPI's ranks spin while they wait,
+        # although H x L ranks share the machine's CPUs.
+        cmd_mpiyield_hosts() {
+            cmd_mpi_hosts_any --mca mpi_yield_when_idle 1 -- "$@"
+            CMD_IMPL=openmpi-yield
+        }
+        # Gloo: rank r in namespace r / L, GLOO_SOCKET_IFNAME its veth.
+        cmd_gloo_hosts() {
+            local nsargs=() i j
+            for ((i = 0; i < nh; i++)); do
+                for ((j = 0; j < nl; j++)); do
+                    nsargs+=(--ns "${hosts_ns[$i]}:kbh$i")
+                done
+            done
+            CMD=("${SUDO[@]}" "$PY" bench/torch_gloo.py --np "$np" --master-addr 10.78.0.1
+                "${nsargs[@]}" "$@")
+        }
+        # The floor under a small allreduce: a 4-byte TCP ping-pong between
+        # host 0 and host 1 through the bridge.
+        cmd_tcp_rtt_hosts() {
+            "${SUDO[@]}" ip netns exec "${hosts_ns[1]}" timeout 60 "$bb/tcp_rtt" server 7979 &
+            rtt_server=$!
+            CMD=("${SUDO[@]}" ip netns exec "$ns0" "$bb/tcp_rtt" client 10.78.0.2 7979 2000)
+        }
+        # One launch of IMPL (mode sizes|resnet), with the bridge's bytes.
+        hosts_launch() {
+            local impl="$1" mode="$2" tag tx0 tx1
+            tag="$sc-$mode-$impl-r$round"
+            case "$impl" in kolo*) hosts_agents_ready "$tag" ;; esac
+            tx0="$(bridge_tx)"
+            if [ "$mode" = sizes ]; then
+                # shellcheck disable=SC2086
+                launch "$sc" "$round" "$tag" "cmd_${impl}_hosts" sizes $HOSTS_SIZES
+            else
+                launch "$sc" "$round" "$tag" "cmd_${impl}_hosts" resnet bench/resnet50_sizes.txt "$RESNET_STEPS"
+            fi
+            tx1="$(bridge_tx)"
+            printf '{"scenario":"%s","round":%s,"launch":"%s",%s"impl_tag":"%s","mode":"%s","bridge_tx_bytes":%s}\n' \
+                "$sc" "$round" "$tag" "$LAUNCH_EXTRA" "$impl" "$mode" "$((tx1 - tx0))" >>"$records"
+        }
+        modes=sizes
+        [ "$HOSTS_RESNET" = 1 ] && modes="sizes resnet"
+        for round in $(seq 1 "$REPS"); do
+            launch "$sc" "$round" "$sc-tcp-rtt-r$round" cmd_tcp_rtt_hosts
+            wait "$rtt_server" 2>/dev/null || true # it ends with its client
+            for mode in $modes; do
+                impls="$(hosts_order "$round")"
+                [ "$sealed" = 1 ] && impls+=" kolosealed"
+                for impl in $impls; do
+                    hosts_launch "$impl" "$mode"
+                done
+            done
+        done
+        stop_pids "${h_agent_pids[@]}"
+        stop_pids "$h_coord_pid"
+        bg_pids=()
+        hosts_down
+        LAUNCH_EXTRA=""
+    done
+fi
+
 # ---------------------------------------------------------------- coordinator load
 
 cmd_coord_load() { # URL RANKS COORDINATOR_PID MODE STEPS
@@ -414,6 +724,10 @@ machine="$raw/machine.json"
     printf '"openmpi":"%s",' "$(mpirun --version 2>/dev/null | head -1)"
     printf '"torch":"%s",' "$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
     printf '"kolo":"%s",' "$("$build/bin/kolo" --version 2>/dev/null | head -1)"
+    printf '"hosts_shapes":"%s","hosts_sizes":"%s","hosts_sealed_shapes":"%s",' \
+        "$([ "$HOSTS" = 1 ] && echo "$HOSTS_SHAPES")" "$HOSTS_SIZES" "$HOSTS_SEALED_SHAPES"
+    printf '"hosts_spin_iters":%s,"hosts_spin_resnet_steps":%s,"hosts_spin_timeout":%s,' \
+        "$HOSTS_SPIN_ITERS" "$HOSTS_SPIN_RESNET_STEPS" "$HOSTS_SPIN_TIMEOUT"
     printf '"reps":%s,"quick":%s,"sizes":"%s","netns_sizes":"%s","nps":"%s","resnet_steps":%s}\n' \
         "$REPS" "$QUICK" "$SIZES" "$NETNS_SIZES" "$NPS" "$RESNET_STEPS"
 } >"$machine"
