@@ -90,7 +90,7 @@ struct coll {
     const struct coll_ops *ops;
     int rank, size;
     int failed;     /* sticky KOLO_E* */
-    char why[160];  /* e.g. "rank 3 (pid 4242) exited" */
+    char why[256];  /* e.g. "rank 3 (pid 4242) exited" */
     bool can_round; /* the readiness-round ops work on this instance */
     /* names[i]: the job's rank of member i, for messages; NULL: i. A
      * group inside a bigger job (a host's ranks, a lane) names its
@@ -125,6 +125,10 @@ int shmcoll_attach(const char *name, int rank, int size, size_t slot_bytes, stru
 /* Once every rank attached (after a first barrier): set the peers' pids
  * and unlink the name. */
 int shmcoll_ready(struct coll *c, const int *pids, uint64_t deadline);
+/* shmcoll_abort fails the group now with code and why, for every member:
+ * their pending and next collectives fail with why (the thread that runs
+ * this rank's collectives; hier.c, when a host's link to the others broke). */
+int shmcoll_abort(struct coll *c, int code, const char *why);
 
 /* ---- ring: any placement, over transports ---- */
 

@@ -105,14 +105,20 @@ static int hier_fail(struct hier *h, int err, const struct coll *part, const cha
     if (!h->c.failed) {
         const char *where = part == h->local ? "on this host" : "between hosts";
         if (part && part->why[0])
-            snprintf(h->c.why, sizeof h->c.why, "%.30s %s: %.110s", what, where, part->why);
+            snprintf(h->c.why, sizeof h->c.why, "%.30s %s: %.200s", what, where, part->why);
         else
             snprintf(h->c.why, sizeof h->c.why, "%.30s %s: %.60s", what, where,
                      kolo_strerror(err));
         h->c.failed = err;
-        /* the other part's peers learn it from their own part: close it */
-        if (h->local && part != h->local && h->local->ops->interrupt)
-            h->local->ops->interrupt(h->local);
+        /* the other part's peers learn it from their own part: the host's
+         * ranks from the segment's abort record (with this reason, so that
+         * they name the rank or link that broke, not the leader they were
+         * waiting for), the lane's from its sockets closing */
+        if (h->local && part != h->local) {
+            char why[sizeof h->c.why + 16];
+            snprintf(why, sizeof why, "rank %d: %s", h->c.rank, h->c.why);
+            shmcoll_abort(h->local, err, why);
+        }
         if (h->lane && part != h->lane && h->lane->ops->interrupt)
             h->lane->ops->interrupt(h->lane);
     }

@@ -557,7 +557,7 @@ static int flow_run(struct flow *f)
                 rg->deadline = now + rg->window; /* alive: progress-based */
             else if (now >= rg->deadline)
                 return ring_fail(rg, KOLO_ETIMEDOUT, f->rx ? f->rx_rank : f->tx_rank,
-                                 "no progress for the deadline's span, waiting for");
+                                 "no progress within the deadline from");
         }
         if (moved) {
             if (slept) { /* flow_sleep noted whom it waited on */

@@ -113,7 +113,7 @@
 #include "util.h"
 
 #define SHM_MAGIC   0x314c4f434d48534bULL /* "KSHMCOL1" */
-#define SHM_VERSION 1u
+#define SHM_VERSION 2u
 
 /* Pipeline buffers per rank. Three are enough for every algorithm below
  * never to wait for a buffer (see the event orders); a fourth absorbs
@@ -175,7 +175,7 @@ struct shm_header {
     _Atomic uint32_t abort_claim;
     _Atomic uint32_t abort_rank;
     int32_t abort_code;
-    char abort_why[160];
+    char abort_why[256];
 };
 
 struct shm_ctrl {
@@ -1495,6 +1495,14 @@ int shmcoll_attach(const char *name, int rank, int size, size_t slot_bytes, stru
     }
     *out = &s->c;
     return 0;
+}
+
+int shmcoll_abort(struct coll *c, int code, const char *why)
+{
+    struct shmcoll *s = (struct shmcoll *)c;
+    if (!s || !code)
+        return KOLO_EINVAL;
+    return shm_fail(s, code, s->me, true, "%s", why ? why : kolo_strerror(code));
 }
 
 int shmcoll_ready(struct coll *c, const int *pids, uint64_t deadline)
