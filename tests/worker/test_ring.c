@@ -636,7 +636,7 @@ static void t_barrier(struct world *w, int me)
 }
 
 /* Without a full mesh alltoallv to a rank without a link is refused
- * (the ring: distance 2; a lane: 3, which is no power of two). */
+ * (the ring: distance 2; a lane of 6 or 9: 3, no power of two mod n). */
 static void t_alltoallv_refused(struct world *w, int me)
 {
     size_t sb[MAX_RANKS] = {0}, rb[MAX_RANKS] = {0};
@@ -695,7 +695,9 @@ static void test_correctness(void)
     /* only the +-2^k links: every collective but alltoallv on them, with
      * the small-message algorithms (folds of 6 and 7, the tree) */
     test_world(KIND_TCP_HYPER, 6);
-    test_world(KIND_TCP_HYPER, 12);
+#if !defined(__SANITIZE_THREAD__) /* nine threads under ThreadSanitizer: too slow on 2 CPUs */
+    test_world(KIND_TCP_HYPER, 9);
+#endif
     /* sealed: the pipelined flows resume records the socket took part of */
     test_world(KIND_TCP_SEALED, 3);
 }
