@@ -7,13 +7,26 @@
 # replays) and each one's instant goes to $WORK/faults.log, which
 # elastic_report.py turns into the figures: resets survived/attempted, steps
 # lost, time to detect and to recover, orphans.
+#
+# A test with another worker sets WORKER_CMD (an array: the worker's argv
+# before --tag, e.g. the C worker kolo-test-elastic-worker) before it
+# sources this file; it then needs no torch (elastic_report.py still runs
+# under /usr/bin/python3, without --check-final).
 PY=/usr/bin/python3
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 WORKER="$ROOT/tests/python/elastic_worker.py"
 REPORT="$ROOT/tests/integration/elastic_report.py"
 export PYTHONPATH="$ROOT/python" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
-if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
-  echo "skipped: $PY has no torch"
+if [ -z "${WORKER_CMD+set}" ]; then
+  WORKER_CMD=("$PY" "$WORKER")
+  if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
+    echo "skipped: $PY has no torch"
+    trap - EXIT
+    rm -rf "$WORK"
+    exit 77
+  fi
+elif ! command -v "$PY" >/dev/null; then
+  echo "skipped: no $PY"
   trap - EXIT
   rm -rf "$WORK"
   exit 77
@@ -25,7 +38,7 @@ JOB=""
 RUN_PID=""
 
 # Workers, found by the unique marker in their argv (not kolo run's own).
-worker_pids() { pgrep -f "^$PY $WORKER --tag $MARK " || true; }
+worker_pids() { pgrep -f "^${WORKER_CMD[*]} --tag $MARK " || true; }
 count_workers() { worker_pids | wc -l; }
 workers_exactly() { [ "$(count_workers)" -eq "$1" ]; }
 
@@ -58,7 +71,7 @@ start_job() {
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do flags+=("$1"); shift; done
   [ $# -gt 0 ] && shift
   "$KOLO" run --coordinator "$RPC" "${RUN_ARGS[@]}" "${flags[@]}" -- \
-      "$PY" "$WORKER" --tag "$MARK" --stop-file "$WORK/stop" "$@" \
+      "${WORKER_CMD[@]}" --tag "$MARK" --stop-file "$WORK/stop" "$@" \
       >"$WORK/run.out" 2>"$WORK/run.err" &
   RUN_PID=$!
   PIDS+=("$RUN_PID")
