@@ -133,9 +133,11 @@ static int hier_fail(struct hier *h, int err, const struct coll *part, const cha
             return hier_fail((h), rc_, (part), (what));                                            \
     } while (0)
 
+/* Never NULL but out of memory: a rank beyond the lanes asks for 0 bytes
+ * (its shard), before anything else made the buffer. */
 static unsigned char *scratch(struct hier *h, size_t bytes)
 {
-    if (bytes <= h->scratch_cap)
+    if (bytes <= h->scratch_cap && h->scratch)
         return h->scratch;
     size_t cap = bytes < 4096 ? 4096 : bytes;
     void *p = NULL;

@@ -5,7 +5,8 @@
  * share a segment and hosts meet over real TCP lanes on 127.0.0.1.
  *
  * Shapes: 2 x 2; 3+1+2 with the ranks dealt across the hosts (not
- * numbered host after host); 4 x 1; 2 x 3; and (argument "big", ctest
+ * numbered host after host); 4 x 1; 2 x 3; 3+2 (a rank beyond the two
+ * lanes, whose shard of a large allreduce is empty); and (argument "big", ctest
  * kolo.worker.hosts_1024) 1,024 ranks on 128 hosts of 8. Every
  * collective is checked exactly for several dtypes and sizes (both of
  * the allreduce's algorithms), the data sockets of every rank are counted
@@ -391,6 +392,7 @@ int main(int argc, char **argv)
         static const int h312[] = {0, 1, 2, 0, 2, 0}; /* 3+1+2, dealt across the hosts */
         static const int h41[] = {0, 1, 2, 3};
         static const int h23[] = {0, 0, 0, 1, 1, 1};
+        static const int h32[] = {0, 1, 0, 1, 0}; /* 3+2: two lanes, rank 4 beyond them */
         for (int fast = 1; fast >= 0; fast--) {
             setenv("KOLO_FAST_PATH", fast ? "1" : "0", 1);
             fprintf(stderr, "== readiness rounds %s\n", fast ? "on" : "off");
@@ -399,6 +401,7 @@ int main(int argc, char **argv)
             if (fast) {
                 run_shape("4 hosts x 1", 4, 4, h41, false);
                 run_shape("2 hosts x 3", 6, 2, h23, false);
+                run_shape("3+2, a rank beyond the lanes", 5, 2, h32, false);
             }
         }
         unsetenv("KOLO_FAST_PATH");
