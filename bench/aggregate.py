@@ -140,6 +140,14 @@ def hosts_section(md, cell, records, machine):
         out[sc[len("hosts-"):]] = sj
         md.append(f"### Hosts {h}×{l_} (np {np_})")
         md.append("")
+        loads = [r["load1"] for r in records
+                 if r.get("scenario") == sc and "impl" in r and "load1" in r]
+        if loads:
+            sj["load1_at_launch"] = {"median": statistics.median(loads), "max": max(loads)}
+            md.append(f"1-minute load average at the launches: median "
+                      f"{statistics.median(loads):g}, max {max(loads):g}, on "
+                      f"{machine.get('nproc', '?')} CPUs.")
+            md.append("")
         sizes = sorted({k[4] for k in cell if k[0] == sc and k[2] == "allreduce"})
         if sizes:
             md.append("| size | kolo | kolo, sealed | Open MPI | Open MPI, yield | Gloo | "
@@ -225,16 +233,17 @@ def hosts_section(md, cell, records, machine):
             md.append("")
         if failed.get(sc):
             sj["failed_launches"] = [{"launch": r["launch"], "rc": r["rc"]} for r in failed[sc]]
-            md.append("Failed launches (rc 124: stopped by the timeout; the sizes a launch "
-                      "finished before are in the table): " + ", ".join(
+            md.append("Failed launches (rc 124: stopped by its timeout; whatever a launch "
+                      "reported before it failed is in the table): " + ", ".join(
                           f"{r['launch']} (rc {r['rc']})" for r in failed[sc]) + ".")
             md.append("")
         if restarts.get(sc):
             sj["agent_restarts"] = [{"agent": r["agent_restart"], "before": r["launch"]}
                                     for r in restarts[sc]]
-            md.append(f"kolo agents restarted ({len(restarts[sc])}): not alive 20 s before a "
-                      "kolo launch (they lost the coordinator while a peer's launch held the "
-                      "CPUs), so the bench restarted them: " + ", ".join(
+            md.append(f"kolo agents restarted ({len(restarts[sc])}): the coordinator did not "
+                      "list them alive within 20 s before a kolo launch (missed heartbeats while "
+                      "the CPUs were held; see bench/README.md), so the bench restarted them: "
+                      + ", ".join(
                           f"{r['agent_restart']} before {r['launch']}" for r in restarts[sc]) +
                       ".")
             md.append("")
