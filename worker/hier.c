@@ -75,7 +75,7 @@ struct hier {
     struct tcp_ident me;
     bool spin;
     /* per-call layout, [size] each */
-    size_t *soff, *roff, *sb, *rb;
+    size_t *soff, *roff, *sb;
     size_t *hb; /* [max(nhosts, nlocal)] */
     unsigned char *scratch;
     size_t scratch_cap;
@@ -607,7 +607,6 @@ static void hier_destroy(struct coll *c)
     free(h->soff);
     free(h->roff);
     free(h->sb);
-    free(h->rb);
     free(h->hb);
     free(h->wfd);
     free(h->scratch);
@@ -740,9 +739,8 @@ int hier_create(const struct hier_spec *s, struct coll **out, char *err, size_t 
         h->soff = calloc((size_t)n, sizeof(size_t));
         h->roff = calloc((size_t)n, sizeof(size_t));
         h->sb = calloc(most, sizeof(size_t));
-        h->rb = calloc(most, sizeof(size_t));
         h->hb = calloc(most, sizeof(size_t));
-        if (!h->a2a || !h->hosts || !h->ports || !h->soff || !h->roff || !h->sb || !h->rb ||
+        if (!h->a2a || !h->hosts || !h->ports || !h->soff || !h->roff || !h->sb ||
             !h->hb)
             code = KOLO_ENOMEM;
         for (int r = 0; !code && r < n; r++) {
