@@ -216,10 +216,11 @@ struct rpc_call {
     struct rpc_frame frame;
     /* RPC_FLAG_JOB_KEY calls: the job's credential, which keys the reply */
     char job_key[CREDS_JOB_HEX];
-    /* under srv->mtx: the request's connection, and whether the handler
-     * kept the call (counted in that connection's parked) */
+    /* under srv->mtx: the request's connection, and whether the call is
+     * counted in its connection's and caller's parked (admitted, not
+     * answered yet) */
     uint32_t pipe_id;
-    bool answered, parked;
+    bool parked;
     bool unreserved; /* counted in srv->unreserved_calls until answered */
     int peer_uid;    /* the connection's, from its pipe_rec */
     uint64_t caller; /* caller_key: whose share a parked call counts in */
@@ -240,7 +241,7 @@ struct pipe_rec {
     bool proven;       /* it sent a valid (authenticated) request */
     bool uid_known;    /* uid was asked of the kernel (at the first request) */
     int uid;           /* the caller's uid, -1 unknown */
-    int parked;        /* its calls the handler keeps */
+    int parked;        /* its calls admitted and not answered yet */
     struct peer_addr remote, local;
     struct pipe_rec *next;
 };
@@ -994,7 +995,6 @@ static void call_send_frame(struct rpc_call *c, int status, const void *body, si
     int enc = rpc_frame_encode(&rf, key, &data, &dlen);
     memset(c->job_key, 0, sizeof c->job_key);
     nng_mtx_lock(srv->mtx);
-    c->answered = true;
     struct pipe_rec *pr = c->parked ? pipe_find(srv, c->pipe_id) : NULL;
     if (pr)
         pr->parked--;
@@ -1141,10 +1141,17 @@ static int call_admit(struct rpc_call *c)
     } else {
         srv->stats.requests++;
         /* counted from here, not from when the handler keeps it: calls
-         * admitted together cannot overshoot */
+         * admitted together (on other receive contexts) cannot overshoot;
+         * an answer releases them (call_send_frame) */
         if (srv->reserved && !reserved) {
             srv->unreserved_calls++;
             c->unreserved = true;
+        }
+        who = r ? caller_find(srv, c->caller, true) : NULL;
+        if (r && who) {
+            r->parked++;
+            who->parked++;
+            c->parked = true;
         }
     }
     nng_mtx_unlock(srv->mtx);
@@ -1184,24 +1191,16 @@ static void call_cb(void *arg)
         }
         c->req = nng_aio_get_msg(c->aio);
         c->pipe_id = (uint32_t)nng_pipe_id(nng_msg_get_pipe(c->req));
-        c->answered = c->parked = c->unreserved = false;
+        c->parked = c->unreserved = false;
         pipe_identify(c, nng_msg_get_pipe(c->req));
         if (call_validate(c) != 0)
             return;
         if (call_admit(c) != 0)
             return;
         c->state = CALL_HANDLER;
+        /* a call the handler keeps (a long poll) stays counted against
+         * its connection and caller until it is answered */
         srv->handler(c, srv->arg);
-        /* kept for later (a long poll): counted against its connection */
-        nng_mtx_lock(srv->mtx);
-        struct pipe_rec *r = c->answered ? NULL : pipe_find(srv, c->pipe_id);
-        struct caller_rec *who = r ? caller_find(srv, c->caller, true) : NULL;
-        if (r && who) {
-            r->parked++;
-            who->parked++;
-            c->parked = true;
-        }
-        nng_mtx_unlock(srv->mtx);
         return;
     case CALL_SEND:
         if (rv != 0) {
