@@ -3,6 +3,8 @@
  */
 #include "round.h"
 
+#include "kolo/abi.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -21,26 +23,54 @@ void round_init(uint64_t *v, uint64_t k, uint64_t epoch, uint32_t w, uint64_t cu
     memset(v + ROUND_HDR, 0, 2u * (size_t)w * sizeof(uint64_t));
 }
 
+/* bytes per element of dtype, 0 for none of ours */
+static size_t dtype_bytes(uint32_t dtype)
+{
+    static const uint8_t bytes[] = {
+#define ROUND_DTYPE_BYTES_(sym, value, nbytes, name) [value] = nbytes,
+        KOLO_DTYPES(ROUND_DTYPE_BYTES_)
+#undef ROUND_DTYPE_BYTES_
+    };
+    return dtype < sizeof bytes ? bytes[dtype] : 0;
+}
+
 static inline uint64_t min_u64(uint64_t a, uint64_t b)
 {
     return a < b ? a : b;
 }
 
-void round_reduce(uint64_t *restrict dst, const uint64_t *restrict src, size_t nwords)
+void round_reduce(uint64_t *restrict dst, const uint64_t *restrict src, size_t nwords,
+                  round_pay_fn pay)
 {
     if (nwords < ROUND_HDR)
         return;
+    /* the bitmaps' width as this vector has it (round_check compares) */
+    size_t w = dst[ROUND_W] < (nwords - ROUND_HDR) / 2u ? (size_t)dst[ROUND_W]
+                                                        : (nwords - ROUND_HDR) / 2u;
     for (size_t i = 0; i <= ROUND_CURSOR; i++)
         dst[i] = min_u64(dst[i], src[i]);
     dst[ROUND_FLAGS] |= src[ROUND_FLAGS];
     if (src[ROUND_WAIT] > dst[ROUND_WAIT])
         dst[ROUND_WAIT] = src[ROUND_WAIT];
-    size_t w = (nwords - ROUND_HDR) / 2u;
     uint64_t *ready = dst + ROUND_HDR, *invalid = ready + w;
     const uint64_t *sready = src + ROUND_HDR, *sinvalid = sready + w;
     for (size_t i = 0; i < w; i++) {
         ready[i] &= sready[i];
         invalid[i] |= sinvalid[i];
+    }
+    for (size_t at = ROUND_HDR + 2u * w; at + 2u <= nwords;) {
+        uint64_t hdr = dst[at], shdr = src[at];
+        size_t words = round_pay_words(hdr);
+        if (at + 2u + words > nwords)
+            break; /* malformed: round_pay_agreed says so */
+        dst[at] = min_u64(hdr, shdr);
+        dst[at + 1] = min_u64(dst[at + 1], src[at + 1]);
+        size_t bytes = dtype_bytes(round_pay_dtype(hdr)) * round_pay_count(hdr);
+        if (pay && hdr == shdr && bytes && bytes <= words * 8u &&
+            round_pay_op(hdr) < KOLO_OP_COUNT)
+            pay(round_pay_dtype(hdr), round_pay_op(hdr), dst + at + 2, src + at + 2,
+                round_pay_count(hdr));
+        at += 2u + words;
     }
 }
 
@@ -58,6 +88,11 @@ int round_check(const uint64_t *v, uint64_t k, uint64_t epoch, uint32_t w, char 
              (unsigned long long)emin, (unsigned long long)emax, (unsigned long long)epoch,
              (unsigned long long)wmin, (unsigned long long)wmax, w);
     return -1;
+}
+
+bool round_pay_agreed(const uint64_t *v, size_t nwords, size_t at, uint64_t hdr)
+{
+    return at + 2u + round_pay_words(hdr) <= nwords && v[at] == hdr && ~v[at + 1] == hdr;
 }
 
 bool fusion_compatible(const struct fusion_item *a, const struct fusion_item *b)

@@ -24,11 +24,29 @@
  *                                a duration, so no clock needs to agree)
  *   9..    ready[W]   AND        bit id: this rank has cache id `id` pending
  *   9+W..  invalid[W] OR         bit id: drop id from every cache
+ *   9+2W.. payload    by item    tiny tensors riding in the round (below)
  *
  * Bit 0 of ready is the barrier bit (cache ids start at 1). W, the number
  * of bitmap words, follows from the largest cache id, which is the same on
  * every rank because caches change only at the same point of the same
  * round everywhere.
+ *
+ * THE PAYLOAD. A cached allreduce of a few bytes rides inside the round
+ * that agrees it: every rank puts its (prescaled) data for every tiny
+ * cached id in a slot of its own, zeros when it has none pending, and the
+ * reduction sums (or MINs, ...) the slots with the round. When the round
+ * agrees the id, every rank contributed, and the slot holds the result:
+ * one exchange instead of a round and then an allreduce. The slots follow
+ * from the cache (the same on every rank, like W), each item
+ *
+ *   hdr, ~hdr, data[words]   hdr = round_pay_hdr(id, dtype, op, count, words)
+ *
+ * its header reduced by MIN (round_pay_agreed finds a disagreement) and its
+ * data by the item's element type and reduction, through the worker's
+ * kernels (round_pay_fn: this module does no arithmetic on tensors). The
+ * backends reduce the slots of the ranks in one order everywhere
+ * (recursive doubling: lower OP higher; shared memory: rank order), so
+ * every rank gets the same bits of a floating-point sum.
  */
 #ifndef KOLO_NEGOTIATION_ROUND_H
 #define KOLO_NEGOTIATION_ROUND_H
@@ -50,6 +68,12 @@
 
 enum { ROUND_K = 0, ROUND_NK, ROUND_EPOCH, ROUND_NEPOCH, ROUND_W, ROUND_NW, ROUND_CURSOR,
        ROUND_FLAGS, ROUND_WAIT };
+
+/* The payload's bounds: an item holds at most ROUND_PAY_ITEM_BYTES of
+ * data, the payload at most ROUND_PAY_MAX_WORDS words (headers included):
+ * past them a tensor runs as an allreduce after its round, as before. */
+#define ROUND_PAY_ITEM_BYTES 64u
+#define ROUND_PAY_MAX_WORDS 96u
 
 /* round_words: the vector's length for bitmaps of w words. */
 static inline size_t round_words(uint32_t w)
@@ -89,16 +113,44 @@ static inline uint64_t *round_invalid(uint64_t *v)
     return v + ROUND_HDR + v[ROUND_W];
 }
 
+/* A payload item's header: cache id, element type, reduction, elements
+ * and data words. */
+static inline uint64_t round_pay_hdr(uint32_t id, uint32_t dtype, uint32_t op, uint32_t count,
+                                     uint32_t words)
+{
+    return (uint64_t)(id & 0xffffu) | (uint64_t)(dtype & 0xffu) << 16 |
+           (uint64_t)(op & 0xffu) << 24 | (uint64_t)(count & 0xffffu) << 32 |
+           (uint64_t)(words & 0xffffu) << 48;
+}
+static inline uint32_t round_pay_id(uint64_t hdr) { return (uint32_t)(hdr & 0xffffu); }
+static inline uint32_t round_pay_dtype(uint64_t hdr) { return (uint32_t)(hdr >> 16) & 0xffu; }
+static inline uint32_t round_pay_op(uint64_t hdr) { return (uint32_t)(hdr >> 24) & 0xffu; }
+static inline uint32_t round_pay_count(uint64_t hdr) { return (uint32_t)(hdr >> 32) & 0xffffu; }
+static inline uint32_t round_pay_words(uint64_t hdr) { return (uint32_t)(hdr >> 48); }
+
+/* dst[i] = dst[i] OP src[i] for count elements of dtype (the worker's
+ * reduce_into); AVERAGE sums. */
+typedef void (*round_pay_fn)(uint32_t dtype, uint32_t op, void *dst, const void *src,
+                             size_t count);
+
 /* round_reduce: dst = dst (+) src, field by field (table above), over
- * nwords words. Commutative and associative, and exact: any reduction
- * order gives every rank the same bits. */
-void round_reduce(uint64_t *dst, const uint64_t *src, size_t nwords);
+ * nwords words. The header and bitmaps are exact, commutative and
+ * associative: any reduction order gives every rank the same bits. The
+ * payload's data goes through pay (NULL: left as dst has it), and only
+ * where src's item header equals dst's. */
+void round_reduce(uint64_t *dst, const uint64_t *src, size_t nwords, round_pay_fn pay);
 
 /* round_check: 0 when the reduced vector v says every rank contributed
  * round k of cache epoch epoch with w bitmap words; otherwise writes why
  * (the ranks are out of step: a bug or a stale peer) and returns -1. */
 int round_check(const uint64_t *v, uint64_t k, uint64_t epoch, uint32_t w, char *why,
                 size_t len);
+
+/* round_pay_agreed: the reduced vector v of nwords words holds, at word
+ * `at` of v, the item hdr as every rank put it there, so its data is the
+ * reduction of all the ranks' (the ranks laid out the same slots; where
+ * they did not, the tensor runs as an allreduce after its round). */
+bool round_pay_agreed(const uint64_t *v, size_t nwords, size_t at, uint64_t hdr);
 
 /* ---------------------------------------------------------------- fusion */
 

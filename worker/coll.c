@@ -1,10 +1,12 @@
 /*
  * coll.c - what every collective backend shares: the note of whom a rank
  * sleeps on (coll.h, struct coll), which libkolo's watch thread turns
- * into "waiting on rank j since T".
+ * into "waiting on rank j since T", and the reduction of a round's
+ * payload.
  */
 #include "coll.h"
 
+#include "reduce.h"
 #include "util.h"
 
 void coll_waiting(struct coll *c, int peer)
@@ -15,4 +17,9 @@ void coll_waiting(struct coll *c, int peer)
         return;
     atomic_store_explicit(&c->waiting_since_ms, now_mono_ms(), memory_order_relaxed);
     atomic_store_explicit(&c->waiting_on, peer + 1, memory_order_release);
+}
+
+void coll_round_pay(uint32_t dtype, uint32_t op, void *dst, const void *src, size_t count)
+{
+    reduce_into((kolo_dtype)dtype, (kolo_op)op, dst, src, count);
 }

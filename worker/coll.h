@@ -114,6 +114,11 @@ static inline void coll_moved(struct coll *c)
     atomic_store_explicit(&c->waiting_on, 0, memory_order_relaxed);
 }
 
+/* A readiness round's payload reduction (round.h, round_pay_fn): the
+ * element kernels of reduce.h, which every backend's round passes to
+ * round_reduce. */
+void coll_round_pay(uint32_t dtype, uint32_t op, void *dst, const void *src, size_t count);
+
 /* ---- shmcoll: all ranks on one host ---- */
 
 /* The leader (rank 0) creates the segment named name before rendezvous;

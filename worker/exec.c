@@ -74,8 +74,7 @@ static void finish(struct kolo_ctx *c, struct op **ops, size_t n, int rc, const 
     exec_finish(c, ops, n, rc, why, NULL, 0);
 }
 
-/* A reduction's division and factor, after it (plan.h). */
-static void post_scale(const struct plan *p, void *buf, size_t count)
+void exec_post_scale(const struct plan *p, void *buf, size_t count)
 {
     if (p->post_divisor != 1)
         reduce_divide(p->dt, buf, count, p->post_divisor);
@@ -103,7 +102,7 @@ static void exec_allreduce(struct kolo_ctx *c, const Kolo__Response *r, const st
         }
         rc = c->coll->ops->allreduce(c->coll, p->dt, p->op, in, out, p->total, deadline);
         if (rc == 0)
-            post_scale(p, out, p->total);
+            exec_post_scale(p, out, p->total);
         exec_finish(c, ops, 1, rc, rc ? why_of(c, rc) : NULL, r->cache_ids, r->n_cache_ids);
         return;
     }
@@ -123,7 +122,7 @@ static void exec_allreduce(struct kolo_ctx *c, const Kolo__Response *r, const st
         reduce_scale(p->dt, buf, p->total, p->pre);
     rc = c->coll->ops->allreduce(c->coll, p->dt, p->op, buf, buf, p->total, deadline);
     if (rc == 0) {
-        post_scale(p, buf, p->total);
+        exec_post_scale(p, buf, p->total);
         for (size_t i = 0; i < p->k; i++)
             if (ops[i])
                 memcpy(ops[i]->req.recvbuf, buf + p->offset[i] * p->es, p->count[i] * p->es);
@@ -180,7 +179,7 @@ static void exec_reducescatter(struct kolo_ctx *c, const struct plan *p, struct 
     int rc = c->coll->ops->reducescatter(c->coll, p->dt, KOLO_SUM, in, op->req.recvbuf,
                                          p->rank_count, deadline);
     if (rc == 0)
-        post_scale(p, op->req.recvbuf, p->rank_count[c->rank]);
+        exec_post_scale(p, op->req.recvbuf, p->rank_count[c->rank]);
     finish(c, &op, 1, rc, rc ? why_of(c, rc) : NULL);
 }
 

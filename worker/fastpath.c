@@ -46,6 +46,8 @@
 #include "errors.h"
 #include "log.h"
 #include "mismatch.h"
+#include "plan.h"
+#include "reduce.h"
 #include "round.h"
 #include "settings.h"
 #include "util.h"
@@ -70,11 +72,13 @@ int fast_init(struct kolo_ctx *c)
 {
     c->cache = tcache_new();
     c->pending = calloc(ROUND_MAX_ID + 1, sizeof(*c->pending));
-    c->vec = calloc(round_words(64), sizeof(uint64_t));
+    c->vec = calloc(round_words(64) + ROUND_PAY_MAX_WORDS, sizeof(uint64_t));
+    c->pay = calloc(ROUND_PAY_MAX_WORDS / 3, sizeof(*c->pay));
     c->agreed = calloc(ROUND_MAX_ID, sizeof(*c->agreed));
     c->agreed_items = calloc(ROUND_MAX_ID, sizeof(*c->agreed_items));
-    if (!c->cache || !c->pending || !c->vec || !c->agreed || !c->agreed_items)
+    if (!c->cache || !c->pending || !c->vec || !c->pay || !c->agreed || !c->agreed_items)
         return KOLO_ENOMEM;
+    c->pay_seen = c->cache_changes - 1; /* laid out at the first round */
     /* Alone, no coordinator gives cache ids: every op is answered at once
      * by the local negotiation (solo.c), which needs no round. */
     bool can = !c->solo && c->coll && c->coll->can_round && c->coll->ops->round;
@@ -112,6 +116,9 @@ void fast_free(struct kolo_ctx *c)
     c->cache = NULL;
     free(c->pending);
     free(c->vec);
+    free(c->pay);
+    c->pay = NULL;
+    c->npay = c->pay_words = 0;
     free(c->agreed);
     free(c->agreed_items);
     c->agreed = NULL;
@@ -234,6 +241,77 @@ bool fast_submit(struct kolo_ctx *c, struct op *op)
     op->fast = true;
     c->inflight++;
     fast_news(c);
+    return true;
+}
+
+/* ---------------------------------------------------------------- the payload */
+
+/* Lays the payload's slots out from the cache (mu held): every cached
+ * host allreduce of 1..ROUND_PAY_ITEM_BYTES bytes, in id order, while
+ * they fit in ROUND_PAY_MAX_WORDS. The same cache gives every rank the
+ * same slots (round.h, "The payload"). */
+static void pay_layout(struct kolo_ctx *c)
+{
+    c->pay_seen = c->cache_changes;
+    c->npay = c->pay_words = 0;
+    uint32_t top = tcache_top(c->cache);
+    for (uint32_t id = 1; id <= top; id++) {
+        const struct tensor_req *t = tcache_sig(c->cache, id);
+        if (!t || t->coll != KOLO_COLL_ALLREDUCE || t->device >= 0 ||
+            t->dtype >= KOLO_DTYPE_COUNT || t->op >= KOLO_OP_COUNT)
+            continue;
+        int64_t elems = 1;
+        for (int d = 0; d < t->ndim && elems > 0 && elems <= ROUND_PAY_ITEM_BYTES; d++)
+            elems *= t->shape[d];
+        size_t bytes = (size_t)elems * kolo_dtype_size((kolo_dtype)t->dtype);
+        if (elems <= 0 || bytes > ROUND_PAY_ITEM_BYTES)
+            continue;
+        uint32_t words = (uint32_t)((bytes + 7) / 8);
+        if (c->pay_words + 2 + words > ROUND_PAY_MAX_WORDS)
+            break;
+        c->pay[c->npay++] = (struct pay_slot){
+            .id = id, .at = c->pay_words, .count = (uint32_t)elems, .words = words,
+            .hdr = round_pay_hdr(id, t->dtype, t->op, (uint32_t)elems, words)};
+        c->pay_words += 2 + words;
+    }
+}
+
+/* This rank's payload (mu held): its prescaled data in the slot of every
+ * tiny op it has pending, zeros in the others. */
+static void pay_fill(struct kolo_ctx *c, uint64_t *pay)
+{
+    for (uint32_t i = 0; i < c->npay; i++) {
+        const struct pay_slot *sl = &c->pay[i];
+        uint64_t *item = pay + sl->at;
+        item[0] = sl->hdr;
+        item[1] = ~sl->hdr;
+        memset(item + 2, 0, sl->words * sizeof(uint64_t));
+        const struct op *op = c->fast_leaving ? NULL : c->pending[sl->id];
+        if (!op)
+            continue;
+        memcpy(item + 2, op->req.sendbuf, sl->count * kolo_dtype_size(op->req.dtype));
+        if (op->req.prescale != 1.0)
+            reduce_scale(op->req.dtype, item + 2, sl->count, op->req.prescale);
+    }
+}
+
+/* The result of the agreed op under slot sl, from the round's payload
+ * of vector v (mu held): its average and postscale, then into its
+ * output. false: the ranks' slots disagreed, the op runs as an allreduce. */
+static bool pay_take(struct kolo_ctx *c, const uint64_t *v, size_t nwords, uint32_t w,
+                     const struct pay_slot *sl, struct op *op)
+{
+    size_t at = round_words(w) + sl->at;
+    if (!round_pay_agreed(v, nwords, at, sl->hdr)) {
+        LOGD("kolo", "rank %d: the ranks laid out the round's payload differently at %s",
+             c->rank, op->name);
+        return false;
+    }
+    struct plan p = {.op = op->req.op, .dt = op->req.dtype};
+    plan_scales(&p, op->req.prescale, op->req.postscale, c->size);
+    size_t bytes = sl->count * kolo_dtype_size(op->req.dtype);
+    memcpy(op->req.recvbuf, v + at + 2, bytes);
+    exec_post_scale(&p, op->req.recvbuf, sl->count);
     return true;
 }
 
@@ -387,7 +465,9 @@ static Kolo__TraceSpan *trace_begin(struct kolo_ctx *c, uint64_t k, struct op **
 static void fast_round(struct kolo_ctx *c, uint64_t deadline)
 {
     uint32_t w = round_bitmap_words(tcache_top(c->cache));
-    size_t nwords = round_words(w);
+    if (c->pay_seen != c->cache_changes)
+        pay_layout(c);
+    size_t nwords = round_words(w) + c->pay_words;
     uint64_t k = c->round + 1;
     uint64_t flags = (c->joined ? ROUND_F_JOIN : 0) | (c->moded_ops ? ROUND_F_SLOW : 0) |
                      (c->timeline_heard || c->timeline_asked ? ROUND_F_TRACE : 0) |
@@ -398,6 +478,7 @@ static void fast_round(struct kolo_ctx *c, uint64_t deadline)
     if (!c->fast_leaving)
         memcpy(round_ready(v), c->ready_bits, w * sizeof(uint64_t));
     memcpy(round_invalid(v), c->invalid_bits, w * sizeof(uint64_t));
+    pay_fill(c, v + round_words(w));
     v[ROUND_WAIT] = oldest_wait_us(c, w);
     LOGD("kolo", "rank %d: round %llu starts (%s, cursor %llu)", c->rank,
          (unsigned long long)k, c->fast_dirty ? "news here" : "a peer started it",
@@ -477,10 +558,13 @@ static void fast_round(struct kolo_ctx *c, uint64_t deadline)
         if (!fast_submit(c, op))
             ops_queue_slow(c, op);
     }
-    /* 3. the agreed ids, in id order (the arrays hold every id) */
+    /* 3. the agreed ids, in id order (the arrays hold every id); a tiny
+     * one's result is in the payload already (taken, done below) */
     struct op **agreed = c->agreed;
     struct fusion_item *items = c->agreed_items;
-    size_t na = 0;
+    struct op *taken[ROUND_PAY_MAX_WORDS / 3];
+    size_t na = 0, nt = 0;
+    uint32_t slot = 0;
     for (uint32_t i = 0; i < w && !to_slow; i++) {
         for (uint64_t bits = ready[i] & ~invalid[i] & (i ? ~0ull : ~1ull); bits; bits &= bits - 1) {
             uint32_t id = i * 64 + (uint32_t)__builtin_ctzll(bits);
@@ -491,6 +575,13 @@ static void fast_round(struct kolo_ctx *c, uint64_t deadline)
             }
             c->pending[id] = NULL;
             ready_clear(c, id);
+            while (slot < c->npay && c->pay[slot].id < id)
+                slot++;
+            if (slot < c->npay && c->pay[slot].id == id &&
+                pay_take(c, v, nwords, w, &c->pay[slot], op)) {
+                taken[nt++] = op;
+                continue;
+            }
             items[na] = fusion_of(op);
             agreed[na++] = op;
         }
@@ -499,16 +590,27 @@ static void fast_round(struct kolo_ctx *c, uint64_t deadline)
      * them (exec.c unpins what runs on a GPU) */
     for (size_t i = 0; i < na; i++)
         agreed[i]->pinned = true;
-    c->fast_agreed += na;
+    c->fast_agreed += na + nt;
+    c->fast_inline += nt;
     uint64_t now_us = now_mono_us();
-    for (size_t i = 0; i < na; i++) {
-        double waited = (double)(now_us - agreed[i]->fast_since_us) / 1e6;
+    for (size_t i = 0; i < na + nt; i++) {
+        const struct op *op = i < na ? agreed[i] : taken[i - na];
+        double waited = (double)(now_us - op->fast_since_us) / 1e6;
         c->fast_wait_avg_s += WAIT_AVG_ALPHA * (waited - c->fast_wait_avg_s);
     }
-    report_round(c, (uint32_t)na, c->fast_wait_avg_s, v[ROUND_WAIT]);
-    LOGD("kolo", "rank %d: round %llu agreed %zu op(s)%s, log to %llu", c->rank,
-         (unsigned long long)k, na, round_test(ready, 0) ? " and a barrier" : "",
+    report_round(c, (uint32_t)(na + nt), c->fast_wait_avg_s, v[ROUND_WAIT]);
+    LOGD("kolo", "rank %d: round %llu agreed %zu op(s) (%zu in the round itself)%s, log to %llu",
+         c->rank, (unsigned long long)k, na + nt, nt, round_test(ready, 0) ? " and a barrier" : "",
          (unsigned long long)v[ROUND_CURSOR]);
+    /* the taken ops are done (their spans copied first: a waiter may
+     * free one once mu is released) */
+    Kolo__TraceSpan *ttrace = nt && (v[ROUND_FLAGS] & ROUND_F_TRACE) ? trace_begin(c, k, taken, nt)
+                                                                      : NULL;
+    for (size_t x = 0; x < nt; x++) {
+        if (ttrace)
+            ttrace[x].done_us = now_us;
+        ops_complete(c, taken[x], 0, NULL);
+    }
     /* 4. the barrier bit */
     struct op *barrier = NULL;
     if (round_test(ready, 0) && (barrier = op_queue_pop(&c->bar_head, &c->bar_tail))) {
@@ -521,6 +623,10 @@ static void fast_round(struct kolo_ctx *c, uint64_t deadline)
     /* slow-path ops that changed hands go out now */
     ctx_send_queued(c);
     pthread_mutex_unlock(&c->mu);
+    if (ttrace) {
+        report_trace(c, ttrace, nt);
+        free(ttrace);
+    }
     for (size_t i = 0; i < na;) {
         size_t run = fusion_run(items + i, na - i, c->fused_threshold);
         run_agreed(c, agreed + i, run);

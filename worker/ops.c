@@ -220,6 +220,7 @@ void ops_cache_clear(struct kolo_ctx *c)
         return;
     tcache_clear(c->cache);
     tcache_reap(c->cache);
+    c->cache_changes++;
 }
 
 /* ---------------------------------------------------------------- the cache
@@ -252,6 +253,7 @@ void ops_cache_forget_id(struct kolo_ctx *c, uint32_t id)
 {
     tcache_drop(c->cache, id);
     tcache_reap(c->cache); /* nobody borrows a worker's signatures */
+    c->cache_changes++;
 }
 
 uint32_t ops_cache_lookup(struct kolo_ctx *c, const struct op *op)
@@ -272,6 +274,7 @@ void ops_cache_put(struct kolo_ctx *c, const struct op *op, uint32_t id)
     if (tcache_bind(c->cache, id, op->name, &t) != 0)
         LOGW("kolo", "rank %d: out of memory caching %s", c->rank, op->name);
     tcache_reap(c->cache);
+    c->cache_changes++;
 }
 
 /* ---------------------------------------------------------------- submit */

@@ -29,11 +29,10 @@ static size_t *zalloc(size_t n, int *rc)
     return v;
 }
 
-/* The scales of a reduction (plan.h). */
-static void plan_scales(struct plan *p, const Kolo__Response *r, int size)
+void plan_scales(struct plan *p, double prescale, double postscale, int size)
 {
-    p->pre = r->prescale == 0 ? 1.0 : r->prescale;
-    p->post = r->postscale == 0 ? 1.0 : r->postscale;
+    p->pre = prescale == 0 ? 1.0 : prescale;
+    p->post = postscale == 0 ? 1.0 : postscale;
     p->post_factor = p->post;
     p->post_divisor = 1;
     if (p->op == KOLO_AVERAGE) {
@@ -67,7 +66,7 @@ static int plan_allreduce(struct plan *p, const Kolo__Response *r, int size, boo
         p->total += p->count[i];
     }
     p->fused = !(p->k == 1 && have_first);
-    plan_scales(p, r, size);
+    plan_scales(p, r->prescale, r->postscale, size);
     return 0;
 }
 
@@ -86,7 +85,7 @@ static int plan_reducescatter(struct plan *p, const Kolo__Response *r, int size)
         return rc;
     for (int i = 0; i < size; i++)
         p->rank_count[i] = (size_t)((rows / size + (i < rows % size ? 1 : 0)) * row);
-    plan_scales(p, r, size);
+    plan_scales(p, r->prescale, r->postscale, size);
     return 0;
 }
 

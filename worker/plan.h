@@ -60,5 +60,8 @@ struct plan {
 int plan_make(struct plan *p, const Kolo__Response *r, int rank, int size, bool have_first,
               char *why, size_t whylen);
 void plan_free(struct plan *p);
+/* plan_scales sets p's pre, post, post_factor and post_divisor for a
+ * reduction p->op of p->dt over size ranks (prescale, postscale 0 = 1). */
+void plan_scales(struct plan *p, double prescale, double postscale, int size);
 
 #endif

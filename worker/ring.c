@@ -646,7 +646,8 @@ static void rd_combine(const struct rd_op *o, unsigned char *out, const unsigned
                        const unsigned char *higher, size_t count)
 {
     if (o->round)
-        round_reduce((uint64_t *)out, (const uint64_t *)(lower == out ? higher : lower), count);
+        round_reduce((uint64_t *)out, (const uint64_t *)(lower == out ? higher : lower), count,
+                     coll_round_pay); /* two operands commute exactly */
     else
         reduce_two(o->dtype, o->op, out, lower, higher, count);
 }

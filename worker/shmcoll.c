@@ -1164,10 +1164,15 @@ static int shm_round(struct coll *c, uint64_t *vec, size_t nwords, uint64_t dead
             bell_ring_rank(s, j);
     if ((rc = shm_wait_all(s, e, deadline)) != 0)
         return rc;
-    for (int j = 0; j < s->n; j++)
-        if (j != s->me)
-            round_reduce(vec, (const uint64_t *)(inl ? ctrl_of(s, j)->inl[p] : small_of(s, j, p)),
-                         nwords);
+    /* in rank order on every rank (our own slot still holds our vector),
+     * so a floating-point payload sums to the same bits everywhere */
+    for (int j = 0; j < s->n; j++) {
+        const void *slot = inl ? (const void *)ctrl_of(s, j)->inl[p] : small_of(s, j, p);
+        if (j == 0)
+            memcpy(vec, slot, bytes);
+        else
+            round_reduce(vec, slot, nwords, coll_round_pay);
+    }
     return 0;
 }
 

@@ -198,6 +198,16 @@ struct kolo_ctx {
     uint64_t fast_last_stall_check;
     uint64_t poll_retry_at;      /* monotonic ms: no long-poll before (it failed) */
     uint64_t *vec;               /* the round vector (executor only) */
+    /* The round's payload (round.h): a slot per tiny cached allreduce,
+     * laid out from the cache again when it changed (cache_changes,
+     * counted by ops.c's cache functions; pay_seen: when laid out). */
+    struct pay_slot {
+        uint32_t id, at, count, words; /* at: word offset in the payload */
+        uint64_t hdr;
+    } *pay;
+    uint32_t npay, pay_words;
+    uint64_t cache_changes, pay_seen;
+    uint64_t fast_inline;        /* agreed ops the round's payload completed */
     struct op **agreed;          /* [ROUND_MAX_ID]: a round's agreed ops (executor only) */
     struct fusion_item *agreed_items; /* [ROUND_MAX_ID]: their fusion keys */
     int64_t fused_threshold;     /* rank 0's, from the rendezvous */
@@ -352,6 +362,10 @@ void exec_response(struct kolo_ctx *c, const Kolo__Response *r);
  * readiness round), pinned by the caller under mu (op.pinned); r's names
  * are not read. */
 void exec_pinned(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops);
+/* exec_post_scale: a reduction's average and postscale, after it
+ * (plan.h: post_divisor, post_factor). */
+struct plan;
+void exec_post_scale(const struct plan *p, void *buf, size_t count);
 /* exec_done_since: when the ops this thread ran since `since` ended (its
  * last exec_finish, before their waiters could submit anything else), for
  * the timeline's spans (fastpath.c, ctx.c); now if it finished none since

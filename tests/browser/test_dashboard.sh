@@ -9,7 +9,8 @@
 # Skips (77) without chromium, node or playwright-core (npm ci in
 # tests/browser), unless CI is set: CI installs them, so there it fails.
 . "$(cd "$(dirname "$0")" && pwd)/browser_lib.sh" dashboard torch sklearn
-start_coordinator coord
+# a lease long enough that a crowded CI machine loses no host by accident
+LEASE=10s start_coordinator coord
 for a in a b c d; do start_agent "$a" 1; done
 wait_hosts 4
 

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kolo/abi.h"
 #include "round.h"
 #include "test.h"
 
@@ -41,7 +42,7 @@ static void test_reduce_fields(void)
         uint64_t acc[ROUND_HDR + 2 * W];
         memcpy(acc, v[orders[o][0]], sizeof acc);
         for (int i = 1; i < N; i++)
-            round_reduce(acc, v[orders[o][i]], ROUND_HDR + 2 * W);
+            round_reduce(acc, v[orders[o][i]], ROUND_HDR + 2 * W, NULL);
         char why[256];
         CHECK_EQ_INT(round_check(acc, 5, 2, W, why, sizeof why), 0);
         CHECK_EQ_INT(acc[ROUND_CURSOR], 9);
@@ -79,7 +80,7 @@ static void test_check_out_of_step(void)
         uint64_t a[ROUND_HDR + 4], b[ROUND_HDR + 4];
         round_init(a, 7, 1, 2, 0, 0);
         round_init(b, odd[c].k, odd[c].epoch, odd[c].w, 0, 0);
-        round_reduce(a, b, ROUND_HDR + 4);
+        round_reduce(a, b, ROUND_HDR + 4, NULL);
         char why[256] = "";
         int rc = round_check(a, 7, 1, 2, why, sizeof why);
         CHECK_EQ_INT(rc == 0, odd[c].ok);
@@ -90,9 +91,108 @@ static void test_check_out_of_step(void)
     uint64_t a[ROUND_HDR + 4], b[ROUND_HDR + 4];
     round_init(a, 7, 1, 2, 0, 0);
     round_init(b, 7, 1, 1, 0, 0);
-    round_reduce(a, b, ROUND_HDR + 4);
+    round_reduce(a, b, ROUND_HDR + 4, NULL);
     char why[256];
     CHECK(round_check(a, 7, 1, 2, why, sizeof why) != 0);
+}
+
+/* The payload's reduction, as the worker's kernels would do it for the
+ * two types this table uses (float32 SUM, int64 MAX); counts calls. */
+static int pay_calls;
+static void test_pay(uint32_t dtype, uint32_t op, void *dst, const void *src, size_t count)
+{
+    pay_calls++;
+    for (size_t i = 0; i < count; i++) {
+        if (dtype == KOLO_FLOAT32 && op == KOLO_SUM)
+            ((float *)dst)[i] += ((const float *)src)[i];
+        else if (dtype == KOLO_INT64 && op == KOLO_MAX)
+            ((int64_t *)dst)[i] = ((int64_t *)dst)[i] > ((const int64_t *)src)[i]
+                                      ? ((int64_t *)dst)[i]
+                                      : ((const int64_t *)src)[i];
+    }
+}
+
+/* Tiny tensors in the round: a float32[3] SUM (2 data words) and an
+ * int64 MAX (1 word) after bitmaps of W words. Every rank's slots reduce
+ * with the round; a slot whose header a rank laid out differently is not
+ * agreed (round_pay_agreed), and its data is not reduced with that
+ * rank's; an item that claims more words than the vector has stops the
+ * walk without reading past it; an unknown element type is never handed
+ * to the kernel. */
+static void test_payload(void)
+{
+    enum { N = 3, W = 1, P = (2 + 2) + (2 + 1), NW = ROUND_HDR + 2 * W + P };
+    uint64_t h1 = round_pay_hdr(5, KOLO_FLOAT32, KOLO_SUM, 3, 2);
+    uint64_t h2 = round_pay_hdr(9, KOLO_INT64, KOLO_MAX, 1, 1);
+    CHECK_EQ_INT(round_pay_id(h1), 5);
+    CHECK_EQ_INT(round_pay_dtype(h1), KOLO_FLOAT32);
+    CHECK_EQ_INT(round_pay_op(h2), KOLO_MAX);
+    CHECK_EQ_INT(round_pay_count(h1), 3);
+    CHECK_EQ_INT(round_pay_words(h1), 2);
+    uint64_t v[N][NW];
+    for (int r = 0; r < N; r++) {
+        round_init(v[r], 4, 0, W, 0, 0);
+        uint64_t *pay = v[r] + round_words(W);
+        memset(pay, 0, P * sizeof(uint64_t));
+        pay[0] = h1;
+        pay[1] = ~h1;
+        float f[3] = {1.5f * (float)(r + 1), -2.0f, 0.25f};
+        memcpy(pay + 2, f, sizeof f);
+        pay[4] = h2;
+        pay[5] = ~h2;
+        int64_t m = r == 1 ? 70 : -3;
+        memcpy(pay + 6, &m, sizeof m);
+    }
+    uint64_t acc[NW];
+    memcpy(acc, v[0], sizeof acc);
+    pay_calls = 0;
+    for (int r = 1; r < N; r++)
+        round_reduce(acc, v[r], NW, test_pay);
+    CHECK_EQ_INT(pay_calls, 2 * (N - 1));
+    char why[200];
+    CHECK_EQ_INT(round_check(acc, 4, 0, W, why, sizeof why), 0);
+    size_t at = round_words(W);
+    CHECK(round_pay_agreed(acc, NW, at, h1));
+    CHECK(round_pay_agreed(acc, NW, at + 4, h2));
+    CHECK(!round_pay_agreed(acc, NW, at + 4, h1)); /* another item's header */
+    CHECK(!round_pay_agreed(acc, at + 6, at + 4, h2)); /* its data past the end */
+    float f[3];
+    memcpy(f, acc + at + 2, sizeof f);
+    CHECK(f[0] == 9.0f && f[1] == -6.0f && f[2] == 0.75f);
+    int64_t m;
+    memcpy(&m, acc + at + 6, sizeof m);
+    CHECK_EQ_INT(m, 70);
+
+    /* rank 2 laid out another id at the first slot: not agreed there, and
+     * its float data stays out of the sum; the second slot still is */
+    uint64_t odd = round_pay_hdr(6, KOLO_FLOAT32, KOLO_SUM, 3, 2);
+    v[2][at] = odd;
+    v[2][at + 1] = ~odd;
+    memcpy(acc, v[0], sizeof acc);
+    pay_calls = 0;
+    for (int r = 1; r < N; r++)
+        round_reduce(acc, v[r], NW, test_pay);
+    CHECK_EQ_INT(pay_calls, 3);
+    CHECK(!round_pay_agreed(acc, NW, at, h1));
+    CHECK(!round_pay_agreed(acc, NW, at, odd));
+    CHECK(round_pay_agreed(acc, NW, at + 4, h2));
+
+    /* a header claiming 40 words in a 7-word payload, and an unknown
+     * element type: the walk stops, the kernel never sees either */
+    uint64_t a[NW], b[NW];
+    round_init(a, 4, 0, W, 0, 0);
+    memset(a + at, 0, P * sizeof(uint64_t));
+    a[at] = round_pay_hdr(5, KOLO_FLOAT32, KOLO_SUM, 3, 40);
+    memcpy(b, a, sizeof a);
+    pay_calls = 0;
+    round_reduce(a, b, NW, test_pay);
+    a[at] = round_pay_hdr(5, 200, KOLO_SUM, 3, 2);
+    memcpy(b, a, sizeof a);
+    round_reduce(a, b, NW, test_pay);
+    a[at] = round_pay_hdr(5, KOLO_FLOAT32, KOLO_SUM, 9, 2); /* 36 bytes in 16 */
+    memcpy(b, a, sizeof a);
+    round_reduce(a, b, NW, test_pay);
+    CHECK_EQ_INT(pay_calls, 0);
 }
 
 static void test_sizes(void)
@@ -155,6 +255,7 @@ int main(void)
 {
     test_reduce_fields();
     test_check_out_of_step();
+    test_payload();
     test_sizes();
     test_fusion();
     TEST_DONE();

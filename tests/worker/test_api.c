@@ -526,6 +526,65 @@ static void t_fast_order(kolo_ctx *ctx, int rank, int size)
     }
 }
 
+/* Readiness rounds: tensors of a few bytes ride inside the round that
+ * agrees them (round.h, "The payload"). A float32 sum whose value depends
+ * on the order of the additions (1e8 + 1 - 1e8) comes out with the same
+ * bits on every rank; a float64 average with pre- and postscale, an int64
+ * max and a 0-element tensor come out exact; once cached, the rounds
+ * completed them from the payload. */
+#define TINY_STEPS 40
+static float tiny_sum[8][TINY_STEPS];
+
+static void t_fast_tiny(kolo_ctx *ctx, int rank, int size)
+{
+    static const float parts[4] = {1e8f, 1.0f, -1e8f, 3.5f};
+    for (int s = 0; s < TINY_STEPS; s++) {
+        float f[2] = {parts[rank % 4] * (float)(1 + s % 3), (float)rank};
+        double d[3] = {rank + 0.5, -rank, s};
+        int64_t m = rank == s % size ? 1000 + s : -s;
+        float none = 7.0f;
+        int64_t shape_f = 2, shape_d = 3, shape_0 = 0;
+        kolo_request req[4] = {
+            {.coll = KOLO_COLL_ALLREDUCE, .name = "tiny.f", .sendbuf = f, .recvbuf = f,
+             .dtype = KOLO_FLOAT32, .ndim = 1, .shape = &shape_f, .op = KOLO_SUM, .device = -1},
+            {.coll = KOLO_COLL_ALLREDUCE, .name = "tiny.d", .sendbuf = d, .recvbuf = d,
+             .dtype = KOLO_FLOAT64, .ndim = 1, .shape = &shape_d, .op = KOLO_AVERAGE,
+             .prescale = 2.0, .postscale = 0.25, .device = -1},
+            {.coll = KOLO_COLL_ALLREDUCE, .name = "tiny.m", .sendbuf = &m, .recvbuf = &m,
+             .dtype = KOLO_INT64, .ndim = 0, .op = KOLO_MAX, .device = -1},
+            {.coll = KOLO_COLL_ALLREDUCE, .name = "tiny.0", .sendbuf = &none, .recvbuf = &none,
+             .dtype = KOLO_FLOAT32, .ndim = 1, .shape = &shape_0, .op = KOLO_SUM, .device = -1},
+        };
+        kolo_handle h[4];
+        /* one at a time, in a different order per rank and step */
+        for (int i = 0; i < 4; i++)
+            REQUIRE(kolo_submit(ctx, &req[(i + rank + s) % 4], 1, &h[(i + rank + s) % 4]) == 0);
+        for (int i = 0; i < 4; i++)
+            CHECK_EQ_INT(kolo_wait(ctx, h[i], 20000), 0);
+        tiny_sum[rank][s] = f[0];
+        CHECK(f[1] == (float)(size * (size - 1) / 2));
+        double mean0 = 0, mean1 = 0;
+        for (int r = 0; r < size; r++) {
+            mean0 += (r + 0.5) * 2.0;
+            mean1 += -r * 2.0;
+        }
+        CHECK(fabs(d[0] - mean0 / size * 0.25) < 1e-12);
+        CHECK(fabs(d[1] - mean1 / size * 0.25) < 1e-12);
+        CHECK(d[2] == s * 0.5);
+        CHECK_EQ_INT(m, 1000 + s);
+        CHECK(none == 7.0f);
+    }
+    kolo_handle b;
+    REQUIRE(kolo_barrier_async(ctx, &b) == 0);
+    CHECK_EQ_INT(kolo_wait(ctx, b, 20000), 0);
+    int differ = 0;
+    for (int s = 0; s < TINY_STEPS; s++)
+        differ += memcmp(&tiny_sum[rank][s], &tiny_sum[0][s], sizeof(float)) != 0;
+    CHECK_EQ_INT(differ, 0);
+    if (size > 1 && ctx->fast)
+        CHECK(locked_u64(ctx, &ctx->fast_inline) >= (TINY_STEPS - 2) * 3);
+}
+
 /* Readiness rounds: a cached tensor whose signature changes on one rank
  * gets the coordinator's mismatch text on every rank; the same change on
  * every rank renegotiates it and it runs. */
@@ -910,6 +969,7 @@ int main(int argc, char **argv)
                     run_ranks(np, t_fused_steps);
                 if (fast) {
                     run_ranks(np, t_fast_order);
+                    run_ranks(np, t_fast_tiny);
                     run_ranks(np, t_fast_mismatch);
                 }
                 if (np > 1)
