@@ -1713,10 +1713,15 @@ static int client_check_reply(struct rpc_client *cli, nng_msg *m, const struct r
     return 0;
 }
 
-static int transport_err(struct rpc_client *cli, int rv, const char *method, int timeout_ms,
-                         char *err, size_t errlen)
+/* A transport failure as a kolo code. sent: the request was handed to a
+ * connection (the send completed), so the server may have it. One that
+ * was not - no connection took it by the deadline: none was up, or the
+ * one up stayed busy with earlier requests - is KOLO_ECONNREFUSED, and
+ * only it (rpc.h): its caller may send the request again. */
+static int transport_err(struct rpc_client *cli, int rv, bool sent, const char *method,
+                         int timeout_ms, char *err, size_t errlen)
 {
-    if (rv == NNG_ETIMEDOUT) {
+    if (rv == NNG_ETIMEDOUT && !sent) {
         if (atomic_load(&cli->pipes) == 0)
             return errf(err, errlen, KOLO_ECONNREFUSED,
                            "cannot connect to %s within %d ms (is the coordinator running%s?)",
@@ -1724,9 +1729,13 @@ static int transport_err(struct rpc_client *cli, int rv, const char *method, int
                            strncmp(cli->url, "tls+", 4) == 0
                                ? ", and did one CA sign its certificate and ours"
                                : "");
-        return errf(err, errlen, KOLO_ETIMEDOUT, "%s: no reply from %s within %d ms", method,
+        return errf(err, errlen, KOLO_ECONNREFUSED,
+                       "%s: not sent to %s within %d ms (the connection stayed busy)", method,
                        cli->url, timeout_ms);
     }
+    if (rv == NNG_ETIMEDOUT)
+        return errf(err, errlen, KOLO_ETIMEDOUT, "%s: no reply from %s within %d ms", method,
+                       cli->url, timeout_ms);
     if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
         return errf(err, errlen, KOLO_ECLOSED, "client closed");
     return errf(err, errlen, KOLO_EIO, "%s: %s", method, nng_strerror(rv));
@@ -1780,7 +1789,7 @@ static int client_call_once(struct rpc_client *cli, const char *method, const vo
     if ((rv = nng_aio_result(aio)) != 0) {
         nng_msg_free(m);
         m = NULL;
-        code = transport_err(cli, rv, method, timeout_ms, err, errlen);
+        code = transport_err(cli, rv, false, method, timeout_ms, err, errlen);
         goto out;
     }
     m = NULL;
@@ -1789,7 +1798,7 @@ static int client_call_once(struct rpc_client *cli, const char *method, const vo
     nng_ctx_recv(ctx, aio);
     nng_aio_wait(aio);
     if ((rv = nng_aio_result(aio)) != 0) {
-        code = transport_err(cli, rv, method, timeout_ms, err, errlen);
+        code = transport_err(cli, rv, true, method, timeout_ms, err, errlen);
         goto out;
     }
     m = nng_aio_get_msg(aio);
@@ -1955,7 +1964,8 @@ static void acall_cb(void *arg)
     if (!a->receiving) {
         if (rv != 0) {
             nng_msg_free(nng_aio_get_msg(a->aio));
-            int code = transport_err(a->cli, rv, a->method, a->timeout_ms, err, sizeof(err));
+            int code =
+                transport_err(a->cli, rv, false, a->method, a->timeout_ms, err, sizeof(err));
             acall_finish(a, code, NULL, 0, err);
             return;
         }
@@ -1978,7 +1988,7 @@ static void acall_cb(void *arg)
         return;
     }
     if (rv != 0) {
-        int code = transport_err(a->cli, rv, a->method, a->timeout_ms, err, sizeof(err));
+        int code = transport_err(a->cli, rv, true, a->method, a->timeout_ms, err, sizeof(err));
         acall_finish(a, code, NULL, 0, err);
         return;
     }

@@ -233,7 +233,12 @@ void rpc_client_set_identity(struct rpc_client *cli, const char *identity, uint6
  * rpc_client_call sends method(req) and waits at most timeout_ms for the
  * reply. On success returns 0 and *rep (malloc'd, may be NULL when empty).
  * On failure returns a kolo error code, with the server's message (or a
- * local one) in err.
+ * local one) in err. KOLO_ECONNREFUSED, and only it among the transport
+ * failures, says the request never left this client: no connection took
+ * it by the deadline (none was up, or the one up stayed busy with earlier
+ * requests), so the server never saw it and it may be sent again.
+ * KOLO_ETIMEDOUT (no reply in time) and KOLO_EIO (the connection broke)
+ * leave open whether the server got it.
  */
 int rpc_client_call(struct rpc_client *cli, const char *method, const void *req, size_t req_len,
                     void **rep, size_t *rep_len, int timeout_ms, char *err, size_t errlen);
@@ -242,7 +247,10 @@ int rpc_client_call(struct rpc_client *cli, const char *method, const void *req,
  * rpc_client_call_async starts the same call and returns at once; done
  * runs exactly once, on an nng thread, with the result: code 0 and the
  * reply body (valid only during the callback), or an error code and
- * message. rpc_client_close waits for outstanding async calls (they end
+ * message, the codes meaning what they do for rpc_client_call (a request
+ * that never left ends with KOLO_ECONNREFUSED; with retry_busy, one the
+ * server kept refusing ends with KOLO_EBUSY: its handler never saw it
+ * either). rpc_client_close waits for outstanding async calls (they end
  * with KOLO_ECLOSED). Returns non-zero if the call could not start (then
  * done is not called).
  */

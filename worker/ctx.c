@@ -46,8 +46,9 @@
 static void negotiate_send(struct kolo_ctx *c, bool shutdown, const char *reason);
 static void negotiate_done(void *arg, int code, const void *rep, size_t len, const char *err);
 static void request_fill(Kolo__TensorRequest *t, const struct op *o);
+struct negot_call;
 static int negotiate_call(struct kolo_ctx *c, const Kolo__NegotiateRequest *req, int timeout_ms,
-                          void *a1, void *a2, void *a3);
+                          struct negot_call *nc, void *a1, void *a2, void *a3);
 #define DEFAULT_TIMEOUT_MS 30000
 #define DEFAULT_FUSION (64ll << 20)
 
@@ -733,7 +734,7 @@ static void resume_send(struct kolo_ctx *c)
     LOGI("kolo", "rank %d: the coordinator restarted; resuming at log index %llu with %zu "
          "operation(s) in flight", c->rank, (unsigned long long)c->cursor, nr);
     /* It waits for every rank to resume, so give it the resume window. */
-    int code = negotiate_call(c, &req, 35000 + c->timeout_ms, reqs, ptrs, held);
+    int code = negotiate_call(c, &req, 35000 + c->timeout_ms, NULL, reqs, ptrs, held);
     free(table_block); /* packed by now */
     if (code == KOLO_ENOMEM)
         ctx_fail(c, code, "out of memory resuming the negotiation");
@@ -774,9 +775,42 @@ bool ctx_log_put(struct kolo_ctx *c, Kolo__Response *x)
     return true;
 }
 
+/* What one negotiation call carried: the operations negotiate_send moved
+ * to OP_SENT, by handle (a stale handle finds nothing). */
+struct negot_call {
+    struct kolo_ctx *c;
+    size_t n;
+    kolo_handle ops[];
+};
+
+/* A call whose request never reached the coordinator's handler - it never
+ * left this process (rpc.h: KOLO_ECONNREFUSED; under load the connection
+ * can stay busy past the call's deadline), or the server kept refusing it
+ * (KOLO_EBUSY) - puts the operations it carried back in the queue, to go
+ * out with the next call. Nothing else would ever send them again: the
+ * coordinator waits for this rank's request and the rank for the
+ * coordinator's response (mu held). Calls that failed otherwise (no reply
+ * in time, a broken connection) are not repeated: the coordinator may
+ * hold their requests, and a second submission of a tensor is an error. */
+static void negotiate_requeue(struct kolo_ctx *c, const struct negot_call *nc)
+{
+    size_t back = 0;
+    for (size_t i = 0; nc && i < nc->n; i++) {
+        struct op *o = ops_lookup(c, nc->ops[i]);
+        if (!o || o->state != OP_SENT || o->answered || o->fast)
+            continue;
+        c->inflight--;
+        ops_queue_slow(c, o);
+        back++;
+    }
+    if (back)
+        LOGD("kolo", "rank %d: %zu operation(s) go to the coordinator again", c->rank, back);
+}
+
 static void negotiate_done(void *arg, int code, const void *rep, size_t len, const char *err)
 {
-    struct kolo_ctx *c = arg;
+    struct negot_call *nc = arg;
+    struct kolo_ctx *c = nc->c;
     bool interrupt = false;
     pthread_mutex_lock(&c->mu);
     c->calls--;
@@ -811,13 +845,15 @@ static void negotiate_done(void *arg, int code, const void *rep, size_t len, con
             kolo__negotiate_reply__free_unpacked(r, NULL);
         }
     } else if (!c->stopping && code != KOLO_ETIMEDOUT && code != KOLO_ECONNREFUSED &&
-               code != KOLO_EIO && code != KOLO_ECLOSED) {
+               code != KOLO_EIO && code != KOLO_ECLOSED && code != KOLO_EBUSY) {
         /* The generation is over for us: stale, job ended, protocol. */
         ctx_fail(c, code == KOLO_ESHUTDOWN ? KOLO_ESHUTDOWN : code, err);
         interrupt = code == KOLO_ESTALE || code == KOLO_EPEER;
     } else if (!c->stopping) {
         LOGD("kolo", "rank %d: negotiation call failed (%s); retrying", c->rank, err);
         c->poll_retry_at = now_mono_ms() + 200; /* the long-poll backs off */
+        if (!c->sticky && (code == KOLO_ECONNREFUSED || code == KOLO_EBUSY))
+            negotiate_requeue(c, nc);
     }
     /* A collective running now with a peer that is gone or cut off would
      * wait for its data-plane deadline; the coordinator already knows, so
@@ -831,6 +867,7 @@ static void negotiate_done(void *arg, int code, const void *rep, size_t len, con
     pthread_cond_signal(&c->wake);
     pthread_cond_broadcast(&c->done); /* a waiter may run the response itself */
     pthread_mutex_unlock(&c->mu);
+    free(nc);
 }
 
 /* Sends the queued requests (mu held; released around the send). The
@@ -843,9 +880,11 @@ void ctx_send_queued(struct kolo_ctx *c)
 }
 
 /* Packs req, frees the three arrays it borrowed, and sends it (mu held;
- * released around the send). 0, or the failure (calls is back as it was). */
+ * released around the send); nc (NULL: nothing to take back) says which
+ * operations it carries, and goes with the call (freed here if it does
+ * not start). 0, or the failure (calls is back as it was). */
 static int negotiate_call(struct kolo_ctx *c, const Kolo__NegotiateRequest *req, int timeout_ms,
-                          void *a1, void *a2, void *a3)
+                          struct negot_call *nc, void *a1, void *a2, void *a3)
 {
     size_t len = kolo__negotiate_request__get_packed_size(req);
     uint8_t *buf = malloc(len + 1);
@@ -854,16 +893,23 @@ static int negotiate_call(struct kolo_ctx *c, const Kolo__NegotiateRequest *req,
     free(a1);
     free(a2);
     free(a3);
-    if (!buf)
+    if (!nc && (nc = calloc(1, sizeof(*nc))))
+        nc->c = c;
+    if (!buf || !nc) {
+        free(buf);
+        free(nc);
         return KOLO_ENOMEM;
+    }
     c->calls++;
     pthread_mutex_unlock(&c->mu);
     int code = rpc_client_call_async(c->rpc, "WorkerService.Negotiate", buf, len, timeout_ms,
-                                     negotiate_done, c);
+                                     negotiate_done, nc);
     free(buf);
     pthread_mutex_lock(&c->mu);
-    if (code)
+    if (code) {
         c->calls--;
+        free(nc);
+    }
     return code;
 }
 
@@ -900,16 +946,20 @@ static void negotiate_send(struct kolo_ctx *c, bool shutdown, const char *reason
     Kolo__TensorRequest *reqs = calloc(nq + 1, sizeof(*reqs));
     Kolo__TensorRequest **ptrs = calloc(nq + 1, sizeof(*ptrs));
     uint32_t *cached = calloc(nq + 1, sizeof(*cached));
-    if (!reqs || !ptrs || !cached) {
+    struct negot_call *call = calloc(1, sizeof(*call) + nq * sizeof(call->ops[0]));
+    if (!reqs || !ptrs || !cached || !call) {
         free(reqs);
         free(ptrs);
         free(cached);
+        free(call);
         return;
     }
+    call->c = c;
     size_t nr = 0, nc = 0;
     for (struct op *o = c->q_head; o; o = o->next) {
         o->state = OP_SENT;
         c->inflight++;
+        call->ops[call->n++] = o->handle;
         if (o->cache_id) {
             cached[nc++] = o->cache_id;
             continue;
@@ -936,8 +986,7 @@ static void negotiate_send(struct kolo_ctx *c, bool shutdown, const char *reason
      * WORKER_NEGOTIATE_WAIT_MS at most), so the next one finds the new
      * coordinator and the resume starts. */
     int call_ms = c->fast ? WORKER_NEGOTIATE_WAIT_MS + 4000 : WORKER_NEGOTIATE_WAIT_MS + c->timeout_ms;
-    int code = negotiate_call(c, &req, call_ms, reqs, ptrs,
-                              cached);
+    int code = negotiate_call(c, &req, call_ms, call, reqs, ptrs, cached);
     if (code && code != KOLO_ENOMEM && !c->stopping)
         ctx_fail(c, code, "cannot send to the coordinator");
 }
@@ -1031,9 +1080,19 @@ void ctx_run_log_entry(struct kolo_ctx *c)
  * user thread has been in kolo_wait for BG_TAKEOVER_US. While one is, it
  * looks every BG_WATCH_MS whether the waiter has gone (kolo_wait does not
  * wake it on leaving: see there). A peer's round or a submission without
- * a wait may so sit for up to ~5.5 ms after a wait, and only then. */
+ * a wait may so sit for up to ~5.5 ms after a wait, and only then.
+ * Once the rank has been driven for BG_WATCH_LONG_MS (since drivers last
+ * fell to 0), it looks ever less often, a quarter of that time apart up
+ * to BG_NAP_MS: the waiter that ends such a wait does wake it (ops.c,
+ * kolo_wait, WAIT_LONG_MS: the same figure). Every 5 ms for the whole
+ * of a long wait was 200 wake-ups a second per rank: 512 ranks waiting
+ * on the coordinator in one process (tests/worker/test_hosts.c) kept
+ * hundreds of threads runnable on 2 CPUs, and nng's few threads, which
+ * carry the negotiation calls, got so little of them that the calls
+ * missed their deadlines (requests sat unsent for seconds). */
 #define BG_TAKEOVER_US 500
 #define BG_WATCH_MS 5
+#define BG_WATCH_LONG_MS 20
 
 static void *bg_main(void *arg)
 {
@@ -1085,9 +1144,14 @@ static void *bg_main(void *arg)
             if (c->drivers == 0 && now_us >= takeover_at && fast_idle(c, 100, false))
                 continue;
             uint64_t nap_us = (uint64_t)BG_NAP_MS * 1000;
-            if (c->drivers > 0)
+            if (c->drivers > 0) {
+                uint64_t driven_us =
+                    now_us > c->undriven_since_us ? now_us - c->undriven_since_us : 0;
                 nap_us = (uint64_t)BG_WATCH_MS * 1000;
-            else if (now_us < takeover_at)
+                if (driven_us >= (uint64_t)BG_WATCH_LONG_MS * 1000)
+                    nap_us = driven_us / 4 < (uint64_t)BG_NAP_MS * 1000 ? driven_us / 4
+                                                                       : (uint64_t)BG_NAP_MS * 1000;
+            } else if (now_us < takeover_at)
                 nap_us = takeover_at - now_us;
             uint64_t now = now_us / 1000;
             if (c->poll_retry_at > now && (c->poll_retry_at - now) * 1000 < nap_us)

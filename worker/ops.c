@@ -498,6 +498,11 @@ out:
 
 /* ---------------------------------------------------------------- waiting */
 
+/* ctx.c's BG_WATCH_LONG_MS: the background thread watches a waiter every
+ * 5 ms for this long, then ever less often, so the waiter that ends a
+ * longer wait wakes it. */
+#define WAIT_LONG_MS 20
+
 int kolo_poll(kolo_ctx *c, kolo_handle h, int *done)
 {
     if (!c || !done)
@@ -555,8 +560,16 @@ int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
      * a caller that waits again at once (the next op of a loop, the next
      * handle of synchronize) would then find it in idle_wait and have to
      * ring it out - two thread switches on the path of a small op. */
-    if (--c->drivers == 0 && c->fast)
-        c->undriven_since_us = now_mono_us();
+    if (--c->drivers == 0 && c->fast) {
+        uint64_t now_us = now_mono_us();
+        /* Except after a long wait (WAIT_LONG_MS, counted as bg_main
+         * counts it: from when drivers last fell to 0), in which the
+         * background thread may sleep for up to BG_NAP_MS (ctx.c): it
+         * must hear at once that the peers' rounds are its own again. */
+        if (now_us - c->undriven_since_us >= (uint64_t)WAIT_LONG_MS * 1000)
+            pthread_cond_signal(&c->wake);
+        c->undriven_since_us = now_us;
+    }
     if (op->state != OP_DONE) {
         pthread_mutex_unlock(&c->mu);
         return KOLO_ETIMEDOUT;

@@ -155,6 +155,90 @@ static void test_parking_and_deadline(void)
     rpc_server_close(srv); /* closes with a call still held: must not hang or leak */
 }
 
+struct done_rec {
+    atomic_int code; /* -1 until done ran */
+    char err[256];
+};
+
+static void rec_done(void *arg, int code, const void *rep, size_t len, const char *err)
+{
+    struct done_rec *d = arg;
+    (void)rep, (void)len;
+    snprintf(d->err, sizeof d->err, "%s", err ? err : "");
+    atomic_store(&d->code, code);
+}
+
+/* A request that never left the client is told from one that got no
+ * reply (rpc.h): only the first may be sent again, and libkolo's
+ * negotiation does (ctx.c, negotiate_requeue; 512 ranks on 2 CPUs lost
+ * their first allreduce when it did not). A server that stops reading
+ * keeps the connection busy with large requests (more than the kernel
+ * buffers on both ends), so the next one cannot be handed to it by its
+ * deadline: KOLO_ECONNREFUSED, "not sent". The first large one was sent:
+ * KOLO_ETIMEDOUT. */
+static void test_unsent_vs_unanswered(void)
+{
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(lfd >= 0);
+    int small = 4096;
+    setsockopt(lfd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    struct timeval tv = {.tv_sec = 3};
+    setsockopt(lfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv); /* bounds accept */
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t sl = sizeof sa;
+    REQUIRE(bind(lfd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(lfd, 4) == 0 &&
+            getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0);
+    char url[64];
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", ntohs(sa.sin_port));
+    struct rpc_client *cli = client(url, NULL);
+    int fd = accept(lfd, NULL, NULL);
+    REQUIRE(fd >= 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const uint8_t hello[8] = {0, 'S', 'P', 0, 0x00, 0x31, 0, 0}; /* rep0 */
+    uint8_t peer[8];
+    REQUIRE(write(fd, hello, sizeof hello) == (ssize_t)sizeof hello &&
+            read_full(fd, peer, sizeof peer) == 0);
+    /* from here on the server reads nothing */
+    size_t big_len = 1000u << 10;
+    char *big = calloc(1, big_len);
+    REQUIRE(big != NULL);
+    /* more than the client's send buffer may grow to */
+    long wmem[3] = {0, 0, 4l << 20};
+    FILE *fw = fopen("/proc/sys/net/ipv4/tcp_wmem", "r");
+    if (fw) {
+        if (fscanf(fw, "%ld %ld %ld", &wmem[0], &wmem[1], &wmem[2]) != 3)
+            wmem[2] = 4l << 20;
+        fclose(fw);
+    }
+    int nbig = (int)(wmem[2] / (long)big_len) + 4;
+    nbig = nbig > 64 ? 64 : nbig;
+    struct done_rec bigs[64];
+    for (int i = 0; i < nbig; i++) {
+        bigs[i] = (struct done_rec){.code = -1};
+        REQUIRE(rpc_client_call_async(cli, "T.Big", big, big_len, 1500, rec_done, &bigs[i]) == 0);
+    }
+    usleep(200000); /* the connection takes the first ones, and stays busy writing */
+    void *rep = NULL;
+    size_t len;
+    char err[256];
+    uint64_t t0 = now_mono_ms();
+    CHECK_EQ_INT(rpc_client_call(cli, "T.Echo", "a", 1, &rep, &len, 300, err, sizeof err),
+                 KOLO_ECONNREFUSED);
+    CHECK(strstr(err, "not sent") != NULL);
+    CHECK(now_mono_ms() - t0 < 2000);
+    for (int i = 0; i < nbig; i++)
+        while (atomic_load(&bigs[i].code) < 0 && now_mono_ms() - t0 < 5000)
+            usleep(10000);
+    CHECK_EQ_INT(atomic_load(&bigs[0].code), KOLO_ETIMEDOUT);
+    CHECK(strstr(bigs[0].err, "no reply") != NULL);
+    CHECK_EQ_INT(atomic_load(&bigs[nbig - 1].code), KOLO_ECONNREFUSED);
+    rpc_client_close(cli);
+    free(big);
+    close(fd);
+    close(lfd);
+}
+
 static void test_unreachable(void)
 {
     struct rpc_client *cli = client("tcp://127.0.0.1:1", NULL);
@@ -736,6 +820,7 @@ int main(void)
     test_parking_and_deadline();
     test_close_with_call_in_flight();
     test_unreachable();
+    test_unsent_vs_unanswered();
     test_auth();
     test_job_credential();
     test_connection_hygiene();
