@@ -273,7 +273,7 @@ static int negotiate_call(struct rank *r, Kolo__NegotiateRequest *req, rpc_done_
 static void rendezvous_done(void *arg, int code, const void *rep, size_t len, const char *err)
 {
     struct rank *r = arg;
-    if (code == KOLO_ETIMEDOUT) {
+    if (code == KOLO_ETIMEDOUT || code == KOLO_ECONNREFUSED) { /* late, or never sent */
         rendezvous_send(r);
         return;
     }
@@ -342,7 +342,7 @@ static void step_finished(struct rank *r)
 static void negotiate_done(void *arg, int code, const void *rep, size_t len, const char *err)
 {
     struct rank *r = arg;
-    if (code == KOLO_ETIMEDOUT) {
+    if (code == KOLO_ETIMEDOUT || code == KOLO_ECONNREFUSED) { /* late, or never sent */
         negotiate_send(r, false);
         return;
     }
@@ -396,7 +396,7 @@ static void park_send(struct rank *r);
 static void park_done(void *arg, int code, const void *rep, size_t len, const char *err)
 {
     struct rank *r = arg;
-    if (code && code != KOLO_ETIMEDOUT) {
+    if (code && code != KOLO_ETIMEDOUT && code != KOLO_ECONNREFUSED) {
         fail("rank %d: long-poll: %s: %s", r->rank, abi_errname(code), err);
         atomic_fetch_sub(&g.parked, 1);
         return;

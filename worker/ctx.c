@@ -1084,7 +1084,7 @@ void ctx_run_log_entry(struct kolo_ctx *c)
  * Once the rank has been driven for BG_WATCH_LONG_MS (since drivers last
  * fell to 0), it looks ever less often, a quarter of that time apart up
  * to BG_NAP_MS: the waiter that ends such a wait does wake it (ops.c,
- * kolo_wait, WAIT_LONG_MS: the same figure). Every 5 ms for the whole
+ * kolo_wait). Every 5 ms for the whole
  * of a long wait was 200 wake-ups a second per rank: 512 ranks waiting
  * on the coordinator in one process (tests/worker/test_hosts.c) kept
  * hundreds of threads runnable on 2 CPUs, and nng's few threads, which
@@ -1092,7 +1092,6 @@ void ctx_run_log_entry(struct kolo_ctx *c)
  * missed their deadlines (requests sat unsent for seconds). */
 #define BG_TAKEOVER_US 500
 #define BG_WATCH_MS 5
-#define BG_WATCH_LONG_MS 20
 
 static void *bg_main(void *arg)
 {

@@ -498,11 +498,6 @@ out:
 
 /* ---------------------------------------------------------------- waiting */
 
-/* ctx.c's BG_WATCH_LONG_MS: the background thread watches a waiter every
- * 5 ms for this long, then ever less often, so the waiter that ends a
- * longer wait wakes it. */
-#define WAIT_LONG_MS 20
-
 int kolo_poll(kolo_ctx *c, kolo_handle h, int *done)
 {
     if (!c || !done)
@@ -562,11 +557,11 @@ int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
      * ring it out - two thread switches on the path of a small op. */
     if (--c->drivers == 0 && c->fast) {
         uint64_t now_us = now_mono_us();
-        /* Except after a long wait (WAIT_LONG_MS, counted as bg_main
+        /* Except after a long wait (BG_WATCH_LONG_MS, counted as bg_main
          * counts it: from when drivers last fell to 0), in which the
          * background thread may sleep for up to BG_NAP_MS (ctx.c): it
          * must hear at once that the peers' rounds are its own again. */
-        if (now_us - c->undriven_since_us >= (uint64_t)WAIT_LONG_MS * 1000)
+        if (now_us - c->undriven_since_us >= (uint64_t)BG_WATCH_LONG_MS * 1000)
             pthread_cond_signal(&c->wake);
         c->undriven_since_us = now_us;
     }

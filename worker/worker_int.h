@@ -29,6 +29,10 @@
 
 #define WORKER_NEGOTIATE_WAIT_MS 1000
 #define WORKER_NAME_MAX 512
+/* How long the background thread watches a user thread's wait every
+ * 5 ms before it looks ever less often (ctx.c, bg_main); a waiter that
+ * ends a wait this long wakes it (ops.c, kolo_wait). */
+#define BG_WATCH_LONG_MS 20
 
 enum op_state { OP_QUEUED, OP_SENT, OP_DONE };
 
