@@ -149,6 +149,22 @@ if r != 0:
     # the fresh ranks' parameters moved only by the broadcast, not by the
     # zero-gradient step that created their state
     pass
+# Horovod's state initialisation leaves a zero gradient on every parameter
+# that requires one (a fresh optimizer, every rank) and None on a frozen
+# one, so broadcasting a gradient right after works
+model = make_model(13)
+frozen = model[2].bias
+frozen.requires_grad_(False)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+before = [p.detach().clone() for p in model.parameters()]
+hvd.broadcast_optimizer_state(opt, root_rank=0)
+grads = [p.grad for p in model.parameters() if p.requires_grad]
+check(all(g is not None and g.abs().sum() == 0 for g in grads), "zero gradients after the init")
+check(frozen.grad is None, "a frozen parameter got a gradient")
+check(all(torch.equal(a, b) for a, b in zip(before, model.parameters())), "init step moved weights")
+for k, p in enumerate(p for p in model.parameters() if p.requires_grad):
+    hvd.broadcast(p.grad, root_rank=0, name="grad.%d" % k)
+
 obj = hvd.broadcast_object({"epoch": 4, "rank": r}, root_rank=0)
 check(obj == {"epoch": 4, "rank": 0}, "broadcast_object %s" % obj)
 check(hvd.allgather_object(("r", r)) == [("r", k) for k in range(n)], "allgather_object")

@@ -45,23 +45,29 @@ def _has_stateful_optimizer(optimizer):
 
 def _init_state(optimizer):
     """Gives an optimizer its state (momentum buffers, step counters) by one
-    step with zero gradients; the parameters are restored afterwards, so
-    weight decay or momentum never moves them."""
+    step with zero gradients, as Horovod does: afterwards every parameter
+    that requires a gradient has a zero one (so `broadcast(p.grad)` works
+    right after, as in Horovod), and the others keep None. The parameters
+    are restored, so weight decay or momentum never moves them."""
     saved = []
+    sparse = isinstance(optimizer, torch.optim.SparseAdam)
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.requires_grad:
-                saved.append((p, p.data.clone(), p.grad))
+                saved.append((p, p.data.clone()))
                 p.grad = torch.zeros_like(p.data)
+                if sparse:
+                    p.grad = p.grad.to_sparse()
     step = optimizer.step
     if getattr(optimizer, "_kolo_distributed", False):
         # a DistributedOptimizer's step() would allreduce: step the base class
         step = super(optimizer.__class__, optimizer).step
     step()
     with torch.no_grad():
-        for p, data, grad in saved:
+        for p, data in saved:
             p.data.copy_(data)
-            p.grad = grad
+            if not sparse:
+                p.grad.zero_()
 
 
 def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=global_process_set):
