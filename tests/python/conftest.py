@@ -167,10 +167,12 @@ HOROVOD_STYLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "horovo
 HOROVOD_SUITE = os.path.join(HOROVOD_STYLE, "suite.py")
 
 
-def run_horovod_style(module, np_, timeout=240, env=None):
-    """Runs a unittest module of tests/python/horovod_style on every rank of
-    an np_-rank job (suite.py) and checks that every rank passed."""
-    job = kolo_run(np_, HOROVOD_SUITE, args=[module], timeout=timeout, env=env)
+def run_horovod_style(modules, np_, timeout=240, env=None):
+    """Runs a unittest module of tests/python/horovod_style (or a list of
+    them, one after the other in the same processes) on every rank of an
+    np_-rank job (suite.py) and checks that every rank passed."""
+    args = [modules] if isinstance(modules, str) else list(modules)
+    job = kolo_run(np_, HOROVOD_SUITE, args=args, timeout=timeout, env=env)
     summaries = [line for line in job.out.splitlines() if "SUITE rank" in line]
     assert job.rc == 0 and len(summaries) == np_, job
     for line in summaries:

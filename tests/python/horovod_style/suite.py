@@ -1,9 +1,14 @@
-"""Runs one Horovod-style unittest module on every rank of a job, as
+"""Runs Horovod-style unittest modules on every rank of a job, as
 Horovod's own suites run (`horovodrun -np 2 pytest test_torch.py`): each
 test method calls hvd.init() itself and tearDown calls hvd.barrier() and
 hvd.shutdown(), so one process initializes and shuts down once per test.
 
     kolo run -np 2 -- python3 suite.py test_lifecycle.py [TestClass.test_name ...]
+        [test_sparse.py [TestClass.test_name ...] ...]
+
+Several modules run one after the other in the same processes (one
+interpreter start and torch import per rank, not one per module); a
+test name after a module names a test of that module.
 
 Every test has a deadline (HvdTestCase.TIMEOUT seconds, SIGALRM): a hang
 fails that test on that rank instead of stalling the run. The last line
@@ -47,17 +52,31 @@ class HvdTestCase(unittest.TestCase):
             signal.alarm(0)
 
 
-def main(argv):
-    path = os.path.join(HERE, argv[0]) if not os.path.isabs(argv[0]) else argv[0]
-    sys.path.insert(0, HERE)
+def load_module(name):
+    """The unittest module NAME (a file here, or an absolute path)."""
+    path = os.path.join(HERE, name) if not os.path.isabs(name) else name
     spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def main(argv):
+    sys.path.insert(0, HERE)
     loader = unittest.TestLoader()
-    if len(argv) > 1:
-        suite = loader.loadTestsFromNames(argv[1:], mod)
-    else:
-        suite = loader.loadTestsFromModule(mod)
+    suite = unittest.TestSuite()
+    groups = []  # [module file, test names...] per module on the command line
+    for arg in argv:
+        if arg.endswith(".py") or not groups:
+            groups.append([arg])
+        else:
+            groups[-1].append(arg)
+    for name, *tests in groups:
+        mod = load_module(name)
+        if tests:
+            suite.addTests(loader.loadTestsFromNames(tests, mod))
+        else:
+            suite.addTests(loader.loadTestsFromModule(mod))
     res = unittest.TextTestRunner(stream=sys.stderr, verbosity=2).run(suite)
     rank = os.environ.get("KOLO_RANK", os.environ.get("HOROVOD_RANK", "0"))
     print("SUITE rank %s: ran %d, failures %d, errors %d, skipped %d"
