@@ -157,6 +157,15 @@ for step in range(n):
 last = hvd.join()
 check(last == n - 1, "join returned %r" % last)
 hvd.barrier()
+# join(device) on a host without a GPU: the device only says where the
+# zeros would live (Horovod built for CPU goes on); then everything works
+if not torch.cuda.is_available():
+    for step in range(n):
+        if step <= r:
+            got = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="join.dev.%d" % step)
+            check(torch.allclose(got, torch.ones(2) * (n - step)), "join(device) step %d" % step)
+    check(hvd.join(hvd.local_rank()) == n - 1, "join(local_rank) on a CPU host")
+    hvd.barrier()
 
 # autograd
 w = torch.ones(4, requires_grad=True)

@@ -607,5 +607,9 @@ def join(device=-1):
     `device`: the GPU those zeros live on when the others reduce CUDA
     tensors (-1: CPU), as in Horovod."""
     device = int(device) if device is not None else -1
+    if device >= 0 and not torch.cuda.is_available():
+        # no GPU here: the zeros live on the CPU, as Horovod built for CPU
+        # treats the argument (join(hvd.local_rank()) in GPU-ready scripts)
+        device = -1
     return synchronize(_submit([E.Req(E.JOIN, device=device)], None,
                                lambda res: int(res[0].value)))
