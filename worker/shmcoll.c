@@ -132,6 +132,10 @@
  * the partial result is re-read from L1 by each further source. */
 #define SHM_BLOCK                   16384u
 #define SHM_SLICE_MS                10u
+/* The same when no peer can die apart from this process (ranks as
+ * threads of it): nothing to look at but the deadline; an abort or a
+ * peer that leaves wakes the sleepers itself. */
+#define SHM_SLICE_UNWATCHED_MS      200u
 #define SHM_SPIN_US_DEFAULT         30
 #define SHM_SPIN_US_OVERSUBSCRIBED  0
 #define SHM_YIELD_US_DEFAULT        200
@@ -215,6 +219,7 @@ struct shmcoll {
     struct pollfd *pfd;
     int *pfd_rank;
     int npfd;
+    bool unwatched; /* no peer to watch: every one is a thread of this process */
     uint64_t spin_ns, yield_ns;
     unsigned yield_misses, yield_skipped; /* waits in a row yields did not pay; skips since */
     /* Liveness, not a time limit: the span of the running operation's
@@ -426,7 +431,8 @@ static int shm_wait_slow(struct shmcoll *s, int j, uint64_t target, uint64_t dea
     uint32_t want = (uint32_t)target;
     int rc = 0;
     uint64_t start = now_mono_ms();
-    uint64_t next_check = start + SHM_SLICE_MS;
+    uint64_t period = s->unwatched ? SHM_SLICE_UNWATCHED_MS : SHM_SLICE_MS;
+    uint64_t next_check = start + period;
     /* the peers moved up to now: this wait gets the operation's whole span */
     if (deadline && s->window)
         deadline = start + s->window;
@@ -445,7 +451,7 @@ static int shm_wait_slow(struct shmcoll *s, int j, uint64_t target, uint64_t dea
         if (now >= next_check) {
             if ((rc = shm_check_peers(s)) != 0)
                 break;
-            next_check = now + SHM_SLICE_MS;
+            next_check = now + period;
         }
         if (deadline && now >= deadline) {
             rc = shm_fail(s, KOLO_ETIMEDOUT, s->me, true,
@@ -1521,9 +1527,11 @@ int shmcoll_ready(struct coll *c, const int *pids, uint64_t deadline)
     pid_t self = getpid();
     s->npfd = 0;
     for (int r = 0; r < s->n; r++) {
-        s->pid[r] = pids[r];
-        /* Threads as ranks share our pid: nothing to watch. */
-        if (r == s->me || pids[r] <= 0 || pids[r] == self || s->pidfd[r] >= 0)
+        /* Threads as ranks share our pid: nothing to watch (0: not even
+         * with kill(pid, 0), which at 1,024 ranks in one process was most
+         * of the CPU their waits took) */
+        s->pid[r] = pids[r] == self ? 0 : pids[r];
+        if (r == s->me || s->pid[r] <= 0 || s->pidfd[r] >= 0)
             continue;
         s->pidfd[r] = pidfd_open_compat(pids[r]);
         if (s->pidfd[r] >= 0) {
@@ -1532,6 +1540,10 @@ int shmcoll_ready(struct coll *c, const int *pids, uint64_t deadline)
             s->pfd_rank[s->npfd++] = r;
         }
     }
+    bool watched = s->npfd > 0;
+    for (int r = 0; r < s->n; r++)
+        watched |= r != s->me && s->pid[r] > 0 && s->pidfd[r] < 0; /* kill(pid, 0) */
+    s->unwatched = !watched;
     /* A first barrier: once it passes, every rank has the segment mapped
      * and the name can go. */
     int rc = shm_check_peers(s);
