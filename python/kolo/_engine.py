@@ -235,6 +235,10 @@ class Engine:
             self._ctx = None
             self._topo = None
             _forget_handles(self, list(self._pending))
+            # The operations never synchronized keep their tensors until
+            # kolo_fini returned: until then libkolo may still run one
+            # (its response arrived) into their memory.
+            unsynchronized = self._pending
             self._pending = {}
         if ctx is not None:
             # Other threads (a commit being shipped) may be inside a call
@@ -243,6 +247,7 @@ class Engine:
             with self._lock:
                 self._idle.wait_for(lambda: self._borrowers == 0, 60.0)
             lib.kolo_fini(ctx)
+        del unsynchronized
 
     @contextlib.contextmanager
     def borrow(self):
