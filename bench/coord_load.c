@@ -28,7 +28,7 @@
  *               WorkerService.Report per rank on a second connection with
  *               the rounds' telemetry (rank 0: one wait sample per round,
  *               --rounds-per-step rounds a step) and that second's step
- *               times, at libkolo's period (worker/report_rate.h: 500 ms,
+ *               times, at libkolo's period (worker/runtime/report_rate.h: 500 ms,
  *               longer for ranks > 0 of jobs over 256 ranks). The steps
  *               are paced at --rate steps/s.
  *
@@ -49,7 +49,7 @@
  * there while it waits for the others), e.g. 4 * N.
  *
  * Build (bench/run.sh does this):
- *   gcc -O2 -Icommon -Iinclude -Iworker -Ibuild/proto bench/coord_load.c \
+ *   gcc -O2 -Icommon -Iinclude -Iworker/runtime -Ibuild/proto bench/coord_load.c \
  *       build/common/libkolo_common.a build/libkolo_proto.a \
  *       -lnng -lprotobuf-c -lpthread -o coord_load
  */
@@ -441,7 +441,7 @@ static void report_done(void *arg, int code, const void *rep, size_t len, const 
 
 /* rounds: what rank r's report sender sends for one period: the rounds'
  * telemetry (rank 0 carries a wait sample per round) and the step times of
- * the current second, as worker/report.c does. */
+ * the current second, as worker/runtime/report.c does. */
 static void report_send(struct rank *r, double period_s, uint32_t *wait_us, uint32_t *wait_ops,
                         size_t nwaits)
 {
@@ -481,7 +481,7 @@ static void report_send(struct rank *r, double period_s, uint32_t *wait_us, uint
 
 /* rounds: the timed phase. The ranks' steps happen on the data plane; here
  * only the clock runs, and each rank reports at the period libkolo's
- * sender uses (worker/report_rate.h), spread over it as report.c starts
+ * sender uses (worker/runtime/report_rate.h), spread over it as report.c starts
  * them. */
 static void rounds_phase(void)
 {

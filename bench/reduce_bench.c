@@ -4,8 +4,8 @@
  * Not a test and not part of the CMake build; build it with the flags
  * the worker library uses:
  *
- *   gcc -std=c11 -O3 -march=native -I include -I worker \
- *       bench/reduce_bench.c worker/reduce.c -o /tmp/reduce_bench -lm
+ *   gcc -std=c11 -O3 -march=native -I include -I worker/coll \
+ *       bench/reduce_bench.c worker/coll/reduce.c -o /tmp/reduce_bench -lm
  *
  * (add -DKOLO_REDUCE_PORTABLE to time the float16 fallback that does not
  * use F16C). GB/s is the size of one buffer divided by the time, so a

@@ -209,7 +209,7 @@ build_peers() {
         mpicc -O2 -o "$bb/mpi_allreduce" bench/mpi_allreduce.c
     fresh "$bb/coord_load" bench/coord_load.c "$build/common/libkolo_common.a" \
         "$build/libkolo_proto.a" ||
-        gcc -O2 -D_GNU_SOURCE -Icommon -Iinclude -Iworker -I"$build/proto" bench/coord_load.c \
+        gcc -O2 -D_GNU_SOURCE -Icommon -Iinclude -Iworker/runtime -I"$build/proto" bench/coord_load.c \
             "$build/common/libkolo_common.a" "$build/libkolo_proto.a" \
             -lnng -lprotobuf-c -lpthread -o "$bb/coord_load"
     fresh "$bb/tcp_rtt" bench/tcp_rtt.c bench/bench_clock.h || gcc -O2 -o "$bb/tcp_rtt" bench/tcp_rtt.c

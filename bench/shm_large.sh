@@ -44,7 +44,7 @@ tmp="$(mktemp -d /tmp/kolo-shm-large.XXXXXX)"
 trap 'rm -rf "$tmp"' EXIT
 libs=("$build/worker/libkolo_worker.a" "$build/negotiation/libkolo_negotiation.a"
       "$build/common/libkolo_common.a" "$build/libkolo_proto.a")
-flags=(-O3 -D_GNU_SOURCE -Iinclude -Iworker -Icommon -Inegotiation -I"$build/proto")
+flags=(-O3 -D_GNU_SOURCE -Iinclude -Iworker/coll -Icommon -Inegotiation -I"$build/proto")
 gcc "${flags[@]}" bench/shmcoll_bench.c "${libs[@]}" \
     -lnng -lprotobuf-c -lcrypto -lm -lpthread -ldl -o "$tmp/kolo"
 mpicc "${flags[@]}" -DKOLO_BENCH_MPI bench/shmcoll_bench.c "${libs[@]}" \

@@ -9,8 +9,8 @@
  *
  * Ranks are forked processes. Not a test: build it by hand against the
  * objects of a build (scripts/build.sh), e.g.
- *   gcc -O3 -march=native -D_GNU_SOURCE -Iinclude -Iworker -Icommon -Inegotiation \
- *       -Ibuild/proto bench/shmcoll_bench.c build/worker/CMakeFiles/kolo_worker.dir/*.o \
+ *   gcc -O3 -march=native -D_GNU_SOURCE -Iinclude -Iworker/coll -Icommon -Inegotiation \
+ *       -Ibuild/proto bench/shmcoll_bench.c build/worker/libkolo_worker.a \
  *       build/common/CMakeFiles/kolo_common.dir/*.o \
  *       build/negotiation/CMakeFiles/kolo_negotiation.dir/*.o \
  *       build/CMakeFiles/kolo_proto.dir/proto/kolo.pb-c.c.o \

@@ -1,4 +1,4 @@
-# The element-wise reductions (worker/reduce.c).
+# The element-wise reductions (worker/coll/reduce.c).
 # "nothreads": single-threaded, so the ThreadSanitizer pass skips it (it
 # would only make the loops 100x slower).
 kolo_test(reduce worker "unit;worker;nothreads" test_reduce.c)
@@ -8,8 +8,8 @@ target_link_libraries(${KOLO_LAST_TEST_TARGET} PRIVATE kolo_worker)
 # library itself never uses on a machine with F16C: reduce.c compiled
 # again with KOLO_REDUCE_PORTABLE, optimised like the library so the
 # vectorised form of the fallback is what runs.
-kolo_test(reduce_portable worker "unit;worker;nothreads" test_reduce.c ${CMAKE_SOURCE_DIR}/worker/reduce.c)
-target_include_directories(${KOLO_LAST_TEST_TARGET} PRIVATE ${CMAKE_SOURCE_DIR}/worker
+kolo_test(reduce_portable worker "unit;worker;nothreads" test_reduce.c ${CMAKE_SOURCE_DIR}/worker/coll/reduce.c)
+target_include_directories(${KOLO_LAST_TEST_TARGET} PRIVATE ${CMAKE_SOURCE_DIR}/worker/coll
                            ${CMAKE_SOURCE_DIR}/include)
 target_compile_definitions(${KOLO_LAST_TEST_TARGET} PRIVATE KOLO_REDUCE_PORTABLE)
 target_link_libraries(${KOLO_LAST_TEST_TARGET} PRIVATE m)
