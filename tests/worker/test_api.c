@@ -17,7 +17,7 @@
 #include "round.h"
 #include "test.h"
 #include "util.h"
-#include "worker_int.h"
+#include "ops.h"
 
 static struct coord *coord;
 static uint64_t job_id;

@@ -30,7 +30,7 @@
 #include "test.h"
 #include "coord_harness.h"
 #include "util.h"
-#include "worker_int.h"
+#include "ctx_model.h"
 
 #define CALL_MS (getenv("KOLO_TEST_CALL_MS") ? atoi(getenv("KOLO_TEST_CALL_MS")) : 120000)
 

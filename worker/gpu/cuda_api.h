@@ -19,7 +19,7 @@
  * scaling kernels). Everything else is required.
  *
  * Only compiled when CMake found the CUDA and NCCL headers
- * (KOLO_HAVE_NCCL); see gpu.h for what the rest of libkolo calls.
+ * (KOLO_HAVE_NCCL); see nccl_exec.h for what the rest of libkolo calls.
  */
 #ifndef KOLO_WORKER_CUDA_API_H
 #define KOLO_WORKER_CUDA_API_H

@@ -10,13 +10,13 @@
  * (rank r dials every lower rank, accepts every higher one) under the
  * ring backend. Everything is bounded by the config's timeout.
  *
- * Background thread: see worker_int.h. Negotiation errors that mean the
+ * Background thread: see ctx_model.h. Negotiation errors that mean the
  * generation is over (stale, the job ended, a rank left) become a sticky
  * error that fails every pending and future operation; transport errors
  * towards the coordinator are retried until the timeout, since the
  * coordinator may be restarting.
  */
-#include "worker_int.h"
+#include "ctx.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -31,7 +31,6 @@
 #include "errors.h"
 #include "resume.h"
 #include "settings.h"
-#include "gpu.h"
 #include "creds.h"
 #include "log.h"
 #include "hier.h"
@@ -40,6 +39,14 @@
 #include "seal.h"
 #include "transport.h"
 #include "util.h"
+#include "exec.h"
+#include "fastpath.h"
+#include "nccl_exec.h"
+#include "ops.h"
+#include "report.h"
+#include "snapshot.h"
+#include "solo.h"
+#include "timeline.h"
 
 #define RENDEZVOUS_SLICE_MS 5000
 
@@ -51,28 +58,6 @@ static int negotiate_call(struct kolo_ctx *c, const Kolo__NegotiateRequest *req,
                           struct negot_call *nc, void *a1, void *a2, void *a3);
 #define DEFAULT_TIMEOUT_MS 30000
 #define DEFAULT_FUSION (64ll << 20)
-
-int ctx_error(struct kolo_ctx *c, int code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
-    va_end(ap);
-    return code;
-}
-
-void ctx_set_error(struct kolo_ctx *c, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
-    va_end(ap);
-}
-
-void ctx_wake(struct kolo_ctx *c)
-{
-    pthread_cond_signal(&c->wake);
-}
 
 /* Sets the sticky error and fails everything pending (mu held). */
 void ctx_fail(struct kolo_ctx *c, int code, const char *msg)
@@ -742,39 +727,6 @@ static void resume_send(struct kolo_ctx *c)
         c->resume = true; /* try again */
 }
 
-uint64_t ctx_deadline(const struct kolo_ctx *c)
-{
-    return now_mono_ms() + (uint64_t)c->timeout_ms;
-}
-
-bool ctx_log_put(struct kolo_ctx *c, Kolo__Response *x)
-{
-    if (x->index < c->resp_base) {
-        kolo__response__free_unpacked(x, NULL);
-        return false; /* already executed: a repeated read */
-    }
-    size_t slot = (size_t)(x->index - c->resp_base);
-    if (slot >= c->resp_cap) {
-        size_t cap = c->resp_cap ? c->resp_cap : 64;
-        while (cap <= slot)
-            cap *= 2;
-        Kolo__Response **nr = realloc(c->resp, cap * sizeof(*nr));
-        if (!nr) {
-            kolo__response__free_unpacked(x, NULL);
-            return false;
-        }
-        memset(nr + c->resp_cap, 0, (cap - c->resp_cap) * sizeof(*nr));
-        c->resp = nr;
-        c->resp_cap = cap;
-    }
-    if (c->resp[slot]) {
-        kolo__response__free_unpacked(x, NULL);
-        return false;
-    }
-    c->resp[slot] = x;
-    return true;
-}
-
 /* What one negotiation call carried: the operations negotiate_send moved
  * to OP_SENT, by handle (a stale handle finds nothing). */
 struct negot_call {
@@ -1010,23 +962,6 @@ bool ctx_try_execute(struct kolo_ctx *c)
     return true;
 }
 
-void ctx_rpc_config(const struct kolo_ctx *c, char *ident, size_t identlen,
-                    struct rpc_client_config *rc)
-{
-    snprintf(ident, identlen, "job%llu-rank%d", (unsigned long long)c->job, c->rank);
-    *rc = (struct rpc_client_config){.url = c->coord_url,
-                                     .token = c->coord_token,
-                                     .token_is_job = c->coord_token_job,
-                                     .identity = ident,
-                                     .job_id = c->job,
-                                     .generation = c->generation,
-                                     .rank = c->rank,
-                                     .tls = &c->tls,
-                                     /* someone else's parked calls must
-                                      * not fail a training job (issue 28) */
-                                     .retry_busy = true};
-}
-
 void ctx_token_release(struct kolo_ctx *c)
 {
     c->executing = false;
@@ -1055,6 +990,11 @@ void ctx_run_log_entry(struct kolo_ctx *c)
     for (size_t i = 0; i < r->n_cache_ids && i < r->n_names; i++)
         if (r->cache_ids[i])
             fast_evict(c, r->cache_ids[i], r->names[i]);
+    /* An entry that clears every rank's response cache is a cache
+     * change too: made here, under the same lock, so that the executor
+     * (exec.c, which skips the entry) never calls up into the rounds. */
+    if (r->cache_reset && !r->shutdown)
+        fast_cache_reset(c);
     c->exec_since = now_mono_ms();
     c->exec_stale = false;
     /* the timeline under readiness rounds: when this entry's op ended
@@ -1066,7 +1006,7 @@ void ctx_run_log_entry(struct kolo_ctx *c)
     if (traced) {
         Kolo__TraceSpan span = KOLO__TRACE_SPAN__INIT;
         span.log_index = r->index;
-        span.done_us = exec_done_since(started_us);
+        span.done_us = ops_done_since(started_us);
         report_trace(c, &span, 1);
     }
     kolo__response__free_unpacked(r, NULL);

@@ -8,21 +8,22 @@
  * own and contributes zeros (Horovod's join). A data-plane failure fails
  * the operations of this response and, because the connection state is
  * now unknown, every other pending operation too (sticky). Responses
- * whose tensors live on a GPU go to the NCCL backend (gpu.h,
+ * whose tensors live on a GPU go to the NCCL backend (nccl_exec.h,
  * nccl_exec.c), which follows the same rules on the device.
  */
-#include "worker_int.h"
+#include "exec.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "errors.h"
-#include "gpu.h"
 #include "log.h"
 #include "plan.h"
 #include "reduce.h"
 #include "util.h"
+#include "nccl_exec.h"
+#include "ops.h"
 
 static int ensure(void **buf, size_t *cap, size_t need)
 {
@@ -39,39 +40,9 @@ static int ensure(void **buf, size_t *cap, size_t need)
     return 0;
 }
 
-/* when this thread's last exec_finish began (exec_done_since) */
-static __thread uint64_t done_us;
-
-uint64_t exec_done_since(uint64_t since)
-{
-    return done_us >= since ? done_us : now_mono_us();
-}
-
-/* Completes the ops of a response; a failure becomes sticky. Cache ids
- * are recorded first: once complete, an op may be freed by its waiter. */
-void exec_finish(struct kolo_ctx *c, struct op **ops, size_t n, int rc, const char *why,
-                 const uint32_t *cache_ids, size_t ncache)
-{
-    done_us = now_mono_us(); /* before a waiter may submit the next op */
-    pthread_mutex_lock(&c->mu);
-    for (size_t i = 0; i < n && i < ncache && rc == 0 && !c->exec_stale; i++)
-        if (ops[i] && cache_ids[i])
-            ops_cache_put(c, ops[i], cache_ids[i]);
-    for (size_t i = 0; i < n; i++)
-        if (ops[i])
-            ops_complete(c, ops[i], rc, why);
-    if (rc && !c->sticky) {
-        c->sticky = rc;
-        snprintf(c->sticky_msg, sizeof(c->sticky_msg), "%s", why ? why : kolo_strerror(rc));
-        ops_fail_all(c, c->sticky, c->sticky_msg);
-        LOGW("kolo", "rank %d: data plane failed: %s", c->rank, c->sticky_msg);
-    }
-    pthread_mutex_unlock(&c->mu);
-}
-
 static void finish(struct kolo_ctx *c, struct op **ops, size_t n, int rc, const char *why)
 {
-    exec_finish(c, ops, n, rc, why, NULL, 0);
+    ops_finish(c, ops, n, rc, why, NULL, 0);
 }
 
 void exec_post_scale(const struct plan *p, void *buf, size_t count)
@@ -103,7 +74,7 @@ static void exec_allreduce(struct kolo_ctx *c, const Kolo__Response *r, const st
         rc = c->coll->ops->allreduce(c->coll, p->dt, p->op, in, out, p->total, deadline);
         if (rc == 0)
             exec_post_scale(p, out, p->total);
-        exec_finish(c, ops, 1, rc, rc ? why_of(c, rc) : NULL, r->cache_ids, r->n_cache_ids);
+        ops_finish(c, ops, 1, rc, rc ? why_of(c, rc) : NULL, r->cache_ids, r->n_cache_ids);
         return;
     }
     if (ensure(&c->fusion, &c->fusion_cap, p->total * p->es + 1) != 0) {
@@ -127,7 +98,7 @@ static void exec_allreduce(struct kolo_ctx *c, const Kolo__Response *r, const st
             if (ops[i])
                 memcpy(ops[i]->req.recvbuf, buf + p->offset[i] * p->es, p->count[i] * p->es);
     }
-    exec_finish(c, ops, p->k, rc, rc ? why_of(c, rc) : NULL, r->cache_ids, r->n_cache_ids);
+    ops_finish(c, ops, p->k, rc, rc ? why_of(c, rc) : NULL, r->cache_ids, r->n_cache_ids);
 }
 
 /* The result of an allgather or alltoall: a buffer of p->result_bytes. */
@@ -201,7 +172,7 @@ static void exec_locked(struct kolo_ctx *c, const Kolo__Response *r, struct op *
     pthread_mutex_unlock(&c->mu);
 
     /* GPU tensors: the NCCL backend queues the work and returns; the
-     * finaliser completes the ops (gpu.h). */
+     * finaliser completes the ops (nccl_exec.h). */
     if (on_gpu) {
         gpu_exec_response(c, r, ops, deadline);
         return;
@@ -266,12 +237,8 @@ void exec_response(struct kolo_ctx *c, const Kolo__Response *r)
         pthread_mutex_unlock(&c->mu);
         return;
     }
-    if (r->cache_reset) {
-        pthread_mutex_lock(&c->mu);
-        fast_cache_reset(c);
-        pthread_mutex_unlock(&c->mu);
-        return;
-    }
+    if (r->cache_reset)
+        return; /* ctx_run_log_entry cleared the caches (fast_cache_reset) */
     size_t k = r->n_names;
     struct op **ops = calloc(k + 1, sizeof(*ops));
     if (!ops)

@@ -37,7 +37,7 @@
  * that waits. kolo_fini's last round (fast_leave) tells the peers the
  * rank leaves: ROUND_F_SHUTDOWN ends the generation on every rank.
  */
-#include "worker_int.h"
+#include "fastpath.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +51,10 @@
 #include "round.h"
 #include "settings.h"
 #include "util.h"
+#include "ctx.h"
+#include "exec.h"
+#include "ops.h"
+#include "report.h"
 
 #define FAST_STALL_MAX_MS 10000
 /* How long a rank whose round failed because a peer left waits for the
@@ -371,7 +375,7 @@ static void run_agreed(struct kolo_ctx *c, struct op **ops, size_t n)
 {
     int64_t *sizes = calloc(n, sizeof(*sizes));
     if (!sizes) {
-        exec_finish(c, ops, n, KOLO_ENOMEM, "out of memory", NULL, 0);
+        ops_finish(c, ops, n, KOLO_ENOMEM, "out of memory", NULL, 0);
         return;
     }
     for (size_t i = 0; i < n; i++)
@@ -631,7 +635,7 @@ static void fast_round(struct kolo_ctx *c, uint64_t deadline)
         size_t run = fusion_run(items + i, na - i, c->fused_threshold);
         run_agreed(c, agreed + i, run);
         for (size_t x = i; trace && x < i + run; x++)
-            trace[x].done_us = exec_done_since(trace[x].agreed_us);
+            trace[x].done_us = ops_done_since(trace[x].agreed_us);
         i += run;
     }
     if (trace) {

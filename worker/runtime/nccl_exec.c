@@ -1,6 +1,6 @@
 /*
  * nccl_exec.c - the GPU backend: set-up, execution and completion of
- * operations on GPU tensors (see gpu.h for the life of one).
+ * operations on GPU tensors (see nccl_exec.h for the life of one).
  *
  * Set-up is lazy and collective. Nothing of CUDA is loaded until a
  * request names a device; the backend itself is built by the first GPU
@@ -38,7 +38,7 @@
  * so a generation's communicator is never left to hang; the next
  * generation builds its own in its own context.
  */
-#include "worker_int.h"
+#include "nccl_exec.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,10 +47,11 @@
 
 #include "errors.h"
 #include "settings.h"
-#include "gpu.h"
 #include "log.h"
 #include "plan.h"
 #include "util.h"
+#include "ctx_model.h"
+#include "ops.h"
 
 #if KOLO_HAVE_NCCL
 
@@ -953,7 +954,7 @@ void gpu_exec_response(struct kolo_ctx *c, const Kolo__Response *r, struct op **
     if (gp && gp->state == GPU_NEW) {
         int rc = gpu_setup(c, gp, deadline);
         if (rc) { /* the CPU data plane broke: sticky */
-            exec_finish(c, ops, k, rc, gp->fail_msg, NULL, 0);
+            ops_finish(c, ops, k, rc, gp->fail_msg, NULL, 0);
             return;
         }
     }
@@ -1052,7 +1053,7 @@ void gpu_exec_response(struct kolo_ctx *c, const Kolo__Response *r, struct op **
         /* The stream and the communicator are in an unknown state. */
         if (gp->nccl)
             nccl_coll_abort(gp->nccl, why);
-        exec_finish(c, ops, k, rc, why[0] ? why : kolo_strerror(rc), NULL, 0);
+        ops_finish(c, ops, k, rc, why[0] ? why : kolo_strerror(rc), NULL, 0);
         pending_free(g, gp, p);
         return;
     }

@@ -5,7 +5,7 @@
  * are not, so a released or made-up handle is recognised and refused
  * (KOLO_ENOTFOUND) instead of pointing at another operation.
  */
-#include "worker_int.h"
+#include "ops.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -14,10 +14,13 @@
 #include <time.h>
 
 #include "errors.h"
-#include "gpu.h"
 #include "log.h"
 #include "round.h"
 #include "util.h"
+#include "ctx.h"
+#include "fastpath.h"
+#include "nccl_exec.h"
+#include "report.h"
 
 /* ---------------------------------------------------------------- handles */
 
@@ -704,4 +707,36 @@ int kolo_join_async(kolo_ctx *c, kolo_handle *handle)
 {
     kolo_request r = {.coll = KOLO_COLL_JOIN, .device = -1};
     return kolo_submit(c, &r, 1, handle);
+}
+
+/* ---------------------------------------------------------------- completion by an executor */
+
+/* when this thread's last ops_finish began (ops_done_since) */
+static __thread uint64_t done_us;
+
+uint64_t ops_done_since(uint64_t since)
+{
+    return done_us >= since ? done_us : now_mono_us();
+}
+
+/* Completes the ops of a response; a failure becomes sticky. Cache ids
+ * are recorded first: once complete, an op may be freed by its waiter. */
+void ops_finish(struct kolo_ctx *c, struct op **ops, size_t n, int rc, const char *why,
+                const uint32_t *cache_ids, size_t ncache)
+{
+    done_us = now_mono_us(); /* before a waiter may submit the next op */
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < n && i < ncache && rc == 0 && !c->exec_stale; i++)
+        if (ops[i] && cache_ids[i])
+            ops_cache_put(c, ops[i], cache_ids[i]);
+    for (size_t i = 0; i < n; i++)
+        if (ops[i])
+            ops_complete(c, ops[i], rc, why);
+    if (rc && !c->sticky) {
+        c->sticky = rc;
+        snprintf(c->sticky_msg, sizeof(c->sticky_msg), "%s", why ? why : kolo_strerror(rc));
+        ops_fail_all(c, c->sticky, c->sticky_msg);
+        LOGW("kolo", "rank %d: data plane failed: %s", c->rank, c->sticky_msg);
+    }
+    pthread_mutex_unlock(&c->mu);
 }

@@ -27,7 +27,7 @@
  * last time (one call, at most REPORT_FINAL_MS) and exits, so the end of
  * the last epoch reaches the coordinator before the process exits.
  */
-#include "worker_int.h"
+#include "report.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /*
  * report_rate.h - how often a rank sends the coordinator its telemetry
- * (worker/report.c; bench/coord_load.c plays the same rule).
+ * (worker/runtime/report.c; bench/coord_load.c plays the same rule).
  *
  * Every rank's sender wakes every REPORT_PERIOD_MS. A batch with an epoch
  * boundary goes at once (`kolo run` prints epoch lines from them). One with

@@ -31,7 +31,7 @@
  * ends a call in flight at once) and waits for the calls to leave before
  * it frees the context.
  */
-#include "worker_int.h"
+#include "snapshot.h"
 
 #include <inttypes.h>
 #include <stdio.h>

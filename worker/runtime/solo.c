@@ -18,7 +18,7 @@
  * tensor, no cache ids, a join answered at once) and appends it to the
  * log, where the background thread or a waiting user thread runs it.
  */
-#include "worker_int.h"
+#include "solo.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +26,7 @@
 
 #include "errors.h"
 #include "mismatch.h"
+#include "ops.h"
 
 int solo_config(const kolo_config *given, kolo_config *cfg, char *err, size_t errlen)
 {

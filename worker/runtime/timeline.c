@@ -41,7 +41,8 @@
 #include "rpc.h"
 #include "settings.h"
 #include "util.h"
-#include "worker_int.h"
+#include "timeline.h"
+#include "fastpath.h"
 
 #define TIMELINE_CALL_MS 10000
 #define COPY_PERIOD_MS   300

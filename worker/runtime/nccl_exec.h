@@ -1,5 +1,5 @@
 /*
- * gpu.h - what the rest of libkolo calls of the GPU backend.
+ * nccl_exec.h - what the rest of libkolo calls of the GPU backend.
  *
  * The backend (nccl_exec.c, nccl_coll.c, nccl_load.c) is compiled in when
  * CMake found the CUDA and NCCL headers; without them these functions are
@@ -21,8 +21,8 @@
  *     (results attached, cache ids recorded), or fail if NCCL reported an
  *     error or the deadline passed; a failure aborts the communicator.
  */
-#ifndef KOLO_WORKER_GPU_H
-#define KOLO_WORKER_GPU_H
+#ifndef KOLO_WORKER_NCCL_EXEC_H
+#define KOLO_WORKER_NCCL_EXEC_H
 
 #include <stdbool.h>
 #include <stdint.h>

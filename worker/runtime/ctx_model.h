@@ -1,5 +1,10 @@
 /*
- * worker_int.h - libkolo's context, operations and background thread.
+ * ctx_model.h - libkolo's context and operations: the state every file
+ * of runtime/ shares, and the few functions that only read or write it
+ * (ctx_model.c). What each file does with it is in that file's header:
+ * ctx.h (init, the background thread, the log), ops.h (handles, submit,
+ * wait), fastpath.h (readiness rounds), exec.h and nccl_exec.h (the
+ * executors), solo.h, report.h, snapshot.h, timeline.h.
  *
  * Threads. User threads submit operations (ops.c) and wait on them; one
  * background thread per context (ctx.c) sends the queued requests to the
@@ -12,8 +17,8 @@
  * Everything below the mutex is guarded by it; the data-plane state
  * (coll, fusion buffer) belongs to the background thread alone.
  */
-#ifndef KOLO_WORKER_WORKER_INT_H
-#define KOLO_WORKER_WORKER_INT_H
+#ifndef KOLO_WORKER_CTX_MODEL_H
+#define KOLO_WORKER_CTX_MODEL_H
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -227,30 +232,15 @@ struct kolo_ctx {
     struct gpu *gpu; /* the GPU backend, NULL until a GPU op (nccl_exec.c) */
 };
 
-/* ctx.c */
+/* ctx_model.c */
 /* ctx_deadline: the monotonic ms by which an operation of c must be done
  * (its timeout from now). */
 uint64_t ctx_deadline(const struct kolo_ctx *c);
-void ctx_set_error(struct kolo_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* timeline.c: rank 0's copy of the job's timeline goes on in (or, with
- * HOROVOD_TIMELINE, starts with) a new context, and is made current and
- * a valid file when one ends. Contexts of process sets leave it alone. */
-void timeline_ctx_init(struct kolo_ctx *c);
-void timeline_ctx_fini(struct kolo_ctx *c);
 /* ctx_error records the detail of a refused call and returns code. */
 int ctx_error(struct kolo_ctx *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+void ctx_set_error(struct kolo_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ctx_wake(struct kolo_ctx *c);
-/* ctx_fail sets the sticky error and fails everything pending (mu held). */
-void ctx_fail(struct kolo_ctx *c, int code, const char *msg);
-/* ctx_run_log_entry executes the next response of the log, which must
- * have arrived (mu and the executor token held; mu released meanwhile). */
-void ctx_run_log_entry(struct kolo_ctx *c);
-void ctx_send_queued(struct kolo_ctx *c);
-bool ctx_try_execute(struct kolo_ctx *c);
-/* ctx_token_release gives the executor token back and wakes whoever waits
- * for it or for an op it completed (mu held). */
-void ctx_token_release(struct kolo_ctx *c);
 /* ctx_rpc_config fills what every coordinator connection of c is opened
  * with (url, credential, identity written into ident); c's fields are
  * read, so callers hold mu where they may change. */
@@ -261,125 +251,5 @@ void ctx_rpc_config(const struct kolo_ctx *c, char *ident, size_t identlen,
  * (mu held); false when it is not kept (already run, a repeat, no
  * memory), and then x is freed. */
 bool ctx_log_put(struct kolo_ctx *c, Kolo__Response *x);
-
-/* solo.c: the one-rank context of a process started without kolo run */
-/* solo_config checks a configuration without a coordinator (a size above
- * 1 is refused, with the reason in err) and fills cfg with one rank's. */
-int solo_config(const kolo_config *given, kolo_config *cfg, char *err, size_t errlen);
-/* solo_setup makes the data plane of one rank (a ring of one). */
-int solo_setup(struct kolo_ctx *c);
-/* solo_negotiate answers every queued op at once with the log entry a
- * coordinator writes for one rank, appended to the log (mu held). */
-void solo_negotiate(struct kolo_ctx *c);
-
-/* ops.c (caller holds mu unless noted) */
-/* request_elems: the number of elements of r's tensor (product of its shape). */
-int64_t request_elems(const kolo_request *r);
-/* op_queue_push appends op to the singly linked list head..tail (op->next). */
-void op_queue_push(struct op **head, struct op **tail, struct op *op);
-/* op_queue_pop takes the first op off head..tail (NULL when empty). */
-struct op *op_queue_pop(struct op **head, struct op **tail);
-struct op *ops_lookup(struct kolo_ctx *c, kolo_handle h);
-/* ops_finished: the op of handle h once it has finished (and, ok, with
- * success), else NULL with *rv the reason: KOLO_ENOTFOUND, KOLO_ESTATE
- * (recorded as the last error) or its failure (mu held). */
-struct op *ops_finished(struct kolo_ctx *c, kolo_handle h, bool ok, int *rv);
-struct op *ops_by_name(struct kolo_ctx *c, const char *name);
-void ops_complete(struct kolo_ctx *c, struct op *op, int status, const char *error);
-void ops_fail_all(struct kolo_ctx *c, int status, const char *error);
-/* Queues op for the coordinator (mu held; the caller sends the queue). */
-void ops_queue_slow(struct kolo_ctx *c, struct op *op);
-void ops_free_all(struct kolo_ctx *c);
-uint32_t ops_cache_lookup(struct kolo_ctx *c, const struct op *op);
-void ops_cache_put(struct kolo_ctx *c, const struct op *op, uint32_t id);
-/* ops_cache_clear forgets every cache id (the coordinator lost its cache). */
-void ops_cache_clear(struct kolo_ctx *c);
-/* ops_cache_id_of: the id name is cached under, whatever its signature (0: none). */
-uint32_t ops_cache_id_of(struct kolo_ctx *c, const char *name);
-/* ops_cache_forget_id drops the signature cached under id. */
-void ops_cache_forget_id(struct kolo_ctx *c, uint32_t id);
-/* ops_cache_name_of: the name cached under id, NULL if none. */
-const char *ops_cache_name_of(struct kolo_ctx *c, uint32_t id);
-
-/* ops.c: kolo_submit with the stream GPU requests wait on (gpu.h) */
-int ops_submit(struct kolo_ctx *c, const kolo_request *reqs, int n, void *stream,
-               kolo_handle *handles);
-
-/* snapshot.c: kolo_fini stops the snapshot calls (mu not held), then
- * ctx_free frees what they used. */
-void snapshot_ctx_stop(struct kolo_ctx *c);
-void snapshot_ctx_free(struct kolo_ctx *c);
-
-/* report.c (issue 6): kolo_fini flushes and stops the report sender
- * (mu not held); ctx_free frees it. */
-void report_ctx_stop(struct kolo_ctx *c);
-/* report_start starts the sender before any report (readiness rounds send
- * telemetry from the first round; call it without c->mu). report_round
- * queues one round's telemetry: ops agreed, this rank's moving average
- * wait per op, and the round's reduced longest wait in microseconds. */
-int report_start(struct kolo_ctx *c);
-void report_round(struct kolo_ctx *c, uint32_t agreed, double wait_avg_s, uint64_t wait_us);
-void report_ctx_free(struct kolo_ctx *c);
-/* The timeline's spans (fastpath.c, ctx.c): report_span_fill makes s a
- * span with copies of name and shape (false: out of memory);
- * report_trace hands n spans to the sender, which owns their copies from
- * then (a full queue drops them, counted); report_span_free frees one's
- * copies. */
-bool report_span_fill(Kolo__TraceSpan *s, const char *name, const int64_t *shape, int ndim);
-void report_span_free(Kolo__TraceSpan *s);
-void report_trace(struct kolo_ctx *c, Kolo__TraceSpan *spans, size_t n);
-
-/* fastpath.c: readiness rounds among the ranks (docs/design.md) */
-int fast_init(struct kolo_ctx *c);   /* after the data plane is up */
-void fast_free(struct kolo_ctx *c);
-/* fast_submit classifies a new op (mu held): true when the fast path took
- * it (a cached allreduce, or a barrier); false: it goes to the
- * coordinator, with op->cache_id set where the coordinator's cache path
- * applies (join mode). */
-bool fast_submit(struct kolo_ctx *c, struct op *op);
-/* fast_cache_reset: a log entry clears every rank's response cache (a
- * restarted coordinator found the ranks' tables in disagreement): ops
- * waiting under a cache id go to the coordinator in full (mu held). */
-void fast_cache_reset(struct kolo_ctx *c);
-/* fast_evict: a log entry gives cache id to name; if another name holds
- * it, that one leaves the cache and its pending op goes to the
- * coordinator in full (mu held; every rank runs the entry at the same
- * point). */
-void fast_evict(struct kolo_ctx *c, uint32_t id, const char *name);
-/* fast_try runs one round and its outcome if there is a reason to (mu
- * held; takes the executor token); false when there was nothing to do. */
-bool fast_try(struct kolo_ctx *c);
-/* fast_idle waits in the backend's idle_wait for up to ms (mu held,
- * released meanwhile), if no other thread does; false if it did not. */
-bool fast_idle(struct kolo_ctx *c, int ms, bool spin);
-/* fast_news: a local event worth a round (mu held). */
-void fast_news(struct kolo_ctx *c);
-/* fast_leave: kolo_fini's last round, which tells the peers this rank
- * leaves (ROUND_F_SHUTDOWN) so that their pending ops fail at once in
- * Horovod's words, the coordinator reachable or not (mu held; at most
- * ms, then the rank leaves without it). */
-void fast_leave(struct kolo_ctx *c, int ms);
-
-/* exec.c (background thread, mu not held) */
-void exec_response(struct kolo_ctx *c, const Kolo__Response *r);
-/* Runs a response on ops the caller already holds (the agreed ops of a
- * readiness round), pinned by the caller under mu (op.pinned); r's names
- * are not read. */
-void exec_pinned(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops);
-/* exec_post_scale: a reduction's average and postscale, after it
- * (plan.h: post_divisor, post_factor). */
-struct plan;
-void exec_post_scale(const struct plan *p, void *buf, size_t count);
-/* exec_done_since: when the ops this thread ran since `since` ended (its
- * last exec_finish, before their waiters could submit anything else), for
- * the timeline's spans (fastpath.c, ctx.c); now if it finished none since
- * then (a GPU op of the coordinator's log, which its finaliser completes
- * on its own thread: the time its launch returned; the rounds' GPU ops
- * carry their span to ops_complete instead). */
-uint64_t exec_done_since(uint64_t since);
-/* Completes ops[0..n) with rc (recording cache ids on success); a
- * failure becomes the context's sticky error. Takes mu. */
-void exec_finish(struct kolo_ctx *c, struct op **ops, size_t n, int rc, const char *why,
-                 const uint32_t *cache_ids, size_t ncache);
 
 #endif

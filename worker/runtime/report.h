@@ -1,0 +1,33 @@
+/*
+ * report.h - telemetry and timeline spans sent to the coordinator on a
+ * thread of their own (report.c).
+ */
+#ifndef KOLO_WORKER_REPORT_H
+#define KOLO_WORKER_REPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ctx_model.h"
+
+/* report.c (issue 6): kolo_fini flushes and stops the report sender
+ * (mu not held); ctx_free frees it. */
+void report_ctx_stop(struct kolo_ctx *c);
+/* report_start starts the sender before any report (readiness rounds send
+ * telemetry from the first round; call it without c->mu). report_round
+ * queues one round's telemetry: ops agreed, this rank's moving average
+ * wait per op, and the round's reduced longest wait in microseconds. */
+int report_start(struct kolo_ctx *c);
+void report_round(struct kolo_ctx *c, uint32_t agreed, double wait_avg_s, uint64_t wait_us);
+void report_ctx_free(struct kolo_ctx *c);
+/* The timeline's spans (fastpath.c, ctx.c): report_span_fill makes s a
+ * span with copies of name and shape (false: out of memory);
+ * report_trace hands n spans to the sender, which owns their copies from
+ * then (a full queue drops them, counted); report_span_free frees one's
+ * copies. */
+bool report_span_fill(Kolo__TraceSpan *s, const char *name, const int64_t *shape, int ndim);
+void report_span_free(Kolo__TraceSpan *s);
+void report_trace(struct kolo_ctx *c, Kolo__TraceSpan *spans, size_t n);
+
+#endif
