@@ -28,6 +28,19 @@ int pwrite_all(int fd, const void *data, size_t len, uint64_t at);
 uint64_t now_mono_ms(void);
 /* now_mono_us: the same clock in microseconds, for short intervals. */
 uint64_t now_mono_us(void);
+/* now_mono_ns: the same clock in nanoseconds, for spin-then-sleep waits
+ * on the data plane. */
+uint64_t now_mono_ns(void);
+/* cpu_relax tells the CPU this thread is spinning (x86 pause, arm yield),
+ * so a sibling hyperthread runs and the spin wastes less power. */
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
 /* usable_cpus: the CPUs this process may run on (its affinity mask, so a
  * taskset or cpuset counts, not the machine's total); at least 1. */
 int usable_cpus(void);

@@ -1,5 +1,5 @@
 /*
- * test_ring.c - the ring backend (worker/ring.c) with ranks as threads of
+ * test_ring.c - the ring backend (worker/coll/ring.c) with ranks as threads of
  * this process, connected by real transports: a full mesh of tcp
  * connections on 127.0.0.1, a full mesh of shm rings (64 KiB rings, so
  * that a 256 KiB pipeline chunk never fits at once), and tcp between ring
@@ -931,13 +931,6 @@ static const struct bench_size bench_sizes[] = {
     {(size_t)256 << 20, 5, 254848},
 };
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -983,11 +976,11 @@ static int bench_rank(int me, int n, const int *lfd, const int *port)
         int warm = bs->iters >= 100 ? 20 : 2;
         for (int it = -warm; it < bs->iters && !rc; it++) {
             rc = c->ops->barrier(c, 0);
-            uint64_t t0 = mono_ns();
+            uint64_t t0 = now_mono_ns();
             if (!rc)
                 rc = c->ops->allreduce(c, KOLO_FLOAT32, KOLO_SUM, buf, buf, count, 0);
             if (it >= 0)
-                times[it] = (double)(mono_ns() - t0) / 1e3;
+                times[it] = (double)(now_mono_ns() - t0) / 1e3;
         }
         /* an iteration takes as long as its slowest rank */
         if (!rc)

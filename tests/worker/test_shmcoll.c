@@ -61,13 +61,6 @@ struct world {
 
 typedef int (*rank_fn)(struct coll *c, struct world *w, int rank, int n, void *arg);
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static uint64_t deadline_ms(void)
 {
     return now_mono_ms() + OP_MS;
@@ -802,7 +795,7 @@ static int rank_kill(struct coll *c, struct world *w, int rank, int n, void *arg
     for (int it = 0; it < 100000; it++) {
         if (rank == victim && ka->mode == 0 && it == 3) {
             usleep(20000); /* let the others block in the next operation */
-            atomic_store(&w->stamp_ns[victim], mono_ns());
+            atomic_store(&w->stamp_ns[victim], now_mono_ns());
             kill(getpid(), SIGKILL);
         }
         if (it == 1 && rank == victim)
@@ -812,7 +805,7 @@ static int rank_kill(struct coll *c, struct world *w, int rank, int n, void *arg
         if (rc)
             break;
     }
-    uint64_t t = mono_ns();
+    uint64_t t = now_mono_ns();
     if (rank == victim)
         FAIL(fails, "the victim survived");
     if (rc != KOLO_EPEER)
@@ -839,8 +832,8 @@ static void kill_victim(struct world *w, void *arg)
     uint64_t until = now_mono_ms() + 10000;
     while (!atomic_load(&w->flag) && now_mono_ms() < until)
         usleep(1000);
-    usleep(30000 + (useconds_t)(mono_ns() % 20000));
-    atomic_store(&w->stamp_ns[n - 1], mono_ns());
+    usleep(30000 + (useconds_t)(now_mono_ns() % 20000));
+    atomic_store(&w->stamp_ns[n - 1], now_mono_ns());
     kill(w->pids[n - 1], SIGKILL);
 }
 
@@ -875,11 +868,11 @@ static int rank_leave(struct coll *c, struct world *w, int rank, int n, void *ar
     float v = 1;
     if (rank == n - 1) {
         usleep(50000);
-        atomic_store(&w->stamp_ns[rank], mono_ns());
+        atomic_store(&w->stamp_ns[rank], now_mono_ns());
         return 0; /* the harness destroys c */
     }
     int rc = c->ops->allreduce(c, KOLO_FLOAT32, KOLO_SUM, &v, &v, 1, deadline_ms());
-    uint64_t d = mono_ns() - atomic_load(&w->stamp_ns[n - 1]);
+    uint64_t d = now_mono_ns() - atomic_load(&w->stamp_ns[n - 1]);
     if (rc != KOLO_EPEER)
         FAIL(fails, "rank %d: got %s, want KOLO_EPEER", rank, kolo_errname(rc));
     if (d > 500000000u)

@@ -456,13 +456,6 @@ static int flow_pull(struct flow *f, bool *moved)
     return 0;
 }
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* The connections a sleeping flow waits on: at most two. */
 struct flow_wait {
     struct pollfd pfd[2];
@@ -568,7 +561,7 @@ static int flow_run(struct flow *f)
             continue;
         }
         if (spin_ns) {
-            uint64_t t = mono_ns();
+            uint64_t t = now_mono_ns();
             if (!idle_since)
                 idle_since = t;
             if (t - idle_since < spin_ns)
@@ -1131,11 +1124,11 @@ static int ring_idle_wait(struct coll *c, uint64_t seen, int timeout_ms, bool sp
         return 1;
     int next = (c->rank + 1) % c->size;
     if (spin && c->size > 1 && rg->peers[next] && xport_spins(rg->peers[next])) {
-        uint64_t end = mono_ns() + (uint64_t)xport_spin_us() * 1000u;
+        uint64_t end = now_mono_ns() + (uint64_t)xport_spin_us() * 1000u;
         do {
             if (ring_poll(rg, 0) || atomic_load(&rg->bell) != seen)
                 return 1;
-        } while (mono_ns() < end);
+        } while (now_mono_ns() < end);
     }
     return ring_poll(rg, timeout_ms) ? 1 : 0;
 }

@@ -232,22 +232,6 @@ struct shmcoll {
 
 /* ------------------------------------------------------------------ small helpers */
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static size_t round_up(size_t v, size_t to)
 {
     return (v + to - 1) / to * to;
@@ -503,7 +487,7 @@ static inline int shm_wait_peer(struct shmcoll *s, int j, uint64_t target, uint6
                 return 0;
             }
             if ((i & 63) == 0) {
-                uint64_t t = now_ns();
+                uint64_t t = now_mono_ns();
                 if (!t0)
                     t0 = t;
                 else if (t - t0 >= s->spin_ns)
@@ -518,10 +502,10 @@ static inline int shm_wait_peer(struct shmcoll *s, int j, uint64_t target, uint6
      * behind us on our own CPU: yielding hands it the CPU at once, and
      * costs the poster no FUTEX_WAKE. Bounded too, then sleep. */
     if (s->yield_ns && yield_worth_trying(s)) {
-        uint64_t t0 = now_ns(), t = t0;
+        uint64_t t0 = now_mono_ns(), t = t0;
         do {
             sched_yield();
-            uint64_t t1 = now_ns();
+            uint64_t t1 = now_mono_ns();
             bool taken = t1 - t >= SHM_YIELD_TAKEN_NS;
             t = t1;
             v = atomic_load_explicit(&cj->events, memory_order_acquire);
@@ -1226,12 +1210,12 @@ static int shm_idle_wait(struct coll *c, uint64_t seen64, int timeout_ms, bool s
     if (idle_news(s, seen))
         return 1;
     if (spin && s->spin_ns) {
-        uint64_t t0 = now_ns();
+        uint64_t t0 = now_mono_ns();
         for (unsigned i = 1;; i++) {
             cpu_relax();
             if (idle_news(s, seen))
                 return 1;
-            if ((i & 63) == 0 && now_ns() - t0 >= s->spin_ns)
+            if ((i & 63) == 0 && now_mono_ns() - t0 >= s->spin_ns)
                 break;
         }
     }

@@ -1139,12 +1139,7 @@ static void *watch_main(void *arg)
     pthread_mutex_lock(&c->mu);
     while (!c->stopping) {
         struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += WATCH_PERIOD_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        mono_deadline(&ts, WATCH_PERIOD_MS);
         pthread_cond_timedwait(&c->watch_cv, &c->mu, &ts);
         watch_waiting(c);
         if (c->stopping || c->sticky || !c->executing || c->calls > 0 ||

@@ -1137,12 +1137,7 @@ static void *fin_main(void *arg)
             if (gp->fin_stop)
                 break;
             struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            ts.tv_nsec += FIN_TICK_MS * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
+            mono_deadline(&ts, FIN_TICK_MS);
             pthread_cond_timedwait(&gp->fcv, &gp->fmu, &ts);
             if (!gp->head && gp->nccl && !gp->fin_stop) {
                 /* Idle: a membership change aborts the communicator now,

@@ -621,12 +621,7 @@ out:
 static void wait_period(struct report *r)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_nsec += REPORT_PERIOD_MS * 1000000L;
-    while (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    mono_deadline(&ts, REPORT_PERIOD_MS);
     while (!r->stop && pthread_cond_timedwait(&r->cv, &r->mu, &ts) == 0)
         ;
 }

@@ -116,13 +116,7 @@ static int snap_leave(struct kolo_ctx *c, int code, const char *detail)
 static bool snap_sleep(struct kolo_ctx *c, uint64_t ms)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += (time_t)(ms / 1000);
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    mono_deadline(&ts, ms);
     pthread_mutex_lock(&c->mu);
     while (!c->stopping && !c->snap_closed && pthread_cond_timedwait(&c->done, &c->mu, &ts) == 0)
         ;

@@ -75,22 +75,6 @@ ssize_t xport_fail(struct xport *x, int code, const char *fmt, ...)
     return -(ssize_t)x->failed;
 }
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* One direction of a transfer in progress. */
 struct leg {
     struct xport *x;
@@ -218,7 +202,7 @@ static int transfer(struct leg *legs, int nlegs, uint64_t deadline)
             continue;
         }
         if (spin_ns) {
-            uint64_t t = now_ns();
+            uint64_t t = now_mono_ns();
             if (!idle_since)
                 idle_since = t;
             if (t - idle_since < spin_ns) {
