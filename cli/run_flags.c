@@ -713,7 +713,7 @@ void run_job_env_free(char **env)
 /* ------------------------------------------------------------ --check-build */
 
 /* NCCL counts once a GPU backend is compiled in. CMake's KOLO_HAVE_NCCL
- * only says the headers were found; today worker/ops.c refuses GPU
+ * only says the headers were found; today worker/runtime/ops.c refuses GPU
  * tensors whatever it found, so nothing defines KOLO_BUILT_NCCL yet. */
 #ifndef KOLO_BUILT_NCCL
 #define KOLO_BUILT_NCCL 0

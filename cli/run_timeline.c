@@ -2,7 +2,7 @@
  * run_timeline.c - the launcher's last copy of a local job's timeline.
  *
  * Rank 0 copies the coordinator's timeline to the job's HOROVOD_TIMELINE
- * path while it runs (worker/timeline.c), but the ends of the job's last
+ * path while it runs (worker/runtime/timeline.c), but the ends of the job's last
  * ops are written only when the job ends, after rank 0 left. So kolo run,
  * whose embedded coordinator ran the job on this host, writes the
  * finished file once more when the job is over: what Horovod leaves at

@@ -16,7 +16,7 @@
  *   data key        HMAC(job credential, "kolo-data-plane" | job |
  *                   generation | session | process set): what the ranks of
  *                   one mesh prove to each other before any tensor byte
- *                   moves (worker/transport_tcp.c). A rank of another job,
+ *                   moves (worker/transport/transport_tcp.c). A rank of another job,
  *                   generation, session or process set holds another key.
  *
  * Every party derives what it needs from what it holds, so no derived

@@ -60,7 +60,7 @@ struct peer {
 
 struct negot {
     uint64_t job_id, generation;
-    uint32_t session; /* see "sessions" in worker/ctx.c */
+    uint32_t session; /* see "sessions" in worker/runtime/ctx.c */
     int32_t set;      /* process set; 0 = the job */
     int size;
     /* without a cluster token: the job's credential from the coordinator's

@@ -25,7 +25,7 @@
 #include "util.h"
 
 /*
- * Process sets. A set's members run a context of their own (worker/ctx.c
+ * Process sets. A set's members run a context of their own (worker/runtime/ctx.c
  * kolo_process_set_init): frames carry their rank within the set, requests
  * the set's id. Each set has a negotiation of its own (names are per set),
  * made by the first member's rendezvous with its size, and ends with the
@@ -170,7 +170,7 @@ void rendezvous_answer(struct negot *n, struct rpc_call *call)
 }
 
 /*
- * The GPU communicator's id (worker/nccl_exec.c). NCCL's ranks need one
+ * The GPU communicator's id (worker/runtime/nccl_exec.c). NCCL's ranks need one
  * ncclUniqueId, made by rank 0, before they can build a communicator.
  * Workers do that the first time a job touches a GPU tensor, after the
  * rendezvous: rank 0 posts its id here (the 128 bytes in nccl_id) and

@@ -5,7 +5,7 @@
  *
  * DESIGN
  *
- * Workers (worker/report.c) send epoch boundaries and step times in
+ * Workers (worker/runtime/report.c) send epoch boundaries and step times in
  * batches, every ~500 ms per rank (less often in large jobs). A batch is
  * fenced like every worker request (coord_worker_fence: the job runs, the
  * caller's generation is the current one). Its epochs are written at
@@ -53,7 +53,7 @@
 #define REPORT_MAX_EPOCHS  1024 /* per batch */
 #define REPORT_MAX_STEPS   4096 /* per batch */
 #define REPORT_MAX_WAITS   4096 /* rounds' wait samples per batch */
-#define REPORT_MAX_SPANS   16384 /* timeline spans per batch (worker/report.c) */
+#define REPORT_MAX_SPANS   16384 /* timeline spans per batch (worker/runtime/report.c) */
 #define REPORT_MAX_METRICS 4096
 #define REPORT_MAX_EPOCH   1000000000LL
 #define REPORT_MAX_SAMPLES (1LL << 48) /* per rank and epoch: sums cannot overflow */

@@ -598,7 +598,7 @@ void coord_timeline_fetched(struct timeline *tl, uint64_t min_cursor)
  *
  * Under readiness rounds the coordinator sees neither the cached ops'
  * requests nor when the ranks ran anything, so the timeline is written from
- * the ranks' telemetry instead (worker/fastpath.c, trace_begin): for each
+ * the ranks' telemetry instead (worker/runtime/fastpath.c, trace_begin): for each
  * op a traced round agreed, every rank reports when it submitted it, when
  * the round agreed it and when its data-plane op ended; for each log entry
  * it ran, when that ended. Each rank's times come on its own clock and are
@@ -616,7 +616,7 @@ void coord_timeline_fetched(struct timeline *tl, uint64_t min_cursor)
  */
 
 /* a group waits for the slowest rank's report: ranks of large jobs report
- * every 4 s at most (worker/report_rate.h) */
+ * every 4 s at most (worker/runtime/report_rate.h) */
 #define TL_GROUP_MS 6000
 /* pending groups take at most this many bytes of per-rank ticks */
 #define TL_MAX_GROUP_BYTES (64u << 20)
@@ -1198,7 +1198,7 @@ static bool tl_writing(const struct job *j, const char *label, const char *file)
 /* WorkerService.TimelineRead (issue 28): the rank that asked for a
  * timeline (rank 0, as Horovod's rank 0 writes it) reads the
  * coordinator's file from an offset and writes the bytes at its path, on
- * its own host and as its own user (worker/timeline.c). Any rank of the
+ * its own host and as its own user (worker/runtime/timeline.c). Any rank of the
  * job may read, in any generation: a rank keeps its file across elastic
  * resets. The file is the job's own (its credential scopes the call). */
 void coord_rpc_timeline_read(struct coord *c, struct rpc_call *call, enum coord_method m)

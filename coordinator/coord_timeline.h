@@ -17,7 +17,7 @@ struct timeline *coord_timeline_open(struct coord *c, const struct job *j);
 /* coord_timeline_open_path opens one for path (relative to the job's
  * cwd): a label; the coordinator writes its own file in its own
  * directory, and the rank that asked copies it to path on its host
- * (coord_rpc_timeline_read, worker/timeline.c). */
+ * (coord_rpc_timeline_read, worker/runtime/timeline.c). */
 struct timeline *coord_timeline_open_path(struct coord *c, const struct job *j, const char *path);
 /* The coordinator's file it writes ("" if none); the path the job named;
  * what a failed open's errno means. */
@@ -60,7 +60,7 @@ int coord_timeline_serve(struct coord *c, struct job *j, struct buf *out, char *
  * JSON's "timeline"). */
 bool coord_timeline_available(struct coord *c, const struct job *j);
 /* WorkerService.TimelineRead: the bytes of the job's timeline for a path
- * from an offset, and whether it is complete (worker/timeline.c). */
+ * from an offset, and whether it is complete (worker/runtime/timeline.c). */
 void coord_rpc_timeline_read(struct coord *c, struct rpc_call *call, enum coord_method m);
 
 #endif

@@ -4,7 +4,7 @@
  * the ids, and every rank, which keeps the ids its log entries gave.
  *
  * The ranks change their tables only at the same point of the same round
- * (worker/fastpath.c), so every rank holds the same table, and the same
+ * (worker/runtime/fastpath.c), so every rank holds the same table, and the same
  * tcache_hash. A restarted coordinator takes its table back from the
  * ranks' (coordinator/coord_negot.c, "resuming"), checked by that hash.
  *

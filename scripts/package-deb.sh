@@ -5,7 +5,7 @@
 # deploy/: the systemd units, /etc/kolo/*.conf (conffiles) and the
 # maintainer scripts (the kolo user, /var/lib/kolo 0700, a 0600 token made
 # at install, the kolo-job user jobs run as). libssl3 is a dependency:
-# --encrypt-data's AEAD is libcrypto's (worker/seal.c opens it at run time). Prints the .deb's path. dpkg-deb stands in for
+# --encrypt-data's AEAD is libcrypto's (worker/transport/seal.c opens it at run time). Prints the .deb's path. dpkg-deb stands in for
 # `cpack -G DEB`: the same package, with Debian's own tool.
 #
 #   scripts/package-deb.sh [BUILD_DIR]     (default: build; writes BUILD_DIR/kolo_*.deb)

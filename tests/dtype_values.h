@@ -2,7 +2,7 @@
  * dtype_values.h - one element of a buffer of any kolo dtype, written and
  * read as a double: what the tests that check collectives over every type
  * compare with. float16 and bfloat16 go through libkolo's own conversions
- * (worker/reduce.h, round to nearest even), so a test's expectation and
+ * (worker/coll/reduce.h, round to nearest even), so a test's expectation and
  * the library round alike.
  */
 #ifndef KOLO_TESTS_DTYPE_VALUES_H

@@ -1,6 +1,6 @@
 /*
  * fuzz_hello.c - libFuzzer harness for the data plane's handshake on the
- * accepting side (worker/transport_tcp.c): the bytes a stranger can send
+ * accepting side (worker/transport/transport_tcp.c): the bytes a stranger can send
  * to a rank's data port. Each input arrives on a real loopback connection
  * and ends with the sender's EOF; the acceptor must refuse or accept it
  * without crashing, and never hand out a connection whose proof is wrong.

@@ -24,6 +24,22 @@ Inside coordinator/, the layers (README, "Layout") point down only:
 
 A file may include the headers of its own layer and those below. A header is found by
 its name in the parts' folders (generated kolo.pb-c.h belongs to proto).
+
+Inside worker/, the folders are layers (docs/design.md, "Layout"):
+
+    runtime    the context and what drives it (may include everything below)
+    gpu        the CUDA/NCCL pieces: coll, transport and base below it
+    coll       the algorithms: transport and base below it
+    transport  the byte movers: base only
+    base       the files at worker/'s root (settings: the knob table every
+               layer reads); they include nothing of the folders
+
+Every .c and .h of worker/ must sit in one of them. Inside runtime/, the
+engine (ctx, ops, fastpath, timeline: they hand the executor token to
+each other) may include any runtime header; the files below it only
+those in RUNTIME_MAY_INCLUDE, so the executors and the services never
+call back up into the engine (ctx_model.h is the state all of them
+share).
 Prints each violation as file:line and exits 1 if there is one."""
 import os
 import re
@@ -61,6 +77,15 @@ COORD_FILE_LAYER = {"coord.c": "api", "coord_main.c": "api", "coord_http.c": "ap
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
+def includes(path):
+    """(line number, header) of each #include "..." of the file at path"""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for lineno, line in enumerate(fh, 1):
+            m = INCLUDE.match(line)
+            if m:
+                yield lineno, m.group(1)
+
+
 def owners():
     """header name -> the part that holds it"""
     where = {"kolo.pb-c.h": "proto"}
@@ -84,19 +109,16 @@ def main():
                 if not f.endswith((".c", ".h")):
                     continue
                 path = os.path.join(dirpath, f)
-                with open(path, encoding="utf-8", errors="replace") as fh:
-                    for lineno, line in enumerate(fh, 1):
-                        m = INCLUDE.match(line)
-                        if not m:
-                            continue
-                        owner = where.get(m.group(1))
-                        if owner is None:
-                            bad.append("%s:%d: includes %s, which no part holds" %
-                                       (os.path.relpath(path, ROOT), lineno, m.group(1)))
-                        elif owner not in allowed:
-                            bad.append("%s:%d: %s includes %s (%s), against the layout rules" %
-                                       (os.path.relpath(path, ROOT), lineno, part, m.group(1), owner))
+                for lineno, header in includes(path):
+                    owner = where.get(header)
+                    if owner is None:
+                        bad.append("%s:%d: includes %s, which no part holds" %
+                                   (os.path.relpath(path, ROOT), lineno, header))
+                    elif owner not in allowed:
+                        bad.append("%s:%d: %s includes %s (%s), against the layout rules" %
+                                   (os.path.relpath(path, ROOT), lineno, part, header, owner))
     bad += coordinator_layers()
+    bad += worker_layers()
     for b in bad:
         print(b)
     print("%d violation(s)" % len(bad) if bad else "ok: every include follows the layout rules")
@@ -116,13 +138,67 @@ def coordinator_layers():
         if layer is None:
             bad.append("coordinator/%s: in no layer (tests/layout/check_deps.py)" % f)
             continue
-        with open(os.path.join(folder, f), encoding="utf-8", errors="replace") as fh:
-            for lineno, line in enumerate(fh, 1):
-                m = INCLUDE.match(line)
-                theirs = COORD_HEADER_LAYER.get(m.group(1)) if m else None
-                if theirs and COORD_LAYERS.index(theirs) > COORD_LAYERS.index(layer):
-                    bad.append("coordinator/%s:%d: %s (%s) includes %s (%s), a layer above" %
-                               (f, lineno, f, layer, m.group(1), theirs))
+        for lineno, header in includes(os.path.join(folder, f)):
+            theirs = COORD_HEADER_LAYER.get(header)
+            if theirs and COORD_LAYERS.index(theirs) > COORD_LAYERS.index(layer):
+                bad.append("coordinator/%s:%d: %s (%s) includes %s (%s), a layer above" %
+                           (f, lineno, f, layer, header, theirs))
+    return bad
+
+
+WORKER_ALLOWED = {
+    "runtime": {"runtime", "gpu", "coll", "transport", "base"},
+    "gpu": {"gpu", "coll", "transport", "base"},
+    "coll": {"coll", "transport", "base"},
+    "transport": {"transport", "base"},
+    "base": {"base"},
+}
+
+
+# runtime/ files below the engine: the runtime headers each may include
+# (a .c and its .h share the entry)
+RUNTIME_MAY_INCLUDE = {
+    "ctx_model": {"ctx_model.h"},
+    "plan": {"plan.h"},
+    "report_rate": set(),
+    "report": {"report.h", "ctx_model.h", "report_rate.h"},
+    "snapshot": {"snapshot.h", "ctx_model.h"},
+    "solo": {"solo.h", "ctx_model.h", "ops.h"},
+    "nccl_exec": {"nccl_exec.h", "ctx_model.h", "ops.h", "plan.h"},
+    "exec": {"exec.h", "ctx_model.h", "ops.h", "nccl_exec.h", "plan.h"},
+}
+
+
+def worker_layers():
+    """Violations of worker/'s layers: a file includes a worker header
+    only from its own layer or one it may use (WORKER_ALLOWED)."""
+    folder = os.path.join(ROOT, "worker")
+    files = []  # (path relative to worker/, layer)
+    layer_of = {}  # header name -> layer
+    for dirpath, _, names in os.walk(folder):
+        rel = os.path.relpath(dirpath, folder)
+        layer = "base" if rel == "." else rel.split(os.sep)[0]
+        for f in names:
+            if f.endswith((".c", ".h")):
+                files.append((os.path.normpath(os.path.join(rel, f)), layer))
+                if f.endswith(".h"):
+                    layer_of[f] = layer
+    bad = []
+    for rel, layer in sorted(files):
+        if layer not in WORKER_ALLOWED:
+            bad.append("worker/%s: in no layer (tests/layout/check_deps.py)" % rel)
+            continue
+        name = os.path.basename(rel)
+        stem = os.path.splitext(name)[0]
+        for lineno, header in includes(os.path.join(folder, rel)):
+            theirs = layer_of.get(header)
+            if theirs and theirs not in WORKER_ALLOWED[layer]:
+                bad.append("worker/%s:%d: %s (%s) includes %s (%s), against the layers" %
+                           (rel, lineno, name, layer, header, theirs))
+            if (layer == "runtime" and theirs == "runtime" and stem in RUNTIME_MAY_INCLUDE
+                    and header not in RUNTIME_MAY_INCLUDE[stem]):
+                bad.append("worker/%s:%d: %s includes %s, above it in the runtime" %
+                           (rel, lineno, name, header))
     return bad
 
 

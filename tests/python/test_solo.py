@@ -1,6 +1,6 @@
 """A program started without kolo run (no KOLO_COORDINATOR) runs alone, as
 rank 0 of 1, as under Horovod: libkolo's one-rank context runs every
-collective through the same calls as a job's (worker/solo.c). Each test
+collective through the same calls as a job's (worker/runtime/solo.c). Each test
 starts a script alone, as a user would, and checks the one-rank results
 against numpy/torch."""
 import os

@@ -1,8 +1,8 @@
-# The executors' shared arithmetic (worker/plan.h) as a table of responses.
+# The executors' shared arithmetic (worker/runtime/plan.h) as a table of responses.
 kolo_test(plan worker "unit;worker" test_plan.c)
 target_link_libraries(${KOLO_LAST_TEST_TARGET} PRIVATE kolo_worker)
 
-# One rank's part in a job that spans hosts (worker/hier_plan.h): lanes,
+# One rank's part in a job that spans hosts (worker/coll/hier_plan.h): lanes,
 # links and the allreduce's algorithm, as tables.
 kolo_test(hier_plan worker "unit;worker" test_hier_plan.c)
 target_link_libraries(${KOLO_LAST_TEST_TARGET} PRIVATE kolo_worker)

@@ -1,6 +1,6 @@
 /*
  * test_hier_plan.c - one rank's part in a job that spans hosts
- * (worker/hier_plan.h) as tables: the lanes' links, each rank's lane and
+ * (worker/coll/hier_plan.h) as tables: the lanes' links, each rank's lane and
  * links on odd shapes (1 host; 1 rank per host; 3+1+2; 128 x 8), and the
  * allreduce's choice of algorithm.
  */

@@ -1,5 +1,5 @@
 /*
- * test_mesh.c - the authenticated TCP mesh (worker/mesh.c) and the
+ * test_mesh.c - the authenticated TCP mesh (worker/transport/mesh.c) and the
  * handshake under it (transport_tcp.c): ranks as threads, strangers as
  * raw sockets that speak the wire format by hand.
  *

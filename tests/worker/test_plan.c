@@ -1,5 +1,5 @@
 /*
- * test_plan.c - worker/plan.h as a table: fusion layout, the scales of a
+ * test_plan.c - worker/runtime/plan.h as a table: fusion layout, the scales of a
  * reduction (AVERAGE folded in for floats, a division for integers),
  * Horovod's reducescatter split, allgather and alltoall byte counts, and
  * the malformed responses it refuses.

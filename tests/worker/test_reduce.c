@@ -1,7 +1,7 @@
 /*
  * test_reduce.c - the element-wise reductions against a scalar reference.
  *
- * The reference here is written independently of worker/reduce.c: half
+ * The reference here is written independently of worker/coll/reduce.c: half
  * precision conversions go through frexp/ldexp/nearbyint in double for
  * any (exponent, mantissa) format, integer arithmetic through 64-bit
  * unsigned values cut to width, and MIN/MAX through isnan/signbit. Every

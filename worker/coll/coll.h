@@ -60,7 +60,7 @@ struct coll_ops {
      * afterwards, except for destroy. */
     void (*interrupt)(struct coll *c);
 
-    /* ---- readiness rounds (the fast path, worker/fastpath.c) ----
+    /* ---- readiness rounds (the fast path, worker/runtime/fastpath.c) ----
      * Optional: a backend without them leaves every op to the coordinator.
      *
      * round reduces vec (nwords 64-bit words, negotiation/round.h's

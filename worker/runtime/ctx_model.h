@@ -69,7 +69,7 @@ struct op {
     int32_t *recv_splits;
     int64_t value;
     bool has_result;
-    /* GPU operations (gpu.h): the producer's event, recorded at submit;
+    /* GPU operations (nccl_exec.h): the producer's event, recorded at submit;
      * a device-resident result (allgather, alltoall) and the stream its
      * last copy went to, where it is freed. */
     void *gpu_event;
@@ -160,7 +160,7 @@ struct kolo_ctx {
     uint64_t exec_since; /* monotonic ms the running response started, 0: none */
     bool exec_stale;     /* the running response predates a resume: its cache ids are void */
     struct held_resp history[WORKER_HISTORY];
-    int gpu_join_device; /* the device a join named, -1 none (gpu.h) */
+    int gpu_join_device; /* the device a join named, -1 none (nccl_exec.h) */
 
     /* ---- snapshot.c (under mu) ---- */
     char *coord_url, *coord_token; /* kolo_init's, for the snapshot connection */
