@@ -533,7 +533,10 @@ static void t_fast_order(kolo_ctx *ctx, int rank, int size)
  * max and a 0-element tensor come out exact; once cached, the rounds
  * completed them from the payload. */
 #define TINY_STEPS 40
-static float tiny_sum[8][TINY_STEPS];
+/* each rank's float32 sums, as bits; atomics, because the barrier that
+ * orders the ranks' writes before the reads is libkolo's, not one that
+ * ThreadSanitizer knows */
+static uint32_t tiny_sum[8][TINY_STEPS];
 
 static void t_fast_tiny(kolo_ctx *ctx, int rank, int size)
 {
@@ -561,7 +564,9 @@ static void t_fast_tiny(kolo_ctx *ctx, int rank, int size)
             REQUIRE(kolo_submit(ctx, &req[(i + rank + s) % 4], 1, &h[(i + rank + s) % 4]) == 0);
         for (int i = 0; i < 4; i++)
             CHECK_EQ_INT(kolo_wait(ctx, h[i], 20000), 0);
-        tiny_sum[rank][s] = f[0];
+        uint32_t bits;
+        memcpy(&bits, &f[0], sizeof bits);
+        __atomic_store_n(&tiny_sum[rank][s], bits, __ATOMIC_RELEASE);
         CHECK(f[1] == (float)(size * (size - 1) / 2));
         double mean0 = 0, mean1 = 0;
         for (int r = 0; r < size; r++) {
@@ -579,7 +584,8 @@ static void t_fast_tiny(kolo_ctx *ctx, int rank, int size)
     CHECK_EQ_INT(kolo_wait(ctx, b, 20000), 0);
     int differ = 0;
     for (int s = 0; s < TINY_STEPS; s++)
-        differ += memcmp(&tiny_sum[rank][s], &tiny_sum[0][s], sizeof(float)) != 0;
+        differ += __atomic_load_n(&tiny_sum[rank][s], __ATOMIC_ACQUIRE) !=
+                  __atomic_load_n(&tiny_sum[0][s], __ATOMIC_ACQUIRE);
     CHECK_EQ_INT(differ, 0);
     if (size > 1 && ctx->fast)
         CHECK(locked_u64(ctx, &ctx->fast_inline) >= (TINY_STEPS - 2) * 3);
