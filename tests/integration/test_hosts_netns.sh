@@ -18,7 +18,7 @@
 #     hangs; healed, the same hosts run a job again;
 #  6. 3 hosts x 2 ranks with KOLO_HIER_LANES=0: every allreduce, even of
 #     one element, split over both lanes between the hosts (by default
-#     only those of 128 KiB or more; smaller ones go through the leaders).
+#     only those of 32 KiB or more; smaller ones go through the leaders).
 # Needs root, `ip netns`, veth, a bridge, nft and /usr/bin/python3 with
 # torch; skipped (77) otherwise, with the reason.
 . "$(dirname "$0")/lib.sh"

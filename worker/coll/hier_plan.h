@@ -34,9 +34,14 @@
 #include "topology.h"
 
 /* From this many bytes an allreduce uses every lane (see above). 2 hosts
- * x 2 ranks over a veth pair on 2 vCPUs: the leaders' path is ahead up
- * to 64 KiB, the lanes from 256 KiB (bench/run.sh hosts, 2026-11-28). */
-#define HIER_LANES_MIN_BYTES ((size_t)128 << 10)
+ * x 2 ranks on a bridge on 2 quiet vCPUs (bench/run.sh hosts with
+ * KOLO_HIER_LANES=0 and =1 GiB, one launch each, 2026-11-28 12:55 UTC),
+ * p50 µs lanes / leaders: 4 KiB 243 / 248, 16 KiB 271 / 279, 32 KiB
+ * 245 / 255, 64 KiB 261 / 305 (225 / 245 in another launch), 256 KiB
+ * 309 / 451, 1 MiB 1,569 / 2,803, 16 MiB 24,851 / 33,474. Below 32 KiB
+ * the two are within noise; the leaders' path keeps the tiny sizes,
+ * which cannot fill a shard per lane anyway. */
+#define HIER_LANES_MIN_BYTES ((size_t)32 << 10)
 
 struct hier_plan {
     int rank, size;
