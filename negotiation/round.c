@@ -3,6 +3,7 @@
  */
 #include "round.h"
 
+#include "abi.h"
 #include "kolo/abi.h"
 
 #include <stdio.h>
@@ -21,17 +22,6 @@ void round_init(uint64_t *v, uint64_t k, uint64_t epoch, uint32_t w, uint64_t cu
     v[ROUND_FLAGS] = flags;
     v[ROUND_WAIT] = 0;
     memset(v + ROUND_HDR, 0, 2u * (size_t)w * sizeof(uint64_t));
-}
-
-/* bytes per element of dtype, 0 for none of ours */
-static size_t dtype_bytes(uint32_t dtype)
-{
-    static const uint8_t bytes[] = {
-#define ROUND_DTYPE_BYTES_(sym, value, nbytes, name) [value] = nbytes,
-        KOLO_DTYPES(ROUND_DTYPE_BYTES_)
-#undef ROUND_DTYPE_BYTES_
-    };
-    return dtype < sizeof bytes ? bytes[dtype] : 0;
 }
 
 static inline uint64_t min_u64(uint64_t a, uint64_t b)
@@ -65,7 +55,7 @@ void round_reduce(uint64_t *restrict dst, const uint64_t *restrict src, size_t n
             break; /* malformed: round_pay_agreed says so */
         dst[at] = min_u64(hdr, shdr);
         dst[at + 1] = min_u64(dst[at + 1], src[at + 1]);
-        size_t bytes = dtype_bytes(round_pay_dtype(hdr)) * round_pay_count(hdr);
+        size_t bytes = abi_dtype_size((int)round_pay_dtype(hdr)) * round_pay_count(hdr);
         if (pay && hdr == shdr && bytes && bytes <= words * 8u &&
             round_pay_op(hdr) < KOLO_OP_COUNT)
             pay(round_pay_dtype(hdr), round_pay_op(hdr), dst + at + 2, src + at + 2,

@@ -211,8 +211,8 @@ struct kolo_ctx {
      * laid out from the cache again when it changed (cache_changes,
      * counted by ops.c's cache functions; pay_seen: when laid out). */
     struct pay_slot {
-        uint32_t id, at, count, words; /* at: word offset in the payload */
-        uint64_t hdr;
+        uint32_t id, at; /* at: word offset in the payload */
+        uint64_t hdr;    /* round_pay_hdr: dtype, op, elements, data words */
     } *pay;
     uint32_t npay, pay_words;
     uint64_t cache_changes, pay_seen;

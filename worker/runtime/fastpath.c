@@ -274,7 +274,7 @@ static void pay_layout(struct kolo_ctx *c)
         if (c->pay_words + 2 + words > ROUND_PAY_MAX_WORDS)
             break;
         c->pay[c->npay++] = (struct pay_slot){
-            .id = id, .at = c->pay_words, .count = (uint32_t)elems, .words = words,
+            .id = id, .at = c->pay_words,
             .hdr = round_pay_hdr(id, t->dtype, t->op, (uint32_t)elems, words)};
         c->pay_words += 2 + words;
     }
@@ -289,13 +289,14 @@ static void pay_fill(struct kolo_ctx *c, uint64_t *pay)
         uint64_t *item = pay + sl->at;
         item[0] = sl->hdr;
         item[1] = ~sl->hdr;
-        memset(item + 2, 0, sl->words * sizeof(uint64_t));
+        memset(item + 2, 0, round_pay_words(sl->hdr) * sizeof(uint64_t));
         const struct op *op = c->fast_leaving ? NULL : c->pending[sl->id];
         if (!op)
             continue;
-        memcpy(item + 2, op->req.sendbuf, sl->count * kolo_dtype_size(op->req.dtype));
+        uint32_t count = round_pay_count(sl->hdr);
+        memcpy(item + 2, op->req.sendbuf, count * kolo_dtype_size(op->req.dtype));
         if (op->req.prescale != 1.0)
-            reduce_scale(op->req.dtype, item + 2, sl->count, op->req.prescale);
+            reduce_scale(op->req.dtype, item + 2, count, op->req.prescale);
     }
 }
 
@@ -313,9 +314,10 @@ static bool pay_take(struct kolo_ctx *c, const uint64_t *v, size_t nwords, uint3
     }
     struct plan p = {.op = op->req.op, .dt = op->req.dtype};
     plan_scales(&p, op->req.prescale, op->req.postscale, c->size);
-    size_t bytes = sl->count * kolo_dtype_size(op->req.dtype);
+    uint32_t count = round_pay_count(sl->hdr);
+    size_t bytes = count * kolo_dtype_size(op->req.dtype);
     memcpy(op->req.recvbuf, v + at + 2, bytes);
-    exec_post_scale(&p, op->req.recvbuf, sl->count);
+    exec_post_scale(&p, op->req.recvbuf, count);
     return true;
 }
 
