@@ -371,6 +371,18 @@ static int host_is_loopback(const char *host)
     return 0;
 }
 
+bool tcp_addr_parse(const char *s, char *host, size_t n, int *port)
+{
+    const char *colon = s && strncmp(s, "tcp:", 4) == 0 ? strrchr(s + 4, ':') : NULL;
+    size_t len = colon ? (size_t)(colon - (s + 4)) : 0;
+    if (!colon || len == 0 || len >= n)
+        return false;
+    memcpy(host, s + 4, len);
+    host[len] = '\0';
+    *port = atoi(colon + 1);
+    return *port > 0 && *port < 65536;
+}
+
 int addr_is_loopback(const char *addr)
 {
     if (!addr)

@@ -80,6 +80,9 @@ int read_token_file(const char *path, char **token, char *err, size_t errlen);
 /* addr_is_loopback: true for tcp://127.x / localhost / [::1] style URLs or
  * "host:port" strings, and for inproc:// and ipc://. */
 int addr_is_loopback(const char *addr);
+/* tcp_addr_parse: a data-plane address "tcp:ADDR:PORT" into ADDR (host,
+ * n bytes with its NUL) and PORT (1..65535); false when it is not that. */
+bool tcp_addr_parse(const char *s, char *host, size_t n, int *port);
 /* mkdir_p creates a directory and its parents (mode 0700 for new ones). */
 int mkdir_p(const char *path);
 /* fopen_private opens path for writing (truncated, or appended to), creating

@@ -49,6 +49,9 @@ struct peer {
     int naddrs;
     int pid;
     char *shm_name;
+    char *data_host; /* ADDR of addrs[0] "tcp:ADDR:PORT", NULL when not that */
+    int port;
+    bool compact; /* its rendezvous asked for the compact peer table */
     struct rpc_call *parked;
     uint64_t deadline;
     /* sessions: this rank left the session (kolo_fini), or already asks

@@ -122,6 +122,42 @@ static void topo_fill(struct negot *n, Kolo__RendezvousReply *rep, Kolo__TopoHos
     rep->n_hosts = (size_t)n->topo.nhosts;
 }
 
+/* The compact peer table (RendezvousRequest.compact_peers): the
+ * topology's hosts, each with its ranks' address, ports and pids and its
+ * segment; the ports and pids in the returned block (freed by the
+ * caller). NULL when the generation cannot be put that way (a rank
+ * without a tcp address, or a host whose ranks listen on different
+ * addresses): the caller sends the peer table. */
+static int32_t *topo_compact(const struct negot *n, Kolo__TopoHost *hosts)
+{
+    for (int h = 0; h < n->topo.nhosts; h++) {
+        const struct peer *lead = &n->peers[topology_rank(&n->topo, h, 0)];
+        for (int i = 0; i < n->topo.count[h]; i++) {
+            const struct peer *p = &n->peers[topology_rank(&n->topo, h, i)];
+            if (!p->data_host || !lead->data_host || strcmp(p->data_host, lead->data_host))
+                return NULL;
+        }
+    }
+    int32_t *block = calloc((size_t)n->size * 2 + 1, sizeof(int32_t));
+    if (!block)
+        return NULL;
+    int32_t *ports = block, *pids = block + n->size;
+    for (int h = 0; h < n->topo.nhosts; h++) {
+        const struct peer *lead = &n->peers[topology_rank(&n->topo, h, 0)];
+        hosts[h].data_host = lead->data_host;
+        hosts[h].shm_name = lead->shm_name;
+        hosts[h].ports = ports;
+        hosts[h].pids = pids;
+        hosts[h].n_ports = hosts[h].n_pids = (size_t)n->topo.count[h];
+        for (int i = 0; i < n->topo.count[h]; i++) {
+            const struct peer *p = &n->peers[topology_rank(&n->topo, h, i)];
+            *ports++ = p->port;
+            *pids++ = p->pid;
+        }
+    }
+    return block;
+}
+
 void rendezvous_answer(struct negot *n, struct rpc_call *call)
 {
     Kolo__RendezvousReply rep = KOLO__RENDEZVOUS_REPLY__INIT;
@@ -129,7 +165,17 @@ void rendezvous_answer(struct negot *n, struct rpc_call *call)
     rep.joined = n->joined;
     Kolo__PeerInfo *infos = NULL, **ptrs = NULL;
     Kolo__TopoHost *hosts = NULL, **host_ptrs = NULL;
+    int32_t *compact = NULL;
+    int rank = rpc_call_frame(call)->rank;
     if (n->complete) {
+        rep.fusion_threshold = n->fusion_threshold;
+        topo_fill(n, &rep, &hosts, &host_ptrs);
+        if (rank >= 0 && rank < n->size && n->peers[rank].compact && rep.n_hosts > 0)
+            compact = topo_compact(n, hosts);
+    }
+    /* an older worker, or a generation the compact form cannot hold */
+    bool table = n->complete && !compact;
+    if (table) {
         infos = calloc((size_t)n->size, sizeof(*infos));
         ptrs = calloc((size_t)n->size, sizeof(*ptrs));
         if (!infos || !ptrs) {
@@ -150,8 +196,6 @@ void rendezvous_answer(struct negot *n, struct rpc_call *call)
         }
         rep.peers = ptrs;
         rep.n_peers = (size_t)n->size;
-        rep.fusion_threshold = n->fusion_threshold;
-        topo_fill(n, &rep, &hosts, &host_ptrs);
     }
     rep.nccl_id.data = n->nccl_id;
     rep.nccl_id.len = n->nccl_id_len;
@@ -165,6 +209,7 @@ void rendezvous_answer(struct negot *n, struct rpc_call *call)
     memset(key, 0, sizeof key);
     free(infos);
     free(ptrs);
+    free(compact);
     free(hosts);
     free(host_ptrs);
 }
@@ -399,6 +444,9 @@ void coord_rpc_rendezvous(struct coord *c, struct rpc_call *call)
         free(p->addrs[i]);
     free(p->addrs);
     free(p->shm_name);
+    free(p->data_host);
+    p->data_host = NULL;
+    p->port = 0;
     p->host_id = strdup(req->host_id);
     topology_free(&n->topo); /* made again from the new peer table */
     p->addrs = calloc(req->n_data_addrs + 1, sizeof(char *));
@@ -407,6 +455,12 @@ void coord_rpc_rendezvous(struct coord *c, struct rpc_call *call)
         p->addrs[p->naddrs++] = strdup(req->data_addrs[i]);
     p->pid = req->pid;
     p->shm_name = strdup(req->shm_name);
+    p->compact = req->compact_peers;
+    char addr[256];
+    if (p->naddrs > 0 && tcp_addr_parse(p->addrs[0], addr, sizeof addr, &p->port))
+        p->data_host = strdup(addr);
+    else
+        p->port = 0;
     if (f->rank == 0) {
         if (req->fusion_threshold != 0)
             n->fusion_threshold = req->fusion_threshold;

@@ -200,6 +200,24 @@ static void test_str_copy(void)
     CHECK_EQ_STR(str_copy(dst, "abc", 1), "");
 }
 
+static void test_tcp_addr(void)
+{
+    char host[16];
+    int port = 0;
+    CHECK(tcp_addr_parse("tcp:127.0.0.1:4242", host, sizeof host, &port));
+    CHECK_EQ_STR(host, "127.0.0.1");
+    CHECK_EQ_INT(port, 4242);
+    CHECK(tcp_addr_parse("tcp:::1:9", host, sizeof host, &port)); /* the last colon splits */
+    CHECK_EQ_STR(host, "::1");
+    CHECK_EQ_INT(port, 9);
+    static const char *bad[] = {"127.0.0.1:80", "tcp:", "tcp::80", "tcp:host", "tcp:host:0",
+                                "tcp:host:65536", "tcp:host:-1", "tcp:a-host-name-too-long:80",
+                                NULL};
+    for (int i = 0; i < 8; i++)
+        CHECK(!tcp_addr_parse(bad[i], host, sizeof host, &port));
+    CHECK(!tcp_addr_parse(bad[8], host, sizeof host, &port));
+}
+
 static void cleanup(void)
 {
     char cmd[300];
@@ -241,6 +259,7 @@ int main(void)
     test_loopback();
     test_mkdir_p();
     test_str_copy();
+    test_tcp_addr();
     cleanup();
     TEST_DONE();
 }

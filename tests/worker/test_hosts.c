@@ -5,7 +5,8 @@
  * share a segment and hosts meet over real TCP lanes on 127.0.0.1.
  *
  * Shapes: 2 x 2; 3+1+2 with the ranks dealt across the hosts (not
- * numbered host after host); 4 x 1; 2 x 3; 3+2 (a rank beyond the two
+ * numbered host after host) and listening on two loopback addresses (so
+ * the coordinator sends the peer table, not its compact form); 4 x 1; 2 x 3; 3+2 (a rank beyond the two
  * lanes, whose shard of a large allreduce is empty); and (argument "big", ctest
  * kolo.worker.hosts_1024) 1,024 ranks on 128 hosts of 8. Every
  * collective is checked exactly for several dtypes and sizes (both of
@@ -39,6 +40,9 @@ static uint64_t job_id;
 
 /* the shape: rank r lives on host host_of[r] */
 static int np, nhosts, *host_of;
+/* ranks of a host listen on 127.0.0.1 and 127.0.0.2 by turns: the
+ * coordinator then sends the peer table, not its compact form */
+static bool mixed_addrs;
 static _Atomic int most_sockets, init_ms_max;
 static pthread_barrier_t started;
 
@@ -288,7 +292,8 @@ static void *rank_main(void *p)
     snprintf(host, sizeof host, "sim-host-%d", host_of[r]);
     kolo_config cfg = {.coordinator = coord_rpc_url(coord), .job_id = job_id, .generation = 1,
                        .rank = r, .size = np, .local_rank = local_rank,
-                       .local_size = local_size, .host_id = host, .data_addr = "127.0.0.1",
+                       .local_size = local_size, .host_id = host,
+                       .data_addr = mixed_addrs && r % 2 ? "127.0.0.2" : "127.0.0.1",
                        .timeout_ms = CALL_MS};
     pthread_barrier_wait(&started);
     uint64_t t0 = now_mono_ms();
@@ -403,7 +408,9 @@ int main(int argc, char **argv)
             setenv("KOLO_FAST_PATH", fast ? "1" : "0", 1);
             fprintf(stderr, "== readiness rounds %s\n", fast ? "on" : "off");
             run_shape("2 hosts x 2", 4, 2, h22, false);
-            run_shape("3+1+2, ranks dealt across hosts", 6, 3, h312, false);
+            mixed_addrs = true;
+            run_shape("3+1+2, ranks dealt across hosts, two addresses", 6, 3, h312, false);
+            mixed_addrs = false;
             if (fast) {
                 run_shape("4 hosts x 1", 4, 4, h41, false);
                 run_shape("2 hosts x 3", 6, 2, h23, false);

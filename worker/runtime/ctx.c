@@ -141,7 +141,27 @@ struct rdv {
     char shm_name[64];
     struct coll *shm; /* created by the local leader before rendezvous */
     Kolo__RendezvousReply *reply;
+    /* What the reply told of every rank, in either of its forms (see
+     * peer_view): pointers into the reply, or into parsed. */
+    const char **host_id;  /* [nhosts] */
+    const char **host_shm; /* [nhosts]: the host's segment, "" none */
+    const char **peer_addr; /* [size]: where rank r listens */
+    int *peer_port;         /* [size] */
+    int *peer_pid;          /* [size] */
+    char (*parsed)[64];    /* [size]: the addresses of a full peer table */
 };
+
+static void rdv_free(struct rdv *rv)
+{
+    if (rv->reply)
+        kolo__rendezvous_reply__free_unpacked(rv->reply, NULL);
+    free(rv->host_id);
+    free(rv->host_shm);
+    free(rv->peer_addr);
+    free(rv->peer_port);
+    free(rv->peer_pid);
+    free(rv->parsed);
+}
 
 /* One Rendezvous call. 0 with *rep set, 0 with *rep NULL when the
  * coordinator could not be reached (the caller retries until its own
@@ -206,13 +226,16 @@ static int rendezvous(struct kolo_ctx *c, const kolo_config *cfg, struct rdv *rv
         req.stall_shutdown_ms = c->stall_shutdown_ms;
         req.session = c->session;
         req.process_set = c->process_set;
+        req.compact_peers = true;
         Kolo__RendezvousReply *rep = NULL;
         int code = rendezvous_call(c, &req, &rep, err, errlen);
         if (code)
             return code;
         if (!rep)
             continue; /* the coordinator may be starting or restarting */
-        if (rep->complete && rep->n_peers == (size_t)c->size) {
+        /* complete: the peer table, or its compact form in the hosts */
+        if (rep->complete && (rep->n_peers == (size_t)c->size ||
+                              (rep->n_peers == 0 && rep->n_hosts > 0))) {
             rv->reply = rep;
             /* rank 0's (0 from an older coordinator: ours) */
             c->fused_threshold = rep->fusion_threshold ? rep->fusion_threshold
@@ -263,20 +286,6 @@ static int ask_place(struct kolo_ctx *c, kolo_config *cfg, uint64_t deadline, ch
     }
 }
 
-/* Parses "tcp:ADDR:PORT". */
-static bool parse_tcp_addr(const char *s, char *host, size_t n, int *port)
-{
-    if (strncmp(s, "tcp:", 4) != 0)
-        return false;
-    const char *colon = strrchr(s + 4, ':');
-    if (!colon || (size_t)(colon - (s + 4)) >= n)
-        return false;
-    memcpy(host, s + 4, (size_t)(colon - (s + 4)));
-    host[colon - (s + 4)] = '\0';
-    *port = atoi(colon + 1);
-    return *port > 0;
-}
-
 /* The key this generation's mesh proves (common/creds.h): derived from
  * the job's credential, or for a coordinator without a token the one its
  * rendezvous reply carries. */
@@ -303,24 +312,79 @@ static int data_key(const struct kolo_ctx *c, const struct rdv *rv, unsigned cha
     return KOLO_EPROTO;
 }
 
-/* Where every rank listens, from the peer table ("tcp:ADDR:PORT"):
- * hosts[r] (64 bytes each) and ports[r] for r < upto. */
-static int peer_addrs(const struct rdv *rv, int upto, char (*hosts)[64], const char **host_ptrs,
-                      int *ports, char *err, size_t errlen)
+/* The rendezvous reply's view of every rank (rv->host_id .. rv->peer_pid),
+ * from its compact form (each host of the topology with its ranks'
+ * address, ports and pids, RendezvousRequest.compact_peers) or from an
+ * older coordinator's peer table (one PeerInfo a rank, "tcp:ADDR:PORT"
+ * parsed into rv->parsed). */
+static int peer_view(struct rdv *rv, const struct topology *t, int size, char *err,
+                     size_t errlen)
 {
-    for (int r = 0; r < upto; r++) {
-        Kolo__PeerInfo *p = rv->reply->peers[r];
-        int code = KOLO_EPROTO;
-        for (size_t i = 0; i < p->n_data_addrs && code; i++)
-            if (parse_tcp_addr(p->data_addrs[i], hosts[r], sizeof(hosts[r]), &ports[r]))
-                code = 0;
-        host_ptrs[r] = hosts[r];
-        if (code) {
-            snprintf(err, errlen, "rank %d sent no usable data-plane address", r);
-            return code;
+    const Kolo__RendezvousReply *rep = rv->reply;
+    rv->host_id = calloc((size_t)t->nhosts, sizeof(*rv->host_id));
+    rv->host_shm = calloc((size_t)t->nhosts, sizeof(*rv->host_shm));
+    rv->peer_addr = calloc((size_t)size, sizeof(*rv->peer_addr));
+    rv->peer_port = calloc((size_t)size, sizeof(*rv->peer_port));
+    rv->peer_pid = calloc((size_t)size, sizeof(*rv->peer_pid));
+    bool table = rep->n_peers == (size_t)size;
+    if (table)
+        rv->parsed = calloc((size_t)size, sizeof(*rv->parsed));
+    if (!rv->host_id || !rv->host_shm || !rv->peer_addr || !rv->peer_port || !rv->peer_pid ||
+        (table && !rv->parsed))
+        return KOLO_ENOMEM;
+    for (int h = 0; h < t->nhosts; h++) {
+        const Kolo__TopoHost *th = table ? NULL : rep->hosts[h];
+        if (th && (th->n_ports != th->n_ranks || th->n_pids != th->n_ranks)) {
+            snprintf(err, errlen, "the coordinator's peer table lists %zu ranks of host %s but "
+                     "%zu ports and %zu pids", th->n_ranks, th->host_id, th->n_ports, th->n_pids);
+            return KOLO_EPROTO;
+        }
+        const Kolo__PeerInfo *lead = table ? rep->peers[topology_rank(t, h, 0)] : NULL;
+        rv->host_id[h] = th ? th->host_id : lead->host_id;
+        rv->host_shm[h] = th ? th->shm_name : lead->shm_name;
+        for (int i = 0; i < t->count[h]; i++) {
+            int r = topology_rank(t, h, i);
+            if (th) {
+                rv->peer_addr[r] = th->data_host;
+                rv->peer_port[r] = th->ports[i];
+                rv->peer_pid[r] = th->pids[i];
+            } else {
+                const Kolo__PeerInfo *p = rep->peers[r];
+                for (size_t k = 0; k < p->n_data_addrs; k++)
+                    if (tcp_addr_parse(p->data_addrs[k], rv->parsed[r], sizeof(rv->parsed[r]),
+                                       &rv->peer_port[r]))
+                        break;
+                rv->peer_addr[r] = rv->parsed[r];
+                rv->peer_pid[r] = p->pid;
+            }
+            if (rv->peer_port[r] <= 0 || rv->peer_port[r] > 65535 || !rv->peer_addr[r][0]) {
+                snprintf(err, errlen, "rank %d sent no usable data-plane address", r);
+                return KOLO_EPROTO;
+            }
         }
     }
     return 0;
+}
+
+/* Every rank's host id for the context (c->peer_hosts): one block of
+ * size pointers followed by each host's id once. */
+static char **host_table(const struct rdv *rv, const struct topology *t, int size)
+{
+    size_t bytes = (size_t)size * sizeof(char *);
+    for (int h = 0; h < t->nhosts; h++)
+        bytes += strlen(rv->host_id[h]) + 1;
+    char **ptrs = malloc(bytes);
+    if (!ptrs)
+        return NULL;
+    char *text = (char *)(ptrs + size);
+    for (int h = 0; h < t->nhosts; h++) {
+        size_t n = strlen(rv->host_id[h]) + 1;
+        memcpy(text, rv->host_id[h], n);
+        for (int i = 0; i < t->count[h]; i++)
+            ptrs[topology_rank(t, h, i)] = text;
+        text += n;
+    }
+    return ptrs;
 }
 
 /* Spin briefly on the sockets when every local rank has a CPU to itself
@@ -345,21 +409,16 @@ static int connect_mesh(struct kolo_ctx *c, struct rdv *rv, char *err, size_t er
                              .listen_fd = rv->listen_fd,
                              .deadline = ctx_deadline(c)};
     struct xport **peers = calloc((size_t)c->size, sizeof(*peers));
-    char(*hosts)[64] = calloc((size_t)c->size, sizeof(*hosts));
-    const char **host_ptrs = calloc((size_t)c->size, sizeof(*host_ptrs));
-    int *ports = calloc((size_t)c->size, sizeof(*ports));
     int code = 0;
-    if (!peers || !hosts || !host_ptrs || !ports) {
+    if (!peers) {
         code = KOLO_ENOMEM;
         goto out;
     }
     if ((code = data_key(c, rv, spec.me.key, err, errlen)) != 0)
         goto out;
-    code = peer_addrs(rv, c->rank, hosts, host_ptrs, ports, err, errlen);
-    spec.hosts = host_ptrs;
-    spec.ports = ports;
-    if (!code)
-        code = mesh_connect(&spec, peers, err, errlen);
+    spec.hosts = rv->peer_addr;
+    spec.ports = rv->peer_port;
+    code = mesh_connect(&spec, peers, err, errlen);
     memset(spec.me.key, 0, sizeof spec.me.key);
     if (code)
         goto out;
@@ -372,9 +431,6 @@ static int connect_mesh(struct kolo_ctx *c, struct rdv *rv, char *err, size_t er
         snprintf(err, errlen, "cannot set up the ring: %s", kolo_strerror(code));
 out:
     free(peers);
-    free(hosts);
-    free(host_ptrs);
-    free(ports);
     return code;
 }
 
@@ -428,7 +484,7 @@ static int make_topology(const struct rdv *rv, int size, struct topology *t, cha
 static bool hosts_have_segments(const struct rdv *rv, const struct topology *t)
 {
     for (int h = 0; h < t->nhosts; h++)
-        if (t->count[h] > 1 && !rv->reply->peers[topology_rank(t, h, 0)]->shm_name[0])
+        if (t->count[h] > 1 && !rv->host_shm[h][0])
             return false;
     return true;
 }
@@ -439,27 +495,27 @@ static int host_segment(struct kolo_ctx *c, struct rdv *rv, const struct topolog
                         struct coll **out, char *err, size_t errlen)
 {
     int h = t->host[c->rank], me = t->local[c->rank], n = t->count[h];
-    const Kolo__PeerInfo *lead = rv->reply->peers[topology_rank(t, h, 0)];
     int code = 0;
     if (rv->shm && (me != 0 || rv->shm->size != n)) {
         snprintf(err, errlen, "host %s has %d rank(s) in this generation and rank %d leads it, "
                  "but this rank made a segment for %d (KOLO_LOCAL_RANK / KOLO_LOCAL_SIZE disagree "
-                 "with the ranks' host ids)", lead->host_id, n, lead->rank, rv->shm->size);
+                 "with the ranks' host ids)", rv->host_id[h], n, topology_rank(t, h, 0),
+                 rv->shm->size);
         return KOLO_EPROTO;
     }
     if (rv->shm) {
         *out = rv->shm;
         rv->shm = NULL;
-    } else if ((code = shmcoll_attach(lead->shm_name, me, n, 0, out)) != 0) {
-        snprintf(err, errlen, "cannot attach the shared segment %s of host %s: %s", lead->shm_name,
-                 lead->host_id, kolo_strerror(code));
+    } else if ((code = shmcoll_attach(rv->host_shm[h], me, n, 0, out)) != 0) {
+        snprintf(err, errlen, "cannot attach the shared segment %s of host %s: %s",
+                 rv->host_shm[h], rv->host_id[h], kolo_strerror(code));
         return code;
     }
     int *pids = calloc((size_t)n, sizeof(int));
     if (!pids)
         return KOLO_ENOMEM; /* *out is destroyed by the caller */
     for (int i = 0; i < n; i++)
-        pids[i] = rv->reply->peers[topology_rank(t, h, i)]->pid;
+        pids[i] = rv->peer_pid[topology_rank(t, h, i)];
     code = shmcoll_ready(*out, pids, ctx_deadline(c));
     free(pids);
     if (code)
@@ -473,25 +529,18 @@ static int connect_hier(struct kolo_ctx *c, struct rdv *rv, const struct topolog
                         size_t errlen)
 {
     struct coll *local = NULL;
-    char(*hosts)[64] = calloc((size_t)c->size, sizeof(*hosts));
-    const char **host_ptrs = calloc((size_t)c->size, sizeof(*host_ptrs));
-    int *ports = calloc((size_t)c->size, sizeof(*ports));
     struct hier_spec spec = {.topo = t,
                              .rank = c->rank,
                              .listen_fd = rv->listen_fd,
-                             .hosts = host_ptrs,
-                             .ports = ports,
+                             .hosts = rv->peer_addr,
+                             .ports = rv->peer_port,
                              .me = {.job = c->job,
                                     .generation = c->generation,
                                     .rank = c->rank,
                                     .encrypt = c->encrypt_data},
                              .spin = spin_on_sockets(c),
                              .deadline = ctx_deadline(c)};
-    int code = hosts && host_ptrs && ports ? 0 : KOLO_ENOMEM;
-    if (!code)
-        code = data_key(c, rv, spec.me.key, err, errlen);
-    if (!code)
-        code = peer_addrs(rv, c->size, hosts, host_ptrs, ports, err, errlen);
+    int code = data_key(c, rv, spec.me.key, err, errlen);
     if (!code && t->count[t->host[c->rank]] > 1)
         code = host_segment(c, rv, t, &local, err, errlen);
     spec.local = local;
@@ -502,9 +551,6 @@ static int connect_hier(struct kolo_ctx *c, struct rdv *rv, const struct topolog
     memset(spec.me.key, 0, sizeof spec.me.key);
     if (local)
         local->ops->destroy(local);
-    free(hosts);
-    free(host_ptrs);
-    free(ports);
     return code;
 }
 
@@ -536,19 +582,19 @@ static int setup_data_plane(struct kolo_ctx *c, const kolo_config *cfg, char *er
     }
     if ((code = rendezvous(c, cfg, &rv, err, errlen)) != 0)
         goto out;
+    if ((code = make_topology(&rv, c->size, &t, err, errlen)) != 0)
+        goto out;
+    if ((code = peer_view(&rv, &t, c->size, err, errlen)) != 0) {
+        if (code == KOLO_ENOMEM)
+            snprintf(err, errlen, "out of memory reading the peer table");
+        goto out;
+    }
     /* every rank's host: what a process set's placement is made from */
     free(c->peer_hosts);
-    if ((c->peer_hosts = calloc((size_t)c->size, sizeof(char *))) == NULL) {
+    if ((c->peer_hosts = host_table(&rv, &t, c->size)) == NULL) {
         code = KOLO_ENOMEM;
         goto out;
     }
-    for (int r = 0; r < c->size; r++)
-        if ((c->peer_hosts[r] = strdup(rv.reply->peers[r]->host_id)) == NULL) {
-            code = KOLO_ENOMEM;
-            goto out;
-        }
-    if ((code = make_topology(&rv, c->size, &t, err, errlen)) != 0)
-        goto out;
     /* Inside a host, shared memory; between hosts, the lanes (hier.c). One
      * host whose ranks are its segment's members in order: the segment
      * alone. Without segments (KOLO_DISABLE_SHM): every pair over TCP. */
@@ -565,8 +611,7 @@ out:
         rv.shm->ops->destroy(rv.shm);
     if (rv.listen_fd >= 0)
         close(rv.listen_fd);
-    if (rv.reply)
-        kolo__rendezvous_reply__free_unpacked(rv.reply, NULL);
+    rdv_free(&rv);
     return code;
 }
 
@@ -1174,9 +1219,7 @@ static void ctx_free(struct kolo_ctx *c)
     free(c->fusion);
     free(c->zeros);
     fast_free(c);
-    for (int r = 0; c->peer_hosts && r < c->size; r++)
-        free(c->peer_hosts[r]);
-    free(c->peer_hosts);
+    free(c->peer_hosts); /* one block (host_table) */
     free(c->host_id);
     free(c->data_addr);
     pthread_mutex_destroy(&c->mu);

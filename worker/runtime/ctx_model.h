@@ -104,7 +104,7 @@ struct kolo_ctx {
     char *host_id, *data_addr;
     bool disable_shm;
     bool encrypt_data; /* seal the TCP data plane (seal.h) */
-    char **peer_hosts;  /* [size]: each rank's host id, from the rendezvous */
+    char **peer_hosts;  /* [size]: each rank's host id, from the rendezvous (one block) */
     uint64_t update_ms; /* pending membership update (under mu) */
     int update_kind;
     int rank, size, local_rank, local_size, cross_rank, cross_size;
