@@ -197,6 +197,19 @@ def hosts_section(md, cell, records, machine):
                       f"{fmt_num(rtt['median_us'])} µs median, {fmt_num(rtt.get('p99_us'))} µs "
                       f"p99. **4 B p50 / RTT**: " + "; ".join(parts) + " (p99: over the RTT's "
                       "p99).")
+            floor = get(sc, "tcp", "rtt_2x2", 4, 4)
+            if floor and np_ == 4:
+                sj["tcp_rtt"]["floor_2x2"] = {"median_us": floor["median_us"],
+                                              "p99_us": floor.get("p99_us")}
+                kx = get(sc, "kolo", "allreduce", np_, 4)
+                over = (f" kolo's 4 B p50 is {kx['median_us'] / floor['median_us']:.2f}× that."
+                        if kx else "")
+                md.append("")
+                md.append(f"The floor of the 2 x 2 pattern (bench/tcp_rtt.c `local`: that "
+                          f"ping-pong, each host's second rank handing its 4 bytes over shared "
+                          f"memory and waiting for the result, yield then futex): "
+                          f"{fmt_num(floor['median_us'])} µs median, "
+                          f"{fmt_num(floor.get('p99_us'))} µs p99.{over}")
             md.append("")
         total = next((k[4] for k in cell if k[0] == sc and k[2].startswith("resnet50")), None)
         if total:

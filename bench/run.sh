@@ -632,6 +632,15 @@ if [ "$HOSTS" = 1 ]; then
             rtt_server=$!
             CMD=("${SUDO[@]}" ip netns exec "$ns0" "$bb/tcp_rtt" client 10.78.0.2 7979 2000)
         }
+        # With 2 ranks a host, the floor of the whole pattern: that ping-pong
+        # with each host's second rank handing its 4 bytes to the first
+        # through shared memory and waiting for the result (yield, then
+        # futex: ranks outnumber CPUs here), tcp_rtt's "local" mode.
+        cmd_tcp_rtt_local_hosts() {
+            "${SUDO[@]}" ip netns exec "${hosts_ns[1]}" timeout 60 "$bb/tcp_rtt" server 7979 local &
+            rtt_server=$!
+            CMD=("${SUDO[@]}" ip netns exec "$ns0" "$bb/tcp_rtt" client 10.78.0.2 7979 2000 local)
+        }
         # One launch of IMPL (mode sizes|resnet), with the bridge's bytes.
         hosts_launch() {
             local impl="$1" mode="$2" tag tx0 tx1
@@ -653,6 +662,10 @@ if [ "$HOSTS" = 1 ]; then
         for round in $(seq 1 "$REPS"); do
             launch "$sc" "$round" "$sc-tcp-rtt-r$round" cmd_tcp_rtt_hosts
             wait "$rtt_server" 2>/dev/null || true # it ends with its client
+            if [ "$nl" = 2 ]; then
+                launch "$sc" "$round" "$sc-tcp-rtt-local-r$round" cmd_tcp_rtt_local_hosts
+                wait "$rtt_server" 2>/dev/null || true
+            fi
             for mode in $modes; do
                 impls="$(hosts_order "$round")"
                 [ "$sealed" = 1 ] && impls+=" kolosealed"
