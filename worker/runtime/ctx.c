@@ -1595,6 +1595,12 @@ int kolo_fini(kolo_ctx *c)
      * once every rank left this one. After a failure the coordinator may
      * be gone: do not wait long for it. */
     int tell_ms = c->sticky && !c->leaving ? 300 : 1000;
+    /* An elastic generation a peer's failure ended: the coordinator
+     * already closed it (or learns it from the agent), and every survivor
+     * is on its way to the next rendezvous, which waits for the slowest
+     * of them. The goodbye is a courtesy there. */
+    if (c->elastic && (c->sticky == KOLO_EPEER || c->sticky == KOLO_ESTALE) && !c->leaving)
+        tell_ms = 100;
     char reason[200];
     snprintf(reason, sizeof(reason), "%s", c->leaving ? c->leave_reason : "kolo_fini");
     /* With rounds the peers hear it first from this rank itself (an
@@ -1610,7 +1616,9 @@ int kolo_fini(kolo_ctx *c)
     pthread_cond_signal(&c->wake);
     pthread_cond_signal(&c->watch_cv);
     pthread_mutex_unlock(&c->mu);
-    report_ctx_stop(c); /* issue 6: sends what is queued (at most 2 s), stops the sender */
+    /* issue 6: the sender sends what is queued (at most 2 s) while the
+     * goodbye below goes on the context's own connection */
+    report_ctx_stop_begin(c);
     snapshot_ctx_stop(c);
     timeline_ctx_fini(c);
     if (c->bg_running)
@@ -1619,6 +1627,7 @@ int kolo_fini(kolo_ctx *c)
         pthread_join(c->watch, NULL);
     if (!c->solo)
         send_leave(c, reason, tell_ms);
+    report_ctx_stop(c);
     rpc_client_shutdown(c->rpc);
     ctx_free(c);
     return 0;

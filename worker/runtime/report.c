@@ -23,9 +23,10 @@
  * batch it refuses (stale generation, job ended, malformed) is dropped and
  * counted: a report is telemetry, not state.
  *
- * kolo_fini calls report_ctx_stop: the sender sends what is queued one
- * last time (one call, at most REPORT_FINAL_MS) and exits, so the end of
- * the last epoch reaches the coordinator before the process exits.
+ * kolo_fini calls report_ctx_stop_begin, then report_ctx_stop: the sender
+ * sends what is queued one last time (one call, at most REPORT_FINAL_MS)
+ * and exits, so the end of the last epoch reaches the coordinator before
+ * the process exits; kolo_fini's own goodbye goes meanwhile.
  */
 #include "report.h"
 
@@ -219,7 +220,7 @@ void report_trace(struct kolo_ctx *c, Kolo__TraceSpan *spans, size_t n)
         report_span_free(&spans[i]);
 }
 
-void report_ctx_stop(struct kolo_ctx *c)
+void report_ctx_stop_begin(struct kolo_ctx *c)
 {
     pthread_mutex_lock(&c->mu);
     struct report *r = c->report;
@@ -230,7 +231,15 @@ void report_ctx_stop(struct kolo_ctx *c)
     r->stop = true;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
-    if (r->running) {
+}
+
+void report_ctx_stop(struct kolo_ctx *c)
+{
+    report_ctx_stop_begin(c);
+    pthread_mutex_lock(&c->mu);
+    struct report *r = c->report;
+    pthread_mutex_unlock(&c->mu);
+    if (r && r->running) {
         pthread_join(r->thread, NULL);
         r->running = false;
     }

@@ -12,7 +12,11 @@
 #include "ctx_model.h"
 
 /* report.c (issue 6): kolo_fini flushes and stops the report sender
- * (mu not held); ctx_free frees it. */
+ * (mu not held): report_ctx_stop_begin tells it to send what is queued
+ * and exit, and returns at once (kolo_fini says goodbye to the
+ * coordinator meanwhile); report_ctx_stop waits until it has. ctx_free
+ * frees it. */
+void report_ctx_stop_begin(struct kolo_ctx *c);
 void report_ctx_stop(struct kolo_ctx *c);
 /* report_start starts the sender before any report (readiness rounds send
  * telemetry from the first round; call it without c->mu). report_round
