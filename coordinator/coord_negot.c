@@ -223,6 +223,9 @@ void coord_negot_free(struct negot *n)
     free(n->res);
     free(n->resume_failed);
     topology_free(&n->topo);
+    if (n->compact_reply) /* it holds the data-plane key */
+        explicit_bzero(n->compact_reply, n->compact_len);
+    free(n->compact_reply);
     for (int r = 0; n->peers && r < n->size; r++) {
         struct peer *p = &n->peers[r];
         free(p->host_id);

@@ -80,6 +80,12 @@ struct negot {
      * made from peers once complete; topo.size 0: not made since the
      * peers last changed */
     struct topology topo;
+    /* the complete rendezvous reply in its compact form, packed once for
+     * every rank that asks for it (rendezvous_answer; it holds the
+     * data-plane key, zeroed when freed); NULL until then, and again
+     * when the peers or the GPU id change */
+    uint8_t *compact_reply;
+    size_t compact_len;
     /* the GPU communicator's ncclUniqueId, posted by rank 0 (nccl_relay) */
     uint8_t nccl_id[128];
     size_t nccl_id_len;

@@ -158,19 +158,37 @@ static int32_t *topo_compact(const struct negot *n, Kolo__TopoHost *hosts)
     return block;
 }
 
+/* What a complete reply says changed: the topology and the packed
+ * compact reply are made again when next needed. */
+static void rendezvous_changed(struct negot *n)
+{
+    topology_free(&n->topo);
+    if (n->compact_reply) /* it holds the data-plane key */
+        explicit_bzero(n->compact_reply, n->compact_len);
+    free(n->compact_reply);
+    n->compact_reply = NULL;
+    n->compact_len = 0;
+}
+
 void rendezvous_answer(struct negot *n, struct rpc_call *call)
 {
+    int rank = rpc_call_frame(call)->rank;
+    bool wants_compact = rank >= 0 && rank < n->size && n->peers[rank].compact;
+    if (n->complete && wants_compact && n->compact_reply) {
+        /* the same bytes for every rank: packed once, not once a rank */
+        rpc_call_reply(call, n->compact_reply, n->compact_len);
+        return;
+    }
     Kolo__RendezvousReply rep = KOLO__RENDEZVOUS_REPLY__INIT;
     rep.complete = n->complete;
     rep.joined = n->joined;
     Kolo__PeerInfo *infos = NULL, **ptrs = NULL;
     Kolo__TopoHost *hosts = NULL, **host_ptrs = NULL;
     int32_t *compact = NULL;
-    int rank = rpc_call_frame(call)->rank;
     if (n->complete) {
         rep.fusion_threshold = n->fusion_threshold;
         topo_fill(n, &rep, &hosts, &host_ptrs);
-        if (rank >= 0 && rank < n->size && n->peers[rank].compact && rep.n_hosts > 0)
+        if (wants_compact && rep.n_hosts > 0)
             compact = topo_compact(n, hosts);
     }
     /* an older worker, or a generation the compact form cannot hold */
@@ -205,7 +223,16 @@ void rendezvous_answer(struct negot *n, struct rpc_call *call)
         rep.data_key.data = key;
         rep.data_key.len = sizeof key;
     }
-    coord_send_pb(call, &rep.base);
+    size_t len = compact ? kolo__rendezvous_reply__get_packed_size(&rep) : 0;
+    uint8_t *packed = len ? malloc(len) : NULL;
+    if (packed) { /* kept for the other ranks that ask for the compact form */
+        kolo__rendezvous_reply__pack(&rep, packed);
+        n->compact_reply = packed;
+        n->compact_len = len;
+        rpc_call_reply(call, packed, len);
+    } else {
+        coord_send_pb(call, &rep.base);
+    }
     memset(key, 0, sizeof key);
     free(infos);
     free(ptrs);
@@ -246,6 +273,7 @@ static void nccl_relay(struct coord *c, struct negot *n, int rank,
         }
         memcpy(n->nccl_id, req->nccl_id.data, req->nccl_id.len);
         n->nccl_id_len = req->nccl_id.len;
+        rendezvous_changed(n);
         for (int r = 0; r < n->size; r++) {
             if (n->peers[r].parked) {
                 rendezvous_answer(n, n->peers[r].parked);
@@ -448,7 +476,7 @@ void coord_rpc_rendezvous(struct coord *c, struct rpc_call *call)
     p->data_host = NULL;
     p->port = 0;
     p->host_id = strdup(req->host_id);
-    topology_free(&n->topo); /* made again from the new peer table */
+    rendezvous_changed(n); /* the topology is made again from the new peer table */
     p->addrs = calloc(req->n_data_addrs + 1, sizeof(char *));
     p->naddrs = 0;
     for (size_t i = 0; p->addrs && i < req->n_data_addrs && i < 16; i++)

@@ -313,6 +313,10 @@ static void *rank_main(void *p)
     }
     if (r == 0)
         fprintf(stderr, "   rank 0 joined in %d ms\n", took);
+    if (a->big && getenv("KOLO_TEST_INIT_ONLY")) { /* measuring kolo_init alone */
+        CHECK_EQ_INT(kolo_fini(ctx), 0);
+        return NULL;
+    }
     t_steps(ctx, r, np, a->big ? 3 : 50);
     if (r == 0)
         fprintf(stderr, "   rank 0: steps done at %llu ms\n",
@@ -386,7 +390,8 @@ int main(int argc, char **argv)
          * KOLO_TEST_ROUNDS=1 runs them anyway. */
         if (!getenv("KOLO_TEST_ROUNDS"))
             setenv("KOLO_FAST_PATH", "0", 1);
-        /* KOLO_TEST_SHAPE=HxL for another size (measuring) */
+        /* KOLO_TEST_SHAPE=HxL for another size, KOLO_TEST_INIT_ONLY=1 to
+         * stop after kolo_init (measuring) */
         int H = 128, L = 8;
         const char *shape = getenv("KOLO_TEST_SHAPE");
         if (shape && sscanf(shape, "%dx%d", &H, &L) != 2)
