@@ -92,15 +92,16 @@ rounds_again 100 160 "after the timeline stopped"
 job_done tl 200
 grep -q '"grad.3"' "$WORK/tl.json" || fail "the timeline has no span of grad.3"
 
-# ---- 3. a frozen rank: its peer names it (stall limit 1 s: warning 2 s / 2)
+# ---- 3. a frozen rank: its peer names it (stall limit 1 s: warning 2 s / 2);
+# the freeze comes at step 20, the other steps only have to outlast it
 rm -f "$WORK/progress"
 HOROVOD_STALL_CHECK_TIME_SECONDS=2 "$KOLO" run -np 2 --log-level warn --coordinator "$RPC" -- "$PY" "$STEPS_PY" \
-  --steps 600 --pause 0.02 --progress "$WORK/progress" >"$WORK/frz.out" 2>"$WORK/frz.err" &
+  --steps 200 --pause 0.02 --progress "$WORK/progress" >"$WORK/frz.out" 2>"$WORK/frz.err" &
 RUN_PID=$!
 PIDS+=("$RUN_PID")
 wait_for 60 eval '[ "$(progress)" -ge 20 ]' || fail "frozen-rank job did not start: $(tail "$WORK/frz.err")"
 rank1=""
-for p in $(pgrep -f "$STEPS_PY --steps 600 --pause"); do
+for p in $(pgrep -f "$STEPS_PY --steps 200 --pause"); do
   tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx 'KOLO_RANK=1' && rank1=$p
 done
 [ -n "$rank1" ] || fail "no rank 1 process found"
@@ -111,7 +112,7 @@ kill -CONT "$rank1"
 wait_for 20 eval 'grep -Eq "\[0\]<stderr>:.*rank 0: waiting on rank 1 since .* in a (readiness round|collective)" "$WORK/frz.err"' ||
   fail "rank 0 did not say it waits on rank 1: $(tail -5 "$WORK/frz.err")"
 note "$(grep -o 'rank 0: waiting on rank 1 since .*' "$WORK/frz.err" | head -1)"
-job_done frz 600
+job_done frz 200
 
 # ---- 4. KOLO_FAST_PATH=0: every op through the coordinator
 n0=$(negotiates)

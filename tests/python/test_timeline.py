@@ -21,6 +21,20 @@ hvd.allreduce(torch.zeros(2, 3, dtype=torch.float64), name="tl.other")
 print("done", flush=True)
 '''
 
+# The same job through kolo's numpy API, for the tests of where the file
+# goes: the same ops reach the coordinator, without a torch import per rank.
+WORKER_NUMPY = r'''
+import numpy as np
+import kolo
+
+kolo.init()
+for step in range(3):
+    out = kolo.allreduce(np.ones(4, dtype=np.float32) * (kolo.rank() + 1), name="tl.grad", op=kolo.Sum)
+    assert out.tolist() == [3.0] * 4, out
+kolo.allreduce(np.zeros((2, 3), dtype=np.float64), name="tl.other")
+print("done", flush=True)
+'''
+
 RUNTIME = r'''
 import sys
 import torch
@@ -114,19 +128,19 @@ def test_never_overwrites_what_is_not_a_timeline(tmp_path):
     link = tmp_path / "link.json"
     link.symlink_to(secret)
     for target in (secret, link):
-        job = kolo_run(2, WORKER, kolo_args=("--timeline-filename", str(target)))
+        job = kolo_run(2, WORKER_NUMPY, kolo_args=("--timeline-filename", str(target)))
         assert job.rc == 0, job.err  # the job runs without its timeline
         assert secret.read_text() == "-----BEGIN KEY-----\n"
     fresh = str(tmp_path / "t.json")
     for _ in range(2):  # the second run replaces the first's timeline
-        job = kolo_run(2, WORKER, kolo_args=("--timeline-filename", fresh))
+        job = kolo_run(2, WORKER_NUMPY, kolo_args=("--timeline-filename", fresh))
         assert job.rc == 0, job.err
         check(load(fresh), "tl.grad", 3, "HOROVOD_FLOAT32", "[4]")
         assert os.stat(fresh).st_mode & 0o777 == 0o600
 
 
 def test_relative_path_is_in_the_jobs_cwd():
-    job = kolo_run(2, WORKER.replace('print("done"', 'import os; print("cwd", os.getcwd()); print("done"'),
+    job = kolo_run(2, WORKER_NUMPY.replace('print("done"', 'import os; print("cwd", os.getcwd()); print("done"'),
                    kolo_args=("--timeline-filename", "rel.json"))
     assert job.rc == 0, job.err
     cwd = [l.split(" ", 1)[1] for l in job.lines(0) if l.startswith("cwd ")][0]

@@ -239,16 +239,20 @@ def test_prune_after_the_trial_ended_counts_as_complete(tmp_path):
 
 
 def test_digits_search_prunes_and_finds_097(tmp_path):
+    # Seed 0 draws trial 0 at lr 0.0229, batch 16, hidden 128: 0.9731 after
+    # 6 epochs, the best of 12 trials too; trials 2 and 3 (lr ~0.001) fall
+    # far below the median of the two before them and are pruned, and so
+    # are most of the rest. Six trials are enough to show both.
     d = str(tmp_path / "digits")
     cmd = ["/usr/bin/python3", DIGITS, "--epochs", "6", "--lr", "{lr}", "--batch-size",
            "{batch}", "--hidden", "{hidden}"]
     res = kolo.tune.run(cmd, {"lr": ("log", 1e-3, 0.3), "batch": [16, 32, 64],
                               "hidden": [16, 32, 64, 128]},
-                        12, np=2, max_concurrent=2, slots=4, metric="accuracy", mode="max",
+                        6, np=2, max_concurrent=2, slots=4, metric="accuracy", mode="max",
                         pruner="median", seed=0, study_name="digits", directory=d,
                         verbose=True)
     states = [t["state"] for t in res["trials"]]
-    assert len(states) == 12, states
+    assert len(states) == 6, states
     assert states.count("pruned") >= 1, states
     assert res["best_value"] >= 0.97, res
     assert all(t["job_name"] == "digits/trial-%d" % t["number"] for t in res["trials"])

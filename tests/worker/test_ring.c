@@ -12,6 +12,8 @@
  *    order. At 1<<20 elements each dtype runs with one op (the ops rotate
  *    across dtypes) to keep the test short; the other sizes run all.
  *    (Under ThreadSanitizer: largest count 1<<17, one op per dtype.)
+ *    (Under either sanitizer the other collectives' largest cases shrink
+ *    to a few chunks too.)
  *  - allgatherv, alltoallv and reducescatter with uneven sizes (zeros
  *    included), broadcast from every root below and above the tree/chain
  *    crossover, barrier, 100 back-to-back allreduces of varying sizes.
@@ -62,6 +64,24 @@
 #define BIG_COUNT   ((size_t)1 << 20)
 #define B2B_MAX     300000
 #define MATRIX_THIN 0
+#endif
+/* The multi-chunk cases of reducescatter, allgatherv and broadcast. The
+ * sanitizer builds, which look for races and bad accesses, not for the
+ * arithmetic at length, run them at sizes that still span two to four
+ * 256 KiB chunks a segment: ThreadSanitizer spent over half the test's
+ * CPU time in them at full size. */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define RS_BIG_BASE  70000 /* elements: float32 segments of 2-3 chunks */
+#define RS_BIG_STEP  11111
+#define AG_BIG_BASE  270000 /* bytes: 2 chunks */
+#define AG_BIG_STEP  7777
+#define BCAST_BIG    (((size_t)1 << 20) + 4099) /* 5 chunks down the chain */
+#else
+#define RS_BIG_BASE  200000
+#define RS_BIG_STEP  33333
+#define AG_BIG_BASE  300000
+#define AG_BIG_STEP  77777
+#define BCAST_BIG    ((size_t)3 << 20)
 #endif
 /* Elements per rank in the failure tests: 4 MiB of float32. */
 #define FAIL_COUNT ((size_t)1 << 20)
@@ -497,7 +517,7 @@ static void t_reducescatter(struct world *w, int me)
         size_t counts[MAX_RANKS], total = 0, first = 0, esz = kolo_dtype_size(dt);
         for (int r = 0; r < n; r++) {
             if (cases[k].big)
-                counts[r] = r == 1 ? 0 : 200000 + (size_t)r * 33333;
+                counts[r] = r == 1 ? 0 : RS_BIG_BASE + (size_t)r * RS_BIG_STEP;
             else
                 counts[r] = r % 3 == 1 ? 0 : (size_t)r * 3 + 1 + k;
             if (r < me)
@@ -532,7 +552,7 @@ static void t_allgatherv(struct world *w, int me)
             else if (k == 1)
                 bytes[r] = (r + 1) % 3 == 0 ? 0 : (size_t)(r * 5 + 1);
             else
-                bytes[r] = r == n - 1 ? 0 : 300000 + (size_t)r * 77777;
+                bytes[r] = r == n - 1 ? 0 : AG_BIG_BASE + (size_t)r * AG_BIG_STEP;
             off[r] = total;
             total += bytes[r];
         }
@@ -597,9 +617,9 @@ static void t_alltoallv(struct world *w, int me)
 
 static void t_broadcast(struct world *w, int me)
 {
-    static const size_t sizes[] = {0, 1, 1000, 100 << 10, 600 << 10, 3 << 20};
+    static const size_t sizes[] = {0, 1, 1000, 100 << 10, 600 << 10, BCAST_BIG};
     struct coll *c = w->c[me];
-    unsigned char *buf = xmalloc(3 << 20);
+    unsigned char *buf = xmalloc(BCAST_BIG);
     for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
         for (int root = 0; root < w->n; root++) {
             size_t bytes = sizes[k];
