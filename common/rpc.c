@@ -29,6 +29,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <nng/nng.h>
@@ -1594,18 +1595,90 @@ void rpc_client_shutdown(struct rpc_client *cli)
      * uses the client: closing it under a call in flight can hang. */
 }
 
+int rpc_close_wait_ms = 3000;
+int rpc_close_test_delay_ms = 0;
+
+/* The close of one client's socket, on a thread of its own (see
+ * rpc_client_close): done says nng returned; orphaned that the caller
+ * stopped waiting, so the thread frees the client. */
+struct client_closer {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done, orphaned;
+    struct rpc_client *cli;
+};
+
+static void client_free(struct rpc_client *cli)
+{
+    nng_cv_free(cli->wake);
+    nng_cv_free(cli->idle);
+    nng_mtx_free(cli->mtx);
+    free(cli->token);
+    free(cli);
+}
+
+static void closer_free(struct client_closer *k)
+{
+    pthread_mutex_destroy(&k->mu);
+    pthread_cond_destroy(&k->cv);
+    free(k);
+}
+
+static void *closer_main(void *arg)
+{
+    struct client_closer *k = arg;
+    thread_name("kolo-rpcclose");
+    if (rpc_close_test_delay_ms > 0)
+        usleep((useconds_t)rpc_close_test_delay_ms * 1000);
+    nng_close(k->cli->sock);
+    pthread_mutex_lock(&k->mu);
+    k->done = true;
+    bool orphaned = k->orphaned;
+    pthread_cond_signal(&k->cv);
+    pthread_mutex_unlock(&k->mu);
+    if (orphaned) { /* nobody waits any more: ours to free */
+        client_free(k->cli);
+        closer_free(k);
+    }
+    return NULL;
+}
+
 void rpc_client_close(struct rpc_client *cli)
 {
     if (!cli)
         return;
     /* End whatever is still in flight first, then close the socket. */
     rpc_client_shutdown(cli);
-    nng_close(cli->sock);
-    nng_cv_free(cli->wake);
-    nng_cv_free(cli->idle);
-    nng_mtx_free(cli->mtx);
-    free(cli->token);
-    free(cli);
+    struct client_closer *k = calloc(1, sizeof *k);
+    pthread_t t;
+    if (k) {
+        k->cli = cli;
+        pthread_mutex_init(&k->mu, NULL);
+        cond_init_monotonic(&k->cv);
+    }
+    if (!k || pthread_create(&t, NULL, closer_main, k) != 0) {
+        if (k)
+            closer_free(k);
+        nng_close(cli->sock); /* no thread to spare: unbounded, as nng is */
+        client_free(cli);
+        return;
+    }
+    pthread_detach(t);
+    struct timespec until;
+    mono_deadline(&until, (uint64_t)(rpc_close_wait_ms > 0 ? rpc_close_wait_ms : 1));
+    pthread_mutex_lock(&k->mu);
+    while (!k->done && pthread_cond_timedwait(&k->cv, &k->mu, &until) != ETIMEDOUT) {
+    }
+    bool done = k->done;
+    k->orphaned = !done;
+    pthread_mutex_unlock(&k->mu);
+    if (!done) {
+        LOGW("rpc", "closing the connection to %s did not end within %d ms; going on without "
+             "waiting for it", cli->url, rpc_close_wait_ms);
+        return;
+    }
+    closer_free(k);
+    client_free(cli);
 }
 
 void rpc_client_set_identity(struct rpc_client *cli, const char *identity, uint64_t job_id,

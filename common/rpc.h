@@ -225,7 +225,16 @@ int rpc_client_open(struct rpc_client **cli, const struct rpc_client_config *cfg
  * fail at once with KOLO_ECLOSED; safe from any thread. The client must
  * still be closed (rpc_client_close) once no other thread uses it. */
 void rpc_client_shutdown(struct rpc_client *cli);
+/* rpc_client_close shuts the client down and closes its socket, waiting
+ * for that at most rpc_close_wait_ms (default 3000): nng 1.5's close can
+ * wait forever on a connection it never reaps (seen under load, with
+ * every nng thread idle), and a caller must not hang with it. Past the
+ * bound it logs a warning and returns; the close goes on, on a thread of
+ * its own that frees the client if nng ever returns. Tests set
+ * rpc_close_test_delay_ms to hold that thread back before the close. */
 void rpc_client_close(struct rpc_client *cli);
+extern int rpc_close_wait_ms;
+extern int rpc_close_test_delay_ms;
 /* rpc_client_set_identity changes the identity sent with later calls. */
 void rpc_client_set_identity(struct rpc_client *cli, const char *identity, uint64_t job_id,
                              uint64_t generation, int32_t rank);

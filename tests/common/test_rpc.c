@@ -610,6 +610,42 @@ static void test_close_with_call_in_flight(void)
     rpc_server_close(srv);
 }
 
+/* rpc_client_close waits for nng's close at most rpc_close_wait_ms: a
+ * close held back (nng 1.5's can hang for good) returns at the bound,
+ * and the closing thread frees the client once nng returns (the leak
+ * check of the AddressSanitizer build sees it freed). Last in main: the
+ * knobs stay set, since that thread reads them. */
+static void test_close_bounded(void)
+{
+    struct rpc_server *srv = NULL;
+    struct rpc_server_config cfg = {.url = "tcp://127.0.0.1:0", .handler = handler};
+    REQUIRE(rpc_server_open(&srv, &cfg) == 0);
+    struct rpc_client *cli = client(rpc_server_url(srv), NULL);
+    void *rep = NULL;
+    size_t len;
+    char err[128];
+    REQUIRE(rpc_client_call(cli, "T.Echo", "e", 1, &rep, &len, 5000, err, sizeof err) == 0);
+    free(rep);
+    uint64_t t0 = now_mono_ms();
+    rpc_client_close(cli); /* the normal case: at once */
+    CHECK(now_mono_ms() - t0 < 1000);
+
+    cli = client(rpc_server_url(srv), NULL);
+    REQUIRE(rpc_client_call(cli, "T.Echo", "e", 1, &rep, &len, 5000, err, sizeof err) == 0);
+    free(rep);
+    rpc_close_wait_ms = 200;
+    rpc_close_test_delay_ms = 1500;
+    t0 = now_mono_ms();
+    rpc_client_close(cli);
+    uint64_t took = now_mono_ms() - t0;
+    if (took < 150 || took >= 1200)
+        fprintf(stderr, "a held-back close returned after %llu ms (bound 200)\n",
+                (unsigned long long)took);
+    CHECK(took >= 150 && took < 1200);
+    usleep(2500 * 1000); /* the thread closes the socket and frees the client */
+    rpc_server_close(srv);
+}
+
 static void ignore_done(void *arg, int code, const void *rep, size_t len, const char *err)
 {
     (void)arg, (void)code, (void)rep, (void)len, (void)err;
@@ -827,5 +863,6 @@ int main(void)
     test_reserved_capacity();
     test_learns_server_clock();
     test_bad_frames();
+    test_close_bounded();
     TEST_DONE();
 }
