@@ -1260,6 +1260,51 @@ static void server_resolve_url(struct rpc_server *srv, const char *url)
         snprintf(colon, sizeof(srv->url) - (size_t)(colon - srv->url), ":%d", port);
 }
 
+/* The listener's queue of connections not yet accepted. nng listens
+ * with 128, and a job's ranks connect at once (at 1,024 ranks, 2,048
+ * connections: each rank's and its report sender's): the kernel drops
+ * what overflows and the clients' SYNs come back after 1, 3, 7 s, which
+ * was most of a 1,024-rank kolo_init (1,630 overflows, 779 SYN
+ * retransmissions in one). The kernel caps it at net.core.somaxconn. */
+#define RPC_LISTEN_BACKLOG 4096
+
+/* Widens the backlog of nng's listening socket on srv->port: found
+ * through /proc/self/fd (nng does not hand out its descriptor), through a
+ * copy, so a descriptor another thread closes and reuses meanwhile is
+ * never touched unless it is that listener. listen() on a listening
+ * socket changes only its backlog. */
+static void server_widen_backlog(struct rpc_server *srv)
+{
+    DIR *d = srv->port ? opendir("/proc/self/fd") : NULL;
+    bool widened = false;
+    if (!d)
+        return;
+    struct dirent *e;
+    while (!widened && (e = readdir(d)) != NULL) {
+        int fd = atoi(e->d_name);
+        if (e->d_name[0] < '0' || e->d_name[0] > '9' || fd == dirfd(d))
+            continue;
+        int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        if (copy < 0)
+            continue;
+        int listening = 0;
+        socklen_t len = sizeof listening;
+        struct sockaddr_storage sa;
+        socklen_t salen = sizeof sa;
+        if (getsockopt(copy, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening &&
+            getsockname(copy, (struct sockaddr *)&sa, &salen) == 0) {
+            int port = sa.ss_family == AF_INET    ? ntohs(((struct sockaddr_in *)&sa)->sin_port)
+                       : sa.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&sa)->sin6_port)
+                                                  : 0;
+            widened = port == srv->port && listen(copy, RPC_LISTEN_BACKLOG) == 0;
+        }
+        close(copy);
+    }
+    closedir(d);
+    if (!widened)
+        LOGD("rpc", "listener on port %u: its backlog stays nng's", srv->port);
+}
+
 /* Listens on cfg->url, over TLS when cfg->tls asks for it (tls.h). */
 static int server_listen(struct rpc_server *srv, const struct rpc_server_config *cfg)
 {
@@ -1282,6 +1327,7 @@ static int server_listen(struct rpc_server *srv, const struct rpc_server_config 
         return rv == NNG_EADDRINUSE ? KOLO_EBUSY : KOLO_EINVAL;
     }
     server_resolve_url(srv, url);
+    server_widen_backlog(srv);
     return 0;
 }
 

@@ -610,6 +610,41 @@ static void test_close_with_call_in_flight(void)
     rpc_server_close(srv);
 }
 
+/* The listener's backlog is widened past nng's 128 (a job's ranks
+ * connect at once: 2,048 connections at 1,024 ranks overflowed it, and
+ * the dropped SYNs came back seconds later): what the kernel reports
+ * for the listening socket (ss, through sock_diag) is min(4096,
+ * net.core.somaxconn). */
+static void test_listen_backlog(void)
+{
+    struct rpc_server *srv = start_server("tcp://127.0.0.1:0", NULL, 0);
+    const char *url = rpc_server_url(srv);
+    int port = atoi(strrchr(url, ':') + 1), somaxconn = 4096;
+    FILE *f = fopen("/proc/sys/net/core/somaxconn", "r");
+    if (f) {
+        if (fscanf(f, "%d", &somaxconn) != 1)
+            somaxconn = 4096;
+        fclose(f);
+    }
+    char cmd[128], state[32] = "", line[256] = "";
+    snprintf(cmd, sizeof cmd, "ss -ltnH 'sport = :%d' 2>/dev/null", port);
+    FILE *p = popen(cmd, "r");
+    long recvq = -1, backlog = -1;
+    if (p && fgets(line, sizeof line, p))
+        sscanf(line, "%31s %ld %ld", state, &recvq, &backlog);
+    if (p)
+        pclose(p);
+    if (backlog < 0) {
+        fprintf(stderr, "   (ss printed nothing for port %d: backlog not checked)\n", port);
+    } else {
+        long want = somaxconn < 4096 ? somaxconn : 4096;
+        if (backlog != want)
+            fprintf(stderr, "listener backlog %ld, want %ld: %s", backlog, want, line);
+        CHECK_EQ_INT((int)backlog, (int)want);
+    }
+    rpc_server_close(srv);
+}
+
 /* rpc_client_close waits for nng's close at most rpc_close_wait_ms: a
  * close held back (nng 1.5's can hang for good) returns at the bound,
  * and the closing thread frees the client once nng returns (the leak
@@ -863,6 +898,7 @@ int main(void)
     test_reserved_capacity();
     test_learns_server_clock();
     test_bad_frames();
+    test_listen_backlog();
     test_close_bounded();
     TEST_DONE();
 }

@@ -83,6 +83,9 @@
 #define ANSWER_LEN        (HELLO_LEN + SHA256_LEN)
 #define PROOF_LEN         SHA256_LEN
 #define SOCK_BUF_BYTES    (4 << 20)
+/* a rank's data listener: its lane links come at once at init, and an
+ * alltoall's first use may bring a link from every other rank */
+#define TCP_LISTEN_BACKLOG 4096
 
 struct hello {
     uint32_t magic;
@@ -778,7 +781,7 @@ int tcp_listen(const char *addr, int *fd, int *port)
         tune_buffers(s);
         struct sockaddr_storage sa;
         socklen_t salen = sizeof sa;
-        if (bind(s, ai->ai_addr, ai->ai_addrlen) == 0 && listen(s, 128) == 0 &&
+        if (bind(s, ai->ai_addr, ai->ai_addrlen) == 0 && listen(s, TCP_LISTEN_BACKLOG) == 0 &&
             getsockname(s, (struct sockaddr *)&sa, &salen) == 0) {
             *port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
                                                    : ((struct sockaddr_in *)&sa)->sin_port);
