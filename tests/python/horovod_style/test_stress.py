@@ -125,11 +125,20 @@ class StressTests(HvdTestCase):
             hvd.synchronize(h)
 
     def test_duplicate_refused_then_name_reused(self):
+        # refused while in flight (the others submit it only after the
+        # barrier), then the name works as ever
         hvd.init()
-        n = hvd.size()
-        h = hvd.allreduce_async(torch.ones(3), name="dup.reuse", op=hvd.Sum)
-        with self.assertRaises(ValueError):
-            hvd.allreduce_async(torch.ones(3), name="dup.reuse")
+        self._need_two()
+        r, n = hvd.rank(), hvd.size()
+        first = _pick("dup.reuse")
+        h = None
+        if r == first:
+            h = hvd.allreduce_async(torch.ones(3), name="dup.reuse", op=hvd.Sum)
+            with self.assertRaises(ValueError):
+                hvd.allreduce_async(torch.ones(3), name="dup.reuse", op=hvd.Sum)
+        hvd.barrier()
+        if r != first:
+            h = hvd.allreduce_async(torch.ones(3), name="dup.reuse", op=hvd.Sum)
         self.assertEqual(hvd.synchronize(h).tolist(), [float(n)] * 3)
         for _ in range(3):
             x = hvd.allreduce(torch.ones(3), name="dup.reuse", op=hvd.Sum)
