@@ -144,3 +144,50 @@ def test_init_after_a_peer_ended_the_session(run_job):
         job = run_job(np_, ENDED_SESSION, timeout=90)
         assert job.rc == 0, job
         assert job.lines().count("new session after an ended one") == np_, job
+
+
+PRIVATE = r'''
+import queue
+import torch
+import kolo.torch as hvd
+from kolo.torch import mpi_ops
+
+hvd.init()
+n = hvd.size()
+# Horovod's mpi_ops._handle_map: handle -> the tensors an op keeps alive
+# until synchronize()
+base = len(mpi_ops._handle_map)
+t = torch.ones(3)
+h = hvd.allreduce_async(t, name="hm", op=hvd.Sum)
+assert h in mpi_ops._handle_map and len(mpi_ops._handle_map) == base + 1
+kept = mpi_ops._handle_map[h]
+assert isinstance(kept, tuple) and any(k.data_ptr() == t.data_ptr() for k in kept), kept
+assert hvd.synchronize(h).tolist() == [float(n)] * 3
+assert h not in mpi_ops._handle_map and len(mpi_ops._handle_map) == base
+# state._host_messages: Horovod's queue of the driver's notifications
+state = hvd.elastic.ObjectState(epoch=0)
+assert state._host_messages.empty() and state._host_messages.qsize() == 0
+try:
+    state._host_messages.get_nowait()
+    raise SystemExit("get_nowait on an empty queue returned")
+except queue.Empty:
+    pass
+state.commit()                                   # nothing announced: no interrupt
+state.on_hosts_updated(1234, 2)                  # what Horovod's driver calls
+assert not state._host_messages.empty()
+try:
+    state.commit()
+    raise SystemExit("no HostsUpdatedInterrupt")
+except hvd.HostsUpdatedInterrupt as e:
+    assert e.skip_sync is False                  # hosts added: sync again
+assert state._host_messages.empty()
+hvd.barrier()
+hvd.shutdown()
+print("private members as Horovod's")
+'''
+
+
+def test_horovods_private_members_used_by_scripts(run_job):
+    job = run_job(2, PRIVATE, timeout=90)
+    assert job.rc == 0, job
+    assert job.lines().count("private members as Horovod's") == 2, job
