@@ -17,6 +17,7 @@ those, and --hostfile, --output-filename, --config-file, --start-timeout,
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -58,6 +59,13 @@ def _run_watching_events(kolo_args, worker_args, timeout=90):
     job's events read from the embedded coordinator's REST API while the
     job ran)."""
     tmp = tempfile.mkdtemp(prefix="kolo-hvdrun-")
+    try:
+        return _watch(tmp, kolo_args, worker_args, timeout)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _watch(tmp, kolo_args, worker_args, timeout):
     path = os.path.join(tmp, "worker.py")
     with open(path, "w") as f:
         f.write(WORKER)
