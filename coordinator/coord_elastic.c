@@ -432,6 +432,15 @@ static bool member_alive(const struct rank *r)
     return r->state == RANK_ASSIGNED || r->state == RANK_RUNNING;
 }
 
+/* Members alive on r's host with a lower rank than r. */
+static int members_before(const struct job *j, const struct rank *r)
+{
+    int k = 0;
+    for (const struct rank *q = j->ranks; q < r; q++)
+        k += q->host == r->host && member_alive(q);
+    return k;
+}
+
 /* A member that stays in the next generation: alive, on a live host that
  * is not drained. Exclusion does not remove it: exclusion only keeps new
  * workers off a host (unlike Horovod, which drops every slot of the host,
@@ -441,8 +450,14 @@ static bool survives(const struct job *j, const struct rank *r)
 {
     if (!member_alive(r) || !r->host || r->host->state != HOST_ALIVE || r->host->drained)
         return false;
+    if (!j->el->discovery)
+        return true;
     /* a host the discovery script no longer lists is left, as if drained */
-    return !j->el->discovery || disc_find(j->el, r->host) != NULL;
+    if (!disc_find(j->el, r->host))
+        return false;
+    /* one it lists with fewer slots keeps its lowest ranks (Horovod removes
+     * the extra slots) */
+    return members_before(j, r) < job_slots_on(j, r->host);
 }
 
 /* Plans the next generation: survivors (members alive on usable hosts)
@@ -1070,18 +1085,28 @@ static void discovery_result(struct coord *c, uint64_t job_id, int rc, struct di
         coord_jobs_place_pending(c);
         return;
     }
-    /* Members on hosts that left the list: a graceful removal. */
+    /* Members on hosts that left the list, or beyond the slots a host
+     * still listed has now: a graceful removal. */
     for (int r = 0; r < j->nranks; r++) {
         struct rank *rk = &j->ranks[r];
-        if (member_alive(rk) && rk->host && !disc_find(el, rk->host)) {
-            el->update_ms = now_wall_ms();
-            el->update_kind |= 1;
-            coord_negot_hosts_updated(c, j);
+        if (!member_alive(rk) || !rk->host)
+            continue;
+        bool listed = disc_find(el, rk->host) != NULL;
+        if (listed && members_before(j, rk) < job_slots_on(j, rk->host))
+            continue;
+        el->update_ms = now_wall_ms();
+        el->update_kind |= 1;
+        coord_negot_hosts_updated(c, j);
+        if (listed)
+            coord_event(c, j->id, rk->host->id, "job.hosts_updated",
+                        "host %s lists %d slot(s) now: job %llu leaves the others at its next "
+                        "commit",
+                        rk->host->name, job_slots_on(j, rk->host), (unsigned long long)j->id);
+        else
             coord_event(c, j->id, rk->host->id, "job.hosts_updated",
                         "host %s left the discovery list: job %llu leaves it at its next commit",
                         rk->host->name, (unsigned long long)j->id);
-            break;
-        }
+        break;
     }
 }
 

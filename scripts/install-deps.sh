@@ -19,6 +19,8 @@ packages=(
 )
 if [ "${1:-}" = "--test" ]; then
   packages+=(chromium gdb clang libclang-rt-14-dev)
+  # a real Jupyter kernel for kolo.run from a notebook cell (tests/python/test_notebook.py)
+  packages+=(python3-nbclient python3-ipykernel)
   # a real Slurm on this machine for tests/integration/test_slurm.sh
   packages+=(slurmd slurmctld slurm-client munge)
   command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)

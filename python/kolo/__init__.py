@@ -36,9 +36,18 @@ def init(comm=None, process_sets=None):
     process_sets (Horovod's): a list of ProcessSet (or rank lists) to
     register, the same on every rank, or "dynamic" to allow
     add_process_set()/remove_process_set() later. comm: only None (or
-    every rank) is accepted - a job cannot run on part of its ranks."""
+    every rank) is accepted - a job cannot run on part of its ranks.
+
+    After a peer ended this session (its shutdown(), or it left the job:
+    operations here failed with "Horovod has been shut down: rank R left
+    ..."), init() leaves the dead session and joins a new one, as
+    shutdown(); init() would: a test whose tearDown barrier failed that
+    way does not take every later test of the module with it (Horovod's
+    init() keeps the dead session)."""
     if _eng().initialized():
-        return
+        if not _eng().ended():
+            return
+        shutdown()
     _eng().init()
     _report.mark_init()  # issue 6: the first epoch starts now
     if comm is not None and sorted(comm) != list(range(size())):

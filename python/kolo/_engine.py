@@ -149,6 +149,12 @@ def owner(handle):
         return _handle_owner.get(handle)
 
 
+def live_handles():
+    """Every handle not synchronized yet, of every engine (in order)."""
+    with _handles_lock:
+        return sorted(_handle_owner)
+
+
 def _forget_handles(engine, handles):
     with _handles_lock:
         for h in handles:
@@ -168,6 +174,7 @@ class Engine:
         self._solo = False
         self._pending = {}
         self._topo = None
+        self._ended = False   # a peer ended this session (KOLO_ESHUTDOWN seen)
         self._atexit = False
         self._borrowers = 0   # threads inside a call that uses the context
         self._idle = threading.Condition(self._lock)
@@ -176,6 +183,12 @@ class Engine:
 
     def initialized(self):
         return self._topo is not None
+
+    def ended(self):
+        """True once an operation of this session failed because a peer
+        ended it (it called shutdown() or left the job): init() then
+        starts a new session instead of keeping this one."""
+        return self._topo is not None and self._ended
 
     def init(self):
         """Joins the job this process was started in; started alone (no
@@ -203,6 +216,7 @@ class Engine:
     def _adopt(self, lib, ctx):
         """Takes libkolo context ctx as this engine's (lock held)."""
         self._lib, self._ctx, self._solo = lib, ctx, lib.kolo_solo(ctx) == 1
+        self._ended = False
         self._topo = (lib.kolo_rank(ctx), lib.kolo_size(ctx), lib.kolo_local_rank(ctx),
                       lib.kolo_local_size(ctx), lib.kolo_cross_rank(ctx), lib.kolo_cross_size(ctx))
         self._pending = {}
@@ -304,6 +318,16 @@ class Engine:
             self._pending[h] = p
             return h
 
+    def kept(self, handle):
+        """What the op behind `handle` keeps alive until synchronize() (its
+        tensors), or None for a handle this engine does not have."""
+        with self._lock:
+            p = self._pending.get(handle)
+        if p is None:
+            return None
+        keep = p.keep if p.keep is not None else ()
+        return keep if isinstance(keep, tuple) else (keep,)
+
     def _submit_native(self, reqs):
         n = len(reqs)
         arr = (_lib.Request * n)()
@@ -340,6 +364,7 @@ class Engine:
             rc = self._lib.kolo_submit(self._ctx, arr, n, out)
         if rc:
             msg = self._error_text(rc)
+            self._ended = self._ended or rc == E_SHUTDOWN
             if rc in (E_INVAL, E_EXIST, E_NOTSUP):
                 raise ValueError(msg)
             raise HorovodInternalError(msg)
@@ -394,6 +419,7 @@ class Engine:
                 if rc != E_TIMEDOUT:
                     break
             if rc:
+                self._ended = self._ended or rc == E_SHUTDOWN
                 if first_error is None:
                     first_error = self._error_text(rc)
                 results.append(None)

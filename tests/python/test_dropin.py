@@ -76,3 +76,118 @@ def test_unsynchronized_ops_across_shutdown(run_job):
         assert job.rc == 0, job
         for k in range(np_):
             assert "dropin checks done, 0 failures" in job.lines(k), job
+
+
+JOIN_BARRIER = r'''
+import torch
+import kolo.torch as hvd
+
+# each rank in turn joins while the others pass a barrier, then join too
+# (Horovod: the barrier completes among the ranks that did not join); the
+# joined rank skipped a barrier, and its next one must still meet theirs
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+for it in range(2):
+    for joiner in range(n):
+        if r != joiner:
+            hvd.barrier()
+        last = hvd.join()
+        assert hvd.allgather_object(last) == [last] * n
+    hvd.barrier()
+    x = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after.%d" % it)
+    assert x.tolist() == [float(n)] * 2, x
+print("join with barrier done")
+'''
+
+
+def test_join_while_the_others_pass_a_barrier(run_job):
+    # unnamed barriers are numbered per rank: the one that joined skipped
+    # a number and waited forever at its next barrier (np 3 and 4)
+    for np_ in (3, 4):
+        job = run_job(np_, JOIN_BARRIER, timeout=90)
+        assert job.rc == 0, job
+        assert len([l for l in job.lines() if l == "join with barrier done"]) == np_, job
+
+
+ENDED_SESSION = r'''
+import torch
+import kolo.torch as hvd
+
+# Horovod's tearDown is `hvd.barrier(); hvd.shutdown()`: when the barrier
+# raises because a peer already left (that peer's test failed), shutdown()
+# is never called and the next test starts with hvd.init(). That init must
+# give a working session, not keep the dead one for every later test.
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+hvd.allreduce(torch.ones(1), name="warm")
+hvd.barrier()
+if r == n - 1:
+    hvd.shutdown()           # leaves while the others wait in a barrier
+else:
+    try:
+        hvd.barrier()
+        raise SystemExit("the barrier passed without rank %d" % (n - 1))
+    except hvd.HorovodInternalError as e:
+        assert "rank %d left the job" % (n - 1) in str(e), e
+    assert hvd.is_initialized()
+hvd.init()                   # the next test: no shutdown() before it
+x = hvd.allreduce(torch.ones(3), op=hvd.Sum, name="warm")
+assert x.tolist() == [float(n)] * 3, x
+hvd.barrier()
+hvd.shutdown()
+print("new session after an ended one")
+'''
+
+
+def test_init_after_a_peer_ended_the_session(run_job):
+    for np_ in (2, 3):
+        job = run_job(np_, ENDED_SESSION, timeout=90)
+        assert job.rc == 0, job
+        assert job.lines().count("new session after an ended one") == np_, job
+
+
+PRIVATE = r'''
+import queue
+import torch
+import kolo.torch as hvd
+from kolo.torch import mpi_ops
+
+hvd.init()
+n = hvd.size()
+# Horovod's mpi_ops._handle_map: handle -> the tensors an op keeps alive
+# until synchronize()
+base = len(mpi_ops._handle_map)
+t = torch.ones(3)
+h = hvd.allreduce_async(t, name="hm", op=hvd.Sum)
+assert h in mpi_ops._handle_map and len(mpi_ops._handle_map) == base + 1
+kept = mpi_ops._handle_map[h]
+assert isinstance(kept, tuple) and any(k.data_ptr() == t.data_ptr() for k in kept), kept
+assert hvd.synchronize(h).tolist() == [float(n)] * 3
+assert h not in mpi_ops._handle_map and len(mpi_ops._handle_map) == base
+# state._host_messages: Horovod's queue of the driver's notifications
+state = hvd.elastic.ObjectState(epoch=0)
+assert state._host_messages.empty() and state._host_messages.qsize() == 0
+try:
+    state._host_messages.get_nowait()
+    raise SystemExit("get_nowait on an empty queue returned")
+except queue.Empty:
+    pass
+state.commit()                                   # nothing announced: no interrupt
+state.on_hosts_updated(1234, 2)                  # what Horovod's driver calls
+assert not state._host_messages.empty()
+try:
+    state.commit()
+    raise SystemExit("no HostsUpdatedInterrupt")
+except hvd.HostsUpdatedInterrupt as e:
+    assert e.skip_sync is False                  # hosts added: sync again
+assert state._host_messages.empty()
+hvd.barrier()
+hvd.shutdown()
+print("private members as Horovod's")
+'''
+
+
+def test_horovods_private_members_used_by_scripts(run_job):
+    job = run_job(2, PRIVATE, timeout=90)
+    assert job.rc == 0, job
+    assert job.lines().count("private members as Horovod's") == 2, job

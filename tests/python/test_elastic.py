@@ -51,7 +51,9 @@ def batch(step):
 
 
 def maybe_die():
-    for i, (s, victim) in enumerate(kills):
+    for i, kill in enumerate(kills):
+        s, victim = kill[0], kill[1]
+        how = kill[2] if len(kill) > 2 else "kill"  # "raise": a Python exception instead
         if state.step != s or (victim >= 0 and hvd.rank() != victim % hvd.size()):
             continue
         if victim < 0 and int(os.environ["KOLO_WORKER_ID"]) > hvd.size():
@@ -62,6 +64,8 @@ def maybe_die():
         except FileExistsError:
             continue
         print("KILL %d step %d rank %d t %.3f" % (i, s, hvd.rank(), time.time()), flush=True)
+        if how == "raise":  # escapes hvd.elastic.run: the worker exits 1
+            raise RuntimeError("planned failure %d on rank %d" % (i, hvd.rank()))
         os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -225,6 +225,21 @@ static void exec_locked(struct kolo_ctx *c, const Kolo__Response *r, struct op *
     plan_free(&p);
 }
 
+/* Unnamed barriers are named by a per-rank counter (kolo.barrier.N, ops.c).
+ * A rank that joined takes part in the barriers its peers run meanwhile
+ * without submitting them: it counts them here, as it runs them, so its
+ * next barrier has the name its peers' next one has (it waited forever
+ * for a partner otherwise: Horovod's join with barrier, issue 30). */
+static void barrier_catch_up(struct kolo_ctx *c, const Kolo__Response *r)
+{
+    for (size_t i = 0; i < r->n_names; i++) {
+        unsigned long long n;
+        char end;
+        if (sscanf(r->names[i], "kolo.barrier.%llu%c", &n, &end) == 1 && n > c->barriers)
+            c->barriers = n;
+    }
+}
+
 void exec_response(struct kolo_ctx *c, const Kolo__Response *r)
 {
     if (r->shutdown) {
@@ -270,6 +285,8 @@ void exec_response(struct kolo_ctx *c, const Kolo__Response *r)
         free(ops);
         return;
     }
+    if (r->coll == KOLO_COLL_BARRIER)
+        barrier_catch_up(c, r);
     exec_locked(c, r, ops);
     free(ops);
 }

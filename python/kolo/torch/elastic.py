@@ -78,6 +78,72 @@ def run(func):
     return wrapper
 
 
+class _HostMessages:
+    """What Horovod keeps in `state._host_messages` (a queue.Queue of
+    (timestamp, HostUpdateResult) notifications from its driver), read
+    from kolo's coordinator: `empty()` is False once the coordinator
+    announced a membership update this state has not acted on yet, until
+    check_host_updates() (commit()) takes it. Horovod's own tests and
+    examples wait on it (`while state._host_messages.empty(): sleep`);
+    `put()` (on_hosts_updated) and `get()` work as on the queue."""
+
+    def __init__(self, state):
+        self._state = state
+        self._items = []   # (timestamp, update) put by hand
+        self._lock = threading.Lock()
+
+    def _announced(self):
+        """The coordinator's update newer than what the state acted on."""
+        if not _kolo.is_initialized():
+            return None
+        stamp, kind = _kolo._eng().hosts_updated()
+        if stamp and stamp > self._state._last_updated_timestamp:
+            return stamp, kind
+        return None
+
+    def put(self, item, block=True, timeout=None):
+        with self._lock:
+            self._items.append(tuple(item))
+
+    put_nowait = put
+
+    def empty(self):
+        with self._lock:
+            if self._items:
+                return False
+        return self._announced() is None
+
+    def qsize(self):
+        with self._lock:
+            n = len(self._items)
+        return n + (self._announced() is not None)
+
+    def get(self, block=True, timeout=None):
+        import queue
+        import time
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self._items:
+                    return self._items.pop(0)
+            got = self._announced()
+            if got is not None:
+                return got
+            if not block or (end is not None and time.monotonic() >= end):
+                raise queue.Empty
+            time.sleep(0.05)
+
+    def get_nowait(self):
+        return self.get(block=False)
+
+    def drain(self):
+        """Every notification put by hand, oldest first (the coordinator's
+        are read by check_host_updates itself)."""
+        with self._lock:
+            items, self._items = self._items, []
+        return items
+
+
 class State:
     """The state elastic training keeps consistent across resets: save() /
     restore() the last commit, sync() it from rank 0, reset() after a
@@ -88,6 +154,7 @@ class State:
         self._rank = get_rank or _kolo.rank
         self._reset_callbacks = []
         self._last_updated_timestamp = 0
+        self._host_messages = _HostMessages(self)
 
     def register_reset_callbacks(self, callbacks):
         """Functions called with no argument after every reset, once the
@@ -100,9 +167,10 @@ class State:
             cb()
 
     def on_hosts_updated(self, timestamp, update_res):
-        # Horovod's notification entry point; kolo learns updates from the
-        # coordinator instead, but a test or a tool may still call it.
-        self._pending_update = (timestamp, update_res)
+        # Horovod's notification entry point (its driver calls it); kolo
+        # learns updates from the coordinator, but a test or a tool may
+        # still call it: the notification counts at the next commit
+        self._host_messages.put((timestamp, update_res))
 
     def commit(self):
         """Saves the state in memory (and, from rank 0, durably on the
@@ -112,18 +180,20 @@ class State:
 
     def check_host_updates(self):
         """Raises HostsUpdatedInterrupt on every rank when the coordinator
-        announced a membership update since the last check. Rank 0's view
-        is broadcast, so every rank decides the same."""
-        stamp, kind = _kolo._eng().hosts_updated()
-        pending = getattr(self, "_pending_update", None)
-        if pending and pending[0] > stamp:
-            stamp, kind = pending
+        announced a membership update since the last check (or one was
+        put in _host_messages). Rank 0's view is broadcast, so every rank
+        decides the same."""
         prev = self._last_updated_timestamp
-        last = max(prev, stamp)
+        last, kind = prev, _NO_UPDATE
+        stamp, k = _kolo._eng().hosts_updated()
+        if stamp > last:
+            last, kind = stamp, k
+        for stamp, k in self._host_messages.drain():  # Horovod's: newest, ORed
+            if stamp > prev:
+                last, kind = max(last, stamp), kind | k
         prev, last, kind = self._bcast_object((prev, last, kind), 0,
                                               name="kolo.elastic.host_updates")
         self._last_updated_timestamp = last
-        self._pending_update = None
         if last > prev:
             raise HostsUpdatedInterrupt(kind == _REMOVED)
 

@@ -2,6 +2,8 @@
 (horovod/torch/mpi_ops.py): asynchronous forms return an integer handle
 for poll()/synchronize(); the synchronous forms support autograd; names
 ending in `_` work in place."""
+import collections.abc
+
 import torch
 
 import kolo as _kolo
@@ -88,6 +90,31 @@ def _gpu(t):
 
 def _submit(reqs, keep, finish, process_set=None):
     return _P.engine_for(process_set).submit(reqs, keep, finish)
+
+
+class _HandleMap(collections.abc.Mapping):
+    """Horovod's `mpi_ops._handle_map` (handle -> the tensors an op keeps
+    alive until synchronize()), as a read-only view of kolo's pending
+    operations: `handle in _handle_map`, `len(_handle_map)` (how many ops
+    were never synchronized) and iteration work as on Horovod's dict.
+    Changing it is not supported: dropping an op's tensors while libkolo
+    may still write into them is what kolo's shutdown() guards against."""
+
+    def __getitem__(self, handle):
+        eng = E.owner(handle)
+        kept = eng.kept(handle) if eng is not None else None
+        if kept is None:
+            raise KeyError(handle)
+        return kept
+
+    def __iter__(self):
+        return iter(E.live_handles())
+
+    def __len__(self):
+        return len(E.live_handles())
+
+
+_handle_map = _HandleMap()
 
 
 def poll(handle):

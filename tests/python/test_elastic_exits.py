@@ -1,0 +1,47 @@
+"""Horovod's exit schedules for elastic jobs (issue 30, item 3), in a
+file of their own beside test_elastic.py (whose worker, reference run and
+checks they use): a rank whose training function raises, replaced like a
+SIGKILLed one; the blacklist cooldown backing off (LO, 2 LO, 4 LO, ... at
+most HI) over repeated failures of one host."""
+import re
+
+import pytest
+
+pytest.importorskip("torch")
+
+from test_elastic import close, finals, recovery_times, reference, run  # noqa: E402,F401
+
+
+def test_a_rank_that_raises_is_replaced_like_a_killed_one(reference):
+    # Horovod's exit schedules fail a rank either way (an exception out of
+    # the training function, or SIGKILL): both are a failed worker, whose
+    # host sits out its cooldown while the others restore the last commit
+    # and go on; here the exception's worker exits 1 with its traceback
+    job = run(3, [[12, 1, "raise"], [30, 2]],
+              kolo_args=("--min-np", "2", "--max-np", "3",
+                         "--blacklist-cooldown-range", "1", "1"), delay=0.05)
+    assert job.rc == 0, job
+    assert "RuntimeError: planned failure 0 on rank 1" in job.err, job
+    assert len([ln for ln in job.lines() if ln.startswith("KILL")]) == 2, job
+    assert len(recovery_times(job)) == 2, job
+    got = finals(job)
+    assert len(got) >= 2, job
+    for step, w in got:
+        assert step == 60 and close(w, reference), (step, w, reference)
+
+
+def test_cooldown_backs_off(reference):
+    # --blacklist-cooldown-range LO HI: the n-th exclusion of a host lasts
+    # LO * 2^(n-1) seconds (up to 25% more, jitter), at most HI
+    job = run(3, [[10, 1], [25, 1], [40, 2], [50, 1]],
+              kolo_args=("--min-np", "2", "--max-np", "3", "--verbose",
+                         "--blacklist-cooldown-range", "1", "3"), delay=0.05)
+    assert job.rc == 0, job
+    got = [(int(n), float(s)) for s, n in
+           re.findall(r"host localhost excluded from job \d+ for ([0-9.]+) s \(exclusion (\d+)\)",
+                      job.err)]
+    assert [n for n, _ in got] == [1, 2, 3, 4], job.err
+    for n, secs in got:
+        base = min(3.0, 1.0 * 2 ** (n - 1))
+        assert base <= secs <= min(3.0, base * 1.25) + 0.05, got
+    assert [s for s, _ in finals(job)] and all(close(w, reference) for _, w in finals(job))

@@ -1,0 +1,157 @@
+"""horovodrun's flags as their users run them (issue 30, item 3): what
+docs/cli.md's table promises, checked by its effect on a job rather than
+by the variables it sets (tests/integration/test_run_flags.sh checks
+those, and --hostfile, --output-filename, --config-file, --start-timeout,
+--verbose, -cb; test_timeline.py --timeline-filename):
+
+- --stall-check-warning-time-seconds S: an op one rank submits S seconds
+  late is reported stalled, naming the late rank (the job's events, which
+  the dashboard shows); --no-stall-check: never;
+- --stall-check-shutdown-time-seconds S: an op a rank never submits fails
+  on the others after about S seconds, naming the rank, instead of
+  hanging;
+- --log-level: libkolo's own log lines in the workers' output at DEBUG,
+  none at ERROR (and none by default, as Horovod's default WARNING
+  prints nothing in a clean run).
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+from conftest import KOLO, PYDIR, kolo_run
+
+WORKER = r'''
+import sys, time, torch
+import kolo.torch as hvd
+hvd.init()
+mode, late = sys.argv[1], float(sys.argv[2])
+t0 = time.time()
+if mode == "late":
+    if hvd.rank() == 1:
+        time.sleep(late)
+    hvd.allreduce(torch.ones(2), name="slow.grad")
+    print("done after %.1f s" % (time.time() - t0), flush=True)
+elif mode == "never":
+    if hvd.rank() == 1:
+        time.sleep(late)   # never submits slow.grad
+    else:
+        try:
+            hvd.allreduce(torch.ones(2), name="slow.grad")
+            print("WRONG: it completed", flush=True)
+        except hvd.HorovodInternalError as e:
+            print("failed after %.1f s: %s" % (time.time() - t0, e), flush=True)
+else:
+    hvd.allreduce(torch.ones(2), name="grad")
+    hvd.barrier()
+    print("ran", flush=True)
+'''
+
+
+def _run_watching_events(kolo_args, worker_args, timeout=90):
+    """kolo run of WORKER on 2 ranks; returns (rc, stdout, stderr, the
+    job's events read from the embedded coordinator's REST API while the
+    job ran)."""
+    tmp = tempfile.mkdtemp(prefix="kolo-hvdrun-")
+    try:
+        return _watch(tmp, kolo_args, worker_args, timeout)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _watch(tmp, kolo_args, worker_args, timeout):
+    path = os.path.join(tmp, "worker.py")
+    with open(path, "w") as f:
+        f.write(WORKER)
+    env = dict(os.environ, PYTHONPATH=PYDIR, PYTHONUNBUFFERED="1",
+               XDG_STATE_HOME=os.path.join(tmp, "state"), OMP_NUM_THREADS="1")
+    p = subprocess.Popen([KOLO, "run", "-np", "2"] + kolo_args + ["--", sys.executable, path]
+                         + worker_args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=env, cwd=tmp, universal_newlines=True)
+    err_lines, events = [], {}
+
+    def read_err():
+        for line in p.stderr:
+            err_lines.append(line)
+
+    t = threading.Thread(target=read_err, daemon=True)
+    t.start()
+    out_box = []
+    reader = threading.Thread(target=lambda: out_box.append(p.stdout.read()), daemon=True)
+    reader.start()
+    end = time.time() + timeout
+    url = None
+    while p.poll() is None and time.time() < end:
+        if url is None:
+            m = re.search(r"on the dashboard: (http://[^/\s]+)/\S*#/jobs/(\d+)", "".join(err_lines))
+            if m:
+                url = "%s/api/v1/jobs/%s/events" % (m.group(1), m.group(2))
+        if url:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    body = json.loads(r.read().decode())
+                for ev in body if isinstance(body, list) else body.get("events", []):
+                    events[json.dumps(ev, sort_keys=True)] = ev
+            except (OSError, ValueError):
+                pass
+        time.sleep(0.3)
+    if p.poll() is None:
+        p.kill()
+    p.wait()
+    reader.join(10)
+    t.join(10)
+    out, err = (out_box[0] if out_box else ""), "".join(err_lines)
+    print("--- stdout\n%s\n--- stderr\n%s\n--- events\n%s" % (out, err, list(events.values())))
+    return p.returncode, out, err, list(events.values())
+
+
+def _stalled(events):
+    return [e for e in events if "op.stalled" in json.dumps(e)]
+
+
+def test_stall_check_warning_names_the_late_rank():
+    rc, out, err, events = _run_watching_events(
+        ["--stall-check-warning-time-seconds", "1"], ["late", "4"])
+    assert rc == 0, err
+    assert out.count("done after") == 2, out
+    st = _stalled(events)
+    assert st, events
+    text = json.dumps(st[0])
+    assert "slow.grad" in text and "rank(s) 1" in text, st
+
+
+def test_no_stall_check_stays_silent():
+    rc, out, err, events = _run_watching_events(
+        ["--no-stall-check", "--stall-check-warning-time-seconds", "1"], ["late", "4"])
+    assert rc == 0, err
+    assert out.count("done after") == 2, out
+    assert not _stalled(events), events
+
+
+def test_stall_shutdown_fails_the_op_instead_of_hanging():
+    job = kolo_run(2, WORKER, args=("never", "25"), timeout=90,
+                   kolo_args=("--stall-check-shutdown-time-seconds", "3"))
+    lines = [l for l in job.lines(0) if l.startswith("failed after")]
+    assert lines, job
+    secs = float(lines[0].split()[2])
+    assert 2.5 <= secs < 15, lines
+    assert "stall shutdown" in lines[0] and "slow.grad" in lines[0] and "1" in lines[0], lines
+    assert not any("WRONG" in l for l in job.lines()), job
+
+
+def test_log_level_reaches_libkolo():
+    debug = kolo_run(2, WORKER, args=("plain", "0"), timeout=60, kolo_args=("--log-level", "DEBUG"))
+    assert debug.rc == 0, debug
+    assert re.search(r"^\[0\]<stderr>:\S+ DEBUG kolo: ", debug.err, re.M), debug
+    quiet = kolo_run(2, WORKER, args=("plain", "0"), timeout=60, kolo_args=("--log-level", "ERROR"))
+    assert quiet.rc == 0, quiet
+    assert not re.search(r"^\[\d\]<stderr>:\S+ (DEBUG|INFO|WARN) kolo: ", quiet.err, re.M), quiet
+    plain = kolo_run(2, WORKER, args=("plain", "0"), timeout=60)
+    assert plain.rc == 0 and plain.lines().count("ran") == 2, plain
+    assert not re.search(r"^\[\d\]<stderr>:", plain.err, re.M), plain
