@@ -1709,7 +1709,6 @@ void rpc_client_close(struct rpc_client *cli)
         client_free(cli);
         return;
     }
-    pthread_detach(t);
     struct timespec until;
     mono_deadline(&until, (uint64_t)(rpc_close_wait_ms > 0 ? rpc_close_wait_ms : 1));
     pthread_mutex_lock(&k->mu);
@@ -1719,10 +1718,12 @@ void rpc_client_close(struct rpc_client *cli)
     k->orphaned = !done;
     pthread_mutex_unlock(&k->mu);
     if (!done) {
+        pthread_detach(t);
         LOGW("rpc", "closing the connection to %s did not end within %d ms; going on without "
              "waiting for it", cli->url, rpc_close_wait_ms);
         return;
     }
+    pthread_join(t, NULL); /* it only returns now: no thread is left behind */
     closer_free(k);
     client_free(cli);
 }
