@@ -661,9 +661,9 @@ static size_t diag_sockets_on_port(struct rpc_server *srv, uint16_t port, struct
     return n;
 }
 
-/* Shuts down our descriptors for the sockets with these inodes (sorted);
- * returns how many. */
-static int shutdown_inodes(const uint32_t *inodes, size_t n)
+/* Calls fn(fd, inode, arg) for each socket descriptor of this process
+ * (/proc/self/fd); returns for how many it returned true. */
+static int each_socket_fd(bool (*fn)(int fd, uint32_t ino, void *arg), void *arg)
 {
     DIR *d = opendir("/proc/self/fd");
     int done = 0;
@@ -681,37 +681,67 @@ static int shutdown_inodes(const uint32_t *inodes, size_t n)
         if (l <= 0)
             continue;
         link[l] = '\0';
-        if (sscanf(link, "socket:[%lu]", &ino) != 1)
-            continue;
-        uint32_t key = (uint32_t)ino;
-        size_t lo = 0, hi = n;
-        while (lo < hi) {
-            size_t mid = (lo + hi) / 2;
-            if (inodes[mid] < key)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        if (lo >= n || inodes[lo] != key)
-            continue;
-        /* The descriptor is nng's and another thread may close it (and
-         * the number be reused) at any moment: a copy pins whatever it is
-         * now, which is shut down only when it is that socket. So the copy
-         * makes the descriptor's owner irrelevant; the calls are raw
-         * syscalls because ThreadSanitizer would still see nng's close and
-         * this read of the same number as a race on it. */
-        int copyfd = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0);
-        if (copyfd < 0)
-            continue;
-        struct stat st;
-        if (syscall(SYS_newfstatat, copyfd, "", &st, AT_EMPTY_PATH) == 0 &&
-            S_ISSOCK(st.st_mode) && (uint32_t)st.st_ino == key &&
-            syscall(SYS_shutdown, copyfd, SHUT_RDWR) == 0)
+        if (sscanf(link, "socket:[%lu]", &ino) == 1 && fn(fd, (uint32_t)ino, arg))
             done++;
-        syscall(SYS_close, copyfd);
     }
     closedir(d);
     return done;
+}
+
+/* A copy of descriptor fd while it is still the socket with inode ino,
+ * else -1. The descriptor may be nng's, and another thread may close it
+ * (and the number be reused) at any moment: the copy pins whatever it is
+ * now, so the descriptor's owner no longer matters. The calls are raw
+ * syscalls because ThreadSanitizer would still see nng's close and this
+ * read of the same number as a race on it. Closed with fd_copy_close. */
+static int fd_copy(int fd, uint32_t ino)
+{
+    int copyfd = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0);
+    struct stat st;
+    if (copyfd >= 0 && (syscall(SYS_newfstatat, copyfd, "", &st, AT_EMPTY_PATH) != 0 ||
+                        !S_ISSOCK(st.st_mode) || (uint32_t)st.st_ino != ino)) {
+        syscall(SYS_close, copyfd);
+        copyfd = -1;
+    }
+    return copyfd;
+}
+
+static void fd_copy_close(int copyfd)
+{
+    syscall(SYS_close, copyfd);
+}
+
+struct inode_set {
+    const uint32_t *inodes; /* sorted */
+    size_t n;
+};
+
+static bool shutdown_if_listed(int fd, uint32_t ino, void *arg)
+{
+    const struct inode_set *set = arg;
+    size_t lo = 0, hi = set->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (set->inodes[mid] < ino)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo >= set->n || set->inodes[lo] != ino)
+        return false;
+    int copyfd = fd_copy(fd, ino);
+    bool done = copyfd >= 0 && syscall(SYS_shutdown, copyfd, SHUT_RDWR) == 0;
+    if (copyfd >= 0)
+        fd_copy_close(copyfd);
+    return done;
+}
+
+/* Shuts down our descriptors for the sockets with these inodes (sorted);
+ * returns how many. */
+static int shutdown_inodes(const uint32_t *inodes, size_t n)
+{
+    struct inode_set set = {inodes, n};
+    return each_socket_fd(shutdown_if_listed, &set);
 }
 
 /* See above: ends TLS connections whose handshake outlived handshake_ms. */
@@ -1268,41 +1298,34 @@ static void server_resolve_url(struct rpc_server *srv, const char *url)
  * retransmissions in one). The kernel caps it at net.core.somaxconn. */
 #define RPC_LISTEN_BACKLOG 4096
 
-/* Widens the backlog of nng's listening socket on srv->port: found
- * through /proc/self/fd (nng does not hand out its descriptor), through a
- * copy, so a descriptor another thread closes and reuses meanwhile is
- * never touched unless it is that listener. listen() on a listening
- * socket changes only its backlog. */
+/* Widens the backlog of nng's listening socket on *port (nng does not
+ * hand out its descriptor): listen() on a listening socket changes only
+ * its backlog. */
+static bool widen_if_listener(int fd, uint32_t ino, void *arg)
+{
+    int copyfd = fd_copy(fd, ino), listening = 0;
+    if (copyfd < 0)
+        return false;
+    socklen_t len = sizeof listening;
+    struct sockaddr_storage sa;
+    socklen_t salen = sizeof sa;
+    bool widened = false;
+    if (getsockopt(copyfd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening &&
+        getsockname(copyfd, (struct sockaddr *)&sa, &salen) == 0) {
+        int port = sa.ss_family == AF_INET    ? ntohs(((struct sockaddr_in *)&sa)->sin_port)
+                   : sa.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&sa)->sin6_port)
+                                              : 0;
+        widened = port == *(const int *)arg && listen(copyfd, RPC_LISTEN_BACKLOG) == 0;
+    }
+    fd_copy_close(copyfd);
+    return widened;
+}
+
 static void server_widen_backlog(struct rpc_server *srv)
 {
-    DIR *d = srv->port ? opendir("/proc/self/fd") : NULL;
-    bool widened = false;
-    if (!d)
-        return;
-    struct dirent *e;
-    while (!widened && (e = readdir(d)) != NULL) {
-        int fd = atoi(e->d_name);
-        if (e->d_name[0] < '0' || e->d_name[0] > '9' || fd == dirfd(d))
-            continue;
-        int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-        if (copy < 0)
-            continue;
-        int listening = 0;
-        socklen_t len = sizeof listening;
-        struct sockaddr_storage sa;
-        socklen_t salen = sizeof sa;
-        if (getsockopt(copy, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening &&
-            getsockname(copy, (struct sockaddr *)&sa, &salen) == 0) {
-            int port = sa.ss_family == AF_INET    ? ntohs(((struct sockaddr_in *)&sa)->sin_port)
-                       : sa.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&sa)->sin6_port)
-                                                  : 0;
-            widened = port == srv->port && listen(copy, RPC_LISTEN_BACKLOG) == 0;
-        }
-        close(copy);
-    }
-    closedir(d);
-    if (!widened)
-        LOGD("rpc", "listener on port %u: its backlog stays nng's", srv->port);
+    int port = srv->port;
+    if (port && each_socket_fd(widen_if_listener, &port) == 0)
+        LOGD("rpc", "listener on port %d: its backlog stays nng's", port);
 }
 
 /* Listens on cfg->url, over TLS when cfg->tls asks for it (tls.h). */

@@ -199,6 +199,8 @@ void rendezvous_answer(struct negot *n, struct rpc_call *call)
         if (!infos || !ptrs) {
             free(infos);
             free(ptrs);
+            free(hosts);
+            free(host_ptrs);
             rpc_call_error(call, KOLO_ENOMEM, "out of memory");
             return;
         }
