@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -508,6 +509,28 @@ int usable_cpus(void)
         return CPU_COUNT(&set);
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
+}
+
+static char machine_text[40];
+static pthread_once_t machine_once = PTHREAD_ONCE_INIT;
+
+static void machine_read(void)
+{
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    ssize_t n = read(fd, machine_text, sizeof machine_text - 1);
+    close(fd);
+    n = n < 0 ? 0 : n;
+    while (n > 0 && (machine_text[n - 1] == '\n' || machine_text[n - 1] == ' '))
+        n--;
+    machine_text[n] = '\0';
+}
+
+const char *machine_id(void)
+{
+    pthread_once(&machine_once, machine_read);
+    return machine_text;
 }
 
 int trace_file_open(const char *path)

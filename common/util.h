@@ -44,6 +44,11 @@ static inline void cpu_relax(void)
 /* usable_cpus: the CPUs this process may run on (its affinity mask, so a
  * taskset or cpuset counts, not the machine's total); at least 1. */
 int usable_cpus(void);
+/* machine_id: the running kernel's boot id (/proc/sys/kernel/random/
+ * boot_id), which network namespaces and containers on one machine share
+ * and other machines do not: processes that report the same one share
+ * CPUs. "" when it cannot be read. Read once, then cached. */
+const char *machine_id(void);
 /* thread_name names the calling thread (at most 15 bytes are kept), as
  * `top -H`, `ps -L`, gdb and /proc show it: kolo's threads are all
  * "kolo-..." (docs/libkolo.md). */

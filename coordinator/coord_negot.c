@@ -233,6 +233,7 @@ void coord_negot_free(struct negot *n)
             free(p->addrs[i]);
         free(p->addrs);
         free(p->shm_name);
+        free(p->machine);
         free(p->data_host);
     }
     struct entry *e = n->head;

@@ -49,6 +49,7 @@ struct peer {
     int naddrs;
     int pid;
     char *shm_name;
+    char *machine; /* RendezvousRequest.machine */
     char *data_host; /* ADDR of addrs[0] "tcp:ADDR:PORT", NULL when not that */
     int port;
     bool compact; /* its rendezvous asked for the compact peer table */

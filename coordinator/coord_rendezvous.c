@@ -146,6 +146,7 @@ static int32_t *topo_compact(const struct negot *n, Kolo__TopoHost *hosts)
         const struct peer *lead = &n->peers[topology_rank(&n->topo, h, 0)];
         hosts[h].data_host = lead->data_host;
         hosts[h].shm_name = lead->shm_name;
+        hosts[h].machine = lead->machine;
         hosts[h].ports = ports;
         hosts[h].pids = pids;
         hosts[h].n_ports = hosts[h].n_pids = (size_t)n->topo.count[h];
@@ -212,6 +213,7 @@ void rendezvous_answer(struct negot *n, struct rpc_call *call)
             infos[r].n_data_addrs = (size_t)n->peers[r].naddrs;
             infos[r].pid = n->peers[r].pid;
             infos[r].shm_name = n->peers[r].shm_name;
+            infos[r].machine = n->peers[r].machine;
             ptrs[r] = &infos[r];
         }
         rep.peers = ptrs;
@@ -474,6 +476,7 @@ void coord_rpc_rendezvous(struct coord *c, struct rpc_call *call)
         free(p->addrs[i]);
     free(p->addrs);
     free(p->shm_name);
+    free(p->machine);
     free(p->data_host);
     p->data_host = NULL;
     p->port = 0;
@@ -485,6 +488,7 @@ void coord_rpc_rendezvous(struct coord *c, struct rpc_call *call)
         p->addrs[p->naddrs++] = strdup(req->data_addrs[i]);
     p->pid = req->pid;
     p->shm_name = strdup(req->shm_name);
+    p->machine = strdup(req->machine);
     p->compact = req->compact_peers;
     char addr[256];
     if (p->naddrs > 0 && tcp_addr_parse(p->addrs[0], addr, sizeof addr, &p->port))

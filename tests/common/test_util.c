@@ -249,6 +249,23 @@ static void test_array_room(void)
     free(v);
 }
 
+/* The boot id: what ranks of namespace hosts on one machine share. */
+static void test_machine_id(void)
+{
+    const char *id = machine_id();
+    char want[64] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(want, sizeof want, f))
+            want[0] = '\0';
+        fclose(f);
+        want[strcspn(want, "\n")] = '\0';
+    }
+    CHECK(strcmp(id, want) == 0);
+    CHECK(f == NULL || strlen(id) == 36);
+    CHECK(machine_id() == id); /* read once */
+}
+
 int main(void)
 {
     REQUIRE(mkdtemp(tmpdir) != NULL);
@@ -260,6 +277,7 @@ int main(void)
     test_mkdir_p();
     test_str_copy();
     test_tcp_addr();
+    test_machine_id();
     cleanup();
     TEST_DONE();
 }

@@ -28,7 +28,7 @@ static struct coord *coord;
 struct joiner {
     uint64_t job;
     int rank, size;
-    char host[32], addr[48], shm[32];
+    char host[32], addr[48], shm[32], machine[40];
     bool compact;
     Kolo__RendezvousReply *rep;
     size_t reply_bytes;
@@ -45,6 +45,7 @@ static void *join_main(void *arg)
     req.n_data_addrs = 1;
     req.pid = 1000 + j->rank;
     req.shm_name = j->shm;
+    req.machine = j->machine;
     req.wait_ms = 10000;
     req.size = j->size;
     req.compact_peers = j->compact;
@@ -111,6 +112,7 @@ static void joiner_set(struct joiner *j, uint64_t job, int rank, int size, const
     snprintf(j->host, sizeof j->host, "%s", host);
     snprintf(j->addr, sizeof j->addr, "tcp:%s:%d", ip, 20000 + rank);
     snprintf(j->shm, sizeof j->shm, "%s", shm);
+    snprintf(j->machine, sizeof j->machine, "boot-%s", host); /* RendezvousRequest.machine */
 }
 
 /* A compact reply: hosts a (ranks 0, 2; rank 0 made its segment) and b
@@ -129,6 +131,7 @@ static void check_compact(const Kolo__RendezvousReply *rep)
     CHECK(b->ports[0] == 20003 && b->ports[1] == 20001);
     CHECK(a->pids[1] == 1002 && b->pids[0] == 1003);
     CHECK(strcmp(a->shm_name, "seg-a") == 0 && strcmp(b->shm_name, "seg-b") == 0);
+    CHECK(strcmp(a->machine, "boot-a") == 0 && strcmp(b->machine, "boot-b") == 0);
 }
 
 /* A peer table: one PeerInfo a rank, as an older libkolo reads it. */
@@ -138,6 +141,8 @@ static void check_table(const Kolo__RendezvousReply *rep, int size)
     for (int r = 0; r < size; r++) {
         CHECK_EQ_INT(rep->peers[r]->rank, r);
         CHECK_EQ_INT(rep->peers[r]->pid, 1000 + r);
+        CHECK(strncmp(rep->peers[r]->machine, "boot-", 5) == 0 &&
+              strcmp(rep->peers[r]->machine + 5, rep->peers[r]->host_id) == 0);
         REQUIRE(rep->peers[r]->n_data_addrs == 1);
     }
     for (size_t h = 0; h < rep->n_hosts; h++)

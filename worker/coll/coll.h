@@ -130,6 +130,10 @@ int shmcoll_attach(const char *name, int rank, int size, size_t slot_bytes, stru
 /* Once every rank attached (after a first barrier): set the peers' pids
  * and unlink the name. */
 int shmcoll_ready(struct coll *c, const int *pids, uint64_t deadline);
+/* shmcoll_share_cpus: this machine runs ranks ranks of the job, other
+ * hosts' on it (network namespaces, containers) counted; more than its
+ * CPUs, and waits sleep without spinning first. */
+void shmcoll_share_cpus(struct coll *c, int ranks);
 /* shmcoll_abort fails the group now with code and why, for every member:
  * their pending and next collectives fail with why (the thread that runs
  * this rank's collectives; hier.c, when a host's link to the others broke). */

@@ -1317,6 +1317,17 @@ static void shm_layout(struct shm_header *h, int n, size_t chunk, size_t small)
     h->total_bytes = round_up(h->off_buf + (size_t)n * h->buf_stride, 4096);
 }
 
+/* How a wait spins and yields, for ranks sharing this machine's CPUs
+ * (KOLO_SPIN_US, KOLO_YIELD_US): with more ranks than CPUs, no spin. */
+static void wait_knobs(struct shmcoll *s, int ranks)
+{
+    bool crowded = ranks > usable_cpus();
+    int64_t spin = settings_int(SET_SPIN_US, crowded ? SHM_SPIN_US_OVERSUBSCRIBED : SHM_SPIN_US_DEFAULT);
+    int64_t yield = settings_int(SET_YIELD_US, crowded ? SHM_YIELD_US_OVERSUBSCRIBED : SHM_YIELD_US_DEFAULT);
+    s->spin_ns = (uint64_t)spin * 1000u;
+    s->yield_ns = (uint64_t)yield * 1000u;
+}
+
 /* shm_new allocates this rank's private state; the segment comes later. */
 static int shm_new(const char *name, int rank, int size, struct shmcoll **out)
 {
@@ -1349,11 +1360,7 @@ static int shm_new(const char *name, int rank, int size, struct shmcoll **out)
     }
     for (int r = 0; r < size; r++)
         s->pidfd[r] = -1;
-    bool crowded = size > usable_cpus();
-    int64_t spin = settings_int(SET_SPIN_US, crowded ? SHM_SPIN_US_OVERSUBSCRIBED : SHM_SPIN_US_DEFAULT);
-    int64_t yield = settings_int(SET_YIELD_US, crowded ? SHM_YIELD_US_OVERSUBSCRIBED : SHM_YIELD_US_DEFAULT);
-    s->spin_ns = (uint64_t)spin * 1000u;
-    s->yield_ns = (uint64_t)yield * 1000u;
+    wait_knobs(s, size);
     *out = s;
     return 0;
 }
@@ -1498,6 +1505,13 @@ int shmcoll_abort(struct coll *c, int code, const char *why)
     if (!s || !code)
         return KOLO_EINVAL;
     return shm_fail(s, code, s->me, true, "%s", why ? why : kolo_strerror(code));
+}
+
+void shmcoll_share_cpus(struct coll *c, int ranks)
+{
+    struct shmcoll *s = (struct shmcoll *)c;
+    if (s && ranks > s->n)
+        wait_knobs(s, ranks);
 }
 
 int shmcoll_ready(struct coll *c, const int *pids, uint64_t deadline)

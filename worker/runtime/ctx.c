@@ -145,6 +145,7 @@ struct rdv {
      * peer_view): pointers into the reply, or into parsed. */
     const char **host_id;  /* [nhosts] */
     const char **host_shm; /* [nhosts]: the host's segment, "" none */
+    const char **host_machine; /* [nhosts]: its boot id, "" unknown */
     const char **peer_addr; /* [size]: where rank r listens */
     int *peer_port;         /* [size] */
     int *peer_pid;          /* [size] */
@@ -157,6 +158,7 @@ static void rdv_free(struct rdv *rv)
         kolo__rendezvous_reply__free_unpacked(rv->reply, NULL);
     free(rv->host_id);
     free(rv->host_shm);
+    free(rv->host_machine);
     free(rv->peer_addr);
     free(rv->peer_port);
     free(rv->peer_pid);
@@ -227,6 +229,7 @@ static int rendezvous(struct kolo_ctx *c, const kolo_config *cfg, struct rdv *rv
         req.session = c->session;
         req.process_set = c->process_set;
         req.compact_peers = true;
+        req.machine = (char *)machine_id();
         Kolo__RendezvousReply *rep = NULL;
         int code = rendezvous_call(c, &req, &rep, err, errlen);
         if (code)
@@ -323,13 +326,14 @@ static int peer_view(struct rdv *rv, const struct topology *t, int size, char *e
     const Kolo__RendezvousReply *rep = rv->reply;
     rv->host_id = calloc((size_t)t->nhosts, sizeof(*rv->host_id));
     rv->host_shm = calloc((size_t)t->nhosts, sizeof(*rv->host_shm));
+    rv->host_machine = calloc((size_t)t->nhosts, sizeof(*rv->host_machine));
     rv->peer_addr = calloc((size_t)size, sizeof(*rv->peer_addr));
     rv->peer_port = calloc((size_t)size, sizeof(*rv->peer_port));
     rv->peer_pid = calloc((size_t)size, sizeof(*rv->peer_pid));
     bool table = rep->n_peers == (size_t)size;
     if (table)
         rv->parsed = calloc((size_t)size, sizeof(*rv->parsed));
-    if (!rv->host_id || !rv->host_shm || !rv->peer_addr || !rv->peer_port || !rv->peer_pid ||
+    if (!rv->host_id || !rv->host_shm || !rv->host_machine || !rv->peer_addr || !rv->peer_port || !rv->peer_pid ||
         (table && !rv->parsed))
         return KOLO_ENOMEM;
     for (int h = 0; h < t->nhosts; h++) {
@@ -342,6 +346,7 @@ static int peer_view(struct rdv *rv, const struct topology *t, int size, char *e
         const Kolo__PeerInfo *lead = table ? rep->peers[topology_rank(t, h, 0)] : NULL;
         rv->host_id[h] = th ? th->host_id : lead->host_id;
         rv->host_shm[h] = th ? th->shm_name : lead->shm_name;
+        rv->host_machine[h] = th ? th->machine : lead->machine;
         for (int i = 0; i < t->count[h]; i++) {
             int r = topology_rank(t, h, i);
             if (th) {
@@ -387,13 +392,27 @@ static char **host_table(const struct rdv *rv, const struct topology *t, int siz
     return ptrs;
 }
 
-/* Spin briefly on the sockets when every local rank has a CPU to itself
- * (KOLO_SPIN_US; 0 never): a 4 B allreduce between two hosts then costs
- * about the round trip, not a wake-up on each side. On a crowded host a
- * spinning rank would take the CPU its peer needs. */
+/* The ranks of this generation that run on this rank's machine: its
+ * host's, and those of every other host that reported the same boot id
+ * (hosts as network namespaces or containers of one machine). */
+static int ranks_on_machine(const struct rdv *rv, const struct topology *t, int rank)
+{
+    int mine = t->host[rank], n = t->count[mine];
+    const char *me = rv->host_machine[mine];
+    for (int h = 0; me && me[0] && h < t->nhosts; h++)
+        if (h != mine && rv->host_machine[h] && !strcmp(rv->host_machine[h], me))
+            n += t->count[h];
+    return n;
+}
+
+/* Spin briefly on the sockets when every rank on this machine has a CPU
+ * to itself (KOLO_SPIN_US; 0 never): a 4 B allreduce between two hosts
+ * then costs about the round trip, not a wake-up on each side. On a
+ * crowded machine a spinning rank would take the CPU a peer needs (2
+ * namespace hosts x 2 ranks on 2 CPUs, 4 B: 113 us spinning, 67 us not). */
 static bool spin_on_sockets(const struct kolo_ctx *c)
 {
-    return c->local_size <= usable_cpus();
+    return c->machine_ranks <= usable_cpus();
 }
 
 /* Every rank with every other over TCP: only when some host's ranks
@@ -511,6 +530,7 @@ static int host_segment(struct kolo_ctx *c, struct rdv *rv, const struct topolog
                  rv->host_shm[h], rv->host_id[h], kolo_strerror(code));
         return code;
     }
+    shmcoll_share_cpus(*out, c->machine_ranks);
     int *pids = calloc((size_t)n, sizeof(int));
     if (!pids)
         return KOLO_ENOMEM; /* *out is destroyed by the caller */
@@ -589,6 +609,7 @@ static int setup_data_plane(struct kolo_ctx *c, const kolo_config *cfg, char *er
             snprintf(err, errlen, "out of memory reading the peer table");
         goto out;
     }
+    c->machine_ranks = ranks_on_machine(&rv, &t, c->rank);
     /* every rank's host: what a process set's placement is made from */
     free(c->peer_hosts);
     if ((c->peer_hosts = host_table(&rv, &t, c->size)) == NULL) {

@@ -108,6 +108,9 @@ struct kolo_ctx {
     uint64_t update_ms; /* pending membership update (under mu) */
     int update_kind;
     int rank, size, local_rank, local_size, cross_rank, cross_size;
+    /* this generation's ranks on this machine, other hosts' on it
+     * included (RendezvousRequest.machine): whether waits may spin */
+    int machine_ranks;
     int timeout_ms;
     int64_t fusion_threshold;
     int64_t stall_warning_ms, stall_shutdown_ms;
