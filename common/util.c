@@ -511,6 +511,31 @@ int usable_cpus(void)
     return n > 0 ? (int)n : 1;
 }
 
+char **str_table(const char *const *src, int n)
+{
+    size_t bytes = (size_t)(n > 0 ? n : 1) * sizeof(char *);
+    for (int i = 0; i < n; i++)
+        if (src[i] && (i == 0 || src[i] != src[i - 1]))
+            bytes += strlen(src[i]) + 1;
+    char **out = malloc(bytes);
+    if (!out)
+        return NULL;
+    char *text = (char *)(out + (n > 0 ? n : 1));
+    for (int i = 0; i < n; i++) {
+        if (!src[i]) {
+            out[i] = NULL;
+        } else if (i > 0 && src[i] == src[i - 1]) {
+            out[i] = out[i - 1];
+        } else {
+            size_t len = strlen(src[i]) + 1;
+            memcpy(text, src[i], len);
+            out[i] = text;
+            text += len;
+        }
+    }
+    return out;
+}
+
 static char machine_text[40];
 static pthread_once_t machine_once = PTHREAD_ONCE_INIT;
 

@@ -44,6 +44,11 @@ static inline void cpu_relax(void)
 /* usable_cpus: the CPUs this process may run on (its affinity mask, so a
  * taskset or cpuset counts, not the machine's total); at least 1. */
 int usable_cpus(void);
+/* str_table: a copy of n strings (NULL entries stay NULL) in one block,
+ * freed with free(): n pointers, then the text; an entry whose pointer
+ * equals the one before it shares that copy (a peer table's address, the
+ * same for each rank of a host). NULL when out of memory. */
+char **str_table(const char *const *src, int n);
 /* machine_id: the running kernel's boot id (/proc/sys/kernel/random/
  * boot_id), which network namespaces and containers on one machine share
  * and other machines do not: processes that report the same one share

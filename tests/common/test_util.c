@@ -249,6 +249,21 @@ static void test_array_room(void)
     free(v);
 }
 
+static void test_str_table(void)
+{
+    const char *a = "10.0.0.1", *b = "10.0.0.2";
+    const char *src[] = {a, a, NULL, b, a};
+    char **t = str_table(src, 5);
+    REQUIRE(t);
+    CHECK(strcmp(t[0], a) == 0 && t[1] == t[0] && t[2] == NULL);
+    CHECK(strcmp(t[3], b) == 0 && strcmp(t[4], a) == 0 && t[4] != t[0]);
+    CHECK(t[0] != a); /* copies */
+    free(t);
+    char **none = str_table(src, 0);
+    CHECK(none != NULL);
+    free(none);
+}
+
 /* The boot id: what ranks of namespace hosts on one machine share. */
 static void test_machine_id(void)
 {
@@ -278,6 +293,7 @@ int main(void)
     test_str_copy();
     test_tcp_addr();
     test_machine_id();
+    test_str_table();
     cleanup();
     TEST_DONE();
 }

@@ -44,6 +44,23 @@ static int np, nhosts, *host_of;
  * coordinator then sends the peer table, not its compact form */
 static bool mixed_addrs;
 static _Atomic int most_sockets, init_ms_max;
+/* CPU of kolo_init: the rank threads' own, and the whole process's
+ * (coordinator and libkolo's threads too) from the start to the last
+ * rank's return, in microseconds */
+static _Atomic long long init_cpu_us, init_proc_us, inits_done;
+static long long proc_cpu_us(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (long long)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1000000 + u.ru_utime.tv_usec +
+           u.ru_stime.tv_usec;
+}
+static long long thread_cpu_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
 static pthread_barrier_t started;
 
 static void make_job(void)
@@ -297,8 +314,12 @@ static void *rank_main(void *p)
                        .timeout_ms = CALL_MS};
     pthread_barrier_wait(&started);
     uint64_t t0 = now_mono_ms();
+    long long cpu0 = thread_cpu_us();
     kolo_ctx *ctx = NULL;
     int rv = kolo_init(&ctx, &cfg);
+    atomic_fetch_add(&init_cpu_us, thread_cpu_us() - cpu0);
+    if (atomic_fetch_add(&inits_done, 1) + 1 == np)
+        atomic_store(&init_proc_us, proc_cpu_us() - atomic_load(&init_proc_us));
     if (rv)
         fprintf(stderr, "rank %d: kolo_init: %s\n", r, kolo_strerror(rv));
     REQUIRE(rv == 0);
@@ -335,7 +356,10 @@ static void run_shape(const char *what, int n, int h, const int *hosts, bool big
     host_of = (int *)hosts;
     atomic_store(&most_sockets, 0);
     atomic_store(&init_ms_max, 0);
+    atomic_store(&init_cpu_us, 0);
+    atomic_store(&inits_done, 0);
     make_job();
+    atomic_store(&init_proc_us, proc_cpu_us());
     fprintf(stderr, "-- %s: %d ranks on %d hosts\n", what, n, h);
     uint64_t t0 = now_mono_ms();
     pthread_t *t = calloc((size_t)n, sizeof *t);
@@ -356,6 +380,9 @@ static void run_shape(const char *what, int n, int h, const int *hosts, bool big
     fprintf(stderr, "   kolo_init: %d ms (slowest rank); data sockets per rank: %d (bound %d); "
             "all in %llu ms\n", atomic_load(&init_ms_max), atomic_load(&most_sockets), bound,
             (unsigned long long)(now_mono_ms() - t0));
+    fprintf(stderr, "   kolo_init CPU: %lld ms in the rank threads (%lld us a rank), %lld ms in "
+            "the process\n", atomic_load(&init_cpu_us) / 1000, atomic_load(&init_cpu_us) / n,
+            atomic_load(&init_proc_us) / 1000);
     CHECK(atomic_load(&most_sockets) <= bound);
     if (big) {
         const char *lim = getenv("KOLO_TEST_INIT_MS");

@@ -599,8 +599,6 @@ static void hier_destroy(struct coll *c)
         close(h->listen_fd);
     if (h->ctl_fd >= 0)
         close(h->ctl_fd);
-    for (int r = 0; h->hosts && r < c->size; r++)
-        free(h->hosts[r]);
     free(h->hosts);
     free(h->ports);
     free(h->a2a);
@@ -734,7 +732,7 @@ int hier_create(const struct hier_spec *s, struct coll **out, char *err, size_t 
     size_t most = (size_t)(n > h->t.nhosts ? n : h->t.nhosts);
     if (!code) {
         h->a2a = calloc((size_t)n, sizeof *h->a2a);
-        h->hosts = calloc((size_t)n, sizeof *h->hosts);
+        h->hosts = str_table(s->hosts, n); /* one block: alltoall's links made later */
         h->ports = calloc((size_t)n, sizeof *h->ports);
         h->soff = calloc((size_t)n, sizeof(size_t));
         h->roff = calloc((size_t)n, sizeof(size_t));
@@ -743,11 +741,8 @@ int hier_create(const struct hier_spec *s, struct coll **out, char *err, size_t 
         if (!h->a2a || !h->hosts || !h->ports || !h->soff || !h->roff || !h->sb ||
             !h->hb)
             code = KOLO_ENOMEM;
-        for (int r = 0; !code && r < n; r++) {
+        for (int r = 0; !code && r < n; r++)
             h->ports[r] = s->ports[r];
-            if (s->hosts[r] && !(h->hosts[r] = strdup(s->hosts[r])))
-                code = KOLO_ENOMEM;
-        }
     }
     if (code) {
         snprintf(err, errlen, "cannot plan the data plane: %s", kolo_strerror(code));
