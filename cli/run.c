@@ -286,6 +286,7 @@ int run_follow(struct rpc_client *cli, uint64_t job_id, int64_t grace, struct ru
     uint64_t unreachable_since = 0, stop_sent_at = 0;
     int handled_stops = 0;
     int64_t epochs_printed = -1; /* issue 6 */
+    uint64_t after_notice = 0;
     uint64_t epochs_polled = 0;
     for (;;) {
         int stops = atomic_load(&stop_count);
@@ -322,6 +323,8 @@ int run_follow(struct rpc_client *cli, uint64_t job_id, int64_t grace, struct ru
         req.after_seq = after;
         req.wait_ms = STREAM_WAIT_MS;
         req.max_lines = 2000;
+        req.notices = true;
+        req.after_notice = after_notice;
         ProtobufCMessage *msg = NULL;
         int rv = cli_call(cli, "AdminService.StreamOutput", &req.base,
                           &kolo__stream_output_reply__descriptor, &msg, STREAM_WAIT_MS + 5000, err,
@@ -356,6 +359,16 @@ int run_follow(struct rpc_client *cli, uint64_t job_id, int64_t grace, struct ru
             run_output_write(files, l->rank, err_stream, l->text.data, l->text.len);
         }
         fflush(stdout);
+        /* what the coordinator tells: a stall naming its ranks and
+         * tensors, a worker lost, an elastic reset (coord_event_notice) */
+        for (size_t i = 0; i < rep->n_notices; i++) {
+            const char *text = rep->notices[i]->message; /* may quote a tensor's name */
+            fputs("[kolo] ", stderr);
+            cli_write_text(stderr, text, strlen(text), esc_err);
+            fputc('\n', stderr);
+        }
+        if (rep->next_notice > after_notice)
+            after_notice = rep->next_notice;
         if (rep->next_seq > after)
             after = rep->next_seq;
         if (rep->done || now_mono_ms() - epochs_polled >= EPOCH_POLL_MS) { /* issue 6 */

@@ -8,7 +8,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "coord_jobs.h"
 #include "errors.h"
 #include "log.h"
 #include "util.h"
@@ -96,8 +98,29 @@ void coord_event(struct coord *c, uint64_t job_id, const char *host_id, const ch
     struct store_event ev = {
         .ts_ms = now_wall_ms(), .job_id = job_id, .host_id = host_id, .kind = kind, .message = msg};
     LOGI("coord", "%s: %s", kind, msg);
-    if (store_event_add(c->store, &ev) != 0)
+    if (store_event_add(c->store, &ev) != 0) {
         coord_store_failed(c, "event");
+        return;
+    }
+    struct job *j = job_id && coord_event_notice(kind) ? coord_job_find(c, job_id) : NULL;
+    if (j) {
+        j->last_notice = (uint64_t)ev.id;
+        coord_job_output_added(c, j); /* its followers print it now */
+    }
+}
+
+bool coord_event_notice(const char *kind)
+{
+    static const char *const kinds[] = {
+        "op.stalled",      "op.stall_shutdown", "worker.failed",    "worker.frozen",
+        "worker.spawn_failed", "job.generation", "job.waiting",     "job.hosts_updated",
+        "host.excluded",   "host.readmitted",   "job.discovery_failed", "job.resumed",
+        "job.resume_failed", "job.cache_reset", "dataplane.refused",
+    };
+    for (size_t i = 0; kind && i < sizeof kinds / sizeof kinds[0]; i++)
+        if (strcmp(kind, kinds[i]) == 0)
+            return true;
+    return false;
 }
 
 int coord_send_pb(struct rpc_call *call, const ProtobufCMessage *msg)

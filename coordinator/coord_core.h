@@ -10,6 +10,12 @@
 int coord_send_pb(struct rpc_call *call, const ProtobufCMessage *msg);
 void coord_event(struct coord *c, uint64_t job_id, const char *host_id, const char *kind,
                  const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* coord_event_notice: whether a job's event of this kind is told to the
+ * terminals that follow the job (StreamOutputRequest.notices: kolo run,
+ * kolo attach): a stall, a worker lost or frozen, an elastic reset, a
+ * host excluded, a wait for capacity. Starts, submissions and commits
+ * are not. coord_event wakes the job's parked followers on one. */
+bool coord_event_notice(const char *kind);
 /* coord_store_failed marks the store degraded (refusing what cannot be
  * stored); coord_store_probe, from the tick, tries a small write every
  * STORE_PROBE_MS while it is, and ends the degraded state when it works. */

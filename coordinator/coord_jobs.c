@@ -837,18 +837,67 @@ static int collect_line(const struct store_output *o, void *arg)
     return 0;
 }
 
+/* The job's notices above a cursor (StreamOutputRequest.notices): the
+ * events of the kinds coord_event_notice names, their text copied. */
+#define NOTICE_MAX  64  /* notices in one reply */
+#define NOTICE_SCAN 512 /* events read for them in one reply */
+struct notices {
+    Kolo__JobNotice *items[NOTICE_MAX];
+    size_t n;
+    uint64_t last_id; /* the last event read, notice or not */
+};
+
+static int collect_notice(const struct store_event *ev, void *arg)
+{
+    struct notices *ns = arg;
+    if (ns->n == NOTICE_MAX)
+        return 1;
+    ns->last_id = (uint64_t)ev->id;
+    if (!coord_event_notice(ev->kind))
+        return 0;
+    Kolo__JobNotice *x = calloc(1, sizeof *x);
+    if (!x)
+        return 1;
+    kolo__job_notice__init(x);
+    x->id = (uint64_t)ev->id;
+    x->ts_ms = ev->ts_ms;
+    x->kind = strdup(ev->kind ? ev->kind : "");
+    x->host_id = strdup(ev->host_id ? ev->host_id : "");
+    x->message = strdup(ev->message ? ev->message : "");
+    ns->items[ns->n++] = x;
+    return 0;
+}
+
+static void notices_free(struct notices *ns)
+{
+    for (size_t i = 0; i < ns->n; i++) {
+        free(ns->items[i]->kind);
+        free(ns->items[i]->host_id);
+        free(ns->items[i]->message);
+        free(ns->items[i]);
+    }
+}
+
 static bool job_done(const struct job *j)
 {
     return job_terminal(j) && coord_job_ranks_alive(j) == 0;
 }
 
-/* Answers a stream request if there is something to say; false = park. */
-static bool stream_answer(struct coord *c, struct job *j, struct rpc_call *call, uint64_t after_seq,
-                          uint32_t max_lines, bool force)
+/* Answers a stream request (w: its cursors) if there is something to
+ * say; false = park. */
+static bool stream_answer(struct coord *c, struct job *j, struct rpc_call *call,
+                          const struct waiter *w, bool force)
 {
     bool done = job_done(j);
-    if (!force && !done && after_seq >= j->out_stored)
+    uint64_t after_seq = w->after_seq;
+    uint32_t max_lines = w->max_lines;
+    bool news = w->notices && w->after_notice < j->last_notice;
+    if (!force && !done && !news && after_seq >= j->out_stored)
         return false;
+    struct notices ns = {.last_id = w->after_notice};
+    if (news && store_events_each(c->store, j->id, (int64_t)w->after_notice, NOTICE_SCAN,
+                                  collect_notice, &ns) < 0)
+        coord_store_failed(c, "events read");
     struct collect col = {0};
     col.max = max_lines;
     col.last_seq = after_seq;
@@ -858,6 +907,7 @@ static bool stream_answer(struct coord *c, struct job *j, struct rpc_call *call,
         if (!col.lines || !col.storage) {
             free(col.lines);
             free(col.storage);
+            notices_free(&ns);
             rpc_call_error(call, KOLO_ENOMEM, "out of memory");
             return true;
         }
@@ -880,7 +930,11 @@ static bool stream_answer(struct coord *c, struct job *j, struct rpc_call *call,
     rep.reason = j->reason ? j->reason : "";
     /* done only once the client has every line */
     rep.done = done && col.last_seq >= j->out_stored;
+    rep.notices = ns.items;
+    rep.n_notices = ns.n;
+    rep.next_notice = ns.last_id;
     coord_send_pb(call, &rep.base);
+    notices_free(&ns);
     for (size_t i = 0; i < col.n; i++)
         free(col.storage[i].text.data);
     free(col.lines);
@@ -894,7 +948,7 @@ static void job_wake_waiters(struct coord *c, struct job *j)
     j->waiters = NULL;
     while (w) {
         struct waiter *next = w->next;
-        stream_answer(c, j, w->call, w->after_seq, w->max_lines, true);
+        stream_answer(c, j, w->call, w, true);
         free(w);
         w = next;
     }
@@ -920,7 +974,7 @@ void coord_jobs_cron(struct coord *c, uint64_t now)
             struct waiter *w = *pw;
             if (now >= w->deadline) {
                 *pw = w->next;
-                stream_answer(c, j, w->call, w->after_seq, w->max_lines, true);
+                stream_answer(c, j, w->call, w, true);
                 free(w);
             } else {
                 pw = &w->next;
@@ -1212,16 +1266,19 @@ void coord_rpc_admin(struct coord *c, struct rpc_call *call, enum coord_method m
         if (max > OUTPUT_MAX_LINES)
             max = OUTPUT_MAX_LINES;
         uint32_t wait = req->wait_ms > STREAM_MAX_WAIT_MS ? STREAM_MAX_WAIT_MS : req->wait_ms;
-        if (stream_answer(c, j, call, req->after_seq, max, wait == 0))
+        struct waiter ask = {.call = call,
+                             .after_seq = req->after_seq,
+                             .max_lines = max,
+                             .notices = req->notices,
+                             .after_notice = req->after_notice};
+        if (stream_answer(c, j, call, &ask, wait == 0))
             break;
         struct waiter *w = calloc(1, sizeof(*w));
         if (!w) {
             admin_error(c, call, m, KOLO_ENOMEM, "%s", "out of memory");
             break;
         }
-        w->call = call;
-        w->after_seq = req->after_seq;
-        w->max_lines = max;
+        *w = ask;
         w->deadline = now_mono_ms() + wait;
         w->next = j->waiters;
         j->waiters = w;

@@ -102,6 +102,8 @@ struct waiter {
     struct rpc_call *call;
     uint64_t after_seq;
     uint32_t max_lines;
+    bool notices; /* StreamOutputRequest.notices, after_notice */
+    uint64_t after_notice;
     uint64_t deadline; /* monotonic */
 };
 
@@ -204,6 +206,7 @@ struct job {
     uint64_t out_seq;       /* last output sequence number assigned */
     uint64_t out_stored;    /* last one the output writer is done with */
     struct waiter *waiters; /* parked StreamOutput calls */
+    uint64_t last_notice;   /* id of the job's newest notice event (coord_event_notice) */
     struct negot *negot;    /* rendezvous and negotiation of the generation */
     /* process sets of the generation (kolo_process_set_init): a rendezvous
      * and negotiation each, made at its first rendezvous */

@@ -1210,6 +1210,40 @@ bool coord_negot_rank_joined(const struct job *j, int rank)
 
 /* ---------------------------------------------------------------- lifecycle */
 
+/* One stall warning: the ops missing the same ranks, some of their names. */
+#define STALL_GROUPS 8
+struct stall_group {
+    char missing[512];
+    char names[400];
+    int count, listed;
+    uint64_t age_ms; /* the oldest */
+};
+
+static void stall_group_add(struct stall_group *gs, int *n, const char *missing, const char *name,
+                            uint64_t age_ms)
+{
+    struct stall_group *g = NULL;
+    for (int i = 0; i < *n && !g; i++)
+        if (strcmp(gs[i].missing, missing) == 0)
+            g = &gs[i];
+    if (!g && *n < STALL_GROUPS) {
+        g = &gs[(*n)++];
+        memset(g, 0, sizeof *g);
+        str_copy(g->missing, missing, sizeof g->missing);
+    } else if (!g) { /* more sets of missing ranks than groups: the last takes the rest */
+        g = &gs[STALL_GROUPS - 1];
+        str_copy(g->missing, "several sets of ranks", sizeof g->missing);
+    }
+    size_t used = strlen(g->names);
+    if (used + strlen(name) + 3 < sizeof g->names) {
+        snprintf(g->names + used, sizeof g->names - used, "%s%s", used ? ", " : "", name);
+        g->listed++;
+    }
+    g->count++;
+    if (age_ms > g->age_ms)
+        g->age_ms = age_ms;
+}
+
 static void stall_missing(struct negot *n, struct entry *e, char *out, size_t size)
 {
     size_t o = 0;
@@ -1276,7 +1310,11 @@ static void negot_cron(struct coord *c, struct job *j, struct negot *n, uint64_t
             n->parked[r] = NULL;
         }
     }
-    /* Stall inspector: an op some ranks submitted and others did not. */
+    /* Stall inspector: an op some ranks submitted and others did not. The
+     * ops that pass the warning age together and miss the same ranks make
+     * one warning (Horovod's lists the tensors of each missing rank). */
+    struct stall_group groups[STALL_GROUPS];
+    int ngroups = 0;
     for (struct entry *e = n->head; e && !n->shut; e = e->next) {
         uint64_t age = now - e->first_mono;
         bool warn = !e->warned && n->stall_warning_ms >= 0 && age >= (uint64_t)n->stall_warning_ms;
@@ -1287,9 +1325,7 @@ static void negot_cron(struct coord *c, struct job *j, struct negot *n, uint64_t
         stall_missing(n, e, missing, sizeof(missing));
         if (warn) {
             e->warned = true;
-            coord_event(c, j->id, NULL, "op.stalled",
-                        "tensor %s waited %llu s for rank(s) %s: a rank may have diverged or hung",
-                        e->name, (unsigned long long)(age / 1000), missing);
+            stall_group_add(groups, &ngroups, missing, e->name, age);
         }
         if (kill) {
             char why[800];
@@ -1302,6 +1338,14 @@ static void negot_cron(struct coord *c, struct job *j, struct negot *n, uint64_t
             negot_shutdown(c, n, KOLO_ETIMEDOUT, why);
             break;
         }
+    }
+    for (int g = 0; g < ngroups; g++) {
+        struct stall_group *x = &groups[g];
+        coord_event(c, j->id, NULL, "op.stalled",
+                    "stall: %d tensor(s) waited %llu s for rank(s) %s, which never submitted "
+                    "them while the others wait (a rank diverged, hung or is slow): %s%s",
+                    x->count, (unsigned long long)(x->age_ms / 1000), x->missing, x->names,
+                    x->count > x->listed ? " ..." : "");
     }
 }
 

@@ -22,6 +22,14 @@ def test_a_rank_that_raises_is_replaced_like_a_killed_one(reference):
                          "--blacklist-cooldown-range", "1", "1"), delay=0.05)
     assert job.rc == 0, job
     assert "RuntimeError: planned failure 0 on rank 1" in job.err, job
+    # kolo run tells each loss and each new generation (not only --verbose)
+    notices = [ln for ln in job.err.splitlines() if ln.startswith("[kolo] ")]
+    assert any(re.match(r"\[kolo\] rank \d+ on host \S+ exited with code 1$", ln)
+               for ln in notices), job.err
+    assert any(re.match(r"\[kolo\] rank \d+ on host \S+ was killed by signal 9$", ln)
+               for ln in notices), job.err
+    assert len([ln for ln in notices if re.match(r"\[kolo\] job \d+ generation \d+: ", ln)]) >= 2, \
+        job.err
     assert len([ln for ln in job.lines() if ln.startswith("KILL")]) == 2, job
     assert len(recovery_times(job)) == 2, job
     got = finals(job)
@@ -34,12 +42,13 @@ def test_cooldown_backs_off(reference):
     # --blacklist-cooldown-range LO HI: the n-th exclusion of a host lasts
     # LO * 2^(n-1) seconds (up to 25% more, jitter), at most HI
     job = run(3, [[10, 1], [25, 1], [40, 2], [50, 1]],
-              kolo_args=("--min-np", "2", "--max-np", "3", "--verbose",
+              kolo_args=("--min-np", "2", "--max-np", "3",
                          "--blacklist-cooldown-range", "1", "3"), delay=0.05)
     assert job.rc == 0, job
+    # told by kolo run itself, without --verbose
     got = [(int(n), float(s)) for s, n in
-           re.findall(r"host localhost excluded from job \d+ for ([0-9.]+) s \(exclusion (\d+)\)",
-                      job.err)]
+           re.findall(r"^\[kolo\] host localhost excluded from job \d+ for ([0-9.]+) s "
+                      r"\(exclusion (\d+)\)", job.err, re.M)]
     assert [n for n, _ in got] == [1, 2, 3, 4], job.err
     for n, secs in got:
         base = min(3.0, 1.0 * 2 ** (n - 1))

@@ -124,6 +124,9 @@ def test_stall_check_warning_names_the_late_rank():
     assert st, events
     text = json.dumps(st[0])
     assert "slow.grad" in text and "rank(s) 1" in text, st
+    # ... and kolo run says it in the terminal, where users look
+    said = [l for l in err.splitlines() if l.startswith("[kolo] stall:")]
+    assert said and "slow.grad" in said[0] and "rank(s) 1" in said[0], err
 
 
 def test_no_stall_check_stays_silent():
@@ -132,6 +135,7 @@ def test_no_stall_check_stays_silent():
     assert rc == 0, err
     assert out.count("done after") == 2, out
     assert not _stalled(events), events
+    assert "[kolo] stall" not in err, err
 
 
 def test_stall_shutdown_fails_the_op_instead_of_hanging():
