@@ -156,14 +156,18 @@ void agent_running_add(struct agent *a, const struct worker_key *k, int32_t pid)
     if (a->n_running == a->cap_running) {
         size_t cap = a->cap_running ? a->cap_running * 2 : 16;
         Kolo__RunningWorker *r = realloc(a->running, cap * sizeof(*r));
-        if (!r) {
+        if (r)
+            a->running = r;
+        uint64_t *since = r ? realloc(a->stopped_since, cap * sizeof(*since)) : NULL;
+        if (!since) {
             pthread_mutex_unlock(&a->mu);
             LOGE("agent", "out of memory tracking a running worker");
             return;
         }
-        a->running = r;
+        a->stopped_since = since;
         a->cap_running = cap;
     }
+    a->stopped_since[a->n_running] = 0;
     Kolo__RunningWorker init = KOLO__RUNNING_WORKER__INIT;
     init.job_id = k->job_id;
     init.generation = k->generation;
@@ -183,11 +187,94 @@ void agent_running_remove(struct agent *a, const struct worker_key *k)
         struct worker_key rk = {r->job_id, r->generation, r->worker_id, r->rank};
         if (worker_key_eq(&rk, k)) {
             a->running[i] = a->running[--a->n_running];
+            a->stopped_since[i] = a->stopped_since[a->n_running];
             break;
         }
     }
     a->stats.workers_alive = (int)a->n_running;
     pthread_mutex_unlock(&a->mu);
+}
+
+/* The state letter of a worker's process: the command the shim forked
+ * (exec_shim.c; the first child in /proc/PID/task/PID/children), else
+ * the shim itself; from /proc/PID/stat, after the command's closing
+ * parenthesis (which the command's name may hold too). 0: unreadable. */
+static char proc_state(int shim, int *pid_out)
+{
+    char path[64], buf[512];
+    int pid = shim;
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", shim, shim);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        buf[n > 0 ? n : 0] = '\0';
+        if (atoi(buf) > 0)
+            pid = atoi(buf);
+    }
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    const char *end = strrchr(buf, ')');
+    return end && end[1] == ' ' ? end[2] : 0;
+}
+
+Kolo__RunningWorker *agent_running_stopped(struct agent *a, size_t *n)
+{
+    *n = 0;
+    pthread_mutex_lock(&a->mu);
+    size_t count = a->n_running;
+    int *pids = count ? malloc(count * sizeof *pids) : NULL;
+    for (size_t i = 0; pids && i < count; i++)
+        pids[i] = a->running[i].pid;
+    pthread_mutex_unlock(&a->mu);
+    if (!pids)
+        return NULL;
+    /* read outside the lock; a worker that came or went meanwhile waits
+     * for the next heartbeat */
+    char *state = malloc(count ? count : 1);
+    int *real = malloc((count ? count : 1) * sizeof *real); /* the command's pid */
+    for (size_t i = 0; state && real && i < count; i++) {
+        real[i] = pids[i];
+        state[i] = pids[i] > 0 ? proc_state(pids[i], &real[i]) : 0;
+    }
+    Kolo__RunningWorker *out = state && real ? calloc(count, sizeof *out) : NULL;
+    uint64_t now = now_mono_ms();
+    pthread_mutex_lock(&a->mu);
+    for (size_t i = 0; out && i < a->n_running; i++) {
+        size_t k = 0;
+        while (k < count && pids[k] != a->running[i].pid)
+            k++;
+        if (k == count)
+            continue;
+        /* T: stopped by a signal; t (a debugger's stop) is not frozen */
+        if (state[k] != 'T') {
+            a->stopped_since[i] = 0;
+            continue;
+        }
+        if (!a->stopped_since[i])
+            a->stopped_since[i] = now;
+        out[*n] = a->running[i];
+        out[*n].pid = real[k];
+        uint64_t ms = now - a->stopped_since[i];
+        out[*n].stopped_ms = ms > UINT32_MAX ? UINT32_MAX : (uint32_t)ms;
+        (*n)++;
+    }
+    pthread_mutex_unlock(&a->mu);
+    free(pids);
+    free(state);
+    free(real);
+    if (out && *n == 0) {
+        free(out);
+        out = NULL;
+    }
+    return out;
 }
 
 void agent_post_desired(struct agent *a, Kolo__HeartbeatReply *rep)
@@ -299,6 +386,7 @@ static void agent_free(struct agent *a)
     pthread_cond_destroy(&a->cond);
     pthread_mutex_destroy(&a->mu);
     free(a->running);
+    free(a->stopped_since);
     free(a->url);
     free(a->token);
     free(a->name);

@@ -176,6 +176,7 @@ struct agent {
     bool mail_stop;
     Kolo__RunningWorker *running; /* snapshot of live workers, for Register */
     size_t n_running, cap_running;
+    uint64_t *stopped_since; /* [cap_running], running[i] seen stopped since (mono ms), 0 not */
     struct outbox outbox;
     struct agent_stats stats;
     char session[128];    /* "" until registered */
@@ -205,6 +206,11 @@ bool worker_key_eq(const struct worker_key *a, const struct worker_key *b);
 /* agent.c */
 void agent_running_add(struct agent *a, const struct worker_key *k, int32_t pid);
 void agent_running_remove(struct agent *a, const struct worker_key *k);
+/* agent_running_stopped: the live workers stopped by a signal (state T in
+ * /proc/PID/stat), each with how long the agent has seen it so, in a
+ * block the caller frees; *n 0 (NULL) when none is. Reads /proc: the
+ * link thread calls it before each heartbeat. */
+Kolo__RunningWorker *agent_running_stopped(struct agent *a, size_t *n);
 /* agent_post_desired hands a HeartbeatReply to the loop (takes ownership). */
 void agent_post_desired(struct agent *a, Kolo__HeartbeatReply *rep);
 /* Loop thread: a worker's last handle closed; the shutdown may be done. */

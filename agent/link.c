@@ -231,13 +231,24 @@ static int do_heartbeat(struct agent *a, const char *session, char *version, siz
     req.session = (char *)session;
     req.desired_version = version;
     req.wait_ms = wait;
+    /* workers stopped by a signal, for the coordinator's frozen rule */
+    size_t nstopped = 0;
+    Kolo__RunningWorker *stopped = agent_running_stopped(a, &nstopped);
+    Kolo__RunningWorker **sp = nstopped ? calloc(nstopped, sizeof *sp) : NULL;
+    for (size_t i = 0; sp && i < nstopped; i++)
+        sp[i] = &stopped[i];
+    req.stopped = sp;
+    req.n_stopped = sp ? nstopped : 0;
     size_t len = kolo__heartbeat_request__get_packed_size(&req);
     uint8_t *data = malloc(len ? len : 1);
+    if (data)
+        kolo__heartbeat_request__pack(&req, data);
+    free(sp);
+    free(stopped);
     if (!data) {
         snprintf(err, errlen, "out of memory");
         return KOLO_ENOMEM;
     }
-    kolo__heartbeat_request__pack(&req, data);
     void *rep = NULL;
     size_t rep_len = 0;
     int rc = rpc_client_call(a->hb_rpc, "AgentService.Heartbeat", data, len, &rep, &rep_len,

@@ -113,7 +113,7 @@ bool coord_event_notice(const char *kind)
 {
     static const char *const kinds[] = {
         "op.stalled",      "op.stall_shutdown", "worker.failed",    "worker.frozen",
-        "worker.spawn_failed", "job.generation", "job.waiting",     "job.hosts_updated",
+        "worker.spawn_failed", "worker.stopped", "job.generation", "job.waiting",     "job.hosts_updated",
         "host.excluded",   "host.readmitted",   "job.discovery_failed", "job.resumed",
         "job.resume_failed", "job.cache_reset", "dataplane.refused",
     };

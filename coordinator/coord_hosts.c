@@ -342,6 +342,65 @@ static struct host *session_host(struct coord *c, struct rpc_call *call, enum co
     return h;
 }
 
+/* A worker stopped by a signal (SIGSTOP, SIGTSTP) for this long is
+ * frozen: its peers wait on it and nothing in the job can end that. An
+ * elastic job goes on without it (its host excluded as for a failure,
+ * its agent stops it); any other job is told so (a notice). A debugger's
+ * stop (state t) never counts, nor a long collective or a long step: the
+ * process is running there. */
+#define STOPPED_FROZEN_MS 8000
+
+/* The host's stopped workers from its heartbeat: every rank of the
+ * host's jobs not in the list runs (again). */
+static void heartbeat_stopped(struct coord *c, struct host *h, const Kolo__HeartbeatRequest *req)
+{
+    for (struct job *j = c->jobs; j; j = j->next) {
+        if (j->state != JOB_RUNNING)
+            continue;
+        for (int r = 0; r < j->nranks; r++) {
+            struct rank *rk = &j->ranks[r];
+            if (rk->host != h)
+                continue;
+            uint32_t ms = 0;
+            for (size_t i = 0; i < req->n_stopped; i++) {
+                const Kolo__RunningWorker *w = req->stopped[i];
+                bool same = w->job_id == j->id &&
+                            (w->worker_id ? w->worker_id == rk->wid : w->rank == r);
+                if (same) {
+                    ms = w->stopped_ms;
+                    rk->stopped_pid = w->pid;
+                }
+            }
+            rk->stopped_ms = ms;
+            if (!ms)
+                rk->stopped_told = false;
+        }
+    }
+    for (struct job *j = c->jobs; j; j = j->next) {
+        for (int r = 0; j->state == JOB_RUNNING && r < j->nranks; r++) {
+            struct rank *rk = &j->ranks[r];
+            if (rk->host != h || rk->stopped_ms < STOPPED_FROZEN_MS || rk->stopped_told ||
+                (rk->state != RANK_ASSIGNED && rk->state != RANK_RUNNING))
+                continue;
+            rk->stopped_told = true;
+            char why[300];
+            snprintf(why, sizeof why,
+                     "rank %d (pid %d) on host %s has been stopped by a signal for %u s "
+                     "(SIGSTOP or SIGTSTP; state T)%s",
+                     r, rk->stopped_pid, h->name, rk->stopped_ms / 1000,
+                     j->el ? ": stopped as frozen, the job goes on without it"
+                           : ": the other ranks wait on it until it is continued (kill -CONT)");
+            if (j->el) {
+                rk->state = RANK_LOST;
+                coord_event(c, j->id, h->id, "worker.frozen", "%s", why);
+                c->hooks.member_gone(c, j, h, true, CAUSE_FAILURE, why);
+                return; /* the job's ranks changed: the next heartbeat goes on */
+            }
+            coord_event(c, j->id, h->id, "worker.stopped", "%s", why);
+        }
+    }
+}
+
 void coord_rpc_agent_heartbeat(struct coord *c, struct rpc_call *call, enum coord_method m)
 {
     (void)m;
@@ -357,6 +416,7 @@ void coord_rpc_agent_heartbeat(struct coord *c, struct rpc_call *call, enum coor
         kolo__heartbeat_request__free_unpacked(req, NULL);
         return;
     }
+    heartbeat_stopped(c, h, req);
     if (h->parked_hb) {
         /* The agent gave up on the parked call (its deadline passed first). */
         char version[64];

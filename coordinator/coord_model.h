@@ -95,6 +95,11 @@ struct rank {
     /* elastic: since when (monotonic ms) this member has been placed in
      * generations it did not join; 0 once it joins one */
     uint64_t unjoined_since;
+    /* how long its agent has seen its process stopped by a signal
+     * (HeartbeatRequest.stopped), 0 when not; told: the notice was sent */
+    uint32_t stopped_ms;
+    int stopped_pid; /* the stopped process (the command, under the agent's shim) */
+    bool stopped_told;
 };
 
 struct waiter {

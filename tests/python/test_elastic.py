@@ -66,7 +66,8 @@ def maybe_die():
         print("KILL %d step %d rank %d t %.3f" % (i, s, hvd.rank(), time.time()), flush=True)
         if how == "raise":  # escapes hvd.elastic.run: the worker exits 1
             raise RuntimeError("planned failure %d on rank %d" % (i, hvd.rank()))
-        os.kill(os.getpid(), signal.SIGKILL)
+        # "stop": frozen (SIGSTOP), alive but never going on
+        os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
 
 
 @hvd.elastic.run

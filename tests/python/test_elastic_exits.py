@@ -2,7 +2,8 @@
 file of their own beside test_elastic.py (whose worker, reference run and
 checks they use): a rank whose training function raises, replaced like a
 SIGKILLed one; the blacklist cooldown backing off (LO, 2 LO, 4 LO, ... at
-most HI) over repeated failures of one host."""
+most HI) over repeated failures of one host; a rank stopped by a signal
+(alive, never going on) taken as frozen within seconds (issue 31)."""
 import re
 
 import pytest
@@ -54,3 +55,21 @@ def test_cooldown_backs_off(reference):
         base = min(3.0, 1.0 * 2 ** (n - 1))
         assert base <= secs <= min(3.0, base * 1.25) + 0.05, got
     assert [s for s, _ in finals(job)] and all(close(w, reference) for _, w in finals(job))
+
+
+def test_a_stopped_rank_is_frozen_within_seconds(reference):
+    # SIGSTOP: the process lives, its peers wait on it; the agent sees it
+    # stopped (state T) and after 8 s the job goes on without it, from the
+    # last commit, to the fault-free weights; kolo run says why
+    job = run(2, [[12, 1, "stop"]],
+              kolo_args=("--min-np", "1", "--max-np", "2",
+                         "--blacklist-cooldown-range", "600", "600"), delay=0.05)
+    assert job.rc == 0, job
+    said = [ln for ln in job.err.splitlines()
+            if re.match(r"\[kolo\] rank 1 \(pid \d+\) on host \S+ has been stopped by a signal "
+                        r"for \d+ s .*stopped as frozen", ln)]
+    assert said, job.err
+    times = recovery_times(job)
+    assert len(times) == 1 and 8 <= times[0] <= 15, times
+    got = finals(job)
+    assert got and all(step == 60 and close(w, reference) for step, w in got), job

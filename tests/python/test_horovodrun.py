@@ -159,3 +159,33 @@ def test_log_level_reaches_libkolo():
     plain = kolo_run(2, WORKER, args=("plain", "0"), timeout=60)
     assert plain.rc == 0 and plain.lines().count("ran") == 2, plain
     assert not re.search(r"^\[\d\]<stderr>:", plain.err, re.M), plain
+
+
+STOPPED = r'''
+import os, signal, sys, time
+import torch
+import kolo.torch as hvd
+hvd.init()
+hvd.allreduce(torch.ones(2), name="before")
+if hvd.rank() == 1:
+    if os.fork() == 0:      # continues its parent 12 s later, as an operator would
+        time.sleep(12)
+        os.kill(os.getppid(), signal.SIGCONT)
+        os._exit(0)
+    os.kill(os.getpid(), signal.SIGSTOP)
+out = hvd.allreduce(torch.ones(2), name="after", op=hvd.Sum)
+print("sum", out.tolist())
+hvd.shutdown()
+'''
+
+
+def test_a_stopped_rank_is_named_and_the_job_goes_on_when_continued():
+    # not elastic: kolo run names the stopped rank and its pid after 8 s
+    # (Horovod would only hang); SIGCONT and the job finishes
+    job = kolo_run(2, STOPPED, timeout=90)
+    assert job.rc == 0, job
+    said = re.findall(r"^\[kolo\] rank 1 \(pid (\d+)\) on host \S+ has been stopped by a signal "
+                      r"for \d+ s \(SIGSTOP or SIGTSTP; state T\): the other ranks wait on it",
+                      job.err, re.M)
+    assert len(said) == 1, job.err
+    assert job.lines().count("sum [2.0, 2.0]") == 2, job
