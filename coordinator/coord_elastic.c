@@ -432,6 +432,14 @@ static bool member_alive(const struct rank *r)
     return r->state == RANK_ASSIGNED || r->state == RANK_RUNNING;
 }
 
+static int alive_members(const struct job *j)
+{
+    int n = 0;
+    for (int r = 0; r < j->nranks; r++)
+        n += member_alive(&j->ranks[r]);
+    return n;
+}
+
 /* Members alive on r's host with a lower rank than r. */
 static int members_before(const struct job *j, const struct rank *r)
 {
@@ -688,6 +696,7 @@ static bool frozen_member(struct coord *c, struct job *j, uint64_t now)
                  r, (unsigned long long)rk->wid, rk->pid, rk->host ? rk->host->name : rk->host_id,
                  j->el->timeout_ms / 1000);
         rk->state = RANK_LOST;
+        j->el->fail_streak = 0; /* not an error of the code's */
         coord_event(c, j->id, rk->host_id, "worker.frozen", "%s", why);
         coord_elastic_member_gone(c, j, rk->host, true, CAUSE_FAILURE, why);
         return true;
@@ -711,6 +720,19 @@ static void regroup(struct coord *c, struct job *j, enum elastic_cause cause, co
     c->m.resets_by_cause[cause]++;
     if (!el->closed_mono)
         el->closed_mono = now_mono_ms();
+    if (el->fail_streak > 0 && alive_members(j) == 0) {
+        /* Every member ended with an error of its own (Horovod's "all
+         * workers failed"): the script is at fault, and a new generation
+         * would only fail the same way, so the job fails now, with the
+         * first error, instead of waiting for capacity. */
+        char msg[900];
+        snprintf(msg, sizeof msg,
+                 "every worker failed with an error of its own (%d since the last generation "
+                 "that formed), the first: %s; no new generation (the code, not the cluster)",
+                 el->fail_streak, el->fail_first_why);
+        coord_job_finish(c, j, JOB_FAILED, el->fail_first_code ? el->fail_first_code : 1, msg);
+        return;
+    }
     if (el->reset_limit > 0 && el->resets >= el->reset_limit) {
         char msg[700];
         snprintf(msg, sizeof(msg),
@@ -746,6 +768,8 @@ static void regroup(struct coord *c, struct job *j, enum elastic_cause cause, co
 void coord_elastic_member_gone(struct coord *c, struct job *j, struct host *h, bool exclude,
                                enum elastic_cause cause, const char *why)
 {
+    if (cause != CAUSE_FAILURE)
+        j->el->fail_streak = 0; /* a host lost or left: the cluster, not the code */
     if (exclude && h)
         exclude_host(c, j, h, why);
     regroup(c, j, cause, why);

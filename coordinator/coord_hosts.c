@@ -392,6 +392,7 @@ static void heartbeat_stopped(struct coord *c, struct host *h, const Kolo__Heart
                            : ": the other ranks wait on it until it is continued (kill -CONT)");
             if (j->el) {
                 rk->state = RANK_LOST;
+                j->el->fail_streak = 0; /* not an error of the code's */
                 coord_event(c, j->id, h->id, "worker.frozen", "%s", why);
                 c->hooks.member_gone(c, j, h, true, CAUSE_FAILURE, why);
                 return; /* the job's ranks changed: the next heartbeat goes on */

@@ -715,14 +715,23 @@ void coord_job_worker_event(struct coord *c, struct host *h, uint64_t job_id, ui
     r->term_signal = term_signal;
     rank_persist(c, j, r);
     int code = term_signal ? 128 + term_signal : exit_code;
-    char why[256];
+    char why[600], error[400] = "";
+    if (!term_signal && exit_code != 0)
+        coord_rank_error_line(c, j, rank, error, sizeof error);
     if (term_signal)
         snprintf(why, sizeof(why), "rank %d on host %s was killed by signal %d", rank, h->name,
                  term_signal);
     else
-        snprintf(why, sizeof(why), "rank %d on host %s exited with code %d", rank, h->name,
-                 exit_code);
+        snprintf(why, sizeof(why), "rank %d on host %s exited with code %d%s%s", rank, h->name,
+                 exit_code, error[0] ? ": " : "", error);
     if (j->state == JOB_RUNNING && code != 0 && j->el && !j->el->finishing) {
+        struct elastic *el = j->el;
+        if (term_signal) {
+            el->fail_streak = 0; /* killed: the cluster, not the code */
+        } else if (el->fail_streak++ == 0) {
+            el->fail_first_code = exit_code;
+            str_copy(el->fail_first_why, why, sizeof el->fail_first_why);
+        }
         coord_event(c, j->id, h->id, "worker.failed", "%s", why);
         c->hooks.member_gone(c, j, h, true, CAUSE_FAILURE, why);
         return;
@@ -800,6 +809,53 @@ void coord_job_desired_free(void **specs, size_t n)
     for (size_t i = 0; i < n; i++)
         free(specs[i]);
     free(specs);
+}
+
+/* ---------------------------------------------------------------- a rank's error */
+
+/* The line of a rank's last stderr lines that names its error: the
+ * newest that starts a line with an exception's name and a colon
+ * ("ValueError: ...", "kolo.exceptions.HorovodInternalError: ..."), as
+ * Python's traceback ends. */
+struct error_pick {
+    char *out;
+    size_t len;
+};
+
+static bool error_like(const char *t, size_t n)
+{
+    size_t i = 0;
+    while (i < n && (isalnum((unsigned char)t[i]) || t[i] == '_' || t[i] == '.'))
+        i++;
+    if (i == 0 || i >= n || t[i] != ':' || !isalpha((unsigned char)t[0]))
+        return false;
+    static const char *const kinds[] = {"Error", "Exception", "Interrupt", "Exit"};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+        if (memmem(t, i, kinds[k], strlen(kinds[k])))
+            return true;
+    return false;
+}
+
+static int pick_error(const struct store_output *o, void *arg)
+{
+    struct error_pick *p = arg;
+    size_t n = o->text_len;
+    while (n > 0 && (o->text[n - 1] == '\n' || o->text[n - 1] == '\r'))
+        n--;
+    if (!error_like(o->text, n))
+        return 0;
+    size_t k = n < p->len - 1 ? n : p->len - 1;
+    memcpy(p->out, o->text, k);
+    p->out[k] = '\0';
+    return 1; /* the newest: done */
+}
+
+void coord_rank_error_line(struct coord *c, const struct job *j, int rank, char *out, size_t len)
+{
+    out[0] = '\0';
+    struct error_pick p = {out, len};
+    if (len > 1 && store_output_rank_tail(c->store, j->id, rank, 2, 40, pick_error, &p) < 0)
+        out[0] = '\0';
 }
 
 /* ---------------------------------------------------------------- output streams */

@@ -41,5 +41,8 @@ void coord_job_finish(struct coord *c, struct job *j, enum job_state state, int 
 void coord_job_persist(struct coord *c, struct job *j);
 void coord_job_hosts_wake(struct coord *c, struct job *j);
 int coord_job_member(const struct job *j, uint64_t wid);
+/* coord_rank_error_line: the error a rank's last stderr lines name (the
+ * newest "SomeError: text" line, as a Python traceback ends), "" none. */
+void coord_rank_error_line(struct coord *c, const struct job *j, int rank, char *out, size_t len);
 
 #endif

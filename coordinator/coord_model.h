@@ -173,6 +173,13 @@ struct elastic {
     int update_kind;
     char leave_why[160];  /* why hosts are being left ("host b drained"), for the cause */
     bool finishing;       /* a member exited 0: the job is ending, no new generations */
+    /* members that exited with an error of their own (a code, no signal)
+     * since a generation last formed in full, and the first of them: when
+     * no member is left, the job fails with it at once (the code is at
+     * fault, not the cluster; Horovod's "all workers failed") */
+    int fail_streak;
+    int fail_first_code;
+    char fail_first_why[600];
     uint64_t closed_mono; /* monotonic ms the generation closed; 0 once the next one joined */
     struct exclusion *excl;
     struct parked_assign *assign; /* workers waiting for their place */

@@ -511,6 +511,8 @@ void coord_rpc_rendezvous(struct coord *c, struct rpc_call *call)
     }
     if (!n->complete && n->joined == n->size) {
         n->complete = true;
+        if (j->el && n == j->negot)
+            j->el->fail_streak = 0; /* a generation ran: failures start over */
         if (j->el && j->el->closed_mono) {
             coord_hist_observe(&c->m.reset_duration,
                                (double)(now_mono_ms() - j->el->closed_mono) / 1000.0);

@@ -179,6 +179,10 @@ typedef int (*store_output_fn)(const struct store_output *o, void *arg);
  * include NUL; a NUL also follows them, at text[text_len]. */
 int store_output_each(struct store *st, uint64_t job_id, uint64_t after_seq, int limit,
                       store_output_fn fn, void *arg);
+/* store_output_rank_tail: one rank's last lines of one stream (1 stdout,
+ * 2 stderr), newest first, at most limit. */
+int store_output_rank_tail(struct store *st, uint64_t job_id, int rank, int stream, int limit,
+                           store_output_fn fn, void *arg);
 /* store_output_max_seq sets *seq to the job's highest seq, 0 if none. */
 int store_output_max_seq(struct store *st, uint64_t job_id, uint64_t *seq);
 

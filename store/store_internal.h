@@ -94,6 +94,8 @@
     X(OUTPUT_EACH, "SELECT " OUTPUT_COLUMNS " FROM output "                                        \
                    "WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?")                            \
     X(OUTPUT_MAX_SEQ, "SELECT IFNULL(MAX(seq), 0) FROM output WHERE job_id = ?")                   \
+    X(OUTPUT_RANK_TAIL, "SELECT " OUTPUT_COLUMNS " FROM output "                                   \
+                        "WHERE job_id = ? AND rank = ? AND stream = ? ORDER BY seq DESC LIMIT ?")  \
     X(SNAP_INSERT, "INSERT INTO snapshots(job_id, generation, rank, upload_id, created_ms, "       \
                    "meta_json, total_bytes, checksum, chunks, duration_ms) "                       \
                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")                                        \

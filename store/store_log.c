@@ -160,6 +160,23 @@ int store_output_each(struct store *st, uint64_t job_id, uint64_t after_seq, int
     return query_each(st, STMT_OUTPUT_EACH, &b, "output", output_row, &e);
 }
 
+int store_output_rank_tail(struct store *st, uint64_t job_id, int rank, int stream, int limit,
+                           store_output_fn fn, void *arg)
+{
+    if (!st || !fn)
+        return KOLO_EINVAL;
+    struct binder b;
+    int err = query_start(st, STMT_OUTPUT_RANK_TAIL, &b);
+    if (err)
+        return err;
+    bind_u64(&b, job_id);
+    bind_i64(&b, rank);
+    bind_i64(&b, stream);
+    bind_i64(&b, limit > 0 ? limit : -1);
+    struct output_each e = {fn, arg};
+    return query_each(st, STMT_OUTPUT_RANK_TAIL, &b, "output", output_row, &e);
+}
+
 int store_output_max_seq(struct store *st, uint64_t job_id, uint64_t *seq)
 {
     if (!st || !seq)

@@ -25,7 +25,8 @@ def test_a_rank_that_raises_is_replaced_like_a_killed_one(reference):
     assert "RuntimeError: planned failure 0 on rank 1" in job.err, job
     # kolo run tells each loss and each new generation (not only --verbose)
     notices = [ln for ln in job.err.splitlines() if ln.startswith("[kolo] ")]
-    assert any(re.match(r"\[kolo\] rank \d+ on host \S+ exited with code 1$", ln)
+    assert any(re.match(r"\[kolo\] rank \d+ on host \S+ exited with code 1: "
+                        r"RuntimeError: planned failure 0 on rank 1$", ln)
                for ln in notices), job.err
     assert any(re.match(r"\[kolo\] rank \d+ on host \S+ was killed by signal 9$", ln)
                for ln in notices), job.err
@@ -73,3 +74,36 @@ def test_a_stopped_rank_is_frozen_within_seconds(reference):
     assert len(times) == 1 and 8 <= times[0] <= 15, times
     got = finals(job)
     assert got and all(step == 60 and close(w, reference) for step, w in got), job
+
+
+def test_every_rank_raising_fails_the_job_at_once():
+    # Horovod's all-ranks-failure schedule: the same exception on every
+    # rank is the script's fault; the job fails now with the first error
+    # (its text from the rank's traceback) instead of waiting for capacity
+    # for --elastic-timeout (600 s)
+    import time
+    t0 = time.time()
+    job = run(3, [[12, -1, "raise"]], steps=40,
+              kolo_args=("--min-np", "2", "--max-np", "3"), delay=0.05, timeout=120)
+    took = time.time() - t0
+    assert job.rc == 1, job
+    assert took < 60, took
+    last = [ln for ln in job.err.splitlines() if ln.startswith("[kolo] job ")][-1]
+    assert re.search(r"failed: every worker failed with an error of its own .* the first: rank \d+ "
+                     r"on host \S+ exited with code 1: RuntimeError: planned failure 0 on rank \d+",
+                     last), job.err
+    # each failure is told as it happens, with its error
+    assert re.search(r"^\[kolo\] rank \d+ on host \S+ exited with code 1: RuntimeError: ",
+                     job.err, re.M), job.err
+
+
+def test_a_killed_rank_is_not_the_codes_fault():
+    # all ranks gone, but by SIGKILL (a lost machine, a spot reclaim): the
+    # job keeps waiting for capacity with the reason shown (here until
+    # its elastic timeout), it does not fail as a code error would
+    job = run(2, [[12, -1]], steps=40,
+              kolo_args=("--min-np", "2", "--max-np", "2", "--elastic-timeout", "8"),
+              delay=0.05, timeout=120)
+    assert job.rc != 0, job
+    assert "every worker failed" not in job.err, job.err
+    assert re.search(r"^\[kolo\] waiting for capacity: ", job.err, re.M), job.err

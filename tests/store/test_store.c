@@ -575,14 +575,33 @@ static void test_output(struct store *st, uint64_t job1, uint64_t job2)
     CHECK_EQ_INT(seen.seq[0], 2);
     CHECK_EQ_INT(seen.seq[1], 3);
 
+    /* one rank's last lines of one stream, newest first */
+    struct store_output more[2] = {
+        {.job_id = job1, .seq = 6, .rank = 1, .stream = 2, .text = "E2", .text_len = 2},
+        {.job_id = job1, .seq = 7, .rank = 0, .stream = 2, .text = "zero", .text_len = 4},
+    };
+    CHECK_EQ_INT(store_output_append(st, more, 2), 0);
+    memset(&seen, 0, sizeof seen);
+    CHECK_EQ_INT(store_output_rank_tail(st, job1, 1, 2, 5, collect_output, &seen), 0);
+    REQUIRE(seen.n == 2);
+    CHECK(seen.seq[0] == 6 && seen.seq[1] == 2);
+    memset(&seen, 0, sizeof seen);
+    CHECK_EQ_INT(store_output_rank_tail(st, job1, 1, 2, 1, collect_output, &seen), 0);
+    CHECK(seen.n == 1 && seen.seq[0] == 6);
+    memset(&seen, 0, sizeof seen);
+    CHECK_EQ_INT(store_output_rank_tail(st, job2, 1, 2, 5, collect_output, &seen), 0);
+    CHECK_EQ_INT(seen.n, 0);
+    CHECK_EQ_INT(store_output_max_seq(st, job1, &max), 0);
+    CHECK_EQ_INT(max, 7);
+
     /* A batch that repeats a seq is refused as a whole. */
     struct store_output dup[2] = {
-        {.job_id = job1, .seq = 6, .stream = 1, .text = "new", .text_len = 3},
+        {.job_id = job1, .seq = 8, .stream = 1, .text = "new", .text_len = 3},
         {.job_id = job1, .seq = 5, .stream = 1, .text = "dup", .text_len = 3},
     };
     CHECK_EQ_INT(store_output_append(st, dup, 2), KOLO_EEXIST);
     CHECK_EQ_INT(store_output_max_seq(st, job1, &max), 0);
-    CHECK_EQ_INT(max, 5);
+    CHECK_EQ_INT(max, 7);
 
     struct store_output orphan = {
         .job_id = 424242, .seq = 1, .stream = 1, .text = "?", .text_len = 1};
@@ -662,7 +681,7 @@ static void test_reopen(uint64_t job1)
     CHECK_EQ_INT(ev.n, 10);
     uint64_t max = 0;
     CHECK_EQ_INT(store_output_max_seq(st, job1, &max), 0);
-    CHECK_EQ_INT(max, 5);
+    CHECK_EQ_INT(max, 7); /* test_output's last */
     char err[256];
     CHECK_EQ_INT(store_integrity_check(st, err, sizeof err), 0);
     store_close(st);
