@@ -144,37 +144,35 @@ static int output_row(sqlite3_stmt *s, void *ctx)
     return each->fn(&o, each->arg);
 }
 
-int store_output_each(struct store *st, uint64_t job_id, uint64_t after_seq, int limit,
-                      store_output_fn fn, void *arg)
+/* The rows of an output query, its parameters in order (the last one a
+ * limit, <= 0: none). */
+static int output_rows(struct store *st, enum stmt_id id, const int64_t *args, int nargs,
+                       store_output_fn fn, void *arg)
 {
     if (!st || !fn)
         return KOLO_EINVAL;
     struct binder b;
-    int err = query_start(st, STMT_OUTPUT_EACH, &b);
+    int err = query_start(st, id, &b);
     if (err)
         return err;
-    bind_u64(&b, job_id);
-    bind_u64(&b, after_seq);
-    bind_i64(&b, limit > 0 ? limit : -1);
+    for (int i = 0; i < nargs; i++)
+        bind_i64(&b, i == nargs - 1 && args[i] <= 0 ? -1 : args[i]);
     struct output_each e = {fn, arg};
-    return query_each(st, STMT_OUTPUT_EACH, &b, "output", output_row, &e);
+    return query_each(st, id, &b, "output", output_row, &e);
+}
+
+int store_output_each(struct store *st, uint64_t job_id, uint64_t after_seq, int limit,
+                      store_output_fn fn, void *arg)
+{
+    const int64_t args[] = {(int64_t)job_id, (int64_t)after_seq, limit};
+    return output_rows(st, STMT_OUTPUT_EACH, args, 3, fn, arg);
 }
 
 int store_output_rank_tail(struct store *st, uint64_t job_id, int rank, int stream, int limit,
                            store_output_fn fn, void *arg)
 {
-    if (!st || !fn)
-        return KOLO_EINVAL;
-    struct binder b;
-    int err = query_start(st, STMT_OUTPUT_RANK_TAIL, &b);
-    if (err)
-        return err;
-    bind_u64(&b, job_id);
-    bind_i64(&b, rank);
-    bind_i64(&b, stream);
-    bind_i64(&b, limit > 0 ? limit : -1);
-    struct output_each e = {fn, arg};
-    return query_each(st, STMT_OUTPUT_RANK_TAIL, &b, "output", output_row, &e);
+    const int64_t args[] = {(int64_t)job_id, rank, stream, limit};
+    return output_rows(st, STMT_OUTPUT_RANK_TAIL, args, 4, fn, arg);
 }
 
 int store_output_max_seq(struct store *st, uint64_t job_id, uint64_t *seq)
