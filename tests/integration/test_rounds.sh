@@ -45,10 +45,20 @@ job_done() {
   [ "$(grep -c "<stdout>:done $2" "$WORK/$1.out")" -eq 2 ] || fail "job $1: not every rank finished"
   ! grep -q WRONG "$WORK/$1.out" || fail "job $1: a wrong result"
 }
+# end_job NAME STEPS: the checks on job NAME are done, and its steps left
+# only had to outlast them: it ends 20 steps after rank 0's step now (its
+# --end-file $WORK/NAME.end), or at STEPS if that comes first; job_done.
+end_job() {
+  local at=$(( $(progress) + 20 ))
+  [ $at -lt $2 ] || at=$2
+  echo $at >"$WORK/$1.end.tmp"
+  mv "$WORK/$1.end.tmp" "$WORK/$1.end"
+  job_done "$1" $at
+}
 
 # ---- 1. rounds: no coordinator call per step; the straggler; SIGSTOP
 "$KOLO" run -np 2 --coordinator "$RPC" -- "$PY" "$STEPS_PY" --steps 400 --slow-rank 1 \
-  --slow-s 0.05 --progress "$WORK/progress" >"$WORK/run.out" 2>"$WORK/run.err" &
+  --slow-s 0.05 --progress "$WORK/progress" --end-file "$WORK/run.end" >"$WORK/run.out" 2>"$WORK/run.err" &
 RUN_PID=$!
 PIDS+=("$RUN_PID")
 wait_for 30 eval '[ "$(steps_of "$WORK/run.out")" -ge 40 ]' || fail "training did not start: $(tail "$WORK/run.err")"
@@ -79,7 +89,7 @@ kill -CONT "$COORD_PID"
 note "coordinator stopped for 5 s: steps $before -> $during meanwhile"
 [ $(( during - before )) -ge 10 ] || fail "training stopped with the coordinator (steps $before -> $during)"
 
-job_done run 400
+end_job run 400
 
 # ---- 2. the timeline on from step 20 to 40, jittered submissions
 rm -f "$WORK/progress"
@@ -131,7 +141,7 @@ rm -f "$WORK/progress"
 port=${RPC##*:}
 "$KOLO" run -np 2 --coordinator "$RPC" -- "$PY" "$STEPS_PY" --steps 300 --pause 0.02 \
   --timeline "$WORK/tl2.json" --timeline-steps 150,170 --progress "$WORK/progress" \
-  >"$WORK/rs.out" 2>"$WORK/rs.err" &
+  --end-file "$WORK/rs.end" >"$WORK/rs.out" 2>"$WORK/rs.err" &
 RUN_PID=$!
 PIDS+=("$RUN_PID")
 wait_for 60 eval '[ "$(progress)" -ge 20 ]' || fail "restart job did not start: $(tail "$WORK/rs.err")"
@@ -144,7 +154,9 @@ wait_for 30 grep -q "resumed after a coordinator restart" "$WORK/coord.err" ||
   fail "no resume after the restart: $(tail -5 "$WORK/coord.err")"
 note "coordinator restarted at step $before; resumed at step $(progress)"
 [ "$(progress)" -lt 150 ] || note "(the timeline step passed before the resume)"
-job_done rs 300
+# past the step that stops the timeline, the job may end
+wait_for 60 eval '[ "$(progress)" -ge 170 ]' || fail "restart job stuck at step $(progress)"
+end_job rs 300
 grep -q '"grad.3"' "$WORK/tl2.json" || fail "the timeline after the restart has no span of grad.3"
 restored=$(sed -n 's/.*resumed after a coordinator restart.* \([0-9][0-9]*\) response cache id(s) restored.*/\1/p' "$WORK/coord.err" | tail -1)
 [ "${restored:-0}" -ge 12 ] || fail "the new coordinator restored ${restored:-no} cache ids, not the 12 tensors'"
@@ -174,7 +186,7 @@ wait_for 60 eval '! kill -0 $RUN_PID 2>/dev/null' || fail "the shutdown job did 
 rm -f "$WORK/progress"
 "$KOLO" run -np 2 --coordinator "$RPC" -- sh -c \
   '[ "$KOLO_RANK" = 1 ] && export KOLO_FAULT_CACHE_SKEW=1; exec "$0" "$@"' \
-  "$PY" "$STEPS_PY" --steps 600 --pause 0.01 --progress "$WORK/progress" \
+  "$PY" "$STEPS_PY" --steps 600 --pause 0.01 --progress "$WORK/progress" --end-file "$WORK/sk.end" \
   >"$WORK/sk.out" 2>"$WORK/sk.err" &
 RUN_PID=$!
 PIDS+=("$RUN_PID")
@@ -188,5 +200,5 @@ wait_for 30 grep -q "job.cache_reset" "$WORK/coord.err" ||
 note "$(grep -o 'job.cache_reset: .*' "$WORK/coord.err" | head -1)"
 at=$(progress)
 rounds_again $(( at + 40 )) $(( at + 120 )) "after the cache reset"
-job_done sk 600
+end_job sk 600
 echo PASS

@@ -28,7 +28,7 @@ import urllib.request
 from conftest import KOLO, PYDIR, kolo_run
 
 WORKER = r'''
-import sys, time, torch
+import os, sys, time, torch
 import kolo.torch as hvd
 hvd.init()
 mode, late = sys.argv[1], float(sys.argv[2])
@@ -40,13 +40,17 @@ if mode == "late":
     print("done after %.1f s" % (time.time() - t0), flush=True)
 elif mode == "never":
     if hvd.rank() == 1:
-        time.sleep(late)   # never submits slow.grad
+        # never submits slow.grad: waits until rank 0's op has failed (it
+        # leaves a file in the job's folder), at most `late` seconds
+        while time.time() - t0 < late and not os.path.exists("rank0.ended"):
+            time.sleep(0.1)
     else:
         try:
             hvd.allreduce(torch.ones(2), name="slow.grad")
             print("WRONG: it completed", flush=True)
         except hvd.HorovodInternalError as e:
             print("failed after %.1f s: %s" % (time.time() - t0, e), flush=True)
+        open("rank0.ended", "w").close()
 else:
     hvd.allreduce(torch.ones(2), name="grad")
     hvd.barrier()

@@ -255,12 +255,17 @@ def test_size_without_a_coordinator(tmp_path, env, want):
     assert p.returncode == 0 and want in p.stdout, p.stdout
 
 
-@pytest.mark.parametrize("module", ["test_autograd.py", "test_sparse.py",
-                                    "test_sync_batch_norm.py"])
-def test_horovod_style_module_alone(tmp_path, module):
+ALONE_MODULES = ["test_autograd.py", "test_sparse.py", "test_sync_batch_norm.py"]
+
+
+def test_horovod_style_modules_alone(tmp_path):
     """The Horovod-style modules that mean something with one rank (process
     sets and Adasum need several; the lifecycle runs alone in
-    test_horovod_style.py)."""
-    p = _run_alone(tmp_path, [HOROVOD_SUITE, module])
+    test_horovod_style.py), one after the other in one process (one torch
+    import), as test_horovod_style_ops.py runs them in a job."""
+    p = _run_alone(tmp_path, [HOROVOD_SUITE] + ALONE_MODULES)
     assert p.returncode == 0 and "SUITE rank 0: ran" in p.stdout, p.stdout
     assert "failures 0, errors 0" in p.stdout, p.stdout
+    # every module's tests ran, not only the first module's
+    for module in ALONE_MODULES:
+        assert "(%s." % module[:-3] in p.stdout, (module, p.stdout)

@@ -263,7 +263,7 @@ def test_digits_search_prunes_and_finds_097(tmp_path):
 
 def test_killed_driver_resumes(tmp_path):
     script = tmp_path / "quadratic.py"
-    script.write_text(QUADRATIC.replace("EPOCH_S", "1.0"))
+    script.write_text(QUADRATIC.replace("EPOCH_S", "0.5"))
     space = tmp_path / "space.yaml"
     space.write_text("x: [uniform, 0.0, 0.8]\n")
     d = str(tmp_path / "study")

@@ -7,8 +7,11 @@ coordinator, which a test may stop); --timeline FILE --timeline-steps A,B:
 every rank starts the job's timeline before step A and stops it before
 step B (the rounds go on; the ranks report their spans); --jitter S: each
 rank sleeps up to S before each tensor, so ranks submit on different
-sides of a round. Prints "step N t T" every step and "done N" at the end;
-exits 1 at the first wrong value."""
+sides of a round; --end-file FILE: once FILE exists it holds a step
+count, where the job ends if that comes before --steps (every rank reads
+it before each step, and a test writes a count well past rank 0's step,
+so both ranks end at the same one). Prints "step N t T" every step and
+"done N" (the steps made) at the end; exits 1 at the first wrong value."""
 import argparse
 import os
 import random
@@ -29,6 +32,7 @@ p.add_argument("--progress", default="", help="rank 0 writes its step here (outp
 p.add_argument("--timeline", default="")
 p.add_argument("--timeline-steps", default="-1,-1")
 p.add_argument("--jitter", type=float, default=0.0)
+p.add_argument("--end-file", default="")
 p.add_argument("--tag", default="", help="not used: marks the command line for a test")
 a = p.parse_args()
 tl_on, tl_off = (int(x) for x in a.timeline_steps.split(","))
@@ -48,7 +52,13 @@ kolo.init()
 r, n = kolo.rank(), kolo.size()
 random.seed(r)
 dtypes = [np.float32, np.float64, np.int32, np.int64]
-for step in range(a.steps):
+steps, step = a.steps, 0
+while step < steps:
+    if a.end_file and steps == a.steps and os.path.exists(a.end_file):
+        with open(a.end_file) as f:
+            steps = min(steps, int(f.read()))
+        if step >= steps:
+            break
     if r == a.slow_rank:
         time.sleep(a.slow_s)
     if step in (tl_on, tl_off):  # as Horovod scripts do: switch, then a barrier
@@ -76,5 +86,6 @@ for step in range(a.steps):
         os.replace(a.progress + ".tmp", a.progress)
     if a.pause:
         time.sleep(a.pause)
-print("done %d" % a.steps, flush=True)
+    step += 1
+print("done %d" % step, flush=True)
 kolo.shutdown()
