@@ -23,7 +23,9 @@ that does not verify is printed as output, never unpickled.
 
 Failure. A worker whose function raises prints the exception (pickled
 when it can be) with its traceback; the caller raises it again, with the
-rank and the worker's traceback in its message. A job that fails
+rank and the worker's traceback in its message: the lowest rank's that
+raised an error of its own, not a HorovodInternalError another rank's
+collective got because that rank left. A job that fails
 otherwise (a worker killed, no slots) raises RuntimeError with kolo run's
 reason.
 """
@@ -164,6 +166,25 @@ def run(fn, args=(), kwargs=None, np=2, min_np=None, max_np=None, hosts=None, ho
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# What a rank raises because another rank failed (its collective ended
+# when that rank left): never the cause the caller wants to see.
+_CONSEQUENCES = ("HorovodInternalError", "HostsUpdatedInterrupt")
+
+
+def _first_cause(errors, cloudpickle):
+    """The rank whose exception to raise: the lowest one that raised an
+    error of its own (rank 1's ValueError, not the HorovodInternalError
+    rank 0's allreduce got when rank 1 left), else the lowest."""
+    for rank in sorted(errors):
+        try:
+            exc, _ = cloudpickle.loads(errors[rank])
+        except Exception:  # noqa: BLE001 - a class the caller cannot load
+            return rank
+        if type(exc).__name__ not in _CONSEQUENCES:
+            return rank
+    return min(errors)
+
+
 def _launch(cmd, env, np, stream, key):
     """Runs kolo run; np None (elastic): whatever ranks finished. Only
     result and error lines whose MAC verifies under key are taken (and
@@ -204,7 +225,7 @@ def _launch(cmd, env, np, stream, key):
     t.join(timeout=5)
     cloudpickle = _pickle()
     if errors:
-        rank = min(errors)
+        rank = _first_cause(errors, cloudpickle)
         exc, tb = cloudpickle.loads(errors[rank])
         if isinstance(exc, BaseException):
             if hasattr(exc, "add_note"):

@@ -94,6 +94,25 @@ def _unpicklable():
     raise Holder()
 
 
+def _rank1_raises():
+    import numpy as np
+    import kolo as k
+    k.init()
+    if k.rank() == 1:
+        raise ValueError("the real cause, on rank 1")
+    k.allreduce(np.ones(2), name="never.matched")  # fails once rank 1 left
+    k.shutdown()
+
+
+def test_the_cause_is_raised_not_its_consequence():
+    # rank 0's allreduce fails with HorovodInternalError because rank 1
+    # raised and left: the caller gets rank 1's ValueError, as its own
+    # script would
+    with pytest.raises(ValueError, match="the real cause, on rank 1") as info:
+        kolo.run(_rank1_raises, np=2)
+    assert "rank 1" in str(info.value.__cause__)
+
+
 def test_unpicklable_exception_comes_back_as_text():
     with pytest.raises(kolo._run.WorkerError, match="Holder: holds a lock"):
         kolo.run(_unpicklable, np=1, stream=False)
