@@ -59,12 +59,55 @@ def _optuna():
     return optuna
 
 
+def _number(a):
+    """a as a number: an int or float (not a bool), or a string that reads
+    as one - YAML 1.1 (PyYAML) reads `1e-3` as the string '1e-3', since
+    its floats need a dot. None otherwise."""
+    if isinstance(a, bool):
+        return None
+    if isinstance(a, (int, float)):
+        return a
+    if isinstance(a, str):
+        try:
+            v = float(a)
+        except ValueError:
+            return None
+        if v != v or v in (float("inf"), float("-inf")):
+            return None
+        return int(v) if v.is_integer() and "." not in a and "e" not in a.lower() else v
+    return None
+
+
+def _from_mapping(name, spec):
+    """The mapping form other tools write, as the list form:
+    {type: float|uniform|loguniform|int, low: L, high: H, log: bool} and
+    {type: categorical|choice, choices: [...]}."""
+    kind = str(spec.get("type", "")).lower()
+    if kind in ("categorical", "choice"):
+        choices = spec.get("choices", spec.get("values"))
+        if not isinstance(choices, (list, tuple)) or not choices:
+            raise TuneError("kolo.tune: %s: {type: %s} needs a non-empty list in choices"
+                            % (name, kind))
+        return ["choice"] + list(choices)
+    if kind not in ("float", "uniform", "loguniform", "int", "integer"):
+        raise TuneError("kolo.tune: %s: unknown type %r in %r; use float, int or categorical"
+                        % (name, spec.get("type"), spec))
+    if "low" not in spec or "high" not in spec:
+        raise TuneError("kolo.tune: %s: {type: %s} needs low and high" % (name, kind))
+    log = bool(spec.get("log", False)) or kind == "loguniform"
+    if kind in ("int", "integer"):
+        return ["logint" if log else "int", spec["low"], spec["high"]]
+    return ["log" if log else "float", spec["low"], spec["high"]]
+
+
 def parse_space(space):
     """{name: distribution} from Optuna distributions or a plain dict:
     ("log", lo, hi) and ("uniform"|"float", lo, hi) floats, ("int", lo, hi)
     and ("logint", lo, hi) integers, a list of choices (or ("choice", a,
-    b, ...), the same). Raises TuneError
-    naming the parameter."""
+    b, ...), the same), or the mapping form {type: float, low: L, high: H,
+    log: true} / {type: int, ...} / {type: categorical, choices: [...]}.
+    Bounds may be numbers written as strings ('1e-3', as YAML 1.1 reads
+    it). Raises TuneError naming the parameter."""
     optuna = _optuna()
     dist = optuna.distributions
     if not isinstance(space, dict) or not space:
@@ -77,12 +120,13 @@ def parse_space(space):
         if isinstance(spec, dist.BaseDistribution):
             out[name] = spec
             continue
+        if isinstance(spec, dict):
+            spec = _from_mapping(name, spec)
         if isinstance(spec, (list, tuple)) and spec and spec[0] in SPACE_KINDS:
-            kind, args = spec[0], list(spec[1:])
-            if len(args) != 2 or not all(isinstance(a, (int, float)) and not isinstance(a, bool)
-                                         for a in args):
+            kind, args = spec[0], [_number(a) for a in spec[1:]]
+            if len(args) != 2 or any(a is None for a in args):
                 raise TuneError("kolo.tune: %s: (%r, low, high) needs two numbers, got %r"
-                                % (name, kind, args))
+                                % (name, kind, list(spec[1:])))
             lo, hi = args
             if not lo < hi:
                 raise TuneError("kolo.tune: %s: low %r must be below high %r" % (name, lo, hi))

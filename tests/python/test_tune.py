@@ -115,7 +115,10 @@ def test_bad_input_is_refused_before_any_job(tmp_path):
         ({"lr": ("log", 1e-1, 1e-3)}, "loss", "min", "must be below"),
         ({"lr": ("int", 1.5, 4)}, "loss", "min", "whole bounds"),
         ({"lr": ("uniform", 1)}, "loss", "min", "two numbers"),
-        ({"lr": {"a": 1}}, "loss", "min", "unknown distribution"),
+        ({"lr": {"a": 1}}, "loss", "min", "unknown type"),
+        ({"lr": "fast"}, "loss", "min", "unknown distribution"),
+        ({"lr": ("log", "1e-3", "lots")}, "loss", "min", "two numbers"),
+        ({"lr": {"type": "float", "low": 1}}, "loss", "min", "needs low and high"),
         ({"2lr": [1, 2]}, "loss", "min", "identifiers"),
         ({"lr": ["choice"]}, "loss", "min", "at least one choice"),
         ({"lr": [1, 2]}, "", "min", "metric"),
@@ -136,6 +139,32 @@ def test_bad_input_is_refused_before_any_job(tmp_path):
         kolo.tune.run(["echo", "{nope}"], {"lr": [1, 2]}, 2, directory=str(tmp_path / "s"),
                       verbose=False)
     assert not os.path.exists(tmp_path / "s" / "cluster"), "a cluster started anyway"
+
+
+def test_the_documented_space_files_load(tmp_path):
+    # docs/tune.md's space and --help's form, as PyYAML reads them (YAML
+    # 1.1: 1e-3 without a dot is a string), and the mapping form other
+    # tools write
+    import re
+    docs = open(os.path.join(ROOT, "docs", "tune.md")).read()
+    block = re.search(r"cat > space.yaml <<'EOF'\n(.*?)\nEOF", docs, re.S).group(1)
+    (tmp_path / "docs.yaml").write_text(block + "\n")
+    d = kolo.tune.load_space_file(str(tmp_path / "docs.yaml"))
+    assert d["lr"].log and d["lr"].low == pytest.approx(1e-3) and d["lr"].high == 0.3
+    assert d["batch"].choices == (16, 32, 64)
+    (tmp_path / "help.yaml").write_text(
+        "lr: [log, 1e-4, 1e-1]\nunits: [int, 16, 128]\n"
+        "mom: {type: float, low: 0.5, high: 0.99}\n"
+        "width: {type: int, low: 8, high: 64, log: true}\n"
+        "decay: {type: loguniform, low: 1e-6, high: 1e-2}\n"
+        "act: {type: categorical, choices: [relu, tanh]}\n")
+    d = kolo.tune.load_space_file(str(tmp_path / "help.yaml"))
+    assert d["lr"].log and d["lr"].low == pytest.approx(1e-4) and d["lr"].high == pytest.approx(0.1)
+    assert (d["units"].low, d["units"].high, d["units"].log) == (16, 128, False)
+    assert (d["mom"].low, d["mom"].high, d["mom"].log) == (0.5, 0.99, False)
+    assert (d["width"].low, d["width"].high, d["width"].log) == (8, 64, True)
+    assert d["decay"].log and d["decay"].low == pytest.approx(1e-6)
+    assert d["act"].choices == ("relu", "tanh")
 
 
 def test_crashing_trials_fail_and_the_search_goes_on(tmp_path):
