@@ -61,6 +61,14 @@ void cli_write_text(FILE *f, const void *text, size_t len, bool escape);
 void cli_print_job_line(FILE *f, int rank, bool err_stream, bool prefix, const void *text,
                         size_t len, bool escape);
 
+/* cli_use_checkout_python puts the python/ folder of the checkout this
+ * binary was built in (<repo>/build/bin/kolo -> <repo>/python) first on
+ * PYTHONPATH, so the workers and tools import the package of this very
+ * build; nothing when the binary is not in a checkout, or, with
+ * unless_provided, when a PYTHONPATH entry already holds a kolo package
+ * (the user's choice). */
+void cli_use_checkout_python(bool unless_provided);
+
 /* cli_state_dir returns $XDG_STATE_HOME/kolo or ~/.local/state/kolo (malloc'd). */
 char *cli_state_dir(void);
 

@@ -3,9 +3,12 @@
  */
 #include "cli.h"
 
+#include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "errors.h"
 #include "tls.h"
@@ -79,4 +82,53 @@ char *cli_state_dir(void)
     else
         snprintf(path, sizeof(path), "/tmp/kolo-state");
     return strdup(path);
+}
+
+/* The python/ folder of the checkout this binary was built in, or "". */
+static void checkout_python(char *out, size_t size)
+{
+    char exe[PATH_MAX];
+    out[0] = '\0';
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return;
+    exe[n] = '\0';
+    char *bin = dirname(exe);    /* <repo>/build/bin */
+    char *build = dirname(bin);  /* <repo>/build */
+    char *repo = dirname(build); /* <repo> */
+    char probe[PATH_MAX + 32];
+    snprintf(probe, sizeof probe, "%s/python/kolo/__init__.py", repo);
+    if (access(probe, R_OK) == 0)
+        snprintf(out, size, "%s/python", repo);
+}
+
+/* Whether an entry of a PATH-like list holds kolo/__init__.py. */
+static bool path_has_kolo(const char *list)
+{
+    char probe[PATH_MAX + 32];
+    while (list && *list) {
+        size_t len = strcspn(list, ":");
+        if (len > 0 && len < PATH_MAX) {
+            snprintf(probe, sizeof probe, "%.*s/kolo/__init__.py", (int)len, list);
+            if (access(probe, R_OK) == 0)
+                return true;
+        }
+        list += len + (list[len] == ':');
+    }
+    return false;
+}
+
+void cli_use_checkout_python(bool unless_provided)
+{
+    char py[PATH_MAX];
+    checkout_python(py, sizeof py);
+    const char *old = getenv("PYTHONPATH");
+    if (!py[0] || (unless_provided && path_has_kolo(old)))
+        return;
+    char *path = malloc(strlen(py) + (old ? strlen(old) : 0) + 2);
+    if (!path)
+        return;
+    sprintf(path, "%s%s%s", py, old && old[0] ? ":" : "", old ? old : "");
+    setenv("PYTHONPATH", path, 1);
+    free(path);
 }

@@ -597,6 +597,9 @@ int cmd_run(int argc, char **argv)
             goto out;
         }
     }
+    /* the workers import the package of this build (a checkout's
+     * python/), unless the user's PYTHONPATH names one */
+    cli_use_checkout_python(true);
     Kolo__SubmitJobRequest req = KOLO__SUBMIT_JOB_REQUEST__INIT;
     req.argv = argv + rest;
     req.n_argv = (size_t)(argc - rest);

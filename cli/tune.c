@@ -17,22 +17,6 @@
 
 #include "cli.h"
 
-/* The python/ folder of the checkout this binary was built in
- * (<repo>/build/bin/kolo -> <repo>/python), or "" when there is none. */
-static void checkout_python(const char *exe, char *out, size_t size)
-{
-    char copy[PATH_MAX];
-    out[0] = '\0';
-    snprintf(copy, sizeof copy, "%s", exe);
-    char *bin = dirname(copy);   /* <repo>/build/bin */
-    char *build = dirname(bin);  /* <repo>/build */
-    char *repo = dirname(build); /* <repo> */
-    char probe[PATH_MAX + 32];
-    snprintf(probe, sizeof probe, "%s/python/kolo/tune.py", repo);
-    if (access(probe, R_OK) == 0)
-        snprintf(out, size, "%s/python", repo);
-}
-
 int cmd_tune(int argc, char **argv)
 {
     char exe[PATH_MAX];
@@ -40,18 +24,8 @@ int cmd_tune(int argc, char **argv)
     if (n > 0) {
         exe[n] = '\0';
         setenv("KOLO_BIN", exe, 0);
-        char py[PATH_MAX];
-        checkout_python(exe, py, sizeof py);
-        if (py[0]) {
-            const char *old = getenv("PYTHONPATH");
-            char *path = malloc(strlen(py) + (old ? strlen(old) : 0) + 2);
-            if (path) {
-                sprintf(path, "%s%s%s", py, old && old[0] ? ":" : "", old ? old : "");
-                setenv("PYTHONPATH", path, 1);
-                free(path);
-            }
-        }
     }
+    cli_use_checkout_python(false);
     const char *python = access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
     char **args = calloc((size_t)argc + 3, sizeof(char *));
     if (!args) {

@@ -193,3 +193,28 @@ def test_a_stopped_rank_is_named_and_the_job_goes_on_when_continued():
                       job.err, re.M)
     assert len(said) == 1, job.err
     assert job.lines().count("sum [2.0, 2.0]") == 2, job
+
+
+def test_kolo_run_gives_workers_its_own_package(tmp_path):
+    # from a checkout, no PYTHONPATH: the workers import the package of
+    # this build (a newcomer's first `kolo run`), not ModuleNotFoundError
+    script = tmp_path / "w.py"
+    script.write_text("import kolo, kolo.torch as hvd\nhvd.init()\n"
+                      "print('from', kolo.__file__)\nhvd.shutdown()\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KOLO_LIBRARY")}
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    p = subprocess.run([KOLO, "run", "-np", "2", "--", "/usr/bin/python3", str(script)],
+                       cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=90)
+    assert p.returncode == 0, p.stderr
+    want = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
+                        "python", "kolo", "__init__.py")
+    froms = [l.split("from ", 1)[1] for l in p.stdout.splitlines() if "<stdout>:from " in l]
+    assert len(froms) == 2 and all(os.path.samefile(f, want) for f in froms), p.stdout
+    # a PYTHONPATH that holds a kolo package is the user's choice: kept first
+    other = tmp_path / "mine" / "kolo"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("raise SystemExit('the user kolo')\n")
+    env["PYTHONPATH"] = str(tmp_path / "mine")
+    p = subprocess.run([KOLO, "run", "-np", "1", "--", "/usr/bin/python3", str(script)],
+                       cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=90)
+    assert p.returncode != 0 and "the user kolo" in p.stderr + p.stdout, (p.stdout, p.stderr)
