@@ -48,6 +48,16 @@ class TuneError(ValueError):
     """A search that cannot start: a bad space, metric, mode or setting."""
 
 
+class CoordinatorError(RuntimeError):
+    """A call the coordinator refused, with the reason it gave (.code: the
+    HTTP status, 0 for an RPC)."""
+
+    def __init__(self, what, code, reason):
+        super().__init__("kolo tune: the coordinator refused %s%s: %s"
+                         % (what, " (HTTP %d)" % code if code else "", reason))
+        self.code = code
+
+
 # ---------------------------------------------------------------- the space
 
 def _optuna():
@@ -293,8 +303,17 @@ class _Cluster:
             req.add_header("Authorization", "Bearer " + self.token)
         if body is not None:
             req.add_header("Content-Type", "application/json")
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return json.loads(r.read() or b"null")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            # the coordinator says why in the body ({"error": ...}): keep it
+            try:
+                body = e.read().decode(errors="replace")
+                reason = json.loads(body).get("error") or body
+            except (OSError, ValueError, AttributeError):
+                reason = e.reason
+            raise CoordinatorError("%s %s" % (method, path), e.code, reason) from None
 
     def get(self, path):
         return self.request("GET", path)
@@ -310,10 +329,22 @@ class _Cluster:
         return max(ids) if ids else None
 
     def stop(self, job, reason):
-        """True if the job is stopped, False if it had already ended."""
+        """True if the job is stopped, False if it had already ended. With a
+        token over REST; without one (a coordinator started by hand without
+        --token-file serves its admin calls to its own user only, over RPC,
+        and refuses REST writes) with `kolo stop`."""
+        if not self.token:
+            if self.get("/api/v1/jobs/%d" % job).get("state") not in ("pending", "running"):
+                return False  # ended already (reads need no token)
+            cmd = [self.kolo, "stop", "--coordinator", self.rpc, "--reason", reason, str(job)]
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            if p.returncode != 0:
+                raise CoordinatorError("stopping job %d" % job, 0,
+                                       (p.stderr or p.stdout).strip())
+            return p.stdout.strip().endswith(": stopped")
         try:
             self.request("POST", "/api/v1/jobs/%d/stop" % job, {"reason": reason})
-        except urllib.error.HTTPError as e:
+        except CoordinatorError as e:
             if e.code != 409:  # already ended
                 raise
             return False

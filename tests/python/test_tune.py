@@ -453,3 +453,45 @@ def test_elastic_trials_fill_free_slots_and_shrink_when_a_host_leaves(tmp_path):
         assert s["states"]["complete"] == 3, s
     finally:
         cl.close()
+
+
+def test_a_cluster_without_a_token(tmp_path):
+    """kolo tune against a coordinator started by hand without --token-file
+    (admin calls for its own user over RPC, no REST writes): a pruned
+    trial is stopped with `kolo stop` over RPC, and a refused REST call
+    says the coordinator's reason, not a bare "HTTP Error 403"."""
+    kb = kolo.tune._kolo_binary()
+    coord = subprocess.Popen([kb, "coordinator", "--listen", "tcp://127.0.0.1:0", "--http",
+                              "127.0.0.1:0", "--db", str(tmp_path / "c.db"), "--log-level",
+                              "warn"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    agent = None
+    try:
+        line = coord.stdout.readline()
+        rpc, http = line.split("rpc=")[1].split()[0], line.split("http=")[1].split()[0]
+        agent = subprocess.Popen([kb, "agent", "--coordinator", rpc, "--slots", "1", "--name",
+                                  "solo", "--state-dir", str(tmp_path / "agent"), "--log-level",
+                                  "warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cluster = kolo.tune._Cluster(kb, str(tmp_path / "unused"), 1, coordinator=rpc, http=http)
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+        with open(str(tmp_path / "t.log"), "w") as log:
+            proc = cluster.launch("bare/trial-0", 1, None, None,
+                                  ["/usr/bin/python3", "-c", "import time; time.sleep(60)"],
+                                  env, log, {"kolo.study": "bare"})
+        deadline = time.monotonic() + 30
+        job = None
+        while job is None and time.monotonic() < deadline:
+            job = cluster.job_id("bare/trial-0")
+            time.sleep(0.2)
+        assert job, "the trial's job never showed up"
+        with pytest.raises(kolo.tune.CoordinatorError) as info:
+            cluster.request("POST", "/api/v1/jobs/%d/stop" % job, {"reason": "x"})
+        assert info.value.code == 403 and "token" in str(info.value).lower(), str(info.value)
+        assert cluster.stop(job, "pruned by the test") is True
+        assert proc.wait(timeout=30) != 0
+        assert cluster.get("/api/v1/jobs/%d" % job)["state"] == "stopped"
+        assert cluster.stop(job, "again") is False  # already ended
+    finally:
+        for p in (agent, coord):
+            if p:
+                p.terminate()
+                p.wait(10)
