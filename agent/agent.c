@@ -150,7 +150,7 @@ bool worker_key_eq(const struct worker_key *a, const struct worker_key *b)
     return a->worker_id != 0 || (a->generation == b->generation && a->rank == b->rank);
 }
 
-void agent_running_add(struct agent *a, const struct worker_key *k, int32_t pid)
+void agent_running_add(struct agent *a, const struct worker_key *k, int32_t pid, int stacks_fd)
 {
     pthread_mutex_lock(&a->mu);
     if (a->n_running == a->cap_running) {
@@ -159,15 +159,21 @@ void agent_running_add(struct agent *a, const struct worker_key *k, int32_t pid)
         if (r)
             a->running = r;
         uint64_t *since = r ? realloc(a->stopped_since, cap * sizeof(*since)) : NULL;
-        if (!since) {
+        if (since)
+            a->stopped_since = since;
+        int *fds = since ? realloc(a->stacks_fd, cap * sizeof(*fds)) : NULL;
+        if (!fds) {
             pthread_mutex_unlock(&a->mu);
             LOGE("agent", "out of memory tracking a running worker");
+            if (stacks_fd >= 0)
+                close(stacks_fd);
             return;
         }
-        a->stopped_since = since;
+        a->stacks_fd = fds;
         a->cap_running = cap;
     }
     a->stopped_since[a->n_running] = 0;
+    a->stacks_fd[a->n_running] = stacks_fd;
     Kolo__RunningWorker init = KOLO__RUNNING_WORKER__INIT;
     init.job_id = k->job_id;
     init.generation = k->generation;
@@ -186,8 +192,11 @@ void agent_running_remove(struct agent *a, const struct worker_key *k)
         Kolo__RunningWorker *r = &a->running[i];
         struct worker_key rk = {r->job_id, r->generation, r->worker_id, r->rank};
         if (worker_key_eq(&rk, k)) {
+            if (a->stacks_fd[i] >= 0)
+                close(a->stacks_fd[i]);
             a->running[i] = a->running[--a->n_running];
             a->stopped_since[i] = a->stopped_since[a->n_running];
+            a->stacks_fd[i] = a->stacks_fd[a->n_running];
             break;
         }
     }
@@ -199,7 +208,7 @@ void agent_running_remove(struct agent *a, const struct worker_key *k)
  * (exec_shim.c; the first child in /proc/PID/task/PID/children), else
  * the shim itself; from /proc/PID/stat, after the command's closing
  * parenthesis (which the command's name may hold too). 0: unreadable. */
-static char proc_state(int shim, int *pid_out)
+char agent_proc_state(int shim, int *pid_out)
 {
     char path[64], buf[512];
     int pid = shim;
@@ -212,6 +221,7 @@ static char proc_state(int shim, int *pid_out)
         if (atoi(buf) > 0)
             pid = atoi(buf);
     }
+    *pid_out = pid;
     snprintf(path, sizeof path, "/proc/%d/stat", pid);
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -242,7 +252,7 @@ Kolo__RunningWorker *agent_running_stopped(struct agent *a, size_t *n)
     int *real = malloc((count ? count : 1) * sizeof *real); /* the command's pid */
     for (size_t i = 0; state && real && i < count; i++) {
         real[i] = pids[i];
-        state[i] = pids[i] > 0 ? proc_state(pids[i], &real[i]) : 0;
+        state[i] = pids[i] > 0 ? agent_proc_state(pids[i], &real[i]) : 0;
     }
     Kolo__RunningWorker *out = state && real ? calloc(count, sizeof *out) : NULL;
     uint64_t now = now_mono_ms();
@@ -385,8 +395,12 @@ static void agent_free(struct agent *a)
     inventory_free(&a->inv);
     pthread_cond_destroy(&a->cond);
     pthread_mutex_destroy(&a->mu);
+    for (size_t i = 0; i < a->n_running; i++)
+        if (a->stacks_fd[i] >= 0)
+            close(a->stacks_fd[i]);
     free(a->running);
     free(a->stopped_since);
+    free(a->stacks_fd);
     free(a->url);
     free(a->token);
     free(a->name);

@@ -177,6 +177,8 @@ struct agent {
     Kolo__RunningWorker *running; /* snapshot of live workers, for Register */
     size_t n_running, cap_running;
     uint64_t *stopped_since; /* [cap_running], running[i] seen stopped since (mono ms), 0 not */
+    int *stacks_fd;          /* [cap_running], running[i]'s stacks file (stacks.c), -1 none */
+    uint64_t stacks_seen;    /* HeartbeatReply.stacks_seq last answered */
     struct outbox outbox;
     struct agent_stats stats;
     char session[128];    /* "" until registered */
@@ -204,13 +206,31 @@ struct worker_key {
 bool worker_key_eq(const struct worker_key *a, const struct worker_key *b);
 
 /* agent.c */
-void agent_running_add(struct agent *a, const struct worker_key *k, int32_t pid);
+/* agent_running_add takes stacks_fd (the worker's stacks file, -1 none):
+ * agent_running_remove closes it. */
+void agent_running_add(struct agent *a, const struct worker_key *k, int32_t pid, int stacks_fd);
 void agent_running_remove(struct agent *a, const struct worker_key *k);
 /* agent_running_stopped: the live workers stopped by a signal (state T in
  * /proc/PID/stat), each with how long the agent has seen it so, in a
  * block the caller frees; *n 0 (NULL) when none is. Reads /proc: the
  * link thread calls it before each heartbeat. */
 Kolo__RunningWorker *agent_running_stopped(struct agent *a, size_t *n);
+/* agent_proc_state: the /proc state letter of a worker's command (the
+ * first child of its shim, whose pid *pid_out gets), 0 unreadable. */
+char agent_proc_state(int shim, int *pid_out);
+
+/* stacks.c: `kolo stacks`. stacks_file makes a worker's stacks file (an
+ * anonymous file in append mode, -1 when it cannot): the worker inherits
+ * it as KOLO_STACKS_FD (STACKS_CHILD_FD) and its Python writes every
+ * thread's stack there on STACKS_SIGNAL (kolo/_stacks.py).
+ * stacks_collect, on the link thread, signals the job's workers, waits
+ * for what they write (at most STACKS_WAIT_MS) and sends it with the
+ * process states (AgentService.Stacks). */
+#define STACKS_CHILD_FD 3
+#define STACKS_WAIT_MS  2000
+int stacks_file(void);
+int stacks_signal(void);
+void stacks_collect(struct agent *a, const char *session, uint64_t job_id, uint64_t seq);
 /* agent_post_desired hands a HeartbeatReply to the loop (takes ownership). */
 void agent_post_desired(struct agent *a, Kolo__HeartbeatReply *rep);
 /* Loop thread: a worker's last handle closed; the shutdown may be done. */

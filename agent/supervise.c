@@ -485,12 +485,20 @@ static void worker_spawn(struct agent *a, const Kolo__WorkerSpec *s)
     for (size_t i = 0; i < s->n_argv; i++)
         args[k + i] = s->argv[i];
 
-    uv_stdio_container_t stdio[3];
+    /* fd 3: where its Python writes its stacks for kolo stacks (stacks.c) */
+    int stacks_fd = stacks_file();
+    uv_stdio_container_t stdio[STACKS_CHILD_FD + 1];
     stdio[0].flags = UV_IGNORE;
     stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
     stdio[1].data.stream = (uv_stream_t *)&w->pipes[OUT];
     stdio[2].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
     stdio[2].data.stream = (uv_stream_t *)&w->pipes[ERR];
+    stdio[STACKS_CHILD_FD].flags = stacks_fd >= 0 ? UV_INHERIT_FD : UV_IGNORE;
+    stdio[STACKS_CHILD_FD].data.fd = stacks_fd;
+    if (stacks_fd >= 0)
+        envv_setf(&env, "KOLO_STACKS_FD", "%d", STACKS_CHILD_FD);
+    if (stacks_fd >= 0)
+        envv_setf(&env, "KOLO_STACKS_SIGNAL", "%d", stacks_signal());
 
     uv_process_options_t opt = {0};
     opt.file = a->exec_path;
@@ -500,7 +508,7 @@ static void worker_spawn(struct agent *a, const Kolo__WorkerSpec *s)
     opt.flags = UV_PROCESS_DETACHED;
     opt.exit_cb = on_worker_exit;
     opt.stdio = stdio;
-    opt.stdio_count = 3;
+    opt.stdio_count = stacks_fd >= 0 ? STACKS_CHILD_FD + 1 : 3;
 
     int rc = uv_spawn(&a->loop, &w->proc, &opt);
     /* uv_spawn initialises the handle even when it fails; it must be
@@ -510,6 +518,8 @@ static void worker_spawn(struct agent *a, const Kolo__WorkerSpec *s)
     envv_free(&env);
     free(args);
     if (rc != 0) {
+        if (stacks_fd >= 0)
+            close(stacks_fd);
         char msg[512];
         if (opt.cwd)
             snprintf(msg, sizeof(msg), "cannot start '%s' in '%s': %s", s->argv[0], opt.cwd,
@@ -521,7 +531,7 @@ static void worker_spawn(struct agent *a, const Kolo__WorkerSpec *s)
     }
     w->spawned = true;
     int32_t pid = (int32_t)uv_process_get_pid(&w->proc);
-    agent_running_add(a, &w->key, pid);
+    agent_running_add(a, &w->key, pid, stacks_fd); /* which closes it */
     queue_event(w, KOLO__WORKER_EVENT_KIND__WORKER_STARTED, pid, 0, 0, NULL);
     LOGI("agent", "job %" PRIu64 " gen %" PRIu64 " rank %d: started pid %d: %s", w->key.job_id,
          w->key.generation, w->key.rank, pid, s->argv[0]);

@@ -20,6 +20,8 @@ static const char usage[] =
     "  jobs, hosts  list them (-o json for scripts)\n"
     "  logs         a job's output: kolo logs [-f] [--rank N] JOB\n"
     "  stop         stop a job: kolo stop JOB\n"
+    "  stacks       what every rank of a job is doing: its Python stacks, its state: kolo "
+    "stacks JOB\n"
     "  attach       follow a job (kolo run --detach) and exit with its code\n"
     "  drain        no new work on a host, elastic jobs leave it (undrain: back)\n"
     "  coordinator  run the cluster coordinator (RPC, REST, dashboard, SQLite state)\n"
@@ -41,6 +43,7 @@ static const struct {
     {"hosts", cmd_hosts},
     {"logs", cmd_logs},
     {"stop", cmd_stop},
+    {"stacks", cmd_stacks},
     {"attach", cmd_attach},
     {"drain", cmd_drain},
     {"undrain", cmd_undrain},

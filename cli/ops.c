@@ -9,6 +9,10 @@
  *                            until the job ends, across coordinator
  *                            restarts)
  *   kolo stop [--reason TEXT] JOB
+ *   kolo stacks [--rank N] [-o json] JOB
+ *                            what every rank is doing now: its Python
+ *                            stacks, its process's state, its ops in a
+ *                            stall (coordinator/coord_stacks.c)
  *   kolo attach JOB          follow a job (one submitted with kolo run
  *                            --detach) as kolo run would, exit with its code
  *   kolo drain HOST / kolo undrain HOST
@@ -461,6 +465,105 @@ int cmd_logs(int argc, char **argv)
          * the job ended and nothing is left */
         if (!more && (!follow || done))
             break;
+    }
+    conn_close(&c, tab, n);
+    return code;
+}
+
+/* ---------------------------------------------------------------- stacks */
+
+static void stack_json(struct jw *w, const Kolo__WorkerStack *x)
+{
+    jw_obj_begin(w);
+    jw_kint(w, "rank", x->rank);
+    jw_kstr(w, "host", x->host);
+    jw_kint(w, "pid", x->pid);
+    jw_kuint(w, "worker_id", x->worker_id);
+    jw_kstr(w, "state", x->proc_state);
+    jw_kstr(w, "wchan", x->wchan);
+    jw_kbool(w, "answered", x->answered);
+    jw_kstr(w, "pending", x->pending);
+    jw_kstr(w, "stacks", x->text);
+    jw_obj_end(w);
+}
+
+/* For a person: a header line a rank, then its stacks, indented. */
+static void stack_text(const Kolo__WorkerStack *x, bool escape)
+{
+    printf("rank %d  host %s  pid %d  %s%s%s\n", x->rank, x->host, x->pid, x->proc_state,
+           x->wchan[0] ? ", waiting in " : "", x->wchan);
+    if (x->pending[0])
+        printf("  ops: %s\n", x->pending);
+    if (!x->answered) {
+        printf("  (no Python stacks: the process did not answer - stopped, in the kernel, or "
+               "kolo not imported)\n\n");
+        return;
+    }
+    const char *t = x->text;
+    while (*t) {
+        size_t len = strcspn(t, "\n");
+        fputs("  ", stdout);
+        cli_write_text(stdout, t, len, escape);
+        fputc('\n', stdout);
+        t += len + (t[len] == '\n');
+    }
+    fputc('\n', stdout);
+}
+
+int cmd_stacks(int argc, char **argv)
+{
+    static const char usage[] = "usage: kolo stacks [--rank N] [-o table|json] [--coordinator URL] "
+                                "[--token-file PATH] JOB";
+    struct conn c = {0};
+    int64_t rank = -1;
+    struct knob tab[] = {
+        CONN_KNOBS(&c),
+        OUTPUT_KNOB(&c),
+        {"rank", NULL, "", KNOB_INT, "-1", -1, INT32_MAX, "that rank only (-1: every rank)",
+         &rank},
+    };
+    size_t n = sizeof tab / sizeof tab[0];
+    int rest = 0;
+    uint64_t job = 0;
+    int code = parse("stacks", usage, tab, n, argc, argv, &rest, 1, 1);
+    if (code || (code = job_operand("stacks", argv[rest], &job)) != 0 ||
+        (code = conn_open(&c, "stacks")) != 0) {
+        conn_close(&c, tab, n);
+        return code < 0 ? 0 : code;
+    }
+    Kolo__StacksRequest req = KOLO__STACKS_REQUEST__INIT;
+    req.job_id = job;
+    req.wait_ms = 3000;
+    ProtobufCMessage *msg = NULL;
+    code = call(&c, "stacks", job, "AdminService.Stacks", &req.base,
+                &kolo__stacks_reply__descriptor, &msg, 3000 + (int)c.timeout);
+    if (!code) {
+        const Kolo__StacksReply *rep = (const Kolo__StacksReply *)msg;
+        bool escape = cli_escape_wanted(stdout, false);
+        struct buf b = {0};
+        struct jw w;
+        if (as_json(&c)) {
+            jw_init(&w, &b);
+            jw_obj_begin(&w);
+            jw_kuint(&w, "job", job);
+            jw_kuint(&w, "taken_ms", rep->taken_ms);
+            jw_key(&w, "ranks");
+            jw_arr_begin(&w);
+        }
+        for (size_t i = 0; i < rep->n_workers; i++) {
+            if (rank >= 0 && rep->workers[i]->rank != rank)
+                continue;
+            if (as_json(&c))
+                stack_json(&w, rep->workers[i]);
+            else
+                stack_text(rep->workers[i], escape);
+        }
+        if (as_json(&c)) {
+            jw_arr_end(&w);
+            jw_obj_end(&w);
+            print_json(&b);
+        }
+        protobuf_c_message_free_unpacked(msg, NULL);
     }
     conn_close(&c, tab, n);
     return code;

@@ -15,6 +15,7 @@
 #include "coord_negot.h"
 #include "coord_report.h"
 #include "coord_snap.h"
+#include "coord_stacks.h"
 #include "coord_timeline.h"
 #include "coord_writer.h"
 
@@ -40,6 +41,7 @@
 static void job_ended(struct coord *c, struct job *j, int code, const char *why)
 {
     coord_negot_job_ended(c, j, code, why);
+    coord_stacks_finish(c, j); /* kolo stacks callers get what came */
     coord_elastic_job_ended(c, j); /* its ranks leave the desired sets */
 }
 
@@ -64,11 +66,14 @@ static void job_cron(struct coord *c, struct job *j, bool terminal, uint64_t now
     }
     if (j->el)
         coord_elastic_cron(c, j, now);
+    if (j->stacks)
+        coord_stacks_cron(c, j, now);
 }
 
 static void job_free(struct job *j)
 {
     coord_negot_free_job(j);
+    coord_stacks_free(j);
     coord_elastic_free(j->el);
     coord_timeline_free(j->tl);
     coord_timeline_free(j->tl_draining);
@@ -79,6 +84,7 @@ static void job_free(struct job *j)
 static void job_shutdown(struct coord *c, struct job *j)
 {
     coord_negot_drop_parked(c, j);
+    coord_stacks_finish(c, j);
     coord_elastic_shutdown(c, j); /* place requests waiting for capacity */
 }
 

@@ -134,6 +134,8 @@ static void heartbeat_answer(struct coord *c, struct host *h, struct rpc_call *c
     rep.lease_ms = (uint32_t)c->cfg.lease_ms;
     rep.stop_grace_ms = (uint32_t)c->cfg.stop_grace_ms;
     rep.desired_version = version;
+    rep.stacks_job = h->stacks_job;
+    rep.stacks_seq = h->stacks_seq;
     void **specs = NULL;
     size_t n = 0;
     if (!agent_version || strcmp(agent_version, version) != 0) {
@@ -156,6 +158,17 @@ void coord_host_wake(struct coord *c, struct host *h)
         struct rpc_call *call = h->parked_hb;
         h->parked_hb = NULL;
         heartbeat_answer(c, h, call, NULL);
+    }
+}
+
+void coord_host_poke(struct coord *c, struct host *h)
+{
+    if (h->parked_hb) {
+        struct rpc_call *call = h->parked_hb;
+        h->parked_hb = NULL;
+        char version[64];
+        host_version(c, h, version, sizeof(version));
+        heartbeat_answer(c, h, call, version); /* the same set: only what else it carries */
     }
 }
 

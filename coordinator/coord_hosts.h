@@ -23,6 +23,9 @@ int coord_host_slots_used(struct coord *c, const struct host *h);
 void coord_hosts_cron(struct coord *c, uint64_t now);
 void coord_host_persist(struct coord *c, struct host *h);
 void coord_host_wake(struct coord *c, struct host *h);
+/* coord_host_poke answers the host's parked heartbeat now, its worker set
+ * unchanged: for what else a reply carries (a kolo stacks request). */
+void coord_host_poke(struct coord *c, struct host *h);
 void coord_rpc_agent_register(struct coord *c, struct rpc_call *call, enum coord_method m);
 void coord_rpc_agent_heartbeat(struct coord *c, struct rpc_call *call, enum coord_method m);
 void coord_rpc_agent_report(struct coord *c, struct rpc_call *call, enum coord_method m);

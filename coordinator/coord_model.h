@@ -80,6 +80,9 @@ struct host {
     uint64_t desired_counter;      /* bumped when the host's worker set changes */
     struct rpc_call *parked_hb;
     uint64_t parked_deadline; /* monotonic */
+    /* kolo stacks asked of this host (coord_stacks.c): every heartbeat
+     * reply carries it until the host's answer came; 0 none */
+    uint64_t stacks_job, stacks_seq;
 };
 
 struct rank {
@@ -219,6 +222,7 @@ struct job {
     uint64_t out_stored;    /* last one the output writer is done with */
     struct waiter *waiters; /* parked StreamOutput calls */
     uint64_t last_notice;   /* id of the job's newest notice event (coord_event_notice) */
+    struct stacks *stacks;  /* kolo stacks being taken (coord_stacks.c), NULL none */
     struct negot *negot;    /* rendezvous and negotiation of the generation */
     /* process sets of the generation (kolo_process_set_init): a rendezvous
      * and negotiation each, made at its first rendezvous */
@@ -273,6 +277,8 @@ struct work {
     X(WORKER_TIMELINE_READ, "WorkerService.TimelineRead", WORKER, coord_rpc_timeline_read)         \
     X(ADMIN_GET_EPOCHS, "AdminService.GetEpochs", ADMIN, coord_rpc_report)                         \
     X(ADMIN_DRAIN, "AdminService.DrainHost", ADMIN, coord_rpc_admin)                               \
+    X(ADMIN_STACKS, "AdminService.Stacks", ADMIN, coord_rpc_stacks)                                \
+    X(AGENT_STACKS, "AgentService.Stacks", HOST, coord_rpc_stacks)                                 \
     X(UNKNOWN, "unknown", NONE, NULL)
 
 enum coord_method {

@@ -18,6 +18,9 @@ from .process_sets import (ProcessSet, global_process_set, add_process_set,  # n
 from ._engine import Average, Sum, Adasum, Min, Max, Product  # noqa: F401
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, KoloError  # noqa: F401
 from ._run import run  # noqa: F401  (kolo.run(fn, np=N): horovod.run's)
+from . import _stacks
+
+_stacks.register()  # kolo stacks: every thread's stack, written when the agent asks
 
 __version__ = "0.1.0"
 

@@ -19,7 +19,7 @@ Inside coordinator/, the layers (README, "Layout") point down only:
     core    coord_core, coord_hosts, coord_jobs, coord_writer, placement,
             coord_static
     domain  coord_negot (+ coord_rendezvous), coord_elastic, coord_snap, coord_report,
-            coord_timeline, coord_study
+            coord_timeline, coord_study, coord_stacks
     api     coord_api.h: coord.c, coord_http*.c, coord_main.c
 
 A file may include the headers of its own layer and those below. A header is found by
@@ -68,6 +68,7 @@ COORD_HEADER_LAYER = {
     "coord_negot.h": "domain", "coord_negot_int.h": "domain",
     "coord_elastic.h": "domain", "coord_snap.h": "domain",
     "coord_report.h": "domain", "coord_timeline.h": "domain", "coord_study.h": "domain",
+    "coord_stacks.h": "domain",
     "coord_api.h": "api",
 }
 # .c files whose own header is not <name>.h

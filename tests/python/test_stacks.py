@@ -1,0 +1,165 @@
+"""kolo stacks (issue 31): what every rank of a running job is doing - its
+Python stacks (every thread, the user's own line), its process's state,
+and its part in a stall - taken through the agents while the job runs:
+a rank blocked in a collective, one asleep in its data loader, one in a
+tight loop, one stopped by SIGSTOP."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import KOLO, PYDIR
+
+pytest.importorskip("torch")
+
+WORKER = r'''
+import os, sys, time
+import torch
+import kolo.torch as hvd
+hvd.init()
+role = sys.argv[1 + hvd.rank()]
+
+def load_batch():            # a data loader that never returns
+    print("READY", hvd.rank(), os.getpid(), flush=True)
+    time.sleep(120)
+
+def spin():
+    print("READY", hvd.rank(), os.getpid(), flush=True)
+    while True:              # a tight Python loop
+        pass
+
+if role == "loader":
+    load_batch()
+elif role == "spin":
+    spin()
+else:
+    print("READY", hvd.rank(), os.getpid(), flush=True)
+    hvd.allreduce(torch.ones(2), name="layer4.weight")   # USER LINE
+hvd.shutdown()
+'''
+
+
+class Job:
+    """A kolo run in the background; its coordinator and token from the
+    first lines, READY lines from its ranks."""
+
+    def __init__(self, tmp_path, roles):
+        script = tmp_path / "worker.py"
+        script.write_text(WORKER)
+        self.script = str(script)
+        env = dict(os.environ, PYTHONPATH=PYDIR, PYTHONUNBUFFERED="1",
+                   XDG_STATE_HOME=str(tmp_path / "state"), OMP_NUM_THREADS="1")
+        self.p = subprocess.Popen([KOLO, "run", "-np", str(len(roles)), "--", sys.executable,
+                                   self.script] + roles, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=env,
+                                  start_new_session=True)
+        self.ready, self.url, self.token, self.err = {}, None, None, []
+        threading.Thread(target=self._out, daemon=True).start()
+        threading.Thread(target=self._errs, daemon=True).start()
+
+    def _out(self):
+        for line in self.p.stdout:
+            m = re.search(r"<stdout>:READY (\d+) (\d+)", line)
+            if m:
+                self.ready[int(m.group(1))] = int(m.group(2))
+
+    def _errs(self):
+        for line in self.p.stderr:
+            self.err.append(line)
+            m = re.search(r"embedded coordinator (tcp://[^,]+),.* token ([^)]+)\)", line)
+            if m:
+                self.url, self.token = m.group(1), m.group(2)
+
+    def wait_ready(self, n, timeout=90):
+        deadline = time.time() + timeout
+        while (len(self.ready) < n or not self.url) and time.time() < deadline:
+            time.sleep(0.2)
+        assert len(self.ready) == n and self.url, "".join(self.err)
+        time.sleep(1.0)  # past the READY print, into the wait
+
+    def stacks(self, *args):
+        t0 = time.time()
+        p = subprocess.run([KOLO, "stacks", "--coordinator", self.url, "--token-file",
+                            self.token] + list(args) + ["1"], capture_output=True, text=True,
+                           timeout=30)
+        return p, time.time() - t0
+
+    def close(self):
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for pid in self.ready.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.p.wait(30)
+
+
+def _ranks(p):
+    assert p.returncode == 0, p.stderr
+    return {r["rank"]: r for r in json.loads(p.stdout)["ranks"]}
+
+
+def test_blocked_in_a_collective_and_asleep_in_the_loader(tmp_path):
+    job = Job(tmp_path, ["loader", "reduce"])
+    try:
+        job.wait_ready(2)
+        p, took = job.stacks("-o", "json")
+        got = _ranks(p)
+        assert took < 5, took
+        r0, r1 = got[0], got[1]
+        # rank 0: the user's data loader, and it never submitted the op
+        assert r0["answered"] and "in load_batch" in r0["stacks"], r0
+        assert "never submitted 'layer4.weight'" in r0["pending"], r0
+        assert r0["state"].startswith("S"), r0
+        # rank 1: blocked in allreduce, the user's line that called it
+        line = WORKER.splitlines().index(
+            [l for l in WORKER.splitlines() if "USER LINE" in l][0]) + 1
+        assert r1["answered"] and ('"%s", line %d in <module>' % (job.script, line)) in r1["stacks"], r1
+        assert "waits in 'layer4.weight'" in r1["pending"], r1
+        assert r0["pid"] == job.ready[0] and r1["pid"] == job.ready[1]
+        # for a person: a header a rank, then its stack
+        p, _ = job.stacks("--rank", "0")
+        assert p.returncode == 0 and p.stdout.startswith("rank 0  host ") and \
+            "in load_batch" in p.stdout and "rank 1 " not in p.stdout, p.stdout
+    finally:
+        job.close()
+
+
+def test_a_tight_loop_and_a_stopped_rank(tmp_path):
+    job = Job(tmp_path, ["spin", "reduce"])
+    try:
+        job.wait_ready(2)
+        got = _ranks(job.stacks("-o", "json")[0])
+        assert got[0]["answered"] and "in spin" in got[0]["stacks"], got[0]
+        assert got[0]["state"].startswith("R"), got[0]
+        os.kill(job.ready[1], signal.SIGSTOP)
+        time.sleep(0.3)
+        p, took = job.stacks("-o", "json")
+        got = _ranks(p)
+        # a stopped process cannot answer: its state from /proc, within the wait
+        assert not got[1]["answered"] and got[1]["state"].startswith("T"), got[1]
+        assert took < 8, took
+        assert got[0]["answered"] and "in spin" in got[0]["stacks"], got[0]
+    finally:
+        job.close()
+
+
+def test_a_job_that_is_not_running(tmp_path):
+    job = Job(tmp_path, ["reduce"])
+    try:
+        job.wait_ready(1)
+        job.p.wait(60)
+        # the embedded coordinator is gone with kolo run: refused, exit 1
+        p, _ = job.stacks()
+        assert p.returncode != 0 and p.stderr, (p.returncode, p.stdout, p.stderr)
+    finally:
+        job.close()
