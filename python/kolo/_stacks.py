@@ -35,3 +35,6 @@ def register():
     except (OSError, ValueError, RuntimeError):
         return
     _file = f
+    # programs this worker starts do not inherit the file: nor the names
+    os.environ.pop("KOLO_STACKS_FD", None)
+    os.environ.pop("KOLO_STACKS_SIGNAL", None)

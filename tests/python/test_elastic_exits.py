@@ -71,7 +71,9 @@ def test_a_stopped_rank_is_frozen_within_seconds(reference):
                         r"for \d+ s .*stopped as frozen", ln)]
     assert said, job.err
     times = recovery_times(job)
-    assert len(times) == 1 and 8 <= times[0] <= 15, times
+    # 8 s stopped, then the reset (13.6 s in all on a quiet machine; the
+    # bound leaves room for a loaded CI, far below the 600 s elastic timeout)
+    assert len(times) == 1 and 8 <= times[0] <= 30, times
     got = finals(job)
     assert got and all(step == 60 and close(w, reference) for step, w in got), job
 

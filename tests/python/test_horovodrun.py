@@ -172,8 +172,8 @@ import kolo.torch as hvd
 hvd.init()
 hvd.allreduce(torch.ones(2), name="before")
 if hvd.rank() == 1:
-    if os.fork() == 0:      # continues its parent 12 s later, as an operator would
-        time.sleep(12)
+    if os.fork() == 0:      # continues its parent 20 s later, as an operator would
+        time.sleep(20)
         os.kill(os.getppid(), signal.SIGCONT)
         os._exit(0)
     os.kill(os.getpid(), signal.SIGSTOP)
@@ -186,7 +186,7 @@ hvd.shutdown()
 def test_a_stopped_rank_is_named_and_the_job_goes_on_when_continued():
     # not elastic: kolo run names the stopped rank and its pid after 8 s
     # (Horovod would only hang); SIGCONT and the job finishes
-    job = kolo_run(2, STOPPED, timeout=90)
+    job = kolo_run(2, STOPPED, timeout=120)
     assert job.rc == 0, job
     said = re.findall(r"^\[kolo\] rank 1 \(pid (\d+)\) on host \S+ has been stopped by a signal "
                       r"for \d+ s \(SIGSTOP or SIGTSTP; state T\): the other ranks wait on it",
