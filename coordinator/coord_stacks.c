@@ -44,9 +44,6 @@ struct stacks {
     int nranks;
     Kolo__WorkerStack *got; /* [nranks]: a host's answer, copied */
     bool *have;             /* [nranks] */
-    char (*hosts)[64];      /* ids of the hosts asked */
-    bool *answered;         /* [nhosts] */
-    int nhosts, nanswered;
     struct stacks_call *calls;
 };
 
@@ -75,8 +72,6 @@ void coord_stacks_free(struct job *j)
     }
     free(s->got);
     free(s->have);
-    free(s->hosts);
-    free(s->answered);
     free(s);
     j->stacks = NULL;
 }
@@ -162,20 +157,25 @@ void coord_stacks_cron(struct coord *c, struct job *j, uint64_t now)
         coord_stacks_finish(c, j);
 }
 
+/* Whether a host asked has yet to answer: each one asked carries the
+ * collection's seq until its answer clears it. */
+static bool hosts_pending(const struct coord *c, uint64_t seq)
+{
+    for (const struct host *h = c->hosts; h; h = h->next)
+        if (h->stacks_seq == seq)
+            return true;
+    return false;
+}
+
 /* A new collection for the job: its live ranks' hosts are asked. */
 static struct stacks *stacks_start(struct coord *c, struct job *j, uint32_t wait_ms)
 {
     struct stacks *s = calloc(1, sizeof *s);
     int n = j->nranks;
     if (!s || !(s->got = calloc(n ? (size_t)n : 1, sizeof *s->got)) ||
-        !(s->have = calloc(n ? (size_t)n : 1, sizeof *s->have)) ||
-        !(s->hosts = calloc(n ? (size_t)n : 1, sizeof *s->hosts)) ||
-        !(s->answered = calloc(n ? (size_t)n : 1, sizeof *s->answered))) {
-        if (s) {
+        !(s->have = calloc(n ? (size_t)n : 1, sizeof *s->have))) {
+        if (s)
             free(s->got);
-            free(s->have);
-            free(s->hosts);
-        }
         free(s);
         return NULL;
     }
@@ -191,7 +191,6 @@ static struct stacks *stacks_start(struct coord *c, struct job *j, uint32_t wait
             continue;
         h->stacks_job = j->id;
         h->stacks_seq = s->seq;
-        str_copy(s->hosts[s->nhosts++], h->id, sizeof s->hosts[0]);
         coord_host_poke(c, h);
     }
     return s;
@@ -231,12 +230,13 @@ static void admin_stacks(struct coord *c, struct rpc_call *call)
     x->call = call;
     x->next = j->stacks->calls;
     j->stacks->calls = x;
-    if (j->stacks->nanswered == j->stacks->nhosts)
+    if (!hosts_pending(c, j->stacks->seq))
         coord_stacks_finish(c, j); /* no host to ask */
 }
 
-/* A copy of what an agent sent, within bounds. */
-static void stack_copy(Kolo__WorkerStack *dst, const Kolo__WorkerStack *src)
+/* A copy of what an agent sent, within bounds; false when out of memory
+ * (the rank is then listed as not answered). */
+static bool stack_copy(Kolo__WorkerStack *dst, const Kolo__WorkerStack *src)
 {
     *dst = *src;
     size_t len = strlen(src->text);
@@ -245,16 +245,10 @@ static void stack_copy(Kolo__WorkerStack *dst, const Kolo__WorkerStack *src)
     dst->wchan = strndup(src->wchan, 64);
     dst->host = NULL;
     dst->pending = NULL;
-    if (!dst->text || !dst->proc_state || !dst->wchan) {
-        free(dst->text);
-        free(dst->proc_state);
-        free(dst->wchan);
-        kolo__worker_stack__init(dst);
-        dst->answered = false;
-        dst->proc_state = strdup("out of memory at the coordinator");
-        dst->wchan = strdup("");
-        dst->text = strdup("");
-    }
+    if (dst->text && dst->proc_state && dst->wchan)
+        return true;
+    stack_clear(dst);
+    return false;
 }
 
 static void agent_stacks(struct coord *c, struct rpc_call *call)
@@ -287,15 +281,9 @@ static void agent_stacks(struct coord *c, struct rpc_call *call)
             if (r < 0 || r >= s->nranks || r >= j->nranks || j->ranks[r].host != h ||
                 s->have[r])
                 continue;
-            stack_copy(&s->got[r], w);
-            s->have[r] = true;
+            s->have[r] = stack_copy(&s->got[r], w);
         }
-        for (int k = 0; k < s->nhosts; k++)
-            if (!s->answered[k] && strcmp(s->hosts[k], h->id) == 0) {
-                s->answered[k] = true;
-                s->nanswered++;
-            }
-        if (s->nanswered == s->nhosts)
+        if (!hosts_pending(c, s->seq))
             coord_stacks_finish(c, j);
     }
     kolo__stacks_report__free_unpacked(rep, NULL);

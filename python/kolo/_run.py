@@ -172,17 +172,17 @@ _CONSEQUENCES = ("HorovodInternalError", "HostsUpdatedInterrupt")
 
 
 def _first_cause(errors, cloudpickle):
-    """The rank whose exception to raise: the lowest one that raised an
-    error of its own (rank 1's ValueError, not the HorovodInternalError
+    """(rank, exception, traceback) to raise: the lowest rank that raised
+    an error of its own (rank 1's ValueError, not the HorovodInternalError
     rank 0's allreduce got when rank 1 left), else the lowest."""
+    first = None
     for rank in sorted(errors):
-        try:
-            exc, _ = cloudpickle.loads(errors[rank])
-        except Exception:  # noqa: BLE001 - a class the caller cannot load
-            return rank
+        exc, tb = cloudpickle.loads(errors[rank])
+        if first is None:
+            first = (rank, exc, tb)
         if type(exc).__name__ not in _CONSEQUENCES:
-            return rank
-    return min(errors)
+            return rank, exc, tb
+    return first
 
 
 def _launch(cmd, env, np, stream, key):
@@ -225,8 +225,7 @@ def _launch(cmd, env, np, stream, key):
     t.join(timeout=5)
     cloudpickle = _pickle()
     if errors:
-        rank = _first_cause(errors, cloudpickle)
-        exc, tb = cloudpickle.loads(errors[rank])
+        rank, exc, tb = _first_cause(errors, cloudpickle)
         if isinstance(exc, BaseException):
             if hasattr(exc, "add_note"):
                 exc.add_note("kolo.run: raised on rank %d; its traceback:\n%s" % (rank, tb))
