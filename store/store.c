@@ -254,6 +254,23 @@ static const char schema_v5[] =
  */
 static const char schema_v6[] = "ALTER TABLE jobs ADD COLUMN metadata_json TEXT;";
 
+/*
+ * Version 7: stacks, what every rank of a job was doing when the
+ * coordinator took their stacks before a stop, a stall or a frozen rank
+ * (coord_stacks.c). reply is the packed StacksReply; verdict the line
+ * kolo run printed. The coordinator keeps a few per job (store_stacks_add).
+ */
+static const char schema_v7[] =
+    "CREATE TABLE stacks ("
+    "  id       INTEGER PRIMARY KEY AUTOINCREMENT,"
+    "  job_id   INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+    "  taken_ms INTEGER NOT NULL,"
+    "  reason   TEXT NOT NULL,"
+    "  verdict  TEXT NOT NULL,"
+    "  reply    BLOB NOT NULL"
+    ");"
+    "CREATE INDEX stacks_by_job ON stacks(job_id, id);";
+
 static const struct migration migrations[] = {
     {1, schema_v1},
     {2, schema_v2},
@@ -261,6 +278,7 @@ static const struct migration migrations[] = {
     {4, schema_v4},
     {5, schema_v5},
     {6, schema_v6},
+    {7, schema_v7},
 };
 
 /* Versions are consecutive from 1, so the array's length is the newest. */

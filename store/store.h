@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define STORE_SCHEMA_VERSION 6
+#define STORE_SCHEMA_VERSION 7
 
 struct store;
 
@@ -185,6 +185,24 @@ int store_output_rank_tail(struct store *st, uint64_t job_id, int rank, int stre
                            store_output_fn fn, void *arg);
 /* store_output_max_seq sets *seq to the job's highest seq, 0 if none. */
 int store_output_max_seq(struct store *st, uint64_t job_id, uint64_t *seq);
+
+/* stacks taken of a job's ranks (a packed StacksReply, opaque here) */
+struct store_stacks {
+    int64_t id; /* assigned on insert */
+    uint64_t job_id;
+    uint64_t taken_ms;
+    const char *reason;  /* why they were taken: "stop: ...", "stall", ... */
+    const char *verdict; /* the line kolo run printed, "" none */
+    const void *reply;
+    size_t reply_len;
+};
+/* store_stacks_add stores s and deletes all but the job's newest `keep`
+ * (>= 1), in one transaction. */
+int store_stacks_add(struct store *st, struct store_stacks *s, int keep);
+typedef int (*store_stacks_fn)(const struct store_stacks *s, void *arg);
+/* store_stacks_each gives a job's stacks newest first, at most limit
+ * (<= 0: all). */
+int store_stacks_each(struct store *st, uint64_t job_id, int limit, store_stacks_fn fn, void *arg);
 
 /* ---------------------------------------------------------- snapshots
  *

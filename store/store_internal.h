@@ -96,6 +96,12 @@
     X(OUTPUT_MAX_SEQ, "SELECT IFNULL(MAX(seq), 0) FROM output WHERE job_id = ?")                   \
     X(OUTPUT_RANK_TAIL, "SELECT " OUTPUT_COLUMNS " FROM output "                                   \
                         "WHERE job_id = ? AND rank = ? AND stream = ? ORDER BY seq DESC LIMIT ?")  \
+    X(STACKS_ADD, "INSERT INTO stacks(job_id, taken_ms, reason, verdict, reply) "                  \
+                  "VALUES (?, ?, ?, ?, ?)")                                                        \
+    X(STACKS_PRUNE, "DELETE FROM stacks WHERE job_id = ? AND id NOT IN "                           \
+                    "(SELECT id FROM stacks WHERE job_id = ? ORDER BY id DESC LIMIT ?)")           \
+    X(STACKS_EACH, "SELECT id, job_id, taken_ms, reason, verdict, reply FROM stacks "              \
+                   "WHERE job_id = ? ORDER BY id DESC LIMIT ?")                                    \
     X(SNAP_INSERT, "INSERT INTO snapshots(job_id, generation, rank, upload_id, created_ms, "       \
                    "meta_json, total_bytes, checksum, chunks, duration_ms) "                       \
                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")                                        \

@@ -198,3 +198,86 @@ int store_output_max_seq(struct store *st, uint64_t job_id, uint64_t *seq)
     return err;
 }
 
+
+/* ----------------------------------------------------------------- stacks */
+
+static int stacks_add_one(struct store *st, struct store_stacks *x, int keep)
+{
+    sqlite3_stmt *s;
+    int err = stmt_data_get(st, STMT_STACKS_ADD, &s);
+    if (err)
+        return err;
+    struct binder b = {s, 0, SQLITE_OK};
+    bind_u64(&b, x->job_id);
+    bind_u64(&b, x->taken_ms);
+    bind_text(&b, x->reason ? x->reason : "");
+    bind_text(&b, x->verdict ? x->verdict : "");
+    bind_blob(&b, x->reply, x->reply_len);
+    if (b.rc != SQLITE_OK)
+        return bind_failed(st, STMT_STACKS_ADD, s, b.rc, "stacks add");
+    err = step_write(st, STMT_STACKS_ADD, s, "stacks add");
+    if (err)
+        return err;
+    x->id = sqlite3_last_insert_rowid(st->db);
+    err = stmt_data_get(st, STMT_STACKS_PRUNE, &s);
+    if (err)
+        return err;
+    b = (struct binder){s, 0, SQLITE_OK};
+    bind_u64(&b, x->job_id);
+    bind_u64(&b, x->job_id);
+    bind_i64(&b, keep);
+    if (b.rc != SQLITE_OK)
+        return bind_failed(st, STMT_STACKS_PRUNE, s, b.rc, "stacks prune");
+    return step_write(st, STMT_STACKS_PRUNE, s, "stacks prune");
+}
+
+int store_stacks_add(struct store *st, struct store_stacks *x, int keep)
+{
+    if (!st || !x || x->job_id == 0 || (!x->reply && x->reply_len) || keep < 1)
+        return st ? store_reject(st, KOLO_EINVAL, "store_stacks_add: invalid argument")
+                  : KOLO_EINVAL;
+    int err = store_begin(st);
+    if (err)
+        return err;
+    err = stacks_add_one(st, x, keep);
+    if (err) {
+        store_rollback(st);
+        return err;
+    }
+    return store_commit(st);
+}
+
+struct stacks_each {
+    store_stacks_fn fn;
+    void *arg;
+};
+
+static int stacks_row(sqlite3_stmt *s, void *ctx)
+{
+    const struct stacks_each *each = ctx;
+    const void *reply = sqlite3_column_blob(s, 5);
+    struct store_stacks x = {
+        .id = sqlite3_column_int64(s, 0),
+        .job_id = col_u64(s, 1),
+        .taken_ms = col_u64(s, 2),
+        .reason = col_text(s, 3),
+        .verdict = col_text(s, 4),
+        .reply = reply,
+        .reply_len = reply ? (size_t)sqlite3_column_bytes(s, 5) : 0,
+    };
+    return each->fn(&x, each->arg);
+}
+
+int store_stacks_each(struct store *st, uint64_t job_id, int limit, store_stacks_fn fn, void *arg)
+{
+    if (!st || !fn)
+        return KOLO_EINVAL;
+    struct binder b;
+    int err = query_start(st, STMT_STACKS_EACH, &b);
+    if (err)
+        return err;
+    bind_u64(&b, job_id);
+    bind_i64(&b, limit > 0 ? limit : -1);
+    struct stacks_each e = {fn, arg};
+    return query_each(st, STMT_STACKS_EACH, &b, "stacks", stacks_row, &e);
+}

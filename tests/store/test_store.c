@@ -618,6 +618,66 @@ static int meta_present(struct store *st, const char *key)
     return store_meta_get(st, key, value, sizeof value) == 0;
 }
 
+struct stacks_seen {
+    int n;
+    int64_t ids[8];
+    char reasons[8][48];
+    size_t lens[8];
+};
+
+static int collect_stacks(const struct store_stacks *x, void *arg)
+{
+    struct stacks_seen *s = arg;
+    if (s->n < 8) {
+        s->ids[s->n] = x->id;
+        snprintf(s->reasons[s->n], sizeof s->reasons[0], "%s|%s", x->reason, x->verdict);
+        s->lens[s->n] = x->reply_len;
+        s->n++;
+    }
+    return 0;
+}
+
+/* Stacks: newest first, the job's newest `keep` kept, other jobs alone,
+ * an empty reply stored as empty. */
+static void test_stacks(struct store *st, uint64_t job1, uint64_t job2)
+{
+    static const char blob[] = {1, 0, 2, 0, 3};
+    struct store_stacks other = {.job_id = job2, .taken_ms = 5, .reason = "stall", .verdict = "",
+                                 .reply = blob, .reply_len = sizeof blob};
+    CHECK_EQ_INT(store_stacks_add(st, &other, 3), 0);
+    int64_t last = 0;
+    for (int i = 0; i < 5; i++) {
+        char reason[16];
+        snprintf(reason, sizeof reason, "stop %d", i);
+        struct store_stacks x = {.job_id = job1, .taken_ms = 10 + (uint64_t)i, .reason = reason,
+                                 .verdict = i == 4 ? "rank 1 never submitted it" : "",
+                                 .reply = i == 2 ? NULL : blob, .reply_len = i == 2 ? 0 : sizeof blob};
+        CHECK_EQ_INT(store_stacks_add(st, &x, 3), 0);
+        CHECK(x.id > last);
+        last = x.id;
+    }
+    struct stacks_seen seen = {0};
+    CHECK_EQ_INT(store_stacks_each(st, job1, 0, collect_stacks, &seen), 0);
+    CHECK_EQ_INT(seen.n, 3);
+    CHECK_EQ_INT(seen.ids[0], last);
+    CHECK_EQ_STR(seen.reasons[0], "stop 4|rank 1 never submitted it");
+    CHECK_EQ_STR(seen.reasons[1], "stop 3|");
+    CHECK_EQ_STR(seen.reasons[2], "stop 2|");
+    CHECK_EQ_INT(seen.lens[0], sizeof blob);
+    CHECK_EQ_INT(seen.lens[2], 0);
+    memset(&seen, 0, sizeof seen);
+    CHECK_EQ_INT(store_stacks_each(st, job1, 1, collect_stacks, &seen), 0);
+    CHECK_EQ_INT(seen.n, 1);
+    memset(&seen, 0, sizeof seen);
+    CHECK_EQ_INT(store_stacks_each(st, job2, 0, collect_stacks, &seen), 0);
+    CHECK_EQ_INT(seen.n, 1);
+    CHECK_EQ_STR(seen.reasons[0], "stall|");
+    struct store_stacks bad = {.job_id = 0, .reason = "x"};
+    CHECK(store_stacks_add(st, &bad, 3) != 0);
+    bad.job_id = job1;
+    CHECK(store_stacks_add(st, &bad, 0) != 0);
+}
+
 static void test_transactions(struct store *st, uint64_t job)
 {
     CHECK_EQ_INT(store_commit(st), KOLO_EINVAL);
@@ -790,6 +850,7 @@ int main(void)
     test_generations_ranks(st, job1);
     test_events(st, job1, job2);
     test_output(st, job1, job2);
+    test_stacks(st, job1, job2);
     test_transactions(st, job1);
     store_close(st);
     test_reopen(job1);

@@ -456,7 +456,7 @@ static void test_migration_from_v4(void)
     REQUIRE(sqlite3_open(db_path, &db) == SQLITE_OK);
     REQUIRE(sqlite3_exec(db,
                          "ALTER TABLE snapshots DROP COLUMN duration_ms; "
-                         "ALTER TABLE jobs DROP COLUMN metadata_json; "
+                         "ALTER TABLE jobs DROP COLUMN metadata_json; DROP TABLE stacks; "
                          "PRAGMA user_version = 4;",
                          NULL, NULL, NULL) == SQLITE_OK);
     sqlite3_close(db);
