@@ -263,19 +263,20 @@ static int do_heartbeat(struct agent *a, const char *session, char *version, siz
         snprintf(err, errlen, "malformed Heartbeat reply");
         return KOLO_EPROTO;
     }
-    uint64_t stacks_job = r->stacks_job, stacks_seq = r->stacks_seq;
+    /* kolo stacks: asked once per seq (the coordinator repeats it until
+     * the answer came); at most STACKS_WAIT_MS of this thread. Before the
+     * desired set: a stop in the same reply waits for the stacks, which
+     * the coordinator takes before it stops a job. */
+    if (r->stacks_seq && r->stacks_seq != a->stacks_seen) {
+        a->stacks_seen = r->stacks_seq;
+        stacks_collect(a, session, r->stacks_job, r->stacks_seq);
+    }
     if (!r->has_desired) {
         kolo__heartbeat_reply__free_unpacked(r, NULL);
     } else {
         LOGD("agent", "desired set version %s: %zu workers", r->desired_version, r->n_desired);
         str_copy(version, r->desired_version ? r->desired_version : "", vlen);
         agent_post_desired(a, r);
-    }
-    /* kolo stacks: asked once per seq (the coordinator repeats it until
-     * the answer came); at most STACKS_WAIT_MS of this thread */
-    if (stacks_seq && stacks_seq != a->stacks_seen) {
-        a->stacks_seen = stacks_seq;
-        stacks_collect(a, session, stacks_job, stacks_seq);
     }
     return 0;
 }

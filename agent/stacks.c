@@ -153,7 +153,9 @@ static void ask_and_wait(struct target *t, size_t n)
         int pid = x->shim;
         char c = agent_proc_state(x->shim, &pid);
         x->ws.pid = pid;
-        if (x->fd >= 0 && ftruncate(x->fd, 0) == 0 && c && c != 'Z' && catches(pid, sig))
+        /* a stopped process cannot answer until continued: not waited for */
+        if (x->fd >= 0 && ftruncate(x->fd, 0) == 0 && c && c != 'Z' && c != 'T' && c != 't' &&
+            catches(pid, sig))
             x->signalled = kill(pid, sig) == 0;
         x->done = !x->signalled;
         x->changed = start;

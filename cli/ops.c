@@ -39,6 +39,7 @@
  * giving up can take that much longer.
  */
 #include "cli.h"
+#include "coord_stacks.h"
 #include "run.h"
 
 #include <stdio.h>
@@ -472,21 +473,6 @@ int cmd_logs(int argc, char **argv)
 
 /* ---------------------------------------------------------------- stacks */
 
-static void stack_json(struct jw *w, const Kolo__WorkerStack *x)
-{
-    jw_obj_begin(w);
-    jw_kint(w, "rank", x->rank);
-    jw_kstr(w, "host", x->host);
-    jw_kint(w, "pid", x->pid);
-    jw_kuint(w, "worker_id", x->worker_id);
-    jw_kstr(w, "state", x->proc_state);
-    jw_kstr(w, "wchan", x->wchan);
-    jw_kbool(w, "answered", x->answered);
-    jw_kstr(w, "pending", x->pending);
-    jw_kstr(w, "stacks", x->text);
-    jw_obj_end(w);
-}
-
 /* For a person: a header line a rank, then its stacks, indented. */
 static void stack_text(const Kolo__WorkerStack *x, bool escape)
 {
@@ -544,24 +530,24 @@ int cmd_stacks(int argc, char **argv)
         struct jw w;
         if (as_json(&c)) {
             jw_init(&w, &b);
-            jw_obj_begin(&w);
-            jw_kuint(&w, "job", job);
-            jw_kuint(&w, "taken_ms", rep->taken_ms);
-            jw_key(&w, "ranks");
-            jw_arr_begin(&w);
-        }
-        for (size_t i = 0; i < rep->n_workers; i++) {
-            if (rank >= 0 && rep->workers[i]->rank != rank)
-                continue;
-            if (as_json(&c))
-                stack_json(&w, rep->workers[i]);
-            else
-                stack_text(rep->workers[i], escape);
-        }
-        if (as_json(&c)) {
-            jw_arr_end(&w);
-            jw_obj_end(&w);
+            coord_stacks_json(&w, job, rep, (int)rank);
             print_json(&b);
+        } else {
+            if (rep->reason[0]) {
+                time_t t = (time_t)(rep->taken_ms / 1000);
+                struct tm tm;
+                char when[32] = "";
+                if (localtime_r(&t, &tm))
+                    strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+                printf("%s by kolo %s, %s\n", rep->kept ? "the job's last stacks, taken" : "taken",
+                       rep->reason, when);
+                if (rep->verdict[0])
+                    printf("verdict: %s\n", rep->verdict);
+                fputc('\n', stdout);
+            }
+            for (size_t i = 0; i < rep->n_workers; i++)
+                if (rank < 0 || rep->workers[i]->rank == rank)
+                    stack_text(rep->workers[i], escape);
         }
         protobuf_c_message_free_unpacked(msg, NULL);
     }

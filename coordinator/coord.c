@@ -41,7 +41,7 @@
 static void job_ended(struct coord *c, struct job *j, int code, const char *why)
 {
     coord_negot_job_ended(c, j, code, why);
-    coord_stacks_finish(c, j); /* kolo stacks callers get what came */
+    coord_stacks_job_ended(c, j); /* kolo stacks callers get what came */
     coord_elastic_job_ended(c, j); /* its ranks leave the desired sets */
 }
 
@@ -92,6 +92,7 @@ static const struct coord_hooks hooks = {
     .job_ended = job_ended,
     .job_cron = job_cron,
     .job_shutdown = job_shutdown,
+    .job_stopping = coord_stacks_take,
     .job_free = job_free,
     .elastic_init = coord_elastic_init,
     .elastic_to_json = coord_elastic_to_json,

@@ -695,6 +695,9 @@ static bool frozen_member(struct coord *c, struct job *j, uint64_t now)
                  "(the elastic timeout): stopped as frozen",
                  r, (unsigned long long)rk->wid, rk->pid, rk->host ? rk->host->name : rk->host_id,
                  j->el->timeout_ms / 1000);
+        char what[64];
+        snprintf(what, sizeof what, "when rank %d was declared frozen", r);
+        c->hooks.job_stopping(c, j, what); /* before its state changes */
         rk->state = RANK_LOST;
         j->el->fail_streak = 0; /* not an error of the code's */
         coord_event(c, j->id, rk->host_id, "worker.frozen", "%s", why);

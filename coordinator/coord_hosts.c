@@ -403,6 +403,9 @@ static void heartbeat_stopped(struct coord *c, struct host *h, const Kolo__Heart
                      r, rk->stopped_pid, h->name, rk->stopped_ms / 1000,
                      j->el ? ": stopped as frozen, the job goes on without it"
                            : ": the other ranks wait on it until it is continued (kill -CONT)");
+            char what[64];
+            snprintf(what, sizeof what, "when rank %d was found stopped", r);
+            c->hooks.job_stopping(c, j, what);
             if (j->el) {
                 rk->state = RANK_LOST;
                 j->el->fail_streak = 0; /* not an error of the code's */

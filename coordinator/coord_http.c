@@ -25,6 +25,7 @@
 #include "coord_hosts.h"
 #include "coord_jobs.h"
 #include "coord_negot.h"
+#include "coord_stacks.h"
 #include "coord_report.h"
 #include "coord_snap.h"
 #include "coord_timeline.h"
@@ -1113,6 +1114,66 @@ static bool get_job_output(struct route_req *x)
     return true;
 }
 
+/* A rank's stacks show the user's code: like its output, its owner's. */
+static bool stacks_reader(struct route_req *x)
+{
+    if (http_reader_trusted(x->c, x->r))
+        return true;
+    out_json_error(x->o, 401, "a job's stacks are shown to its owner only: open the dashboard "
+                              "from the link kolo printed (it carries the key), or send "
+                              "'Authorization: Bearer <token>'");
+    x->o->www_auth = true;
+    return false;
+}
+
+struct stacks_ctx {
+    struct jw *w;
+    uint64_t job;
+    int limit, n;
+};
+
+static int read_stacks(struct store *st, void *arg)
+{
+    struct stacks_ctx *sc = arg;
+    sc->n = coord_stacks_kept_json(st, sc->w, sc->job, sc->limit);
+    return sc->n < 0 ? sc->n : 0;
+}
+
+/* The stacks kept with the job, newest first: taken before a stop, at a
+ * stall, for a frozen rank, or on request (POST). */
+static bool get_job_stacks(struct route_req *x)
+{
+    uint64_t limit = 4;
+    if (!stacks_reader(x) || !query_param(x->r->query, "limit", 1, 8, &limit, x->o))
+        return false;
+    struct stacks_ctx sc = {&x->w, x->job->id, (int)limit, 0};
+    jw_obj_begin(&x->w);
+    jw_kbool(&x->w, "taking", x->job->stacks != NULL);
+    jw_key(&x->w, "stacks");
+    coord_read(x->c, read_stacks, &sc); /* the lock released */
+    jw_obj_end(&x->w);
+    return true;
+}
+
+/* Takes the running job's stacks now; they are kept with it and GET
+ * shows them within a few seconds. */
+static bool post_job_stacks(struct route_req *x)
+{
+    if (!stacks_reader(x))
+        return false;
+    if (x->job->state != JOB_RUNNING) {
+        out_json_error(x->o, 409, "only a running job's ranks have stacks: GET shows the ones "
+                                  "kept with it");
+        return false;
+    }
+    coord_stacks_take(x->c, x->job, "on request (REST)");
+    x->o->status = 202;
+    jw_obj_begin(&x->w);
+    jw_kbool(&x->w, "taking", x->job->stacks != NULL);
+    jw_obj_end(&x->w);
+    return true;
+}
+
 static bool get_job_stalls(struct route_req *x)
 {
     uint64_t min_age = 1000;
@@ -1292,6 +1353,8 @@ static const struct route routes[] = {
     {"GET", "/api/v1/jobs/:job/output", 0, get_job_output},
     {"GET", "/api/v1/jobs/:job/events", 0, get_job_events},
     {"GET", "/api/v1/jobs/:job/stalls", 0, get_job_stalls},
+    {"GET", "/api/v1/jobs/:job/stacks", 0, get_job_stacks},
+    {"POST", "/api/v1/jobs/:job/stacks", 0, post_job_stacks},
     {"GET", "/api/v1/jobs/:job/snapshots", 0, get_job_snapshots},
     {"GET", "/api/v1/jobs/:job/generations", 0, get_job_generations},
     {"GET", "/api/v1/jobs/:job/epochs", 0, get_job_report},

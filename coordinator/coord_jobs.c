@@ -641,7 +641,13 @@ int coord_job_stop(struct coord *c, struct job *j, const char *reason)
 {
     if (job_terminal(j))
         return KOLO_ESTATE;
-    coord_job_finish(c, j, JOB_STOPPED, 143, reason && reason[0] ? reason : "stopped on request");
+    const char *why = reason && reason[0] ? reason : "stopped on request";
+    if (j->state == JOB_RUNNING) {
+        char what[256];
+        snprintf(what, sizeof what, "when stopped (%s)", why);
+        c->hooks.job_stopping(c, j, what); /* first: the agents answer before they stop it */
+    }
+    coord_job_finish(c, j, JOB_STOPPED, 143, why);
     return 0;
 }
 

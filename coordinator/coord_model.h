@@ -370,6 +370,9 @@ struct coord_hooks {
     void (*job_cron)(struct coord *c, struct job *j, bool terminal, uint64_t now);
     /* the coordinator stops: the job's parked calls are answered */
     void (*job_shutdown)(struct coord *c, struct job *j);
+    /* a running job is about to stop or to lose a frozen member (why):
+     * its ranks' stacks are taken first (coord_stacks.c) */
+    void (*job_stopping)(struct coord *c, struct job *j, const char *why);
     /* the job's domain parts are freed (the job itself is the core's) */
     void (*job_free)(struct job *j);
     /* elastic jobs: see coord_elastic.h */

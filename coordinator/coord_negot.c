@@ -38,6 +38,7 @@
 #include "coord_core.h"
 #include "coord_elastic.h"
 #include "coord_jobs.h"
+#include "coord_stacks.h"
 #include "coord_timeline.h"
 
 #include <errno.h>
@@ -1335,6 +1336,7 @@ static void negot_cron(struct coord *c, struct job *j, struct negot *n, uint64_t
                      e->name, (unsigned long long)(age / 1000), missing,
                      (long long)(n->stall_shutdown_ms / 1000));
             coord_event(c, j->id, NULL, "op.stall_shutdown", "%s", why);
+            coord_stacks_take(c, j, "at the stall shutdown");
             negot_shutdown(c, n, KOLO_ETIMEDOUT, why);
             break;
         }
@@ -1347,6 +1349,8 @@ static void negot_cron(struct coord *c, struct job *j, struct negot *n, uint64_t
                     x->count, (unsigned long long)(x->age_ms / 1000), x->missing, x->names,
                     x->count > x->listed ? " ..." : "");
     }
+    if (ngroups) /* what the ranks are doing meanwhile: the verdict */
+        coord_stacks_take(c, j, "at the stall");
 }
 
 void coord_negot_cron(struct coord *c, struct job *j, uint64_t now)

@@ -3,14 +3,18 @@ Python stacks (every thread, the user's own line), its process's state,
 and its part in a stall - taken through the agents while the job runs:
 a rank blocked in a collective, one asleep in its data loader, one in a
 tight loop, one stopped by SIGSTOP."""
+import glob
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -49,13 +53,14 @@ class Job:
     """A kolo run in the background; its coordinator and token from the
     first lines, READY lines from its ranks."""
 
-    def __init__(self, tmp_path, roles):
+    def __init__(self, tmp_path, roles, flags=()):
         script = tmp_path / "worker.py"
         script.write_text(WORKER)
         self.script = str(script)
         env = dict(os.environ, PYTHONPATH=PYDIR, PYTHONUNBUFFERED="1",
                    XDG_STATE_HOME=str(tmp_path / "state"), OMP_NUM_THREADS="1")
-        self.p = subprocess.Popen([KOLO, "run", "-np", str(len(roles)), "--", sys.executable,
+        self.p = subprocess.Popen([KOLO, "run", "-np", str(len(roles))] + list(flags) +
+                                  ["--", sys.executable,
                                    self.script] + roles, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, env=env,
                                   start_new_session=True)
@@ -75,6 +80,19 @@ class Job:
             m = re.search(r"embedded coordinator (tcp://[^,]+),.* token ([^)]+)\)", line)
             if m:
                 self.url, self.token = m.group(1), m.group(2)
+            m = re.search(r"dashboard (http://[^/]+)/\?key=(\w+)", line)
+            if m and not getattr(self, "http", None):
+                self.http, self.key = m.group(1), m.group(2)
+
+    def wait_err(self, pattern, timeout=60):
+        """The first [kolo] line of kolo run's that matches pattern."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for line in list(self.err):
+                if re.search(pattern, line):
+                    return line
+            time.sleep(0.1)
+        raise AssertionError("no line like %r in:\n%s" % (pattern, "".join(self.err)))
 
     def wait_ready(self, n, timeout=90):
         deadline = time.time() + timeout
@@ -163,3 +181,88 @@ def test_a_job_that_is_not_running(tmp_path):
         assert p.returncode != 0 and p.stderr, (p.returncode, p.stdout, p.stderr)
     finally:
         job.close()
+
+
+def _rest(url, key, method="GET"):
+    req = urllib.request.Request(url, method=method,
+                                 headers={"Authorization": "Bearer " + key} if key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_stall_and_stop_verdicts_kept_with_the_job(tmp_path):
+    """The stall warning takes every rank's stacks and kolo run prints a
+    verdict naming the rank that never came and its line; an interrupted
+    kolo run takes them again before the ranks are stopped; both stay in
+    the run's database, where kolo stacks and REST find them after the
+    job ended."""
+    job = Job(tmp_path, ["loader", "reduce"], ["--stall-check-warning-time-seconds", "2"])
+    loader_line = WORKER.splitlines().index("    time.sleep(120)") + 1
+    try:
+        job.wait_ready(2)
+        stall = job.wait_err(r"\[kolo\] at the stall: ", 40)
+        assert re.search(r"rank 1 \(host [^)]+\) waits in 'layer4.weight' for \d+ s", stall), stall
+        assert re.search(r"rank 0 \(host [^)]+\) never submitted it: worker.py:%d in load_batch"
+                         % loader_line, stall), stall
+        # on request through REST: 202, then kept
+        code, body = _rest(job.http + "/api/v1/jobs/1/stacks", job.key, "POST")
+        assert code == 202 and body["taking"], body
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            code, body = _rest(job.http + "/api/v1/jobs/1/stacks", job.key)
+            assert code == 200, body
+            if any(s["reason"] == "on request (REST)" for s in body["stacks"]):
+                break
+            time.sleep(0.3)
+        kept = [s for s in body["stacks"] if s["reason"] == "on request (REST)"]
+        assert kept and len(kept[0]["ranks"]) == 2, body
+        assert "in load_batch" in kept[0]["ranks"][0]["stacks"], kept[0]
+        assert _rest(job.http + "/api/v1/jobs/1/stacks", "")[0] == 401
+        # interrupted: the stacks come first, then the stop
+        os.kill(job.p.pid, signal.SIGINT)
+        stop = job.wait_err(r"\[kolo\] when stopped \(interrupted by signal 2 in kolo run\): ", 40)
+        assert "never submitted it: worker.py:%d in load_batch" % loader_line in stop, stop
+        assert job.p.wait(40) != 0
+    finally:
+        job.close()
+    # the run's database keeps them: a coordinator on it answers kolo stacks
+    db = glob.glob(str(tmp_path / "state" / "kolo" / "runs" / "*.db"))
+    assert len(db) == 1, db
+    port, hport = _free_port(), _free_port()
+    coord = subprocess.Popen([KOLO, "coordinator", "--db", db[0], "--listen",
+                              "tcp://127.0.0.1:%d" % port, "--http", "127.0.0.1:%d" % hport],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        url = "tcp://127.0.0.1:%d" % port
+        deadline = time.time() + 20
+        while True:
+            p = subprocess.run([KOLO, "stacks", "--coordinator", url, "1"], capture_output=True,
+                               text=True, timeout=30)
+            if p.returncode == 0 or time.time() > deadline:
+                break
+            time.sleep(0.3)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.startswith("the job's last stacks, taken by kolo when stopped "
+                                   "(interrupted by signal 2 in kolo run), "), p.stdout
+        assert "verdict: rank 1 (host " in p.stdout and "in load_batch" in p.stdout, p.stdout
+        p = subprocess.run([KOLO, "stacks", "--coordinator", url, "-o", "json", "1"],
+                           capture_output=True, text=True, timeout=30)
+        got = json.loads(p.stdout)
+        assert got["kept"] and got["verdict"].startswith("rank 1 "), got
+        key = open(db[0] + ".dashboard").read().split("key=")[1].split("#")[0].strip()
+        code, body = _rest("http://127.0.0.1:%d/api/v1/jobs/1/stacks" % hport, key)
+        assert code == 200 and not body["taking"], body
+        reasons = [s["reason"] for s in body["stacks"]]
+        assert reasons[0].startswith("when stopped") and "at the stall" in reasons, reasons
+    finally:
+        coord.terminate()
+        coord.wait(20)
