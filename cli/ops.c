@@ -81,12 +81,14 @@ struct conn {
     {"output", "-o", "", KNOB_STR, "table", 0, -1, "table or json", &(c)->output}
 
 /* Parses argv with tab; *rest is the first operand. 0 to go on, else the
- * exit code (help printed: 0; a bad flag: 2). */
-static int parse(const char *cmd, const char *usage, struct knob *tab, size_t n, int argc,
-                 char **argv, int *rest, int min_operands, int max_operands)
+ * exit code (help printed: -1; a bad flag: 2). --help prints the usage
+ * line, then about: what the command does, in a sentence or two. */
+static int parse(const char *cmd, const char *usage, const char *about, struct knob *tab,
+                 size_t n, int argc, char **argv, int *rest, int min_operands, int max_operands)
 {
-    char err[1024];
-    int rv = knobs_parse(tab, n, argc, argv, rest, usage, stdout, err, sizeof err);
+    char err[1024], head[1024];
+    snprintf(head, sizeof head, "%s\n\n%s", usage, about);
+    int rv = knobs_parse(tab, n, argc, argv, rest, head, stdout, err, sizeof err);
     if (rv == KNOBS_HELP || rv == KNOBS_DUMPED)
         return -1;
     int operands = argc - *rest;
@@ -277,7 +279,8 @@ static void jobs_json(struct jw *w, const Kolo__ListJobsReply *j)
 /* ---------------------------------------------------------------- commands */
 
 /* status, jobs, hosts: which lists to print. */
-static int list_cmd(const char *cmd, bool hosts, bool jobs, int argc, char **argv)
+static int list_cmd(const char *cmd, const char *about, bool hosts, bool jobs, int argc,
+                    char **argv)
 {
     bool both = hosts && jobs;
     char usage[160];
@@ -287,7 +290,7 @@ static int list_cmd(const char *cmd, bool hosts, bool jobs, int argc, char **arg
     struct knob tab[] = {CONN_KNOBS(&c), OUTPUT_KNOB(&c)};
     size_t n = sizeof tab / sizeof tab[0];
     int rest = 0;
-    int code = parse(cmd, usage, tab, n, argc, argv, &rest, 0, 0);
+    int code = parse(cmd, usage, about, tab, n, argc, argv, &rest, 0, 0);
     if (code || (code = conn_open(&c, cmd)) != 0) {
         conn_close(&c, tab, n);
         return code < 0 ? 0 : code;
@@ -338,17 +341,26 @@ static int list_cmd(const char *cmd, bool hosts, bool jobs, int argc, char **arg
 
 int cmd_status(int argc, char **argv)
 {
-    return list_cmd("status", true, true, argc, argv);
+    return list_cmd("status",
+                    "Shows the coordinator's hosts (state, slots, lease) and its jobs, for a "
+                    "person;\n-o json gives both to a script.",
+                    true, true, argc, argv);
 }
 
 int cmd_jobs(int argc, char **argv)
 {
-    return list_cmd("jobs", false, true, argc, argv);
+    return list_cmd("jobs",
+                    "Lists the coordinator's jobs: id, name, state, live ranks of np, exit code,\n"
+                    "submission time and command (-o json: every field of the REST API).",
+                    false, true, argc, argv);
 }
 
 int cmd_hosts(int argc, char **argv)
 {
-    return list_cmd("hosts", true, false, argc, argv);
+    return list_cmd("hosts",
+                    "Lists the hosts whose agents registered: id, name, address, state (alive,\n"
+                    "drained, lost), slots used of slots and the age of their lease.",
+                    true, false, argc, argv);
 }
 
 #define LOGS_WAIT_MS  5000
@@ -381,7 +393,11 @@ int cmd_logs(int argc, char **argv)
     size_t n = sizeof tab / sizeof tab[0];
     int rest = 0;
     uint64_t job = 0;
-    int code = parse("logs", usage, tab, n, argc, argv, &rest, 1, 1);
+    int code = parse("logs", usage,
+                     "Prints a job's output so far as kolo run printed it ([rank]<stream>:line);\n"
+                     "-f keeps printing until the job ends, then its outcome, across coordinator\n"
+                     "restarts.",
+                     tab, n, argc, argv, &rest, 1, 1);
     if (code || (code = job_operand("logs", argv[rest], &job)) != 0 ||
         (code = conn_open(&c, "logs")) != 0) {
         conn_close(&c, tab, n);
@@ -525,7 +541,10 @@ int cmd_stacks(int argc, char **argv)
     size_t n = sizeof tab / sizeof tab[0];
     int rest = 0;
     uint64_t job = 0;
-    int code = parse("stacks", usage, tab, n, argc, argv, &rest, 1, 1);
+    int code = parse("stacks", usage,
+                     "Shows what every rank of a running job is doing now: its Python stacks,\n"
+                     "its process's state and wait channel, its part in a stall.",
+                     tab, n, argc, argv, &rest, 1, 1);
     if (code || (code = job_operand("stacks", argv[rest], &job)) != 0 ||
         (code = conn_open(&c, "stacks")) != 0) {
         conn_close(&c, tab, n);
@@ -583,7 +602,10 @@ int cmd_stop(int argc, char **argv)
     size_t n = sizeof tab / sizeof tab[0];
     int rest = 0;
     uint64_t job = 0;
-    int code = parse("stop", usage, tab, n, argc, argv, &rest, 1, 1);
+    int code = parse("stop", usage,
+                     "Stops a job on every host (SIGTERM, then SIGKILL after the agents' grace)\n"
+                     "and records why; prints the job's state.",
+                     tab, n, argc, argv, &rest, 1, 1);
     if (code || (code = job_operand("stop", argv[rest], &job)) != 0 ||
         (code = conn_open(&c, "stop")) != 0) {
         conn_close(&c, tab, n);
@@ -603,7 +625,7 @@ int cmd_stop(int argc, char **argv)
     return code;
 }
 
-static int drain_cmd(const char *cmd, bool undrain, int argc, char **argv)
+static int drain_cmd(const char *cmd, const char *about, bool undrain, int argc, char **argv)
 {
     char usage[160];
     snprintf(usage, sizeof usage,
@@ -612,7 +634,7 @@ static int drain_cmd(const char *cmd, bool undrain, int argc, char **argv)
     struct knob tab[] = {CONN_KNOBS(&c), OUTPUT_KNOB(&c)};
     size_t n = sizeof tab / sizeof tab[0];
     int rest = 0;
-    int code = parse(cmd, usage, tab, n, argc, argv, &rest, 1, 1);
+    int code = parse(cmd, usage, about, tab, n, argc, argv, &rest, 1, 1);
     if (code || (code = conn_open(&c, cmd)) != 0) {
         conn_close(&c, tab, n);
         return code < 0 ? 0 : code;
@@ -646,12 +668,18 @@ static int drain_cmd(const char *cmd, bool undrain, int argc, char **argv)
 
 int cmd_drain(int argc, char **argv)
 {
-    return drain_cmd("drain", false, argc, argv);
+    return drain_cmd("drain",
+                     "Drains a host (by id or name): no new job or rank is placed there and\n"
+                     "elastic jobs leave it at their next commit; kolo undrain HOST undoes it.",
+                     false, argc, argv);
 }
 
 int cmd_undrain(int argc, char **argv)
 {
-    return drain_cmd("undrain", true, argc, argv);
+    return drain_cmd("undrain",
+                     "Makes a drained host (by id or name) usable again and places the jobs that\n"
+                     "wait for its slots.",
+                     true, argc, argv);
 }
 
 int cmd_attach(int argc, char **argv)
@@ -668,7 +696,11 @@ int cmd_attach(int argc, char **argv)
     size_t n = sizeof tab / sizeof tab[0];
     int rest = 0;
     uint64_t job = 0;
-    int code = parse("attach", usage, tab, n, argc, argv, &rest, 1, 1);
+    int code = parse("attach", usage,
+                     "Follows a job (one submitted with kolo run --detach) as kolo run would:\n"
+                     "its output and what the coordinator tells, then exits with its exit code.\n"
+                     "Ctrl-C stops following; the job goes on.",
+                     tab, n, argc, argv, &rest, 1, 1);
     if (code || (code = job_operand("attach", argv[rest], &job)) != 0 ||
         (code = conn_open(&c, "attach")) != 0) {
         conn_close(&c, tab, n);

@@ -277,8 +277,8 @@ static int run_load_yaml(struct knob *tab, size_t n, const char *path, char *err
 size_t run_flags_table(struct knob *tab, struct run_opts *o)
 {
     const struct knob t[] = {
-        {"np", "-np --num-proc", "", KNOB_INT, "0", 0, 65536,
-         "number of worker processes (required)", &o->np},
+        {"np", "-np --num-proc", "", KNOB_INT, NULL, 1, 65536,
+         "number of worker processes; required", &o->np},
         {"hosts", "-H", "", KNOB_STR, NULL, 0, -1,
          "hosts and slots to use, host1:2,host2:2 (default: any agent's free slots)", &o->hosts},
         {"hostfile", "-hostfile", "", KNOB_STR, NULL, 0, -1,
@@ -344,11 +344,11 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
          "shared memory is unchanged); sets KOLO_DATA_ENCRYPT for the job",
          &o->encrypt_data},
 
-        {"min-np", "--min-num-proc", "", KNOB_INT, "0", 0, 65536,
-         "elastic: keep running while at least this many workers are alive (default -np)",
+        {"min-np", "--min-num-proc", "", KNOB_INT, NULL, 1, 65536,
+         "elastic: keep running while at least this many workers are alive; unset: -np",
          &o->min_np},
-        {"max-np", "--max-num-proc", "", KNOB_INT, "0", 0, 65536,
-         "elastic: grow up to this many workers when capacity appears (default -np)",
+        {"max-np", "--max-num-proc", "", KNOB_INT, NULL, 1, 65536,
+         "elastic: grow up to this many workers when capacity appears; unset: -np",
          &o->max_np},
         {"host-discovery-script", NULL, "", KNOB_STR, NULL, 0, -1,
          "elastic: a script printing 'host' or 'host:slots' lines, run every second by the "
@@ -402,7 +402,8 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
         IGNORED("tcp", NULL, KNOB_BOOL, "kolo uses TCP between hosts already"),
         IGNORED("binding-args", NULL, KNOB_STR, NO_MPI),
         IGNORED("mpi-threads-disable", NULL, KNOB_BOOL, NO_MPI),
-        IGNORED("num-nccl-streams", NULL, KNOB_STR, "no NCCL backend yet"),
+        IGNORED("num-nccl-streams", NULL, KNOB_STR,
+                "the NCCL backend runs every op on one stream per rank"),
         IGNORED("thread-affinity", NULL, KNOB_STR, "the background thread is not pinned"),
         IGNORED("gloo-timeout-seconds", NULL, KNOB_STR,
                 "no Gloo; KOLO_TIMEOUT_MS bounds rendezvous and transfers"),
@@ -712,9 +713,9 @@ void run_job_env_free(char **env)
 
 /* ------------------------------------------------------------ --check-build */
 
-/* NCCL counts once a GPU backend is compiled in. CMake's KOLO_HAVE_NCCL
- * only says the headers were found; today worker/runtime/ops.c refuses GPU
- * tensors whatever it found, so nothing defines KOLO_BUILT_NCCL yet. */
+/* NCCL counts when the GPU backend is compiled in: cli/CMakeLists.txt
+ * defines KOLO_BUILT_NCCL where CMake found the CUDA and NCCL headers
+ * (libkolo loads the libraries themselves at run time, docs/gpu.md). */
 #ifndef KOLO_BUILT_NCCL
 #define KOLO_BUILT_NCCL 0
 #endif
