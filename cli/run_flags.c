@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "errors.h"
 #include "log.h"
@@ -523,6 +524,33 @@ static int hostfile_read(const char *path, char **hosts, char *err, size_t errle
     return 0;
 }
 
+/* embedded_hosts_check refuses a host list that names a host other than
+ * this machine when the run has no --coordinator: its embedded agent,
+ * named "localhost" with this machine's hostname, is the only host it
+ * will ever have, so the job would wait out --start-timeout for nothing.
+ * Malformed entries are left to the coordinator's parser. */
+static int embedded_hosts_check(const char *hosts, char *err, size_t errlen)
+{
+    char self[256] = "";
+    if (gethostname(self, sizeof self - 1) != 0)
+        self[0] = '\0';
+    for (const char *p = hosts; *p;) {
+        size_t len = strcspn(p, ","), name = strcspn(p, ":,");
+        bool here = (name == 9 && strncmp(p, "localhost", 9) == 0) ||
+                    (self[0] && name == strlen(self) && strncmp(p, self, name) == 0);
+        if (name > 0 && !here) {
+            snprintf(err, errlen,
+                     "-H names host '%.*s', which a run without --coordinator never has: its "
+                     "one host is this machine (localhost%s%s); to run on other hosts, give "
+                     "--coordinator of their cluster",
+                     (int)(name > 64 ? 64 : name), p, self[0] ? " or " : "", self);
+            return KOLO_EINVAL;
+        }
+        p += len + (p[len] == ',');
+    }
+    return 0;
+}
+
 #define LEVELS "trace, debug, info, warn[ing], error, fatal or off"
 
 /* A number Horovod reads with atof: digits with at most one point. */
@@ -617,6 +645,9 @@ int run_flags_finish(struct knob *tab, size_t n, struct run_opts *o, char *err, 
         if (rc)
             return rc;
     }
+    if (!remote && !o->slurm && !(o->discovery && o->discovery[0]) && o->hosts &&
+        embedded_hosts_check(o->hosts, err, errlen) != 0)
+        return KOLO_EINVAL;
     for (size_t i = 0; i < n; i++)
         if ((tab[i].flags & KNOB_IGNORED) && knobs_given(&tab[i]))
             fprintf(stderr, "[kolo] --%s is not needed by kolo (%s); ignored\n", tab[i].name,

@@ -34,6 +34,26 @@ grep -A1 -- '-np, ' "$WORK/run.help" | has "default" && fail "-np shows a defaul
 grep -A2 -- '--min-np <int>' "$WORK/run.help" | has default &&
   fail "--min-np shows a default besides -np's"
 has "NCCL backend yet" <"$WORK/run.help" && fail "run --help says there is no NCCL backend"
+note "refused at once: a host the embedded cluster never has, a port nobody listens on"
+export XDG_STATE_HOME="$WORK/state"
+t0=$(now_ms)
+usage_err "-H names host 'gpu-7', which a run without --coordinator never has" \
+  run -np 2 -H localhost:1,gpu-7:1 -- true
+[ ! -d "$WORK/state" ] || fail "-H gpu-7: something started ($(ls -R "$WORK/state"))"
+# a port that was just free: nothing listens there
+PORT=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+refused() { # CMD ARGS...: exit 1 at once, saying nobody listens
+  local rc=0 cmd=$1; shift
+  "$KOLO" "$cmd" --coordinator "tcp://127.0.0.1:$PORT" "$@" >"$WORK/refused.out" 2>&1 || rc=$?
+  [ $rc -eq 1 ] || fail "kolo $cmd against a closed port: exit $rc: $(cat "$WORK/refused.out")"
+  has "cannot connect to tcp://127.0.0.1:$PORT: Connection refused" <"$WORK/refused.out" ||
+    fail "kolo $cmd: $(cat "$WORK/refused.out")"
+}
+refused jobs
+refused logs -f 1
+refused run -np 1 -- true
+[ $(( $(now_ms) - t0 )) -lt 3000 ] || fail "refusals took $(( $(now_ms) - t0 )) ms"
+
 for cmd in status jobs hosts logs stop stacks attach drain undrain; do
   # the usage line, a blank line, a sentence on what the command does
   "$KOLO" "$cmd" --help | sed -n 3p | has '^[A-Z].* ' || fail "kolo $cmd --help: no sentence"
