@@ -7,14 +7,15 @@
  *   kolo logs [-f] [--rank N] JOB
  *                            a job's output so far (-f: and what follows,
  *                            until the job ends, across coordinator
- *                            restarts)
+ *                            restarts, then how it ended)
  *   kolo stop [--reason TEXT] JOB
  *   kolo stacks [--rank N] [-o json] JOB
  *                            what every rank is doing now: its Python
  *                            stacks, its process's state, its ops in a
  *                            stall (coordinator/coord_stacks.c)
  *   kolo attach JOB          follow a job (one submitted with kolo run
- *                            --detach) as kolo run would, exit with its code
+ *                            --detach) as kolo run would, exit with its code;
+ *                            Ctrl-C ends the following, not the job
  *   kolo drain HOST / kolo undrain HOST
  *                            no new work on the host, elastic jobs leave it
  *                            (by id or name) / usable again
@@ -41,6 +42,7 @@
 #include "cli.h"
 #include "run.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -214,22 +216,42 @@ static bool job_ended(const char *state)
     return strcmp(state, "pending") != 0 && strcmp(state, "running") != 0;
 }
 
+/* The RANKS column: live ranks of np while the job can have any, np
+ * alone once it ended (no rank is alive then, and "0/4" would read as a
+ * job that lost its workers). */
+static void ranks_cell(char *out, size_t size, const Kolo__JobInfo *x)
+{
+    if (job_ended(x->state))
+        snprintf(out, size, "-/%d", x->np);
+    else
+        snprintf(out, size, "%d/%d", x->ranks_alive, x->np);
+}
+
 static void jobs_table(const Kolo__ListJobsReply *j)
 {
     printf("JOBS (%zu)\n", j->n_jobs);
-    printf("  %-6s %-10s %-4s %-5s %-20s %s\n", "ID", "STATE", "NP", "EXIT", "SUBMITTED",
-           "COMMAND");
+    printf("  %-6s %-16s %-10s %-7s %-5s %-20s %s\n", "ID", "NAME", "STATE", "RANKS", "EXIT",
+           "SUBMITTED", "COMMAND");
     for (size_t i = 0; i < j->n_jobs; i++) {
         const Kolo__JobInfo *x = j->jobs[i];
-        char when[32] = "-", exitc[16] = "-";
+        char when[32] = "-", exitc[16] = "-", ranks[32];
+        ranks_cell(ranks, sizeof ranks, x);
         time_t t = (time_t)(x->submitted_ms / 1000);
         struct tm tm;
         if (x->submitted_ms && localtime_r(&t, &tm))
             strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
         if (job_ended(x->state))
             snprintf(exitc, sizeof exitc, "%d", x->exit_code);
-        printf("  %-6llu %-10s %-4d %-5s %-20s", (unsigned long long)x->id, x->state, x->np, exitc,
-               when);
+        /* a long name keeps its start and its end: runs of one script
+         * differ at the end (train.py, train-lr3.py) */
+        char name[17];
+        size_t nl = strlen(x->name);
+        if (nl <= 16)
+            snprintf(name, sizeof name, "%s", x->name[0] ? x->name : "-");
+        else
+            snprintf(name, sizeof name, "%.7s..%s", x->name, x->name + nl - 7);
+        printf("  %-6llu %-16s %-10s %-7s %-5s %-20s", (unsigned long long)x->id, name, x->state,
+               ranks, exitc, when);
         for (size_t a = 0; a < x->n_argv && a < 8; a++)
             printf(" %s", x->argv[a]);
         if (x->n_argv > 8)
@@ -363,6 +385,14 @@ int cmd_hosts(int argc, char **argv)
                     true, false, argc, argv);
 }
 
+/* print_outcome says on stderr how a job ended, as kolo run's last line
+ * does: "[kolo] job 7 succeeded (exit code 0)", or with the reason. */
+static void print_outcome(uint64_t job, const char *state, int exit_code, const char *reason)
+{
+    fprintf(stderr, "[kolo] job %llu %s%s%s (exit code %d)\n", (unsigned long long)job, state,
+            reason && reason[0] ? ": " : "", reason ? reason : "", exit_code);
+}
+
 #define LOGS_WAIT_MS  5000
 #define LOGS_RETRY_MS 200 /* between tries while the coordinator is away */
 
@@ -476,6 +506,9 @@ int cmd_logs(int argc, char **argv)
         bool more = rep->next_seq > after && rep->n_lines > 0;
         after = rep->next_seq;
         bool done = rep->done;
+        /* -f ends with how the job ended, after its last line */
+        if (follow && done && !more)
+            print_outcome(job, rep->state, rep->exit_code, rep->reason);
         protobuf_c_message_free_unpacked(msg, NULL);
         /* without -f: until what is stored now is printed; with it: until
          * the job ended and nothing is left */
@@ -682,6 +715,18 @@ int cmd_undrain(int argc, char **argv)
                      true, argc, argv);
 }
 
+/* What kolo attach prints when Ctrl-C (or SIGTERM) ends it, made before
+ * the handler is set: the handler may only write and exit. */
+static char attach_note[192];
+static size_t attach_note_len;
+
+static void attach_interrupted(int sig)
+{
+    ssize_t w = write(STDERR_FILENO, attach_note, attach_note_len);
+    (void)w;
+    _exit(128 + sig);
+}
+
 int cmd_attach(int argc, char **argv)
 {
     static const char usage[] =
@@ -713,7 +758,18 @@ int cmd_attach(int argc, char **argv)
                 &msg, 0);
     if (!code) {
         protobuf_c_message_free_unpacked(msg, NULL);
-        /* Ctrl-C leaves the job running: only kolo run stops what it started */
+        /* Ctrl-C leaves the job running: only kolo run stops what it
+         * started. Say so, and how to find the job again. */
+        int len = snprintf(attach_note, sizeof attach_note,
+                           "\n[kolo] stopped following job %llu; it goes on (kolo attach %llu "
+                           "follows it again, kolo stop %llu stops it)\n",
+                           (unsigned long long)job, (unsigned long long)job,
+                           (unsigned long long)job);
+        attach_note_len = len > 0 && (size_t)len < sizeof attach_note ? (size_t)len : 0;
+        struct sigaction sa = {.sa_handler = attach_interrupted};
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
         code = run_follow(c.cli, job, 0, NULL, raw);
     }
     conn_close(&c, tab, n);
