@@ -377,8 +377,8 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
          &o->metadata},
         {"http", NULL, "", KNOB_STR, "127.0.0.1:0", 0, -1,
          "embedded coordinator: HTTP address of REST and the dashboard", &o->http},
-        {"slots", "--slots-per-host", "", KNOB_INT, "0", 0, 65536,
-         "embedded agent: slots (default: the larger of -np, max-np and the CPU count); elastic: "
+        {"slots", "--slots-per-host", "", KNOB_INT, NULL, 1, 65536,
+         "embedded agent: slots (unset: the larger of -np, max-np and the CPU count); elastic: "
          "slots of a discovery line without ':N'",
          &o->slots},
         {"state-dir", NULL, NULL, KNOB_STR, NULL, 0, -1,
