@@ -281,7 +281,9 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
         {"np", "-np --num-proc", "", KNOB_INT, NULL, 1, 65536,
          "number of worker processes; required", &o->np},
         {"hosts", "-H", "", KNOB_STR, NULL, 0, -1,
-         "hosts and slots to use, host1:2,host2:2 (default: any agent's free slots)", &o->hosts},
+         "hosts and slots to use, host1:2,host2:2; unset: any agent's free slots (without "
+         "--coordinator only this machine: localhost or its hostname)",
+         &o->hosts},
         {"hostfile", "-hostfile", "", KNOB_STR, NULL, 0, -1,
          "file of '<host> slots=<n>' lines, '#' comments; instead of -H", &o->hostfile},
         {"start-timeout", NULL, "HOROVOD_START_TIMEOUT", KNOB_SECONDS, "30s", 0, 86400000,
