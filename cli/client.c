@@ -81,8 +81,10 @@ static bool probe_refused(const char *url, char *err, size_t errlen)
     freeaddrinfo(ai);
     if (!why)
         return false;
-    snprintf(err, errlen, "cannot connect to %s: %s (is the coordinator running, and at this "
-             "address?)", url, strerror(why));
+    snprintf(err, errlen,
+             "cannot connect to %s: %s (is the coordinator running, and at this "
+             "address?)",
+             url, strerror(why));
     return true;
 }
 

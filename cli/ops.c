@@ -85,8 +85,8 @@ struct conn {
 /* Parses argv with tab; *rest is the first operand. 0 to go on, else the
  * exit code (help printed: -1; a bad flag: 2). --help prints the usage
  * line, then about: what the command does, in a sentence or two. */
-static int parse(const char *cmd, const char *usage, const char *about, struct knob *tab,
-                 size_t n, int argc, char **argv, int *rest, int min_operands, int max_operands)
+static int parse(const char *cmd, const char *usage, const char *about, struct knob *tab, size_t n,
+                 int argc, char **argv, int *rest, int min_operands, int max_operands)
 {
     char err[1024], head[1024];
     snprintf(head, sizeof head, "%s\n\n%s", usage, about);
@@ -760,11 +760,11 @@ int cmd_attach(int argc, char **argv)
         protobuf_c_message_free_unpacked(msg, NULL);
         /* Ctrl-C leaves the job running: only kolo run stops what it
          * started. Say so, and how to find the job again. */
-        int len = snprintf(attach_note, sizeof attach_note,
-                           "\n[kolo] stopped following job %llu; it goes on (kolo attach %llu "
-                           "follows it again, kolo stop %llu stops it)\n",
-                           (unsigned long long)job, (unsigned long long)job,
-                           (unsigned long long)job);
+        int len =
+            snprintf(attach_note, sizeof attach_note,
+                     "\n[kolo] stopped following job %llu; it goes on (kolo attach %llu "
+                     "follows it again, kolo stop %llu stops it)\n",
+                     (unsigned long long)job, (unsigned long long)job, (unsigned long long)job);
         attach_note_len = len > 0 && (size_t)len < sizeof attach_note ? (size_t)len : 0;
         struct sigaction sa = {.sa_handler = attach_interrupted};
         sigemptyset(&sa.sa_mask);

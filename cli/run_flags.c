@@ -351,8 +351,7 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
          "elastic: keep running while at least this many workers are alive; unset: -np",
          &o->min_np},
         {"max-np", "--max-num-proc", "", KNOB_INT, NULL, 1, 65536,
-         "elastic: grow up to this many workers when capacity appears; unset: -np",
-         &o->max_np},
+         "elastic: grow up to this many workers when capacity appears; unset: -np", &o->max_np},
         {"host-discovery-script", NULL, "", KNOB_STR, NULL, 0, -1,
          "elastic: a script printing 'host' or 'host:slots' lines, run every second by the "
          "coordinator; only the hosts it lists are used",
@@ -363,8 +362,8 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
          "elastic: LO HI seconds; a host whose worker failed returns after LO, 2 LO, 4 LO ... "
          "(jittered, at most HI); without it the host stays out",
          &o->cooldown_range},
-        {"elastic-timeout", NULL, "HOROVOD_ELASTIC_TIMEOUT", KNOB_SECONDS, "600s", 0,
-         86400000, "elastic: how long to wait for min-np slots before failing", &o->elastic_timeout},
+        {"elastic-timeout", NULL, "HOROVOD_ELASTIC_TIMEOUT", KNOB_SECONDS, "600s", 0, 86400000,
+         "elastic: how long to wait for min-np slots before failing", &o->elastic_timeout},
 
         {"coordinator", NULL, "KOLO_RUN_COORDINATOR", KNOB_STR, NULL, 0, -1,
          "submit to this coordinator (tcp://HOST:PORT) instead of an embedded one",

@@ -594,8 +594,8 @@ static void near_consider(struct near *best, const char *flag, size_t flen, cons
 
 /* unknown_flag writes the error of an unknown flag, naming the nearest
  * spelling the table (and the built-in flags) has, if one is near. */
-static void unknown_flag(const struct knob *tab, size_t n, const char *flag, size_t flen,
-                         char *err, size_t errlen)
+static void unknown_flag(const struct knob *tab, size_t n, const char *flag, size_t flen, char *err,
+                         size_t errlen)
 {
     static const char *const builtin[] = {"--help", "--config", "--dump-config"};
     struct near best = {.score = SIZE_MAX};
