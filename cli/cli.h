@@ -34,6 +34,8 @@ int cli_token(const char *path, char **token, char *err, size_t errlen);
  * cli_connect opens a client of the coordinator at url as identity, over
  * TLS when tls asks for it (common/tls.h). 0, or a kolo error with the
  * reason in err (an address TLS cannot carry, missing TLS files, ...).
+ * A TCP address where nothing listens is KOLO_ECONNREFUSED at once, not
+ * the first call's timeout.
  */
 int cli_connect(struct rpc_client **cli, const char *url, const char *token,
                 const struct tls_files *tls, const char *identity, char *err, size_t errlen);

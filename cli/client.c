@@ -3,11 +3,15 @@
  */
 #include "cli.h"
 
+#include <errno.h>
 #include <libgen.h>
 #include <limits.h>
+#include <netdb.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "errors.h"
@@ -22,6 +26,68 @@ int cli_token(const char *path, char **token, char *err, size_t errlen)
     return read_token_file(path, token, err, errlen);
 }
 
+/* How long the first connection may take before the RPC client's own
+ * dialing (which keeps trying until each call's deadline) is left to it. */
+#define PROBE_MS 1000
+
+/* connect_error connects to one address and closes: 0 when the
+ * connection was taken or no answer came within PROBE_MS, else errno. */
+static int connect_error(const struct addrinfo *ai)
+{
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int why = 0;
+    if (fd < 0)
+        return 0;
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+        why = errno;
+        if (why == EINPROGRESS) {
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            socklen_t len = sizeof why;
+            why = 0;
+            if (poll(&p, 1, PROBE_MS) == 1)
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &why, &len);
+        }
+    }
+    close(fd);
+    return why;
+}
+
+/* probe_refused connects once to the host and port of a tcp:// (or
+ * tls+tcp://) url. The RPC client dials in the background and retries, so
+ * a port where nothing listens would only show as a call that times out
+ * after --timeout; a person wants to hear it at once. Returns true, with
+ * the reason in err, when every address of the host answered that nobody
+ * listens (or could not be reached at all); false when one took the
+ * connection, the address is not TCP, or no answer came within PROBE_MS
+ * (a slow network: the calls' deadlines decide). */
+static bool probe_refused(const char *url, char *err, size_t errlen)
+{
+    char host[256];
+    const char *colon = strrchr(url, ':');
+    if (!strstr(url, "tcp://") || !colon || tls_url_host(url, host, sizeof host) != 0)
+        return false;
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *ai = NULL;
+    if (getaddrinfo(host, colon + 1, &hints, &ai) != 0 || !ai)
+        return false; /* the RPC client names a bad address */
+    int why = 0;
+    for (const struct addrinfo *a = ai; a; a = a->ai_next) {
+        int e = connect_error(a);
+        if (e != ECONNREFUSED && e != EHOSTUNREACH && e != ENETUNREACH) {
+            why = 0;
+            break;
+        }
+        why = why ? why : e;
+    }
+    freeaddrinfo(ai);
+    if (!why)
+        return false;
+    snprintf(err, errlen,
+             "cannot connect to %s: %s (is the coordinator running, and at this "
+             "address?)",
+             url, strerror(why));
+    return true;
+}
+
 int cli_connect(struct rpc_client **cli, const char *url, const char *token,
                 const struct tls_files *tls, const char *identity, char *err, size_t errlen)
 {
@@ -29,6 +95,8 @@ int cli_connect(struct rpc_client **cli, const char *url, const char *token,
     int rv = tls_url(dialed, sizeof dialed, url, tls, err, errlen);
     if (rv != 0)
         return rv;
+    if (probe_refused(url, err, errlen))
+        return KOLO_ECONNREFUSED;
     /* busy (someone else's waiting calls fill the coordinator) is tried
      * again within each call's deadline, as libkolo's calls do */
     struct rpc_client_config rc = {

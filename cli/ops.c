@@ -7,14 +7,15 @@
  *   kolo logs [-f] [--rank N] JOB
  *                            a job's output so far (-f: and what follows,
  *                            until the job ends, across coordinator
- *                            restarts)
+ *                            restarts, then how it ended)
  *   kolo stop [--reason TEXT] JOB
  *   kolo stacks [--rank N] [-o json] JOB
  *                            what every rank is doing now: its Python
  *                            stacks, its process's state, its ops in a
  *                            stall (coordinator/coord_stacks.c)
  *   kolo attach JOB          follow a job (one submitted with kolo run
- *                            --detach) as kolo run would, exit with its code
+ *                            --detach) as kolo run would, exit with its code;
+ *                            Ctrl-C ends the following, not the job
  *   kolo drain HOST / kolo undrain HOST
  *                            no new work on the host, elastic jobs leave it
  *                            (by id or name) / usable again
@@ -42,6 +43,7 @@
 #include "coord_stacks.h"
 #include "run.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,12 +84,14 @@ struct conn {
     {"output", "-o", "", KNOB_STR, "table", 0, -1, "table or json", &(c)->output}
 
 /* Parses argv with tab; *rest is the first operand. 0 to go on, else the
- * exit code (help printed: 0; a bad flag: 2). */
-static int parse(const char *cmd, const char *usage, struct knob *tab, size_t n, int argc,
-                 char **argv, int *rest, int min_operands, int max_operands)
+ * exit code (help printed: -1; a bad flag: 2). --help prints the usage
+ * line, then about: what the command does, in a sentence or two. */
+static int parse(const char *cmd, const char *usage, const char *about, struct knob *tab, size_t n,
+                 int argc, char **argv, int *rest, int min_operands, int max_operands)
 {
-    char err[1024];
-    int rv = knobs_parse(tab, n, argc, argv, rest, usage, stdout, err, sizeof err);
+    char err[1024], head[1024];
+    snprintf(head, sizeof head, "%s\n\n%s", usage, about);
+    int rv = knobs_parse(tab, n, argc, argv, rest, head, stdout, err, sizeof err);
     if (rv == KNOBS_HELP || rv == KNOBS_DUMPED)
         return -1;
     int operands = argc - *rest;
@@ -213,22 +217,42 @@ static bool job_ended(const char *state)
     return strcmp(state, "pending") != 0 && strcmp(state, "running") != 0;
 }
 
+/* The RANKS column: live ranks of np while the job can have any, np
+ * alone once it ended (no rank is alive then, and "0/4" would read as a
+ * job that lost its workers). */
+static void ranks_cell(char *out, size_t size, const Kolo__JobInfo *x)
+{
+    if (job_ended(x->state))
+        snprintf(out, size, "-/%d", x->np);
+    else
+        snprintf(out, size, "%d/%d", x->ranks_alive, x->np);
+}
+
 static void jobs_table(const Kolo__ListJobsReply *j)
 {
     printf("JOBS (%zu)\n", j->n_jobs);
-    printf("  %-6s %-10s %-4s %-5s %-20s %s\n", "ID", "STATE", "NP", "EXIT", "SUBMITTED",
-           "COMMAND");
+    printf("  %-6s %-16s %-10s %-7s %-5s %-20s %s\n", "ID", "NAME", "STATE", "RANKS", "EXIT",
+           "SUBMITTED", "COMMAND");
     for (size_t i = 0; i < j->n_jobs; i++) {
         const Kolo__JobInfo *x = j->jobs[i];
-        char when[32] = "-", exitc[16] = "-";
+        char when[32] = "-", exitc[16] = "-", ranks[32];
+        ranks_cell(ranks, sizeof ranks, x);
         time_t t = (time_t)(x->submitted_ms / 1000);
         struct tm tm;
         if (x->submitted_ms && localtime_r(&t, &tm))
             strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
         if (job_ended(x->state))
             snprintf(exitc, sizeof exitc, "%d", x->exit_code);
-        printf("  %-6llu %-10s %-4d %-5s %-20s", (unsigned long long)x->id, x->state, x->np, exitc,
-               when);
+        /* a long name keeps its start and its end: runs of one script
+         * differ at the end (train.py, train-lr3.py) */
+        char name[17];
+        size_t nl = strlen(x->name);
+        if (nl <= 16)
+            snprintf(name, sizeof name, "%s", x->name[0] ? x->name : "-");
+        else
+            snprintf(name, sizeof name, "%.7s..%s", x->name, x->name + nl - 7);
+        printf("  %-6llu %-16s %-10s %-7s %-5s %-20s", (unsigned long long)x->id, name, x->state,
+               ranks, exitc, when);
         for (size_t a = 0; a < x->n_argv && a < 8; a++)
             printf(" %s", x->argv[a]);
         if (x->n_argv > 8)
@@ -278,7 +302,8 @@ static void jobs_json(struct jw *w, const Kolo__ListJobsReply *j)
 /* ---------------------------------------------------------------- commands */
 
 /* status, jobs, hosts: which lists to print. */
-static int list_cmd(const char *cmd, bool hosts, bool jobs, int argc, char **argv)
+static int list_cmd(const char *cmd, const char *about, bool hosts, bool jobs, int argc,
+                    char **argv)
 {
     bool both = hosts && jobs;
     char usage[160];
@@ -288,7 +313,7 @@ static int list_cmd(const char *cmd, bool hosts, bool jobs, int argc, char **arg
     struct knob tab[] = {CONN_KNOBS(&c), OUTPUT_KNOB(&c)};
     size_t n = sizeof tab / sizeof tab[0];
     int rest = 0;
-    int code = parse(cmd, usage, tab, n, argc, argv, &rest, 0, 0);
+    int code = parse(cmd, usage, about, tab, n, argc, argv, &rest, 0, 0);
     if (code || (code = conn_open(&c, cmd)) != 0) {
         conn_close(&c, tab, n);
         return code < 0 ? 0 : code;
@@ -339,17 +364,34 @@ static int list_cmd(const char *cmd, bool hosts, bool jobs, int argc, char **arg
 
 int cmd_status(int argc, char **argv)
 {
-    return list_cmd("status", true, true, argc, argv);
+    return list_cmd("status",
+                    "Shows the coordinator's hosts (state, slots, lease) and its jobs, for a "
+                    "person;\n-o json gives both to a script.",
+                    true, true, argc, argv);
 }
 
 int cmd_jobs(int argc, char **argv)
 {
-    return list_cmd("jobs", false, true, argc, argv);
+    return list_cmd("jobs",
+                    "Lists the coordinator's jobs: id, name, state, live ranks of np, exit code,\n"
+                    "submission time and command (-o json: every field of the REST API).",
+                    false, true, argc, argv);
 }
 
 int cmd_hosts(int argc, char **argv)
 {
-    return list_cmd("hosts", true, false, argc, argv);
+    return list_cmd("hosts",
+                    "Lists the hosts whose agents registered: id, name, address, state (alive,\n"
+                    "drained, lost), slots used of slots and the age of their lease.",
+                    true, false, argc, argv);
+}
+
+/* print_outcome says on stderr how a job ended, as kolo run's last line
+ * does: "[kolo] job 7 succeeded (exit code 0)", or with the reason. */
+static void print_outcome(uint64_t job, const char *state, int exit_code, const char *reason)
+{
+    fprintf(stderr, "[kolo] job %llu %s%s%s (exit code %d)\n", (unsigned long long)job, state,
+            reason && reason[0] ? ": " : "", reason ? reason : "", exit_code);
 }
 
 #define LOGS_WAIT_MS  5000
@@ -382,7 +424,11 @@ int cmd_logs(int argc, char **argv)
     size_t n = sizeof tab / sizeof tab[0];
     int rest = 0;
     uint64_t job = 0;
-    int code = parse("logs", usage, tab, n, argc, argv, &rest, 1, 1);
+    int code = parse("logs", usage,
+                     "Prints a job's output so far as kolo run printed it ([rank]<stream>:line);\n"
+                     "-f keeps printing until the job ends, then its outcome, across coordinator\n"
+                     "restarts.",
+                     tab, n, argc, argv, &rest, 1, 1);
     if (code || (code = job_operand("logs", argv[rest], &job)) != 0 ||
         (code = conn_open(&c, "logs")) != 0) {
         conn_close(&c, tab, n);
@@ -461,6 +507,9 @@ int cmd_logs(int argc, char **argv)
         bool more = rep->next_seq > after && rep->n_lines > 0;
         after = rep->next_seq;
         bool done = rep->done;
+        /* -f ends with how the job ended, after its last line */
+        if (follow && done && !more)
+            print_outcome(job, rep->state, rep->exit_code, rep->reason);
         protobuf_c_message_free_unpacked(msg, NULL);
         /* without -f: until what is stored now is printed; with it: until
          * the job ended and nothing is left */
@@ -511,7 +560,10 @@ int cmd_stacks(int argc, char **argv)
     size_t n = sizeof tab / sizeof tab[0];
     int rest = 0;
     uint64_t job = 0;
-    int code = parse("stacks", usage, tab, n, argc, argv, &rest, 1, 1);
+    int code = parse("stacks", usage,
+                     "Shows what every rank of a running job is doing now: its Python stacks,\n"
+                     "its process's state and wait channel, its part in a stall.",
+                     tab, n, argc, argv, &rest, 1, 1);
     if (code || (code = job_operand("stacks", argv[rest], &job)) != 0 ||
         (code = conn_open(&c, "stacks")) != 0) {
         conn_close(&c, tab, n);
@@ -569,7 +621,10 @@ int cmd_stop(int argc, char **argv)
     size_t n = sizeof tab / sizeof tab[0];
     int rest = 0;
     uint64_t job = 0;
-    int code = parse("stop", usage, tab, n, argc, argv, &rest, 1, 1);
+    int code = parse("stop", usage,
+                     "Stops a job on every host (SIGTERM, then SIGKILL after the agents' grace)\n"
+                     "and records why; prints the job's state.",
+                     tab, n, argc, argv, &rest, 1, 1);
     if (code || (code = job_operand("stop", argv[rest], &job)) != 0 ||
         (code = conn_open(&c, "stop")) != 0) {
         conn_close(&c, tab, n);
@@ -589,7 +644,7 @@ int cmd_stop(int argc, char **argv)
     return code;
 }
 
-static int drain_cmd(const char *cmd, bool undrain, int argc, char **argv)
+static int drain_cmd(const char *cmd, const char *about, bool undrain, int argc, char **argv)
 {
     char usage[160];
     snprintf(usage, sizeof usage,
@@ -598,7 +653,7 @@ static int drain_cmd(const char *cmd, bool undrain, int argc, char **argv)
     struct knob tab[] = {CONN_KNOBS(&c), OUTPUT_KNOB(&c)};
     size_t n = sizeof tab / sizeof tab[0];
     int rest = 0;
-    int code = parse(cmd, usage, tab, n, argc, argv, &rest, 1, 1);
+    int code = parse(cmd, usage, about, tab, n, argc, argv, &rest, 1, 1);
     if (code || (code = conn_open(&c, cmd)) != 0) {
         conn_close(&c, tab, n);
         return code < 0 ? 0 : code;
@@ -632,12 +687,30 @@ static int drain_cmd(const char *cmd, bool undrain, int argc, char **argv)
 
 int cmd_drain(int argc, char **argv)
 {
-    return drain_cmd("drain", false, argc, argv);
+    return drain_cmd("drain",
+                     "Drains a host (by id or name): no new job or rank is placed there and\n"
+                     "elastic jobs leave it at their next commit; kolo undrain HOST undoes it.",
+                     false, argc, argv);
 }
 
 int cmd_undrain(int argc, char **argv)
 {
-    return drain_cmd("undrain", true, argc, argv);
+    return drain_cmd("undrain",
+                     "Makes a drained host (by id or name) usable again and places the jobs that\n"
+                     "wait for its slots.",
+                     true, argc, argv);
+}
+
+/* What kolo attach prints when Ctrl-C (or SIGTERM) ends it, made before
+ * the handler is set: the handler may only write and exit. */
+static char attach_note[192];
+static size_t attach_note_len;
+
+static void attach_interrupted(int sig)
+{
+    ssize_t w = write(STDERR_FILENO, attach_note, attach_note_len);
+    (void)w;
+    _exit(128 + sig);
 }
 
 int cmd_attach(int argc, char **argv)
@@ -654,7 +727,11 @@ int cmd_attach(int argc, char **argv)
     size_t n = sizeof tab / sizeof tab[0];
     int rest = 0;
     uint64_t job = 0;
-    int code = parse("attach", usage, tab, n, argc, argv, &rest, 1, 1);
+    int code = parse("attach", usage,
+                     "Follows a job (one submitted with kolo run --detach) as kolo run would:\n"
+                     "its output and what the coordinator tells, then exits with its exit code.\n"
+                     "Ctrl-C stops following; the job goes on.",
+                     tab, n, argc, argv, &rest, 1, 1);
     if (code || (code = job_operand("attach", argv[rest], &job)) != 0 ||
         (code = conn_open(&c, "attach")) != 0) {
         conn_close(&c, tab, n);
@@ -667,7 +744,18 @@ int cmd_attach(int argc, char **argv)
                 &msg, 0);
     if (!code) {
         protobuf_c_message_free_unpacked(msg, NULL);
-        /* Ctrl-C leaves the job running: only kolo run stops what it started */
+        /* Ctrl-C leaves the job running: only kolo run stops what it
+         * started. Say so, and how to find the job again. */
+        int len =
+            snprintf(attach_note, sizeof attach_note,
+                     "\n[kolo] stopped following job %llu; it goes on (kolo attach %llu "
+                     "follows it again, kolo stop %llu stops it)\n",
+                     (unsigned long long)job, (unsigned long long)job, (unsigned long long)job);
+        attach_note_len = len > 0 && (size_t)len < sizeof attach_note ? (size_t)len : 0;
+        struct sigaction sa = {.sa_handler = attach_interrupted};
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
         code = run_follow(c.cli, job, 0, NULL, raw);
     }
     conn_close(&c, tab, n);

@@ -443,7 +443,9 @@ int cmd_run(int argc, char **argv)
     if (rv == KNOBS_OK && run_flags_finish(tab, n, &o, err, sizeof(err)) != 0)
         rv = KNOBS_ERROR;
     if (rv != KNOBS_OK) {
-        fprintf(stderr, "kolo run: %s\n%s\n", err, usage);
+        fprintf(stderr, "kolo run: %s%s\n%s\n", err,
+                strncmp(err, "np: ", 4) == 0 ? "; a job needs at least one worker process" : "",
+                usage);
         knobs_free(tab, n);
         return 2;
     }

@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "errors.h"
 #include "log.h"
@@ -277,10 +278,12 @@ static int run_load_yaml(struct knob *tab, size_t n, const char *path, char *err
 size_t run_flags_table(struct knob *tab, struct run_opts *o)
 {
     const struct knob t[] = {
-        {"np", "-np --num-proc", "", KNOB_INT, "0", 0, 65536,
-         "number of worker processes (required)", &o->np},
+        {"np", "-np --num-proc", "", KNOB_INT, NULL, 1, 65536,
+         "number of worker processes; required", &o->np},
         {"hosts", "-H", "", KNOB_STR, NULL, 0, -1,
-         "hosts and slots to use, host1:2,host2:2 (default: any agent's free slots)", &o->hosts},
+         "hosts and slots to use, host1:2,host2:2; unset: any agent's free slots (without "
+         "--coordinator only this machine: localhost or its hostname)",
+         &o->hosts},
         {"hostfile", "-hostfile", "", KNOB_STR, NULL, 0, -1,
          "file of '<host> slots=<n>' lines, '#' comments; instead of -H", &o->hostfile},
         {"start-timeout", NULL, "HOROVOD_START_TIMEOUT", KNOB_SECONDS, "30s", 0, 86400000,
@@ -344,12 +347,11 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
          "shared memory is unchanged); sets KOLO_DATA_ENCRYPT for the job",
          &o->encrypt_data},
 
-        {"min-np", "--min-num-proc", "", KNOB_INT, "0", 0, 65536,
-         "elastic: keep running while at least this many workers are alive (default -np)",
+        {"min-np", "--min-num-proc", "", KNOB_INT, NULL, 1, 65536,
+         "elastic: keep running while at least this many workers are alive; unset: -np",
          &o->min_np},
-        {"max-np", "--max-num-proc", "", KNOB_INT, "0", 0, 65536,
-         "elastic: grow up to this many workers when capacity appears (default -np)",
-         &o->max_np},
+        {"max-np", "--max-num-proc", "", KNOB_INT, NULL, 1, 65536,
+         "elastic: grow up to this many workers when capacity appears; unset: -np", &o->max_np},
         {"host-discovery-script", NULL, "", KNOB_STR, NULL, 0, -1,
          "elastic: a script printing 'host' or 'host:slots' lines, run every second by the "
          "coordinator; only the hosts it lists are used",
@@ -360,8 +362,8 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
          "elastic: LO HI seconds; a host whose worker failed returns after LO, 2 LO, 4 LO ... "
          "(jittered, at most HI); without it the host stays out",
          &o->cooldown_range},
-        {"elastic-timeout", NULL, "HOROVOD_ELASTIC_TIMEOUT", KNOB_SECONDS, "600s", 0,
-         86400000, "elastic: how long to wait for min-np slots before failing", &o->elastic_timeout},
+        {"elastic-timeout", NULL, "HOROVOD_ELASTIC_TIMEOUT", KNOB_SECONDS, "600s", 0, 86400000,
+         "elastic: how long to wait for min-np slots before failing", &o->elastic_timeout},
 
         {"coordinator", NULL, "KOLO_RUN_COORDINATOR", KNOB_STR, NULL, 0, -1,
          "submit to this coordinator (tcp://HOST:PORT) instead of an embedded one",
@@ -376,8 +378,8 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
          &o->metadata},
         {"http", NULL, "", KNOB_STR, "127.0.0.1:0", 0, -1,
          "embedded coordinator: HTTP address of REST and the dashboard", &o->http},
-        {"slots", "--slots-per-host", "", KNOB_INT, "0", 0, 65536,
-         "embedded agent: slots (default: the larger of -np, max-np and the CPU count); elastic: "
+        {"slots", "--slots-per-host", "", KNOB_INT, NULL, 1, 65536,
+         "embedded agent: slots (unset: the larger of -np, max-np and the CPU count); elastic: "
          "slots of a discovery line without ':N'",
          &o->slots},
         {"state-dir", NULL, NULL, KNOB_STR, NULL, 0, -1,
@@ -402,7 +404,8 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
         IGNORED("tcp", NULL, KNOB_BOOL, "kolo uses TCP between hosts already"),
         IGNORED("binding-args", NULL, KNOB_STR, NO_MPI),
         IGNORED("mpi-threads-disable", NULL, KNOB_BOOL, NO_MPI),
-        IGNORED("num-nccl-streams", NULL, KNOB_STR, "no NCCL backend yet"),
+        IGNORED("num-nccl-streams", NULL, KNOB_STR,
+                "the NCCL backend runs every op on one stream per rank"),
         IGNORED("thread-affinity", NULL, KNOB_STR, "the background thread is not pinned"),
         IGNORED("gloo-timeout-seconds", NULL, KNOB_STR,
                 "no Gloo; KOLO_TIMEOUT_MS bounds rendezvous and transfers"),
@@ -522,6 +525,33 @@ static int hostfile_read(const char *path, char **hosts, char *err, size_t errle
     return 0;
 }
 
+/* embedded_hosts_check refuses a host list that names a host other than
+ * this machine when the run has no --coordinator: its embedded agent,
+ * named "localhost" with this machine's hostname, is the only host it
+ * will ever have, so the job would wait out --start-timeout for nothing.
+ * Malformed entries are left to the coordinator's parser. */
+static int embedded_hosts_check(const char *hosts, char *err, size_t errlen)
+{
+    char self[256] = "";
+    if (gethostname(self, sizeof self - 1) != 0)
+        self[0] = '\0';
+    for (const char *p = hosts; *p;) {
+        size_t len = strcspn(p, ","), name = strcspn(p, ":,");
+        bool here = (name == 9 && strncmp(p, "localhost", 9) == 0) ||
+                    (self[0] && name == strlen(self) && strncmp(p, self, name) == 0);
+        if (name > 0 && !here) {
+            snprintf(err, errlen,
+                     "-H names host '%.*s', which a run without --coordinator never has: its "
+                     "one host is this machine (localhost%s%s); to run on other hosts, give "
+                     "--coordinator of their cluster",
+                     (int)(name > 64 ? 64 : name), p, self[0] ? " or " : "", self);
+            return KOLO_EINVAL;
+        }
+        p += len + (p[len] == ',');
+    }
+    return 0;
+}
+
 #define LEVELS "trace, debug, info, warn[ing], error, fatal or off"
 
 /* A number Horovod reads with atof: digits with at most one point. */
@@ -616,6 +646,9 @@ int run_flags_finish(struct knob *tab, size_t n, struct run_opts *o, char *err, 
         if (rc)
             return rc;
     }
+    if (!remote && !o->slurm && !(o->discovery && o->discovery[0]) && o->hosts &&
+        embedded_hosts_check(o->hosts, err, errlen) != 0)
+        return KOLO_EINVAL;
     for (size_t i = 0; i < n; i++)
         if ((tab[i].flags & KNOB_IGNORED) && knobs_given(&tab[i]))
             fprintf(stderr, "[kolo] --%s is not needed by kolo (%s); ignored\n", tab[i].name,
@@ -712,9 +745,9 @@ void run_job_env_free(char **env)
 
 /* ------------------------------------------------------------ --check-build */
 
-/* NCCL counts once a GPU backend is compiled in. CMake's KOLO_HAVE_NCCL
- * only says the headers were found; today worker/runtime/ops.c refuses GPU
- * tensors whatever it found, so nothing defines KOLO_BUILT_NCCL yet. */
+/* NCCL counts when the GPU backend is compiled in: cli/CMakeLists.txt
+ * defines KOLO_BUILT_NCCL where CMake found the CUDA and NCCL headers
+ * (libkolo loads the libraries themselves at run time, docs/gpu.md). */
 #ifndef KOLO_BUILT_NCCL
 #define KOLO_BUILT_NCCL 0
 #endif

@@ -534,6 +534,92 @@ static int knobs_load_config(struct knob *tab, size_t n, const char *path, char 
 
 /* ------------------------------------------------------------ command line */
 
+/* edit_distance is the Levenshtein distance of a[0..la) and b[0..lb),
+ * for names of at most 63 characters (longer ones count as far). */
+static size_t edit_distance(const char *a, size_t la, const char *b, size_t lb)
+{
+    size_t row[64];
+    if (la >= 64 || lb >= 64)
+        return SIZE_MAX;
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+struct near {
+    char spelling[128];
+    size_t score; /* lower is nearer; SIZE_MAX: none yet */
+};
+
+/* near_consider weighs one spelling (with its dashes) against the unknown
+ * flag: the edit distance of the names without dashes, where a spelling
+ * the flag begins or is the beginning of wins ties, then flags that do
+ * something over ignored ones. */
+static void near_consider(struct near *best, const char *flag, size_t flen, const char *spelling,
+                          size_t slen, bool ignored)
+{
+    const char *a = flag + strspn(flag, "-"), *b = spelling + strspn(spelling, "-");
+    size_t la = flen - (size_t)(a - flag), lb = slen - (size_t)(b - spelling);
+    size_t d = edit_distance(a, la, b, lb);
+    size_t shorter = la < lb ? la : lb;
+    /* one edit per three letters, or an abbreviation of three letters or
+     * more ("--verb"), never all of the spelling changed: "-x" and "-q"
+     * are near nothing, "-n" is near "-np" */
+    bool prefix = shorter > 0 && strncmp(a, b, shorter) == 0;
+    if (d == SIZE_MAX || d >= lb || shorter == 0 ||
+        (d > 1 + shorter / 3 && !(prefix && shorter >= 3)))
+        return;
+    /* ties: the spelling with as many dashes as the user typed (-n: -np) */
+    bool same_dashes = strspn(flag, "-") == strspn(spelling, "-");
+    size_t score = d * 8 + (prefix ? 0 : 4) + (ignored ? 2 : 0) + (same_dashes ? 0 : 1);
+    if (score < best->score && slen < sizeof best->spelling) {
+        best->score = score;
+        snprintf(best->spelling, sizeof best->spelling, "%.*s", (int)slen, spelling);
+    }
+}
+
+/* unknown_flag writes the error of an unknown flag, naming the nearest
+ * spelling the table (and the built-in flags) has, if one is near. */
+static void unknown_flag(const struct knob *tab, size_t n, const char *flag, size_t flen, char *err,
+                         size_t errlen)
+{
+    static const char *const builtin[] = {"--help", "--config", "--dump-config"};
+    struct near best = {.score = SIZE_MAX};
+    char name[128];
+    for (size_t i = 0; i < n; i++) {
+        bool ignored = (tab[i].flags & KNOB_IGNORED) != 0;
+        snprintf(name, sizeof name, "--%s", tab[i].name);
+        near_consider(&best, flag, flen, name, strlen(name), ignored);
+        for (const char *a = tab[i].alias; a && *a;) {
+            size_t alen = strcspn(a, " ");
+            near_consider(&best, flag, flen, a, alen, ignored);
+            a += alen;
+            a += strspn(a, " ");
+        }
+    }
+    for (size_t i = 0; i < sizeof builtin / sizeof builtin[0]; i++)
+        near_consider(&best, flag, flen, builtin[i], strlen(builtin[i]), false);
+    if (best.score != SIZE_MAX)
+        knobs_err(err, errlen, "unknown flag %.*s (did you mean %s?)", (int)flen, flag,
+                  best.spelling);
+    else
+        knobs_err(err, errlen, "unknown flag %.*s", (int)flen, flag);
+}
+
 struct argv_scan {
     bool help;
     bool dump;
@@ -610,7 +696,7 @@ static int knobs_scan_argv(struct knob *tab, size_t n, int argc, char **argv, bo
             break;
         }
         if (!k) {
-            knobs_err(err, errlen, "unknown flag %.*s", (int)flag_len, arg);
+            unknown_flag(tab, n, arg, flag_len, err, errlen);
             return KOLO_EINVAL;
         }
 

@@ -21,6 +21,7 @@ The CLI, `kolo tune`, is `python3 -m kolo.tune` (see main()).
 """
 import argparse
 import base64
+import difflib
 import json
 import os
 import secrets
@@ -28,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import tempfile
 import threading
 import time
@@ -665,32 +667,94 @@ def _say(verbose, text):
 
 # ---------------------------------------------------------------- CLI
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with --help in the layout of every other kolo command
+    (common/knobs.c): the usage, a sentence, then one entry a flag, its
+    spellings and value in a 28-column field and its description, with its
+    default in parentheses, wrapped to 80 columns."""
+
+    def format_help(self):
+        width, columns = 30, 80
+        out = ["usage: " + self.usage, "", self.description, "",
+               "Options:"]
+        for act in self._actions:
+            if not act.option_strings:
+                continue
+            flags = ", ".join(act.option_strings)
+            if act.nargs != 0:
+                flags += " <%s>" % act.metavar
+            text = act.help or ""
+            if act.default not in (None, argparse.SUPPRESS):
+                text += " (default %s)" % act.default
+            lines = textwrap.wrap(text, columns - width, break_on_hyphens=False) or [""]
+            if len(flags) < width - 1:
+                out.append("  %-*s%s" % (width - 2, flags, lines[0]))
+            else:
+                out.append("  " + flags)
+                out.append(" " * width + lines[0])
+            out += [" " * width + l for l in lines[1:]]
+        return "\n".join(out) + "\n"
+
+    def error(self, message):
+        """As argparse's, naming the nearest flag of an unknown one, as
+        the other kolo commands do (-n: did you mean -np?)."""
+        if message.startswith("unrecognized arguments: "):
+            known = [o for act in self._actions for o in act.option_strings]
+            for word in message.split(": ", 1)[1].split():
+                near = difflib.get_close_matches(word.split("=")[0], known, n=1, cutoff=0.6)
+                if word.startswith("-") and near:
+                    message = "unknown flag %s (did you mean %s?)" % (word, near[0])
+                    break
+        self.print_usage(sys.stderr)
+        self.exit(2, "%s: %s\n" % (self.prog, message))
+
+
 def main(argv=None):
     """kolo tune --trials 20 --np 2 --max-concurrent 2 --space space.yaml
     --metric loss --mode min -- python3 train.py --lr {lr}"""
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="kolo tune",
-        description="Hyperparameter search: each trial a kolo job, Optuna samples and prunes "
-                    "from the trials' epoch reports.")
-    ap.add_argument("--trials", type=int, default=10, help="number of trials (default 10)")
-    ap.add_argument("-np", "--np", type=int, default=2, dest="np", help="workers per trial")
-    ap.add_argument("--min-np", type=int)
-    ap.add_argument("--max-np", type=int)
-    ap.add_argument("--max-concurrent", type=int, help="trials at once (default: what fits)")
-    ap.add_argument("--slots", type=int, help="slots of the local cluster")
-    ap.add_argument("--space", help="YAML file: name: [log, 1e-4, 1e-1] | [int, 16, 128] | "
-                                    "[choice, ...]")
-    ap.add_argument("--metric", default="loss")
-    ap.add_argument("--mode", default="min", choices=("min", "max"))
-    ap.add_argument("--sampler", default="tpe", choices=SAMPLERS)
-    ap.add_argument("--pruner", default="asha", choices=PRUNERS)
-    ap.add_argument("--seed", type=int)
-    ap.add_argument("--study", dest="study_name", help="study name (default: study-<time>)")
-    ap.add_argument("--resume", metavar="STUDY", help="continue this study")
-    ap.add_argument("--dir", dest="directory", help="the study's directory")
-    ap.add_argument("--coordinator", help="RPC URL of a running coordinator")
-    ap.add_argument("--http", help="its REST URL (with --coordinator)")
-    ap.add_argument("--token-file")
+        usage="kolo tune --space FILE [--trials N] [-np N] [--metric NAME --mode min|max]\n"
+              "                 [--coordinator URL --http URL] [options] -- command {name}...",
+        description="Hyperparameter search: each trial is a kolo job, Optuna samples the space\n"
+                    "and prunes from the trials' epoch reports. Every {name} in the command is\n"
+                    "replaced by the trial's value (docs/tune.md).",
+        add_help=False, allow_abbrev=False)
+    ap.add_argument("-h", "--help", action="help", help="print this help and exit")
+    ap.add_argument("--trials", type=int, default=10, metavar="int",
+                    help="trials in all (a resumed study counts the ones it has)")
+    ap.add_argument("-np", "--np", type=int, default=2, dest="np", metavar="int",
+                    help="workers per trial")
+    ap.add_argument("--min-np", type=int, metavar="int",
+                    help="elastic trials: the fewest workers a trial goes on with")
+    ap.add_argument("--max-np", type=int, metavar="int",
+                    help="elastic trials: the most workers a trial grows to")
+    ap.add_argument("--max-concurrent", type=int, metavar="int",
+                    help="trials at once; unset: what the slots hold")
+    ap.add_argument("--slots", type=int, metavar="int",
+                    help="slots of the local cluster; unset: np x max-concurrent")
+    ap.add_argument("--space", metavar="str", help="YAML file of the space, required: "
+                    "name: [log, 1e-4, 1e-1] | [uniform, lo, hi] | [int, 16, 128] | "
+                    "[logint, lo, hi] | [choice, ...] | {type: float, low: ..., high: ..., "
+                    "log: true}")
+    ap.add_argument("--metric", default="loss", metavar="str",
+                    help="the hvd.report_epoch metric to optimise")
+    ap.add_argument("--mode", default="min", choices=("min", "max"), metavar="min|max",
+                    help="minimise or maximise the metric")
+    ap.add_argument("--sampler", default="tpe", choices=SAMPLERS, metavar="|".join(SAMPLERS),
+                    help="Optuna's sampler")
+    ap.add_argument("--pruner", default="asha", choices=PRUNERS, metavar="|".join(PRUNERS),
+                    help="Optuna's pruner (successive halving, median, Hyperband, none)")
+    ap.add_argument("--seed", type=int, metavar="int", help="the sampler's seed: a repeatable search")
+    ap.add_argument("--study", dest="study_name", metavar="str",
+                    help="study name, the trials are jobs NAME/trial-N; unset: study-<time>")
+    ap.add_argument("--resume", metavar="str", help="continue this study")
+    ap.add_argument("--dir", dest="directory", metavar="str",
+                    help="the study's directory; unset: ~/.local/state/kolo/tune/NAME")
+    ap.add_argument("--coordinator", metavar="str",
+                    help="run the trials on this coordinator (RPC URL) instead of a local cluster")
+    ap.add_argument("--http", metavar="str", help="with --coordinator: its REST URL")
+    ap.add_argument("--token-file", metavar="str", help="with --coordinator: the cluster token")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- the trial's command")
     a = ap.parse_args(argv)
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command

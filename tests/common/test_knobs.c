@@ -200,7 +200,19 @@ static void test_errors(void)
     CHECK_EQ_INT(parse("-q"), KNOBS_ERROR);
     CHECK_EQ_STR(err, "unknown flag -q");
     CHECK_EQ_INT(parse("-listen", "x"), KNOBS_ERROR);
-    CHECK_EQ_STR(err, "unknown flag -listen");
+    CHECK_EQ_STR(err, "unknown flag -listen (did you mean --listen?)");
+    /* the nearest spelling is suggested: a typo, an abbreviation, a
+     * short flag missing a letter; nothing when nothing is near */
+    CHECK_EQ_INT(parse("--lisen", "x"), KNOBS_ERROR);
+    CHECK_EQ_STR(err, "unknown flag --lisen (did you mean --listen?)");
+    CHECK_EQ_INT(parse("--verb"), KNOBS_ERROR);
+    CHECK_EQ_STR(err, "unknown flag --verb (did you mean --verbose?)");
+    CHECK_EQ_INT(parse("-n", "2"), KNOBS_ERROR);
+    CHECK_EQ_STR(err, "unknown flag -n (did you mean -np?)");
+    CHECK_EQ_INT(parse("--dump-confg"), KNOBS_ERROR);
+    CHECK_EQ_STR(err, "unknown flag --dump-confg (did you mean --dump-config?)");
+    CHECK_EQ_INT(parse("--zzzzzz"), KNOBS_ERROR);
+    CHECK_EQ_STR(err, "unknown flag --zzzzzz");
     CHECK_EQ_INT(parse("--x", "--help"), KNOBS_ERROR);
 
     CHECK_EQ_INT(parse("--listen"), KNOBS_ERROR);

@@ -30,6 +30,8 @@ wait_for 20 ticks_at_least 6 || fail "the job did not start: $(cat "$WORK/run.er
 note "kolo jobs / kolo hosts"
 "$KOLO" jobs "${T[@]}" >"$WORK/jobs.txt" || fail "kolo jobs failed"
 has "running" <"$WORK/jobs.txt" || fail "no running job: $(cat "$WORK/jobs.txt")"
+# the table names the job and its live ranks of np
+has "^  [0-9]* *counter *running *2/2 " <"$WORK/jobs.txt" || fail "kolo jobs: $(cat "$WORK/jobs.txt")"
 "$KOLO" jobs "${T[@]}" -o json >"$WORK/jobs.json" || fail "kolo jobs -o json failed"
 JOB=$("$PY" -c '
 import json, sys
@@ -68,7 +70,7 @@ assert all(l["rank"] == 1 for l in lines) and len(lines) >= 3, lines' "$WORK/log
   fail "kolo logs -o json: $(head -n 3 "$WORK/logs.jsonl")"
 
 note "kolo logs -f, then kolo stop"
-"$KOLO" logs -f "${T[@]}" --rank 0 "$JOB" >"$WORK/follow.out" 2>&1 &
+"$KOLO" logs -f "${T[@]}" --rank 0 "$JOB" >"$WORK/follow.out" 2>"$WORK/follow.err" &
 FOLLOW=$!
 PIDS+=("$FOLLOW")
 n0=$(ticks)
@@ -84,6 +86,9 @@ wait "$FOLLOW" || fail "kolo logs -f exited $?"
 last=$(tail -n 1 "$WORK/follow.out")
 [ "${last%% *}" = tick ] || fail "kolo logs -f: $(tail -n 3 "$WORK/follow.out")"
 [ "$(wc -l <"$WORK/follow.out")" -gt 10 ] || fail "kolo logs -f followed too little"
+# and ends with the job's outcome
+tail -n 1 "$WORK/follow.err" | has "^\[kolo\] job $JOB stopped: maintenance window (exit code" ||
+  fail "kolo logs -f did not end with the outcome: $(cat "$WORK/follow.err")"
 wait_for 20 sh -c "! kill -0 $RUN_PID 2>/dev/null" || fail "kolo run did not end"
 wait "$RUN_PID" && fail "kolo run exited 0 for a stopped job"
 "$KOLO" jobs "${T[@]}" -o json | "$PY" -c '
@@ -122,6 +127,23 @@ set -e
 has '^\[0\]<stdout>:hello$' <"$WORK/attach.out" || fail "attach: $(cat "$WORK/attach.out")"
 has '^\[0\]<stdout>:bye$' <"$WORK/attach.out" || fail "attach missed the end"
 [ "$(code "$KOLO" attach "${T[@]}" 99999)" = 3 ] || fail "attach to an unknown job"
+
+note "kolo attach interrupted: the job goes on, and it says so"
+JOB3=$("$KOLO" run -d "${T[@]}" -np 1 -- sh -c 'echo up; exec sleep 60') || fail "run -d"
+"$KOLO" attach "${T[@]}" "$JOB3" >"$WORK/attach3.out" 2>"$WORK/attach3.err" &
+ATTACH=$!
+PIDS+=("$ATTACH")
+wait_for 10 grep -q up "$WORK/attach3.out" || fail "attach: $(cat "$WORK/attach3.err")"
+kill -INT "$ATTACH"
+rc=0; wait "$ATTACH" || rc=$?
+[ $rc -eq 130 ] || fail "kolo attach interrupted exited $rc, not 130"
+has "stopped following job $JOB3; it goes on (kolo attach $JOB3 follows it again" \
+  <"$WORK/attach3.err" || fail "attach interrupted: $(cat "$WORK/attach3.err")"
+"$KOLO" jobs "${T[@]}" -o json | "$PY" -c '
+import json, sys
+[j] = [j for j in json.load(sys.stdin) if j["id"] == int(sys.argv[1])]
+assert j["state"] == "running", j' "$JOB3" || fail "the job did not go on after attach ended"
+"$KOLO" stop "${T[@]}" "$JOB3" >/dev/null
 
 note "exit codes"
 [ "$(code "$KOLO" logs "${T[@]}" 99999)" = 3 ] || fail "unknown job: $(cat "$WORK/code.out")"

@@ -13,7 +13,7 @@ every #include "..." of every .c and .h of each part:
 common depends on nothing of ours but the shared vocabulary
 (include/kolo/abi.h), so it must not include kolo.h.
 
-Inside coordinator/, the layers (README, "Layout") point down only:
+Inside coordinator/, the layers (docs/design.md, "Layout") point down only:
 
     model   coord_model.h (state), coord.h (the public face)
     core    coord_core, coord_hosts, coord_jobs, coord_writer, placement,
