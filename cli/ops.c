@@ -756,7 +756,7 @@ int cmd_attach(int argc, char **argv)
         sigemptyset(&sa.sa_mask);
         sigaction(SIGINT, &sa, NULL);
         sigaction(SIGTERM, &sa, NULL);
-        code = run_follow(c.cli, job, 0, NULL, raw);
+        code = run_follow(c.cli, job, 0, NULL, raw, false);
     }
     conn_close(&c, tab, n);
     return code;

@@ -276,8 +276,23 @@ static void print_epochs(struct rpc_client *cli, uint64_t job_id, int64_t *print
 }
 /* ---- issue 6: per-epoch lines (end) ---- */
 
+/* The notices --quiet leaves out: elastic events the job recovers from
+ * by itself. Stalls, verdicts and what stops a job still print. */
+static bool quiet_kind(const char *kind)
+{
+    static const char *const elastic[] = {
+        "worker.failed",    "worker.frozen",   "job.generation", "job.waiting", "job.hosts_updated",
+        "host.excluded",    "host.readmitted", "job.resumed",    "job.cache_reset",
+        "job.recovered",
+    };
+    for (size_t i = 0; i < sizeof elastic / sizeof elastic[0]; i++)
+        if (strcmp(kind, elastic[i]) == 0)
+            return true;
+    return false;
+}
+
 int run_follow(struct rpc_client *cli, uint64_t job_id, int64_t grace, struct run_output *files,
-               bool raw)
+               bool raw, bool quiet)
 {
     bool esc_out = cli_escape_wanted(stdout, raw), esc_err = cli_escape_wanted(stderr, raw);
     uint64_t after = 0;
@@ -363,6 +378,8 @@ int run_follow(struct rpc_client *cli, uint64_t job_id, int64_t grace, struct ru
          * tensors, a worker lost, an elastic reset (coord_event_notice) */
         for (size_t i = 0; i < rep->n_notices; i++) {
             const char *text = rep->notices[i]->message; /* may quote a tensor's name */
+            if (quiet && quiet_kind(rep->notices[i]->kind))
+                continue;
             fputs("[kolo] ", stderr);
             cli_write_text(stderr, text, strlen(text), esc_err);
             fputc('\n', stderr);
@@ -668,7 +685,7 @@ int cmd_run(int argc, char **argv)
         code = 0;
         goto out;
     }
-    code = run_follow(cli, job_id, o.grace, files, o.raw);
+    code = run_follow(cli, job_id, o.grace, files, o.raw, o.quiet);
     if (coord) {
         const char *tl = o.timeline_filename && o.timeline_filename[0] ? o.timeline_filename
                                                                        : getenv("HOROVOD_TIMELINE");

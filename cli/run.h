@@ -28,7 +28,7 @@ struct run_opts {
     char *tls_cert, *tls_key, *tls_ca, *tls_dir; /* common/tls.h */
     int64_t start_timeout, slots, grace;
     int64_t fusion_threshold_mb, cache_capacity, stall_warning_s, stall_shutdown_s;
-    bool verbose, stall_check, version, check_build, encrypt_data, detach;
+    bool verbose, quiet, stall_check, version, check_build, encrypt_data, detach;
     bool raw; /* --raw: output bytes untouched on a terminal too (job_lines.c) */
     bool slurm; /* --slurm; see run_slurm.c (on by itself inside an allocation) */
     /* elastic (horovodrun's names); any of min/max-np or a discovery script
@@ -74,8 +74,9 @@ char **run_job_env(struct knob *tab, size_t n, const struct run_opts *o);
  * coordinator, whose ranks ran on this host (run_timeline.c). */
 void run_timeline_final(struct rpc_client *cli, uint64_t job_id, const char *path);
 
+/* quiet: no [kolo] line for elastic events (run_quiet_kind) */
 int run_follow(struct rpc_client *cli, uint64_t job_id, int64_t grace, struct run_output *files,
-               bool raw);
+               bool raw, bool quiet);
 
 /* ---- run_slurm.c: kolo run inside a Slurm allocation ---- */
 

@@ -308,6 +308,10 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
          &o->raw},
         {"verbose", NULL, "", KNOB_BOOL, "false", 0, -1,
          "log what the embedded coordinator and agent do", &o->verbose},
+        {"quiet", "-q", "", KNOB_BOOL, "false", 0, -1,
+         "no [kolo] line for elastic events (a worker lost, a new generation, a host "
+         "excluded, a recovery's timeline); stalls, their verdicts and the outcome still print",
+         &o->quiet},
         {"log-level", NULL, "KOLO_LOG_LEVEL", KNOB_STR, "warn", 0, -1,
          "trace, debug, info, warn[ing], error, fatal or off, any case; from a flag or a "
          "config file, also the job's KOLO_LOG_LEVEL and HOROVOD_LOG_LEVEL",

@@ -723,6 +723,11 @@ static void regroup(struct coord *c, struct job *j, enum elastic_cause cause, co
     c->m.resets_by_cause[cause]++;
     if (!el->closed_mono)
         el->closed_mono = now_mono_ms();
+    if ((cause == CAUSE_FAILURE || cause == CAUSE_HOST_LOST) && !el->rec_mono) {
+        el->rec_mono = now_mono_ms(); /* a recovery starts (job.recovered) */
+        el->rec_gen = el->rec_formed_ms = 0;
+        str_copy(el->rec_why, why, sizeof el->rec_why);
+    }
     if (el->fail_streak > 0 && alive_members(j) == 0) {
         /* Every member ended with an error of its own (Horovod's "all
          * workers failed"): the script is at fault, and a new generation

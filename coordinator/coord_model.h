@@ -184,6 +184,12 @@ struct elastic {
     int fail_first_code;
     char fail_first_why[600];
     uint64_t closed_mono; /* monotonic ms the generation closed; 0 once the next one joined */
+    /* The last failure's recovery (issue 32): detected at rec_mono (a
+     * member failed or its host was lost); the generation that formed
+     * next (rec_gen, 0 until then) and how long that took; its rank 0
+     * reports the rest (WorkerReportRequest.recovery): job.recovered. */
+    uint64_t rec_mono, rec_gen, rec_formed_ms;
+    char rec_why[200];
     struct exclusion *excl;
     struct parked_assign *assign; /* workers waiting for their place */
     /* discovery results (coord_elastic.c's discovery thread) */

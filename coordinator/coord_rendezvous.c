@@ -513,6 +513,10 @@ void coord_rpc_rendezvous(struct coord *c, struct rpc_call *call)
         n->complete = true;
         if (j->el && n == j->negot)
             j->el->fail_streak = 0; /* a generation ran: failures start over */
+        if (j->el && n == j->negot && j->el->rec_mono && !j->el->rec_gen) {
+            j->el->rec_gen = j->generation; /* its rank 0 reports the rest */
+            j->el->rec_formed_ms = now_mono_ms() - j->el->rec_mono;
+        }
         if (j->el && j->el->closed_mono) {
             coord_hist_observe(&c->m.reset_duration,
                                (double)(now_mono_ms() - j->el->closed_mono) / 1000.0);

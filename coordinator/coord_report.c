@@ -307,6 +307,30 @@ static bool check_report(const Kolo__WorkerReportRequest *m, char *why, size_t w
     return true;
 }
 
+/* Rank 0 of the generation that formed after a failure says how its
+ * recovery went: with the coordinator's own part, one event the job's page
+ * and kolo run show (issue 32: every lost second accounted for). The
+ * rank's durations are on its clock, the coordinator's on its own: the
+ * generation's forming is where the two meet. */
+static void recovery_event(struct coord *c, struct job *j, const Kolo__RecoveryReport *r)
+{
+    struct elastic *el = j->el;
+    if (!el || !el->rec_mono || el->rec_gen != j->generation)
+        return;
+    double formed = (double)el->rec_formed_ms / 1000.0; /* detected -> formed */
+    double reform = (double)r->told_to_formed_ms / 1000.0;
+    double told = formed > reform ? formed - reform : 0.0; /* detected -> told */
+    double restore = (double)r->formed_to_restored_ms / 1000.0;
+    double step = (double)r->restored_to_step_ms / 1000.0;
+    coord_event(c, j->id, NULL, "job.recovered",
+                "job %llu recovered in %.2f s from: %s. Survivors told %.2f s after the "
+                "coordinator detected it, generation %llu formed %.2f s later, state restored "
+                "in %.2f s, first step done %.2f s after that",
+                (unsigned long long)j->id, told + reform + restore + step, el->rec_why, told,
+                (unsigned long long)j->generation, reform, restore, step);
+    el->rec_mono = el->rec_gen = el->rec_formed_ms = 0;
+}
+
 static void rpc_report(struct coord *c, struct rpc_call *call)
 {
     uint64_t received_us = now_mono_us();
@@ -347,6 +371,8 @@ static void rpc_report(struct coord *c, struct rpc_call *call)
                     "membership of the job (%s)",
                     j->id, (int)f->rank, what);
     }
+    if (m->recovery && f->rank == 0)
+        recovery_event(c, j, m->recovery);
     /* Rounds' telemetry: in memory only (the histogram, the lags). */
     if (m->rounds) {
         const Kolo__RoundTelemetry *t = m->rounds;

@@ -464,6 +464,19 @@ KOLO_API int kolo_report_epoch_span(kolo_ctx *ctx, int64_t epoch, uint64_t start
  */
 KOLO_API int kolo_report_step(kolo_ctx *ctx, double seconds);
 
+/*
+ * kolo_report_recovery records how this rank came back from an elastic
+ * reset after a failure, as three durations of its own clock (ms): from
+ * the collective that failed to kolo_init of the new generation
+ * returning, from there to the state restored (its sync from rank 0), and
+ * from there to the first training step done. Sent once with the next
+ * report; the coordinator writes rank 0's into the job's job.recovered
+ * event, with when it detected the failure and formed the generation.
+ * The Python elastic wrapper (kolo.torch.elastic.run) calls it.
+ */
+KOLO_API int kolo_report_recovery(kolo_ctx *ctx, uint32_t told_to_formed_ms,
+                                  uint32_t formed_to_restored_ms, uint32_t restored_to_step_ms);
+
 /* kolo_report_dropped returns how many reports of ctx were dropped so far
  * (queue full, or refused by the coordinator). */
 KOLO_API uint64_t kolo_report_dropped(const kolo_ctx *ctx);

@@ -112,6 +112,9 @@ def _declare(lib):
                                            ctypes.c_uint64, ctypes.c_int64, c_char_p]),
         "kolo_report_step": (c_int, [ctx, ctypes.c_double]),
         "kolo_report_dropped": (ctypes.c_uint64, [ctx]),
+        # issue 32: how a rank came back from a reset (kolo.torch.elastic.run)
+        "kolo_report_recovery": (c_int, [ctx, ctypes.c_uint32, ctypes.c_uint32,
+                                         ctypes.c_uint32]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)

@@ -87,6 +87,51 @@ def report_step(seconds):
         lib.kolo_report_step(ctx, float(seconds))
 
 
+# An elastic recovery in progress (issue 32): monotonic times of the
+# failed collective (told), the new generation's init (formed) and the
+# state's sync (restored); reported at the first step after it.
+_recovery = None
+
+
+def recovery_told():
+    """A collective failed: kolo.torch.elastic.run resets."""
+    global _recovery
+    _recovery = [time.monotonic(), None, None]
+
+
+def recovery_formed():
+    """The new generation's init returned."""
+    if _recovery is not None and _recovery[1] is None:
+        _recovery[1] = time.monotonic()
+
+
+def recovery_restored():
+    """The state was synced from rank 0 after the reset."""
+    if _recovery is not None and _recovery[1] is not None and _recovery[2] is None:
+        _recovery[2] = time.monotonic()
+
+
+def recovery_step_done():
+    """A training step (an optimizer step or a commit) ended: the first
+    after a recovery sends its three durations (kolo_report_recovery)."""
+    global _recovery
+    rec = _recovery
+    if rec is None or rec[2] is None:
+        return
+    _recovery = None
+    now = time.monotonic()
+    ms = [max(0, int(round(1000 * d))) for d in (rec[1] - rec[0], rec[2] - rec[1], now - rec[2])]
+    try:
+        import kolo
+        eng = kolo._eng()
+        if eng._ctx is None:
+            return
+        with eng.borrow() as (lib, ctx):
+            lib.kolo_report_recovery(ctx, *[min(m, 0xFFFFFFFF) for m in ms])
+    except Exception:  # telemetry must never break a training step
+        pass
+
+
 class StepTimer:
     """Reports the time between consecutive tick() calls (the optimizer's
     step()); the first tick only starts the clock."""

@@ -180,6 +180,15 @@ def test_killed_workers_are_replaced_and_the_model_matches(reference):
     rec = recovery_times(job)
     print("recovery s: %s (p50 %.3f)" % (rec, statistics.median(rec)))
     assert len(rec) == 3
+    # kolo run said where each recovery's time went (issue 32): one line per
+    # kill that reset the job, its parts adding up to the total
+    said = re.findall(r"\[kolo\] job \d+ recovered in ([0-9.]+) s from: rank \d+ on host \S+ was "
+                      r"killed by signal 9\. Survivors told ([0-9.]+) s after the coordinator "
+                      r"detected it, generation \d+ formed ([0-9.]+) s later, state restored "
+                      r"in ([0-9.]+) s, first step done ([0-9.]+) s after that", job.err)
+    assert 1 <= len(said) <= 3, job.err
+    for total, *parts in said:
+        assert abs(float(total) - sum(map(float, parts))) < 0.02 and float(total) < 30, said
     # it shrank after the first kill and grew back to four workers later
     first_kill = min(t for t, kind, _ in timeline(job) if kind == "KILL")
     after = [n for t, kind, n in timeline(job) if kind == "STEP" and t > first_kill]
@@ -187,9 +196,12 @@ def test_killed_workers_are_replaced_and_the_model_matches(reference):
 
 
 def test_rank_zero_dies_and_a_survivor_takes_over(reference):
-    job = run(3, [[12, 0]], kolo_args=("--min-np", "2", "--max-np", "3"))
+    job = run(3, [[12, 0]], kolo_args=("--min-np", "2", "--max-np", "3", "--quiet"))
     assert job.rc == 0, job
     assert [s for s, _ in finals(job)] == [60, 60], job
+    # --quiet: no line for the kill, the new generation or the recovery
+    assert not re.search(r"\[kolo\] (rank \d+ on host|job \d+ (generation|recovered)|host )",
+                         job.err), job.err
     for _, w in finals(job):
         assert close(w, reference)
 

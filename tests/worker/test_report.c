@@ -87,6 +87,9 @@ static void *rank_main(void *p)
     CHECK_EQ_INT(kolo_report_step(ctx, -1), KOLO_EINVAL);
     CHECK_EQ_INT(kolo_report_step(ctx, 1e7), KOLO_EINVAL);
     CHECK_EQ_INT(kolo_report_step(NULL, 1), KOLO_EINVAL);
+    CHECK_EQ_INT(kolo_report_recovery(NULL, 1, 2, 3), KOLO_EINVAL);
+    /* a fixed-size job has no recovery to speak of: sent, and ignored */
+    CHECK_EQ_INT(kolo_report_recovery(ctx, 10, 20, 30), 0);
 
     /* epoch 0: start and end; epoch 1: an end whose start is epoch 0's end */
     CHECK_EQ_INT(kolo_report_epoch(ctx, 0, 0, 0, NULL), 0);

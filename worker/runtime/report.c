@@ -1,6 +1,6 @@
 /*
  * report.c - epoch and step reports for the coordinator's dashboard:
- * kolo_report_epoch, kolo_report_epoch_span, kolo_report_step.
+ * kolo_report_epoch, kolo_report_epoch_span, kolo_report_step, kolo_report_recovery.
  *
  * DESIGN
  *
@@ -89,6 +89,8 @@ struct report {
     uint64_t last_end_ms;   /* the previous epoch end reported here, 0: none */
     int64_t started_epoch;  /* the last epoch with a phase 0 here, -1: none */
     struct round_tel tel;
+    uint32_t rec[3]; /* kolo_report_recovery's durations, while have_rec */
+    bool have_rec;
     /* the timeline's spans (report_trace), sent once the clock is known */
     Kolo__TraceSpan *spans; /* REPORT_MAX_SPANS, allocated on first use */
     int nspans;
@@ -393,6 +395,24 @@ int kolo_report_step(kolo_ctx *c, double seconds)
     return code;
 }
 
+int kolo_report_recovery(kolo_ctx *c, uint32_t told_to_formed_ms, uint32_t formed_to_restored_ms,
+                         uint32_t restored_to_step_ms)
+{
+    if (!c)
+        return KOLO_EINVAL;
+    int code;
+    struct report *r = report_get(c, &code);
+    if (!r)
+        return code;
+    pthread_mutex_lock(&r->mu);
+    r->rec[0] = told_to_formed_ms;
+    r->rec[1] = formed_to_restored_ms;
+    r->rec[2] = restored_to_step_ms;
+    r->have_rec = true;
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
 uint64_t kolo_report_dropped(const kolo_ctx *c)
 {
     struct report *r = c ? __atomic_load_n(&c->report, __ATOMIC_ACQUIRE) : NULL;
@@ -418,6 +438,8 @@ struct batch {
     uint64_t spans_dropped;
     uint64_t rejected[MESH_REJECT_N]; /* data-plane refusals (mesh.h) */
     bool any_rejected;
+    uint32_t rec[3];
+    bool have_rec;
 };
 
 static void batch_free(struct batch *b)
@@ -440,7 +462,8 @@ static bool take(struct report *r, struct batch *b)
     memset(b, 0, sizeof *b);
     for (int k = 0; k < MESH_REJECT_N; k++)
         b->any_rejected |= (b->rejected[k] = mesh_rejections_take((enum mesh_reject)k)) != 0;
-    if (!r->nepochs && !r->nsteps && !r->tel.rounds && !b->any_rejected && !r->nspans)
+    if (!r->nepochs && !r->nsteps && !r->tel.rounds && !b->any_rejected && !r->nspans &&
+        !r->have_rec)
         return false;
     size_t nw = (size_t)(r->tel.nwaits ? r->tel.nwaits : 1);
     b->epochs = malloc((size_t)(r->nepochs ? r->nepochs : 1) * sizeof *b->epochs);
@@ -477,6 +500,9 @@ static bool take(struct report *r, struct batch *b)
         }
     }
     b->spans_dropped = r->spans_dropped;
+    memcpy(b->rec, r->rec, sizeof b->rec);
+    b->have_rec = r->have_rec;
+    r->have_rec = false;
     return true;
 }
 
@@ -506,6 +532,11 @@ static void put_back(struct report *r, struct batch *b)
     for (int k = 0; k < MESH_REJECT_N; k++)
         mesh_rejections_return((enum mesh_reject)k, b->rejected[k]);
     memset(b->rejected, 0, sizeof b->rejected);
+    if (b->have_rec && !r->have_rec) {
+        memcpy(r->rec, b->rec, sizeof r->rec);
+        r->have_rec = true;
+    }
+    b->have_rec = false;
 }
 
 static bool transient(int code)
@@ -593,6 +624,13 @@ static int send_batch(struct kolo_ctx *c, struct report *r, struct batch *b, int
     req.spans = spp;
     req.n_spans = spp ? (size_t)b->nspans : 0;
     req.spans_dropped = b->spans_dropped;
+    Kolo__RecoveryReport rec = KOLO__RECOVERY_REPORT__INIT;
+    if (b->have_rec) {
+        rec.told_to_formed_ms = b->rec[0];
+        rec.formed_to_restored_ms = b->rec[1];
+        rec.restored_to_step_ms = b->rec[2];
+        req.recovery = &rec;
+    }
     size_t len = kolo__worker_report_request__get_packed_size(&req);
     if (!(buf = malloc(len ? len : 1)))
         goto out;

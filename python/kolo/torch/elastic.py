@@ -40,6 +40,7 @@ import threading
 import torch
 
 import kolo as _kolo
+from kolo import _report
 from kolo.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 from .functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
@@ -67,13 +68,16 @@ def run(func):
             try:
                 if not skip_sync:
                     state.sync()
+                    _report.recovery_restored()
                 return func(state, *args, **kwargs)
             except HorovodInternalError:
+                _report.recovery_told()
                 state.restore()
                 skip_sync = False
             except HostsUpdatedInterrupt as e:
                 skip_sync = e.skip_sync
             _reset()
+            _report.recovery_formed()
             state.on_reset()
     return wrapper
 
@@ -176,6 +180,7 @@ class State:
         """Saves the state in memory (and, from rank 0, durably on the
         coordinator), then checks for host updates."""
         self.save()
+        _report.recovery_step_done()  # the first commit after a reset ends its recovery
         self.check_host_updates()
 
     def check_host_updates(self):

@@ -297,7 +297,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "optimizer.synchronize() in your code.")
             self.synchronize()
         self._synchronized = False
-        return super(self.__class__, self).step(closure)
+        out = super(self.__class__, self).step(closure)
+        if _report._recovery is not None:  # the first step after a reset is done
+            _report.recovery_step_done()
+        return out
 
     def zero_grad(self, *args, **kwargs):
         _refuse_zero_grad_in_flight(self)
@@ -386,6 +389,8 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
             p.data.copy_(start)
             self._allreduce_delay[p] = self.backward_passes_per_step
         self._handles.clear()
+        if _report._recovery is not None:  # the first step after a reset is done
+            _report.recovery_step_done()
         return loss
 
     def zero_grad(self, *args, **kwargs):
