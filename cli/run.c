@@ -249,6 +249,10 @@ static void print_epoch(const Kolo__EpochSummary *e)
     if (!e->complete)
         line_add(line, sizeof line, &n, " (%d of %d ranks reported)", e->ranks_reported,
                  e->ranks_expected);
+    if (e->resets > 0)
+        line_add(line, sizeof line, &n, " (cut by %d elastic reset%s: the time since the last, "
+                 "generation %llu)", e->resets, e->resets == 1 ? "" : "s",
+                 (unsigned long long)e->generation);
     fprintf(stderr, "%s\n", line);
 }
 
@@ -265,7 +269,9 @@ static void print_epochs(struct rpc_client *cli, uint64_t job_id, int64_t *print
     Kolo__GetEpochsReply *rep = (Kolo__GetEpochsReply *)msg;
     for (size_t i = 0; i < rep->n_epochs; i++) {
         const Kolo__EpochSummary *e = rep->epochs[i];
-        bool ended = e->ranks_reported > 0, over = done || rep->job_done;
+        /* an epoch of a generation that is gone gets no more reports */
+        bool later_gen = i + 1 < rep->n_epochs && rep->epochs[i + 1]->generation > e->generation;
+        bool ended = e->ranks_reported > 0, over = done || rep->job_done || later_gen;
         if (!e->complete && !over)
             break; /* in order: wait for this one */
         if (ended)

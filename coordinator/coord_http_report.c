@@ -88,6 +88,7 @@ static int render_epochs(struct coord *c, struct job *j, struct jw *w, char *err
         jw_kint(w, "ranks_reported", s->reported);
         jw_kint(w, "ranks_expected", s->expected);
         jw_kbool(w, "complete", s->complete);
+        jw_kint(w, "resets", s->resets);
         jw_kdouble_or_null(w, "scaling_efficiency",
                            isfinite(base) && base > 0 && s->expected > 0
                                ? s->samples_per_s / (base * s->expected)

@@ -1357,15 +1357,27 @@ void coord_rpc_admin(struct coord *c, struct rpc_call *call, enum coord_method m
  * failure the call is answered (and counted against m) and NULL returned. */
 struct job *coord_worker_fence(struct coord *c, struct rpc_call *call, enum coord_method m)
 {
+    return coord_worker_fence_past(c, call, m, NULL);
+}
+
+struct job *coord_worker_fence_past(struct coord *c, struct rpc_call *call, enum coord_method m,
+                                    bool *past)
+{
     const struct rpc_frame *f = rpc_call_frame(call);
     struct job *j = coord_job_find(c, f->job_id);
     const char *bad = NULL;
     int code = KOLO_EINVAL;
+    if (past)
+        *past = false;
     if (!j)
         bad = "no such job";
     else if (j->state != JOB_RUNNING) {
         bad = "the job is not running";
         code = KOLO_ESHUTDOWN;
+    } else if (past && f->generation && f->generation < j->generation) {
+        *past = true; /* what an earlier generation did: its rank need not exist now */
+        if (f->rank < 0)
+            bad = "rank out of range";
     } else if (f->generation != j->generation) {
         c->m.stale_generation++;
         rpc_call_error(call, KOLO_ESTALE,

@@ -31,6 +31,11 @@ void coord_job_desired_free(void **specs, size_t n);
  * runs, the caller's generation is the current one, its rank exists. On
  * failure the call is answered (and counted against m) and NULL returned. */
 struct job *coord_worker_fence(struct coord *c, struct rpc_call *call, enum coord_method m);
+/* As coord_worker_fence, but a caller of an earlier generation passes too,
+ * with *past set: what a rank reported about that generation's work (its
+ * last epoch, sent as a reset closed it) still counts. */
+struct job *coord_worker_fence_past(struct coord *c, struct rpc_call *call, enum coord_method m,
+                                    bool *past);
 void coord_rpc_admin(struct coord *c, struct rpc_call *call, enum coord_method m);
 void coord_jobs_shutdown(struct coord *c);
 void coord_jobs_free(struct coord *c);

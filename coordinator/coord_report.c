@@ -331,11 +331,62 @@ static void recovery_event(struct coord *c, struct job *j, const Kolo__RecoveryR
     el->rec_mono = el->rec_gen = el->rec_formed_ms = 0;
 }
 
+/* The report's epochs in one transaction (one fsync, all or nothing), as
+ * rows of generation gen; false: the call was answered with the error. */
+static bool epochs_store(struct coord *c, struct rpc_call *call, const struct job *j, uint64_t gen,
+                         int rank, const Kolo__WorkerReportRequest *m)
+{
+    bool store = m->n_epochs != 0;
+    int err = store ? store_begin(c->store) : 0;
+    for (size_t i = 0; i < m->n_epochs && !err; i++) {
+        const Kolo__EpochReport *e = m->epochs[i];
+        struct store_epoch se = {.job_id = j->id,
+                                 .generation = gen,
+                                 .rank = rank,
+                                 .epoch = e->epoch,
+                                 .start_ms = e->phase == 0 ? e->ts_ms : e->start_ms,
+                                 .end_ms = e->ts_ms,
+                                 .samples = e->samples,
+                                 .metrics_json = e->metrics_json[0] ? e->metrics_json : NULL};
+        err = store_epoch_report(c->store, &se, e->phase);
+    }
+    if (store && !err)
+        err = store_commit(c->store);
+    else if (store)
+        store_rollback(c->store);
+    if (err) {
+        coord_store_failed(c, "report");
+        report_fail(c, call, KOLO_ESTORE, "the report could not be stored: %s",
+                    store_last_error(c->store));
+        return false;
+    }
+    c->m.report.epochs += m->n_epochs;
+    return true;
+}
+
+/* A report from a rank of an earlier generation, sent as a reset closed
+ * it (kolo_fini sends what is queued): its epochs are that generation's
+ * work and are kept; the rest (step times, telemetry) describes a ring
+ * that is gone. */
+static void report_past(struct coord *c, struct rpc_call *call, struct job *j,
+                        Kolo__WorkerReportRequest *m)
+{
+    const struct rpc_frame *f = rpc_call_frame(call);
+    if (epochs_store(c, call, j, f->generation, (int)f->rank, m)) {
+        c->m.report.batches++;
+        Kolo__WorkerReportReply rep = KOLO__WORKER_REPORT_REPLY__INIT;
+        rep.accepted_epochs = (uint32_t)m->n_epochs;
+        coord_send_pb(call, &rep.base);
+    }
+    kolo__worker_report_request__free_unpacked(m, NULL);
+}
+
 static void rpc_report(struct coord *c, struct rpc_call *call)
 {
     uint64_t received_us = now_mono_us();
     const struct rpc_frame *f = rpc_call_frame(call);
-    struct job *j = coord_worker_fence(c, call, M_WORKER_REPORT);
+    bool past;
+    struct job *j = coord_worker_fence_past(c, call, M_WORKER_REPORT, &past);
     if (!j) {
         c->m.report.refused++;
         return;
@@ -349,6 +400,10 @@ static void rpc_report(struct coord *c, struct rpc_call *call)
     if (!check_report(m, why, sizeof why)) {
         report_fail(c, call, KOLO_EINVAL, "%s", why);
         kolo__worker_report_request__free_unpacked(m, NULL);
+        return;
+    }
+    if (past) {
+        report_past(c, call, j, m);
         return;
     }
     const char *host_id = j->ranks[f->rank].host_id[0] ? j->ranks[f->rank].host_id : NULL;
@@ -401,33 +456,11 @@ static void rpc_report(struct coord *c, struct rpc_call *call)
         kolo__worker_report_request__free_unpacked(m, NULL);
         return;
     }
-    bool store = m->n_epochs != 0;
-    int err = store ? store_begin(c->store) : 0;
-    for (size_t i = 0; i < m->n_epochs && !err; i++) {
-        const Kolo__EpochReport *e = m->epochs[i];
-        struct store_epoch se = {.job_id = j->id,
-                                 .generation = j->generation,
-                                 .rank = f->rank,
-                                 .epoch = e->epoch,
-                                 .start_ms = e->phase == 0 ? e->ts_ms : e->start_ms,
-                                 .end_ms = e->ts_ms,
-                                 .samples = e->samples,
-                                 .metrics_json = e->metrics_json[0] ? e->metrics_json : NULL};
-        err = store_epoch_report(c->store, &se, e->phase);
-    }
-    if (store && !err)
-        err = store_commit(c->store);
-    else if (store)
-        store_rollback(c->store);
-    if (err) {
-        coord_store_failed(c, "report");
-        report_fail(c, call, KOLO_ESTORE, "the report could not be stored: %s",
-                    store_last_error(c->store));
+    if (!epochs_store(c, call, j, j->generation, (int)f->rank, m)) {
         kolo__worker_report_request__free_unpacked(m, NULL);
         return;
     }
     c->m.report.batches++;
-    c->m.report.epochs += m->n_epochs;
     c->m.report.step_rows += m->n_steps;
     struct report_job *rj = rjob_get(c, j->id, true);
     struct report_rank *rr = rj ? rjob_rank(rj, f->rank) : NULL;
@@ -491,6 +524,7 @@ void coord_report_rows_free(struct ep_rows *rs)
 struct gen_size {
     uint64_t generation;
     int size;
+    uint64_t ts_ms; /* when it formed */
 };
 
 struct gen_sizes {
@@ -501,11 +535,10 @@ struct gen_sizes {
 static int collect_gen(uint64_t generation, const char *cause, int size, uint64_t ts_ms, void *arg)
 {
     (void)cause;
-    (void)ts_ms;
     struct gen_sizes *gs = arg;
     if (array_room(&gs->v, gs->n, &gs->cap, sizeof *gs->v, 16) != 0)
         return KOLO_ENOMEM;
-    gs->v[gs->n++] = (struct gen_size){generation, size};
+    gs->v[gs->n++] = (struct gen_size){generation, size, ts_ms};
     return 0;
 }
 
@@ -601,6 +634,12 @@ int coord_report_epochs(struct coord *c, const struct job *j, struct ep_rows *rs
             }
         }
         s->complete = s->reported >= s->expected;
+        /* the resets that cut it: generations after the first formed
+         * between the previous epoch's end and its own */
+        uint64_t from = n > 1 ? sums[n - 2].end_ms : 0;
+        for (size_t x = 0; x < gs.n && s->end_ms; x++)
+            s->resets += gs.v[x].generation > 1 && gs.v[x].ts_ms > from &&
+                         gs.v[x].ts_ms <= s->end_ms;
         if (s->start_ms && s->end_ms && s->end_ms >= s->start_ms) {
             s->wall_s = (double)(s->end_ms - s->start_ms) / 1000.0;
             s->samples_per_s = s->wall_s > 0 ? (double)s->samples / s->wall_s : NAN;
@@ -671,6 +710,7 @@ static void rpc_get_epochs(struct coord *c, struct rpc_call *call)
         es[k].ranks_reported = s->reported;
         es[k].ranks_expected = s->expected;
         es[k].complete = s->complete;
+        es[k].resets = s->resets;
         es[k].metrics_json = (char *)(s->metrics ? s->metrics : "");
         es[k].generation = s->generation;
         ep[k] = &es[k];

@@ -51,6 +51,9 @@ struct ep_sum {
     double samples_per_s; /* NAN: unknown */
     int reported, expected;
     bool complete;
+    /* elastic resets that cut it: generations formed after the previous
+     * epoch's end and before its end (its wall time counts from the last) */
+    int resets;
     const char *metrics; /* rank 0's, else the lowest rank's; NULL: none */
     size_t first, count;
 };

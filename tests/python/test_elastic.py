@@ -275,3 +275,53 @@ def test_elastic_sampler_splits_what_is_left():
     assert not (seen & done), "a sample of the first part came again"
     assert seen | done == set(data), "a sample was skipped"
     assert hvd.is_initialized() is False
+
+
+EPOCHS_WORKER = r'''
+import os, sys, time, torch
+import kolo.torch as hvd
+marks = sys.argv[1]
+hvd.init()
+model = torch.nn.Linear(4, 1)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                               named_parameters=model.named_parameters())
+state = hvd.elastic.TorchState(model=model, optimizer=opt, step=0, epoch=0)
+
+@hvd.elastic.run
+def train(state):
+    while state.epoch < 3:
+        while state.step < 20 * (state.epoch + 1):
+            opt.zero_grad(); model(torch.ones(2, 4)).sum().backward(); opt.step()
+            state.step += 1
+            if state.step % 5 == 0:
+                state.commit()
+            mark = os.path.join(marks, "killed")
+            if state.step == 30 and hvd.rank() == 1 and not os.path.exists(mark):
+                open(mark, "w").close()
+                os.kill(os.getpid(), 9)
+            time.sleep(0.02)
+        hvd.report_epoch(state.epoch, samples=20, metrics={"loss": 0.5})
+        state.epoch += 1
+        state.commit()
+
+train(state)
+'''
+
+
+def test_an_epoch_cut_by_a_reset_is_marked():
+    """kolo run's epoch lines say which epoch a reset cut (issue 32), and
+    REST's /epochs counts them ("resets")."""
+    marks = tempfile.mkdtemp(prefix="kolo-test-epochs-")
+    try:
+        job = kolo_run(2, EPOCHS_WORKER, args=(marks,), timeout=90,
+                       kolo_args=("--min-np", "1", "--max-np", "2",
+                                  "--blacklist-cooldown-range", "60", "61"))
+    finally:
+        shutil.rmtree(marks, ignore_errors=True)
+    assert job.rc == 0, job
+    lines = [ln for ln in job.err.splitlines() if ln.startswith("[kolo] epoch ")]
+    # epoch 0 too: the survivor's report of it went as the reset closed its
+    # generation (it used to be refused as stale, and the epoch was missing)
+    assert [ln.split(":")[0] for ln in lines] == ["[kolo] epoch %d" % e for e in range(3)], job.err
+    assert "reset" not in lines[0] and "reset" not in lines[2], lines
+    assert lines[1].endswith("(cut by 1 elastic reset: the time since the last, generation 2)"), lines
