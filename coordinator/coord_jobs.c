@@ -674,6 +674,25 @@ void coord_jobs_host_lost(struct coord *c, struct host *h, const char *why)
     }
 }
 
+/* A worker of an elastic job failed with error (its traceback's last line,
+ * "" for a signal or no line): whether it is the same error for the
+ * SAME_ERROR_LIMIT-th time in a row, when the job has no --reset-limit of
+ * its own. A reset would only bring it back: Horovod users otherwise wait
+ * for a reset limit they did not set. */
+#define SAME_ERROR_LIMIT 3
+static bool same_error_again(struct elastic *el, const char *error)
+{
+    if (!error[0])
+        return false; /* a kill is the cluster's: the run of the same error goes on */
+    if (strcmp(el->same_error, error) == 0) {
+        el->same_error_count++;
+    } else {
+        str_copy(el->same_error, error, sizeof el->same_error);
+        el->same_error_count = 1;
+    }
+    return el->reset_limit == 0 && el->same_error_count >= SAME_ERROR_LIMIT;
+}
+
 void coord_job_worker_event(struct coord *c, struct host *h, uint64_t job_id, uint64_t gen,
                             int rank, uint64_t wid, int kind, int pid, int exit_code,
                             int term_signal, const char *message)
@@ -739,6 +758,16 @@ void coord_job_worker_event(struct coord *c, struct host *h, uint64_t job_id, ui
             str_copy(el->fail_first_why, why, sizeof el->fail_first_why);
         }
         coord_event(c, j->id, h->id, "worker.failed", "%s", why);
+        if (same_error_again(el, term_signal ? "" : error)) {
+            char msg[900];
+            snprintf(msg, sizeof msg,
+                     "the same error ended a worker %d times in a row, the last: %s; no new "
+                     "generation (the code, not the cluster; --reset-limit N sets a limit of "
+                     "resets instead)",
+                     el->same_error_count, why);
+            coord_job_finish(c, j, JOB_FAILED, exit_code, msg);
+            return;
+        }
         c->hooks.member_gone(c, j, h, true, CAUSE_FAILURE, why);
         return;
     }

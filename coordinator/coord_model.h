@@ -183,6 +183,11 @@ struct elastic {
     int fail_streak;
     int fail_first_code;
     char fail_first_why[600];
+    /* the error line (a traceback's last) of the latest worker that failed
+     * with an error of its own, and how many failed with it in a row: the
+     * same error every time is the code's (SAME_ERROR_LIMIT, coord_jobs.c) */
+    char same_error[400];
+    int same_error_count;
     uint64_t closed_mono; /* monotonic ms the generation closed; 0 once the next one joined */
     /* The last failure's recovery (issue 32): detected at rec_mono (a
      * member failed or its host was lost); the generation that formed

@@ -109,3 +109,49 @@ def test_a_killed_rank_is_not_the_codes_fault():
     assert job.rc != 0, job
     assert "every worker failed" not in job.err, job.err
     assert re.search(r"^\[kolo\] waiting for capacity: ", job.err, re.M), job.err
+
+
+SAME_ERROR_WORKER = r'''
+import time, torch
+import kolo.torch as hvd
+hvd.init()
+model = torch.nn.Linear(4, 1)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                               named_parameters=model.named_parameters())
+state = hvd.elastic.TorchState(model=model, optimizer=opt, step=0)
+
+@hvd.elastic.run
+def train(state):
+    while state.step < 100000:
+        opt.zero_grad(); model(torch.ones(2, 4)).sum().backward(); opt.step()
+        state.step += 1
+        if state.step % 5 == 0:
+            state.commit()
+        if hvd.size() > 1 and hvd.rank() == 1 and state.step % 10 == 7:
+            raise ValueError("corrupt shard on rank 1")   # a bug: every time
+        time.sleep(0.02)
+
+train(state)
+'''
+
+
+def test_the_same_error_every_time_fails_the_job():
+    # one rank's data is broken: every replacement raises the same error
+    # at the same place. Without a --reset-limit of the user's the job
+    # fails at the third time in a row, with the error, instead of
+    # resetting forever
+    import time
+    from conftest import kolo_run
+    t0 = time.time()
+    job = kolo_run(2, SAME_ERROR_WORKER, timeout=120,
+                   kolo_args=("--min-np", "1", "--max-np", "2",
+                              "--blacklist-cooldown-range", "1", "1"))
+    took = time.time() - t0
+    assert job.rc == 1, job
+    assert took < 90, took
+    assert len(re.findall(r"^\[kolo\] rank 1 on host \S+ exited with code 1: "
+                          r"ValueError: corrupt shard on rank 1$", job.err, re.M)) == 3, job.err
+    last = [ln for ln in job.err.splitlines() if ln.startswith("[kolo] job ")][-1]
+    assert re.search(r"failed: the same error ended a worker 3 times in a row, the last: rank 1 "
+                     r"on host \S+ exited with code 1: ValueError: corrupt shard on rank 1; ", last), \
+        job.err
