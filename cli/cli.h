@@ -23,6 +23,7 @@ int cmd_hosts(int argc, char **argv);
 int cmd_logs(int argc, char **argv);
 int cmd_stop(int argc, char **argv);
 int cmd_stacks(int argc, char **argv);
+int cmd_top(int argc, char **argv);
 int cmd_drain(int argc, char **argv);
 int cmd_undrain(int argc, char **argv);
 int cmd_attach(int argc, char **argv);

@@ -22,6 +22,7 @@ static const char usage[] =
     "  stop         stop a job: kolo stop JOB\n"
     "  stacks       what every rank of a job is doing: its Python stacks, its state: kolo "
     "stacks JOB\n"
+    "  top          a job's ranks, costliest first: step time, lag, cost: kolo top JOB\n"
     "  attach       follow a job (kolo run --detach) and exit with its code\n"
     "  drain, undrain\n"
     "               no new work on a host, elastic jobs leave it / usable again\n"
@@ -45,6 +46,7 @@ static const struct {
     {"logs", cmd_logs},
     {"stop", cmd_stop},
     {"stacks", cmd_stacks},
+    {"top", cmd_top},
     {"attach", cmd_attach},
     {"drain", cmd_drain},
     {"undrain", cmd_undrain},

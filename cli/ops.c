@@ -43,6 +43,7 @@
 #include "coord_stacks.h"
 #include "run.h"
 
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -757,6 +758,163 @@ int cmd_attach(int argc, char **argv)
         sigaction(SIGINT, &sa, NULL);
         sigaction(SIGTERM, &sa, NULL);
         code = run_follow(c.cli, job, 0, NULL, raw, false);
+    }
+    conn_close(&c, tab, n);
+    return code;
+}
+
+/* ---------------------------------------------------------------- top */
+
+static int by_cost(const void *a, const void *b)
+{
+    const Kolo__RankView *x = *(Kolo__RankView *const *)a, *y = *(Kolo__RankView *const *)b;
+    if (x->cost != y->cost)
+        return x->cost < y->cost ? 1 : -1; /* costliest first; unknown (-1) last */
+    return x->rank - y->rank;
+}
+
+static void fmt_secs(char *out, size_t size, double s)
+{
+    if (s < 0)
+        snprintf(out, size, "-");
+    else if (s < 1)
+        snprintf(out, size, "%.1f ms", s * 1e3);
+    else
+        snprintf(out, size, "%.2f s", s);
+}
+
+/* One screen of kolo top: the ranks, costliest first. */
+static void top_table(const Kolo__GetRanksReply *rep)
+{
+    char med[32];
+    fmt_secs(med, sizeof med, rep->step_s);
+    printf("job %llu  %s  generation %llu  %zu rank(s)  median step %s\n\n",
+           (unsigned long long)rep->job_id, rep->state, (unsigned long long)rep->generation,
+           rep->n_ranks, med);
+    printf("%5s  %-16s %-9s %8s %10s %10s %7s  %s\n", "RANK", "HOST", "STATE", "PID", "STEP",
+           "LAG", "COST", "EPOCH");
+    Kolo__RankView **v = malloc((rep->n_ranks ? rep->n_ranks : 1) * sizeof *v);
+    if (!v)
+        return;
+    memcpy(v, rep->ranks, rep->n_ranks * sizeof *v);
+    qsort(v, rep->n_ranks, sizeof *v, by_cost);
+    for (size_t i = 0; i < rep->n_ranks; i++) {
+        char step[32], lag[32], cost[16], epoch[24];
+        fmt_secs(step, sizeof step, v[i]->step_s);
+        fmt_secs(lag, sizeof lag, v[i]->lag_s);
+        if (v[i]->cost < 0)
+            snprintf(cost, sizeof cost, "-");
+        else
+            snprintf(cost, sizeof cost, "%.0f %%", v[i]->cost * 100);
+        if (v[i]->epoch < 0)
+            snprintf(epoch, sizeof epoch, "-");
+        else
+            snprintf(epoch, sizeof epoch, "%lld", (long long)v[i]->epoch);
+        printf("%5d  %-16.16s %-9s %8d %10s %10s %7s  %s%s\n", v[i]->rank, v[i]->host,
+               v[i]->state, v[i]->pid, step, lag, cost, epoch,
+               v[i]->straggler ? "  straggler" : "");
+    }
+    free(v);
+}
+
+static void top_json(const Kolo__GetRanksReply *rep)
+{
+    struct buf b = {0};
+    struct jw w;
+    jw_init(&w, &b);
+    jw_obj_begin(&w);
+    jw_kuint(&w, "job", rep->job_id);
+    jw_kuint(&w, "generation", rep->generation);
+    jw_kstr(&w, "state", rep->state);
+    jw_kdouble(&w, "step_s", rep->step_s >= 0 ? rep->step_s : NAN);
+    jw_key(&w, "ranks");
+    jw_arr_begin(&w);
+    for (size_t i = 0; i < rep->n_ranks; i++) {
+        const Kolo__RankView *v = rep->ranks[i];
+        jw_obj_begin(&w);
+        jw_kint(&w, "rank", v->rank);
+        jw_kstr(&w, "host", v->host);
+        jw_kstr(&w, "state", v->state);
+        jw_kint(&w, "pid", v->pid);
+        jw_kdouble(&w, "step_s", v->step_s >= 0 ? v->step_s : NAN);
+        jw_kdouble(&w, "lag_s", v->lag_s >= 0 ? v->lag_s : NAN);
+        jw_kdouble(&w, "cost", v->cost >= 0 ? v->cost : NAN);
+        jw_kbool(&w, "straggler", v->straggler);
+        jw_kint(&w, "epoch", v->epoch);
+        jw_obj_end(&w);
+    }
+    jw_arr_end(&w);
+    jw_obj_end(&w);
+    print_json(&b);
+}
+
+static volatile sig_atomic_t top_stop;
+
+static void top_interrupted(int sig)
+{
+    (void)sig;
+    top_stop = 1;
+}
+
+int cmd_top(int argc, char **argv)
+{
+    static const char usage[] = "usage: kolo top [--interval D] [--once] [-o table|json] "
+                                "[--coordinator URL] [--token-file PATH] JOB";
+    struct conn c = {0};
+    int64_t interval = 0;
+    bool once = false;
+    struct knob tab[] = {
+        CONN_KNOBS(&c),
+        OUTPUT_KNOB(&c),
+        {"interval", NULL, "", KNOB_DURATION, "1s", 100, 3600000, "time between refreshes",
+         &interval},
+        {"once", NULL, "", KNOB_BOOL, "false", 0, -1, "print one screen and exit (-o json: always)",
+         &once},
+    };
+    size_t n = sizeof tab / sizeof tab[0];
+    int rest = 0;
+    uint64_t job = 0;
+    int code = parse("top", usage,
+                     "Shows a job's ranks, refreshed, costliest first: each one's latest step\n"
+                     "time, how long the others wait for it (lag) and what that costs the job's\n"
+                     "steps (cost: the share of a step spent waiting for it beyond the median\n"
+                     "rank), stragglers marked. Ctrl-C ends it; the job goes on.",
+                     tab, n, argc, argv, &rest, 1, 1);
+    if (code || (code = job_operand("top", argv[rest], &job)) != 0 ||
+        (code = conn_open(&c, "top")) != 0) {
+        conn_close(&c, tab, n);
+        return code < 0 ? 0 : code;
+    }
+    bool tty = isatty(STDOUT_FILENO) && !as_json(&c);
+    once = once || as_json(&c);
+    struct sigaction sa = {.sa_handler = top_interrupted};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    while (!top_stop) {
+        Kolo__GetRanksRequest req = KOLO__GET_RANKS_REQUEST__INIT;
+        req.job_id = job;
+        ProtobufCMessage *msg = NULL;
+        code = call(&c, "top", job, "AdminService.GetRanks", &req.base,
+                    &kolo__get_ranks_reply__descriptor, &msg, 0);
+        if (code)
+            break;
+        const Kolo__GetRanksReply *rep = (const Kolo__GetRanksReply *)msg;
+        bool ended = strcmp(rep->state, "running") != 0 && strcmp(rep->state, "pending") != 0;
+        if (tty)
+            fputs("\033[H\033[2J", stdout); /* home, clear */
+        if (as_json(&c))
+            top_json(rep);
+        else
+            top_table(rep);
+        fflush(stdout);
+        protobuf_c_message_free_unpacked(msg, NULL);
+        if (once || ended)
+            break;
+        if (!tty)
+            fputc('\n', stdout);
+        for (int64_t slept = 0; slept < interval && !top_stop; slept += 100)
+            usleep(100 * 1000);
     }
     conn_close(&c, tab, n);
     return code;

@@ -224,13 +224,14 @@ static int render_steps(struct coord *c, struct job *j, const char *query, struc
 
 static int render_ranks(struct coord *c, struct job *j, struct jw *w)
 {
-    int nr = j->nranks > 0 ? j->nranks : 1;
-    double *lag = calloc((size_t)nr, sizeof(*lag));
-    bool *slow = calloc((size_t)nr, sizeof(*slow));
-    bool known = lag && slow && coord_report_stragglers(j, lag, slow);
+    struct rank_cost *rc = calloc(j->nranks > 0 ? (size_t)j->nranks : 1, sizeof *rc);
+    if (!rc)
+        return 500;
+    double med = coord_report_rank_costs(c, j, rc);
     jw_obj_begin(w);
     jw_kuint(w, "job", j->id);
     jw_kuint(w, "generation", j->generation);
+    jw_kdouble_or_null(w, "step_s", med);
     jw_key(w, "ranks");
     jw_arr_begin(w);
     for (int i = 0; i < j->nranks; i++) {
@@ -253,8 +254,9 @@ static int render_ranks(struct coord *c, struct job *j, struct jw *w)
             jw_int(w, rr->epoch);
         else
             jw_null(w);
-        jw_kdouble_or_null(w, "lag_s", known ? lag[i] : NAN);
-        jw_kbool(w, "straggler", known && slow[i]);
+        jw_kdouble_or_null(w, "lag_s", rc[i].lag_s);
+        jw_kbool(w, "straggler", rc[i].straggler);
+        jw_kdouble_or_null(w, "cost", rc[i].cost);
         /* the coordinator's clock minus the rank's, and the round trip it
          * was measured over (its telemetry is placed with it) */
         bool clock = rr && rr->clock_known;
@@ -264,8 +266,7 @@ static int render_ranks(struct coord *c, struct job *j, struct jw *w)
     }
     jw_arr_end(w);
     jw_obj_end(w);
-    free(lag);
-    free(slow);
+    free(rc);
     return 200;
 }
 

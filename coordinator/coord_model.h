@@ -287,6 +287,7 @@ struct work {
     X(WORKER_TIMELINE, "WorkerService.Timeline", WORKER, coord_rpc_timeline)                       \
     X(WORKER_TIMELINE_READ, "WorkerService.TimelineRead", WORKER, coord_rpc_timeline_read)         \
     X(ADMIN_GET_EPOCHS, "AdminService.GetEpochs", ADMIN, coord_rpc_report)                         \
+    X(ADMIN_GET_RANKS, "AdminService.GetRanks", ADMIN, coord_rpc_report)                           \
     X(ADMIN_DRAIN, "AdminService.DrainHost", ADMIN, coord_rpc_admin)                               \
     X(ADMIN_STACKS, "AdminService.Stacks", ADMIN, coord_rpc_stacks)                                \
     X(AGENT_STACKS, "AgentService.Stacks", HOST, coord_rpc_stacks)                                 \

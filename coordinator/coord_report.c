@@ -727,10 +727,70 @@ static void rpc_get_epochs(struct coord *c, struct rpc_call *call)
     coord_report_rows_free(&rs);
 }
 
+/* kolo top: the ranks with what they cost the job. */
+static void rpc_get_ranks(struct coord *c, struct rpc_call *call)
+{
+    const struct rpc_frame *f = rpc_call_frame(call);
+    Kolo__GetRanksRequest *req = kolo__get_ranks_request__unpack(NULL, f->body_len, f->body);
+    if (!req) {
+        c->m.rpc_errors[M_ADMIN_GET_RANKS]++;
+        rpc_call_error(call, KOLO_EPROTO, "malformed GetRanksRequest");
+        return;
+    }
+    struct job *j = coord_job_find(c, req->job_id);
+    kolo__get_ranks_request__free_unpacked(req, NULL);
+    if (!j) {
+        c->m.rpc_errors[M_ADMIN_GET_RANKS]++;
+        rpc_call_error(call, KOLO_ENOTFOUND, "no such job");
+        return;
+    }
+    int n = j->nranks;
+    struct rank_cost *rc = calloc(n > 0 ? (size_t)n : 1, sizeof *rc);
+    Kolo__RankView *views = calloc(n > 0 ? (size_t)n : 1, sizeof *views);
+    Kolo__RankView **ptrs = calloc(n > 0 ? (size_t)n : 1, sizeof *ptrs);
+    if (!rc || !views || !ptrs) {
+        free(rc);
+        free(views);
+        free(ptrs);
+        rpc_call_error(call, KOLO_ENOMEM, "out of memory");
+        return;
+    }
+    double med = coord_report_rank_costs(c, j, rc);
+    for (int r = 0; r < n; r++) {
+        const struct rank *rk = &j->ranks[r];
+        const struct report_rank *rr = coord_report_rank(c, j->id, r);
+        Kolo__RankView *v = &views[r];
+        kolo__rank_view__init(v);
+        v->rank = r;
+        v->host = (char *)(rk->host ? rk->host->name : rk->host_id);
+        v->state = (char *)coord_rank_state_name(rk->state);
+        v->pid = rk->pid;
+        v->step_s = isfinite(rc[r].step_s) ? rc[r].step_s : -1;
+        v->epoch = rr ? rr->epoch : -1;
+        v->lag_s = isfinite(rc[r].lag_s) ? rc[r].lag_s : -1;
+        v->straggler = rc[r].straggler;
+        v->cost = isfinite(rc[r].cost) ? rc[r].cost : -1;
+        ptrs[r] = v;
+    }
+    Kolo__GetRanksReply rep = KOLO__GET_RANKS_REPLY__INIT;
+    rep.job_id = j->id;
+    rep.generation = j->generation;
+    rep.state = (char *)coord_job_state_name(j->state);
+    rep.step_s = isfinite(med) ? med : -1;
+    rep.ranks = ptrs;
+    rep.n_ranks = (size_t)n;
+    coord_send_pb(call, &rep.base);
+    free(rc);
+    free(views);
+    free(ptrs);
+}
+
 void coord_rpc_report(struct coord *c, struct rpc_call *call, enum coord_method m)
 {
     if (m == M_WORKER_REPORT)
         rpc_report(c, call);
+    else if (m == M_ADMIN_GET_RANKS)
+        rpc_get_ranks(c, call);
     else
         rpc_get_epochs(c, call);
 }
@@ -878,6 +938,61 @@ const struct report_rank *coord_report_rank(struct coord *c, uint64_t job_id, in
 {
     struct report_job *rj = rjob_get(c, job_id, false);
     return rj && rank >= 0 && rank < rj->nranks ? &rj->ranks[rank] : NULL;
+}
+
+/* The median of the n finite values of x (scratch: n doubles), the lower
+ * of the middle two when they are even (lower); NAN none. */
+static double median_finite(const double *x, int n, double *scratch, bool lower)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (isfinite(x[i]))
+            scratch[k++] = x[i];
+    if (!k)
+        return NAN;
+    qsort(scratch, (size_t)k, sizeof *scratch, cmp_dbl);
+    return k % 2 ? scratch[k / 2]
+           : lower ? scratch[k / 2 - 1]
+                   : (scratch[k / 2 - 1] + scratch[k / 2]) / 2;
+}
+
+double coord_report_rank_costs(struct coord *c, const struct job *j, struct rank_cost *v)
+{
+    int n = j->nranks;
+    double *lag = calloc(n > 0 ? (size_t)n : 1, sizeof *lag);
+    double *step = calloc(n > 0 ? (size_t)n : 1, sizeof *step);
+    double *scratch = calloc(n > 0 ? (size_t)n : 1, sizeof *scratch);
+    bool *slow = calloc(n > 0 ? (size_t)n : 1, sizeof *slow);
+    double med_step = NAN;
+    if (lag && step && scratch && slow) {
+        bool known = coord_report_stragglers(j, lag, slow);
+        for (int r = 0; r < n; r++) {
+            const struct report_rank *rr = coord_report_rank(c, j->id, r);
+            step[r] = rr && rr->step_ms ? rr->step_s : NAN;
+            if (!known)
+                lag[r] = NAN;
+        }
+        med_step = median_finite(step, n, scratch, false);
+        /* the lower median: of 2 ranks, the one that keeps up */
+        double med_lag = median_finite(lag, n, scratch, true);
+        for (int r = 0; r < n; r++) {
+            double extra = lag[r] - med_lag;
+            v[r] = (struct rank_cost){
+                .step_s = step[r],
+                .lag_s = lag[r],
+                .cost = isfinite(extra) && med_step > 0 ? (extra > 0 ? extra : 0) / med_step : NAN,
+                .straggler = known && slow[r],
+            };
+        }
+    } else {
+        for (int r = 0; r < n; r++)
+            v[r] = (struct rank_cost){NAN, NAN, NAN, false};
+    }
+    free(lag);
+    free(step);
+    free(scratch);
+    free(slow);
+    return med_step;
 }
 
 /* ---------------------------------------------------------------- metrics */

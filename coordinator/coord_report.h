@@ -110,6 +110,17 @@ int coord_report_steps(struct coord *c, const struct job *j, uint64_t since_ms,
  * current ranks (nranks entries each); false when nothing is known yet. */
 bool coord_report_stragglers(const struct job *j, double *lag, bool *slow);
 
+/* A rank as kolo top and REST /ranks show it. */
+struct rank_cost {
+    double step_s; /* its latest step time, NAN unknown */
+    double lag_s;  /* how long the others wait for it, NAN unknown */
+    double cost;   /* (lag - the median lag) / the median step time, NAN unknown */
+    bool straggler;
+};
+/* coord_report_rank_costs fills v[j->nranks]; returns the ranks' median
+ * latest step time (NAN unknown). */
+double coord_report_rank_costs(struct coord *c, const struct job *j, struct rank_cost *v);
+
 /* What the coordinator keeps in memory of a rank that reports: its last
  * step and epoch; NULL when it reported nothing. */
 struct report_rank {

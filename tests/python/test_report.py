@@ -224,3 +224,69 @@ def test_scaling_efficiency_against_a_one_worker_run(cluster):
         assert 0.3 < e["scaling_efficiency"] < 1.5, e
         assert e["scaling_efficiency"] == pytest.approx(
             e["samples_per_s"] / (2 * two["baseline_samples_per_s"]), rel=1e-6)
+
+
+SLOW_WORKER = r'''
+import time
+import torch
+import kolo.torch as hvd
+
+hvd.init()
+model = torch.nn.Linear(8, 1)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                               named_parameters=model.named_parameters())
+for step in range(100000):
+    opt.zero_grad()
+    model(torch.randn(4, 8)).sum().backward()
+    time.sleep(0.08 if hvd.rank() == 1 else 0.02)   # rank 1 computes 4x slower
+    opt.step()
+'''
+
+
+def test_top_ranks_the_slow_rank_first(cluster):
+    """kolo top (issue 31): the rank the others wait for comes first, with
+    its cost (the share of a step spent waiting for it) and marked a
+    straggler; REST /ranks has the same cost."""
+    rpc, http, tmp = cluster
+    path = os.path.join(tmp, "slow.py")
+    with open(path, "w") as f:
+        f.write(SLOW_WORKER)
+    env = dict(os.environ, PYTHONPATH=PYDIR, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    run = subprocess.Popen([KOLO, "run", "-np", "2", "--coordinator", rpc, "-d", "--",
+                            sys.executable, path], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, env=env, cwd=tmp, universal_newlines=True)
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 0, err
+    job = int(re.search(r"(\d+)", out).group(1))
+    try:
+        deadline = time.time() + 60
+        got = None
+        while time.time() < deadline:
+            p = subprocess.run([KOLO, "top", "-o", "json", "--coordinator", rpc, str(job)],
+                               capture_output=True, text=True, timeout=30)
+            assert p.returncode == 0, p.stderr
+            got = json.loads(p.stdout)
+            if all(r["cost"] is not None for r in got["ranks"]) and \
+                    got["ranks"][1]["straggler"]:
+                break
+            time.sleep(0.5)
+        ranks = got["ranks"]
+        assert ranks[1]["straggler"] and not ranks[0]["straggler"], got
+        # rank 0 waits ~60 ms of a ~80 ms step for rank 1
+        assert 0.3 < ranks[1]["cost"] < 1.0 and ranks[0]["cost"] < 0.1, got
+        assert 0.05 < got["step_s"] < 1.0, got
+        # for a person: costliest first
+        p = subprocess.run([KOLO, "top", "--once", "--coordinator", rpc, str(job)],
+                           capture_output=True, text=True, timeout=30)
+        rows = [ln.split() for ln in p.stdout.splitlines()[3:] if ln.strip()]
+        assert p.returncode == 0 and rows[0][0] == "1" and "straggler" in p.stdout, p.stdout
+        st, body = _get("%s/api/v1/jobs/%d/ranks" % (http, job))
+        assert st == 200 and body["ranks"][1]["cost"] > body["ranks"][0]["cost"], body
+        # a bad job: usage error, unknown job: not found
+        assert subprocess.run([KOLO, "top", "--coordinator", rpc, "x"],
+                              capture_output=True).returncode == 2
+        assert subprocess.run([KOLO, "top", "--once", "--coordinator", rpc, "99999"],
+                              capture_output=True).returncode == 3
+    finally:
+        subprocess.run([KOLO, "stop", "--coordinator", rpc, str(job)], capture_output=True,
+                       timeout=30)
