@@ -667,6 +667,8 @@ int cmd_run(int argc, char **argv)
     }
     req.metadata = meta;
     req.n_metadata = (size_t)nmeta;
+    req.straggler_policy = o.straggler_policy ? o.straggler_policy : "";
+    req.straggler_window_ms = (uint32_t)o.straggler_window;
     ProtobufCMessage *msg = NULL;
     rv = cli_call(cli, "AdminService.SubmitJob", &req.base, &kolo__submit_job_reply__descriptor,
                   &msg, 10000, err, sizeof(err));

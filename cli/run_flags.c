@@ -368,6 +368,13 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
          &o->cooldown_range},
         {"elastic-timeout", NULL, "HOROVOD_ELASTIC_TIMEOUT", KNOB_SECONDS, "600s", 0, 86400000,
          "elastic: how long to wait for min-np slots before failing", &o->elastic_timeout},
+        {"straggler-policy", NULL, "", KNOB_STR, "warn", 0, -1,
+         "a host whose ranks cost the job's steps 15 % or more for --straggler-window: warn "
+         "(an event and a [kolo] line) or exclude (elastic: also drain it from the job for its "
+         "cooldown, if the job keeps --min-np)",
+         &o->straggler_policy},
+        {"straggler-window", NULL, "", KNOB_DURATION, "2m", 1000, 86400000,
+         "how long a host must cost the job before --straggler-policy acts", &o->straggler_window},
 
         {"coordinator", NULL, "KOLO_RUN_COORDINATOR", KNOB_STR, NULL, 0, -1,
          "submit to this coordinator (tcp://HOST:PORT) instead of an embedded one",

@@ -68,10 +68,13 @@ static void job_cron(struct coord *c, struct job *j, bool terminal, uint64_t now
         coord_elastic_cron(c, j, now);
     if (j->stacks)
         coord_stacks_cron(c, j, now);
+    if (!terminal)
+        coord_report_straggler_cron(c, j, now);
 }
 
 static void job_free(struct job *j)
 {
+    free(j->sw);
     coord_negot_free_job(j);
     coord_stacks_free(j);
     coord_elastic_free(j->el);

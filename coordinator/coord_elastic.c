@@ -218,6 +218,10 @@ char *coord_elastic_to_json(const struct job *j)
         jw_null(&w);
     jw_key(&w, "next_wid");
     jw_int(&w, (int64_t)j->next_wid);
+    jw_key(&w, "straggler_exclude");
+    jw_bool(&w, j->straggler_exclude);
+    jw_key(&w, "straggler_window_ms");
+    jw_int(&w, j->straggler_window_ms);
     jw_key(&w, "excluded");
     jw_arr_begin(&w);
     uint64_t now = now_mono_ms();
@@ -229,6 +233,8 @@ char *coord_elastic_to_json(const struct job *j)
         jw_int(&w, x->count);
         jw_key(&w, "active");
         jw_bool(&w, x->active);
+        jw_key(&w, "evict");
+        jw_bool(&w, x->evict);
         jw_key(&w, "remaining_ms");
         jw_int(&w, !x->active ? 0 : x->until == 0 ? -1 : x->until > now ? (int64_t)(x->until - now) : 0);
         jw_obj_end(&w);
@@ -264,6 +270,9 @@ void coord_elastic_from_json(struct job *j, const char *text)
                              .timeout_ms = (uint32_t)jint(root, "timeout_ms", 0),
                              .discovery = disc,
                              .slots_per_host = (int)jint(root, "slots_per_host", 0)};
+    const struct json *se = json_get(root, "straggler_exclude");
+    j->straggler_exclude = se && se->type == JSON_BOOL && se->b;
+    j->straggler_window_ms = (uint32_t)jint(root, "straggler_window_ms", STRAGGLER_WINDOW_MS);
     if (coord_elastic_init(j, &o, err, sizeof(err)) != 0) {
         LOGW("coord", "job %llu: cannot reload its elastic settings: %s",
              (unsigned long long)j->id, err);
@@ -289,6 +298,8 @@ void coord_elastic_from_json(struct job *j, const char *text)
         x->count = (int)jint(o, "count", 1);
         const struct json *av = json_get(o, "active");
         x->active = av && av->type == JSON_BOOL && av->b;
+        const struct json *ev = json_get(o, "evict");
+        x->evict = x->active && ev && ev->type == JSON_BOOL && ev->b;
         int64_t rem = jint(o, "remaining_ms", 0);
         x->until = rem < 0 ? 0 : now + (uint64_t)rem;
         x->next = j->el->excl;
@@ -458,6 +469,9 @@ static bool survives(const struct job *j, const struct rank *r)
 {
     if (!member_alive(r) || !r->host || r->host->state != HOST_ALIVE || r->host->drained)
         return false;
+    const struct exclusion *x = exclusion_find(j->el, r->host->id);
+    if (x && x->active && x->evict)
+        return false; /* a straggler's host: its members leave too */
     if (!j->el->discovery)
         return true;
     /* a host the discovery script no longer lists is left, as if drained */
@@ -806,6 +820,30 @@ void coord_elastic_host_drained(struct coord *c, struct host *h)
     }
 }
 
+bool coord_elastic_exclude_straggler(struct coord *c, struct job *j, struct host *h,
+                                     const char *why)
+{
+    struct elastic *el = j->el;
+    if (!el || j->state != JOB_RUNNING || el->finishing)
+        return false;
+    int here = 0;
+    for (int r = 0; r < j->nranks; r++)
+        here += j->ranks[r].host == h && member_alive(&j->ranks[r]);
+    if (!here || alive_members(j) - here < el->min_np)
+        return false; /* the job would fall below --min-np */
+    exclude_host(c, j, h, why);
+    struct exclusion *x = exclusion_find(el, h->id);
+    if (x)
+        x->evict = true;
+    /* graceful, as a drain: the ranks reset at their next commit without
+     * a rollback, and the next generation leaves the host */
+    el->update_ms = now_wall_ms();
+    el->update_kind |= 1;
+    snprintf(el->leave_why, sizeof el->leave_why, "host %s excluded as a straggler", h->name);
+    coord_negot_hosts_updated(c, j);
+    return true;
+}
+
 void coord_elastic_cron(struct coord *c, struct job *j, uint64_t now)
 {
     struct elastic *el = j->el;
@@ -814,6 +852,7 @@ void coord_elastic_cron(struct coord *c, struct job *j, uint64_t now)
     for (struct exclusion *x = el->excl; x; x = x->next) {
         if (x->active && x->until && now >= x->until) {
             x->active = false;
+            x->evict = false;
             struct host *h = coord_host_find(c, x->host_id);
             coord_event(c, j->id, x->host_id, "host.readmitted",
                         "host %s may rejoin job %llu: its cooldown passed",

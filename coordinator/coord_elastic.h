@@ -21,6 +21,11 @@ void coord_elastic_shutdown(struct coord *c, struct job *j);
 bool coord_elastic_host_usable(struct coord *c, struct job *j, const struct host *h);
 void coord_elastic_member_gone(struct coord *c, struct job *j, struct host *h, bool exclude,
                                enum elastic_cause cause, const char *why);
+/* --straggler-policy exclude: h's members leave the job at their next
+ * commit and h is excluded for its cooldown; false (nothing done) when
+ * the job would fall below min_np or h runs none of its ranks. */
+bool coord_elastic_exclude_straggler(struct coord *c, struct job *j, struct host *h,
+                                     const char *why);
 void coord_elastic_cron(struct coord *c, struct job *j, uint64_t now);
 void coord_elastic_assign(struct coord *c, struct job *j, struct rpc_call *call, uint64_t wid,
                           uint32_t wait_ms);

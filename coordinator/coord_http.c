@@ -772,6 +772,15 @@ static const char *parse_elastic(const struct json *root, struct elastic_opts *e
     const struct json *ds = json_get(root, "host_discovery_script");
     if (ds && ds->type != JSON_STRING)
         return "\"host_discovery_script\" must be a string";
+    const struct json *sp = json_get(root, "straggler_policy");
+    if (sp && sp->type != JSON_STRING)
+        return "\"straggler_policy\" must be \"warn\" or \"exclude\"";
+    const struct json *sw = json_get(root, "straggler_window_ms");
+    int64_t window = 0;
+    if (sw && (!json_as_int(sw, &window) || window < 1000 || window > 86400000LL))
+        return "\"straggler_window_ms\" must be an integer from 1000 to 86400000";
+    eo->straggler_policy = sp ? sp->str : NULL;
+    eo->straggler_window_ms = (uint32_t)window;
     eo->min_np = (int)v[0];
     eo->max_np = (int)v[1];
     eo->reset_limit = (int)v[2];

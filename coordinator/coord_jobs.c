@@ -436,9 +436,24 @@ int coord_job_submit(struct coord *c, const struct job_request *rq, uint64_t *jo
             return KOLO_EINVAL;
         }
     }
+    const char *sp = eo && eo->straggler_policy ? eo->straggler_policy : "";
+    bool exclude = strcmp(sp, "exclude") == 0;
+    if (sp[0] && !exclude && strcmp(sp, "warn") != 0) {
+        snprintf(err, errlen, "straggler policy '%.32s' is not warn or exclude", sp);
+        return KOLO_EINVAL;
+    }
+    if (exclude && !(eo && eo->elastic)) {
+        snprintf(err, errlen, "straggler policy exclude needs an elastic job (--min-np, "
+                              "--max-np or a host discovery script): a fixed-size job cannot "
+                              "go on without a host");
+        return KOLO_EINVAL;
+    }
     struct job *j = calloc(1, sizeof(*j));
     if (!j)
         return KOLO_ENOMEM;
+    j->straggler_exclude = exclude;
+    j->straggler_window_ms = eo && eo->straggler_window_ms ? eo->straggler_window_ms
+                                                           : STRAGGLER_WINDOW_MS;
     j->argv = calloc((size_t)argc + 1, sizeof(char *));
     j->env = calloc((size_t)nenv + 4, sizeof(char *)); /* + the elastic entries */
     j->meta = calloc((size_t)rq->nmeta + 1, sizeof(char *));
@@ -1220,7 +1235,9 @@ void coord_rpc_admin(struct coord *c, struct rpc_call *call, enum coord_method m
                                   .cooldown_hi_s = req->cooldown_hi_s,
                                   .timeout_ms = req->elastic_timeout_ms,
                                   .discovery = req->discovery_script,
-                                  .slots_per_host = req->slots_per_host};
+                                  .slots_per_host = req->slots_per_host,
+                                  .straggler_policy = req->straggler_policy,
+                                  .straggler_window_ms = req->straggler_window_ms};
         struct job_request rq = {.argv = req->argv,
                                  .argc = (int)req->n_argv,
                                  .env = req->env,

@@ -43,6 +43,10 @@ struct coord_writer; /* coord_writer.h */
 
 #define COORD_CRON_MS 100
 #define COORD_MAX_NP  65536
+/* --straggler-policy: a host whose ranks cost the job's steps at least
+ * STRAGGLER_COST for the window (default STRAGGLER_WINDOW_MS) */
+#define STRAGGLER_COST      0.15
+#define STRAGGLER_WINDOW_MS 120000u
 /* What a worker's call parked at the stop is answered, with KOLO_EIO (a
  * code workers retry): a restarted coordinator resumes them. */
 #define COORD_STOPPING_WHY "the coordinator is stopping (it may be restarting): ask again"
@@ -123,6 +127,7 @@ struct exclusion {
     int count;      /* times excluded */
     uint64_t until; /* monotonic ms; 0 = for good */
     bool active;
+    bool evict; /* its members leave too (a straggler), while active */
 };
 
 /* What a submission asks for; elastic false: a fixed-size job. */
@@ -132,6 +137,9 @@ struct elastic_opts {
     uint32_t cooldown_lo_s, cooldown_hi_s, timeout_ms;
     const char *discovery;
     int slots_per_host;
+    /* every job, not only elastic ones (coord_report.c's straggler watch) */
+    const char *straggler_policy; /* NULL, "", "warn" or "exclude" */
+    uint32_t straggler_window_ms; /* 0: STRAGGLER_WINDOW_MS */
 };
 
 /* A job as submitted (AdminService.SubmitJob, REST POST /jobs). env and
@@ -234,6 +242,13 @@ struct job {
     struct waiter *waiters; /* parked StreamOutput calls */
     uint64_t last_notice;   /* id of the job's newest notice event (coord_event_notice) */
     struct stacks *stacks;  /* kolo stacks being taken (coord_stacks.c), NULL none */
+    /* --straggler-policy (coord_report.c): exclude or only warn, after
+     * how long; the hosts being watched */
+    bool straggler_exclude;
+    uint32_t straggler_window_ms;
+    struct straggler_watch *sw;
+    int nsw;
+    uint64_t sw_checked; /* monotonic ms of the last look */
     struct negot *negot;    /* rendezvous and negotiation of the generation */
     /* process sets of the generation (kolo_process_set_init): a rendezvous
      * and negotiation each, made at its first rendezvous */

@@ -32,6 +32,7 @@
  * a restarted coordinator shows it again from the next report on.
  */
 #include "coord_report.h"
+#include "coord_elastic.h"
 #include "coord_timeline.h"
 #include "coord_core.h"
 #include "coord_jobs.h"
@@ -725,6 +726,84 @@ static void rpc_get_epochs(struct coord *c, struct rpc_call *call)
     free(ep);
     free(sums);
     coord_report_rows_free(&rs);
+}
+
+/* A host costing the job too much, watched until the window passes. */
+struct straggler_watch {
+    char host_id[64];
+    uint64_t since; /* monotonic ms it first cost >= STRAGGLER_COST */
+    bool acted;     /* told (and excluded) once per spell */
+    bool seen;      /* costly in this look */
+};
+
+static struct straggler_watch *watch_get(struct job *j, const char *host_id)
+{
+    for (int i = 0; i < j->nsw; i++)
+        if (strcmp(j->sw[i].host_id, host_id) == 0)
+            return &j->sw[i];
+    struct straggler_watch *v = realloc(j->sw, (size_t)(j->nsw + 1) * sizeof *v);
+    if (!v)
+        return NULL;
+    j->sw = v;
+    struct straggler_watch *w = &j->sw[j->nsw++];
+    memset(w, 0, sizeof *w);
+    str_copy(w->host_id, host_id, sizeof w->host_id);
+    return w;
+}
+
+static void straggler_act(struct coord *c, struct job *j, struct host *h, int rank,
+                          const struct rank_cost *rc, uint64_t secs)
+{
+    char why[400];
+    snprintf(why, sizeof why,
+             "host %s's rank %d has cost job %llu %.0f %% of each step for %llu s (the others "
+             "wait %.0f ms for it in a %.0f ms step)",
+             h->name, rank, (unsigned long long)j->id, rc->cost * 100, (unsigned long long)secs,
+             rc->lag_s * 1e3, rc->step_s * 1e3);
+    if (j->straggler_exclude && coord_elastic_exclude_straggler(c, j, h, why)) {
+        coord_event(c, j->id, h->id, "job.straggler",
+                    "straggler: %s: excluded, job %llu leaves it at its next commit", why,
+                    (unsigned long long)j->id);
+        return;
+    }
+    coord_event(c, j->id, h->id, "job.straggler", "straggler: %s%s", why,
+                j->straggler_exclude ? " (kept: without it the job would fall below --min-np)"
+                : j->el ? " (--straggler-policy exclude would drain it from the job)"
+                        : "");
+}
+
+void coord_report_straggler_cron(struct coord *c, struct job *j, uint64_t now)
+{
+    if (j->state != JOB_RUNNING || j->nranks < 2 || now - j->sw_checked < 1000)
+        return;
+    j->sw_checked = now;
+    struct rank_cost *rc = calloc((size_t)j->nranks, sizeof *rc);
+    if (!rc)
+        return;
+    coord_report_rank_costs(c, j, rc);
+    for (int i = 0; i < j->nsw; i++)
+        j->sw[i].seen = false;
+    for (int r = 0; r < j->nranks; r++) {
+        struct host *h = j->ranks[r].host;
+        if (!h || !(rc[r].cost >= STRAGGLER_COST))
+            continue;
+        struct straggler_watch *w = watch_get(j, h->id);
+        if (!w || w->seen)
+            continue; /* the host's first costly rank speaks for it */
+        w->seen = true;
+        if (!w->since)
+            w->since = now;
+        if (!w->acted && now - w->since >= j->straggler_window_ms) {
+            w->acted = true;
+            straggler_act(c, j, h, r, &rc[r], (now - w->since) / 1000);
+        }
+    }
+    for (int i = 0; i < j->nsw;) /* a host that keeps up again starts over */
+        if (!j->sw[i].seen)
+            j->sw[i] = j->sw[--j->nsw];
+        else
+            i++;
+    free(rc);
 }
 
 /* kolo top: the ranks with what they cost the job. */

@@ -121,6 +121,12 @@ struct rank_cost {
  * latest step time (NAN unknown). */
 double coord_report_rank_costs(struct coord *c, const struct job *j, struct rank_cost *v);
 
+/* --straggler-policy, every second of a running job: a host whose ranks
+ * cost the job at least STRAGGLER_COST for its window gets an event
+ * (job.straggler, printed by kolo run) and, with exclude, is drained from
+ * the job (coord_elastic_exclude_straggler). */
+void coord_report_straggler_cron(struct coord *c, struct job *j, uint64_t now);
+
 /* What the coordinator keeps in memory of a rank that reports: its last
  * step and epoch; NULL when it reported nothing. */
 struct report_rank {

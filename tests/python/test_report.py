@@ -252,8 +252,8 @@ def test_top_ranks_the_slow_rank_first(cluster):
     with open(path, "w") as f:
         f.write(SLOW_WORKER)
     env = dict(os.environ, PYTHONPATH=PYDIR, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    run = subprocess.Popen([KOLO, "run", "-np", "2", "--coordinator", rpc, "-d", "--",
-                            sys.executable, path], stdout=subprocess.PIPE,
+    run = subprocess.Popen([KOLO, "run", "-np", "2", "--coordinator", rpc, "-d",
+                            "--straggler-window", "2s", "--", sys.executable, path], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, env=env, cwd=tmp, universal_newlines=True)
     out, err = run.communicate(timeout=60)
     assert run.returncode == 0, err
@@ -282,6 +282,16 @@ def test_top_ranks_the_slow_rank_first(cluster):
         assert p.returncode == 0 and rows[0][0] == "1" and "straggler" in p.stdout, p.stdout
         st, body = _get("%s/api/v1/jobs/%d/ranks" % (http, job))
         assert st == 200 and body["ranks"][1]["cost"] > body["ranks"][0]["cost"], body
+        # the default policy (warn) told once the window passed: an event
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            st, body = _get("%s/api/v1/jobs/%d/events" % (http, job))
+            told = [e for e in body["events"] if e["kind"] == "job.straggler"]
+            if told:
+                break
+            time.sleep(0.3)
+        assert len(told) == 1 and told[0]["message"].startswith(
+            "straggler: host ha's rank 1 has cost job"), body
         # a bad job: usage error, unknown job: not found
         assert subprocess.run([KOLO, "top", "--coordinator", rpc, "x"],
                               capture_output=True).returncode == 2
@@ -290,3 +300,81 @@ def test_top_ranks_the_slow_rank_first(cluster):
     finally:
         subprocess.run([KOLO, "stop", "--coordinator", rpc, str(job)], capture_output=True,
                        timeout=30)
+
+
+EXCLUDE_WORKER = r'''
+import time
+import torch
+import kolo.torch as hvd
+
+hvd.init()
+model = torch.nn.Linear(8, 1)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                               named_parameters=model.named_parameters())
+state = hvd.elastic.TorchState(model=model, optimizer=opt, step=0, alone=0)
+
+@hvd.elastic.run
+def train(state):
+    while state.alone < 40:            # 40 steps once it trains alone
+        t0 = time.time()
+        opt.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        time.sleep(0.08 if hvd.rank() == 1 else 0.02)   # rank 1 (host hb) is 4x slower
+        opt.step()
+        state.step += 1
+        state.alone += hvd.size() == 1
+        if hvd.rank() == 0:
+            print("STEP %d size %d took %.3f" % (state.step, hvd.size(), time.time() - t0),
+                  flush=True)
+        if state.step % 5 == 0:
+            state.commit()
+
+train(state)
+'''
+
+
+def test_straggler_policy_exclude_drains_the_slow_host(cluster):
+    """--straggler-policy exclude (issue 31): the host whose rank costs the
+    job's steps >= 15 % for the window leaves the job at its next commit,
+    told by kolo run; the job goes on without it and its steps get faster.
+    The default (warn) only tells; exclude needs an elastic job."""
+    rpc, http, tmp = cluster
+    hb = subprocess.Popen([KOLO, "agent", "--coordinator", rpc, "--slots", "1", "--name", "hb",
+                           "--state-dir", os.path.join(tmp, "agent-hb")],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            st, body = _get(http + "/api/v1/hosts")
+            if sum(h["state"] == "alive" for h in body["hosts"]) == 2:
+                break
+            time.sleep(0.1)
+        path = os.path.join(tmp, "exclude.py")
+        with open(path, "w") as f:
+            f.write(EXCLUDE_WORKER)
+        env = dict(os.environ, PYTHONPATH=PYDIR, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        # a fixed-size job cannot exclude: refused before it starts
+        p = subprocess.run([KOLO, "run", "-np", "2", "--coordinator", rpc, "--straggler-policy",
+                            "exclude", "--", sys.executable, path], capture_output=True,
+                           text=True, env=env, timeout=60)
+        assert p.returncode != 0 and "needs an elastic job" in p.stderr, p.stderr
+        p = subprocess.run([KOLO, "run", "-np", "2", "--min-np", "1", "--max-np", "2",
+                            "-H", "ha:1,hb:1", "--blacklist-cooldown-range", "120", "240",
+                            "--straggler-policy", "exclude", "--straggler-window", "3s",
+                            "--coordinator", rpc, "--", sys.executable, path],
+                           capture_output=True, text=True, env=env, timeout=150, cwd=tmp)
+        assert p.returncode == 0, p.stderr
+        said = [ln for ln in p.stderr.splitlines() if ln.startswith("[kolo] straggler: ")]
+        assert len(said) == 1, p.stderr
+        assert re.match(r"\[kolo\] straggler: host hb's rank 1 has cost job \d+ \d+ % of each "
+                        r"step for \d+ s \(the others wait \d+ ms for it in a \d+ ms step\): "
+                        r"excluded, job \d+ leaves it at its next commit$", said[0]), said
+        steps = [(int(s), float(t)) for s, t in
+                 re.findall(r"STEP \d+ size (\d) took ([0-9.]+)", p.stdout)]
+        two = [t for s, t in steps if s == 2][-10:]
+        one = [t for s, t in steps if s == 1]
+        assert len(two) >= 5 and len(one) == 40, p.stdout
+        assert sorted(one)[len(one) // 2] < sorted(two)[len(two) // 2] / 2, (one, two)
+    finally:
+        hb.terminate()
+        hb.wait(timeout=10)
