@@ -230,7 +230,10 @@ char agent_proc_state(int shim, int *pid_out);
 #define STACKS_WAIT_MS  2000
 int stacks_file(void);
 int stacks_signal(void);
-void stacks_collect(struct agent *a, const char *session, uint64_t job_id, uint64_t seq);
+/* wait_ms: at most this long for what the workers write (the caller keeps
+ * it well under its lease: this thread sends the heartbeats) */
+void stacks_collect(struct agent *a, const char *session, uint64_t job_id, uint64_t seq,
+                    uint32_t wait_ms);
 /* agent_post_desired hands a HeartbeatReply to the loop (takes ownership). */
 void agent_post_desired(struct agent *a, Kolo__HeartbeatReply *rep);
 /* Loop thread: a worker's last handle closed; the shutdown may be done. */

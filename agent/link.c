@@ -269,7 +269,10 @@ static int do_heartbeat(struct agent *a, const char *session, char *version, siz
      * the coordinator takes before it stops a job. */
     if (r->stacks_seq && r->stacks_seq != a->stacks_seen) {
         a->stacks_seen = r->stacks_seq;
-        stacks_collect(a, session, r->stacks_job, r->stacks_seq);
+        /* at most a quarter of the lease: the heartbeats wait meanwhile */
+        uint32_t lease = r->lease_ms ? r->lease_ms : LINK_LEASE_DEFAULT_MS;
+        uint32_t wait = lease / 4 < STACKS_WAIT_MS ? lease / 4 : STACKS_WAIT_MS;
+        stacks_collect(a, session, r->stacks_job, r->stacks_seq, wait > 200 ? wait : 200);
     }
     if (!r->has_desired) {
         kolo__heartbeat_reply__free_unpacked(r, NULL);

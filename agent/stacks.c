@@ -144,7 +144,7 @@ static struct target *targets_of(struct agent *a, uint64_t job_id, size_t *n)
 
 /* Signals every target that can answer, then waits until each file
  * stopped growing or the time is up. */
-static void ask_and_wait(struct target *t, size_t n)
+static void ask_and_wait(struct target *t, size_t n, uint32_t wait_ms)
 {
     int sig = stacks_signal();
     uint64_t start = now_mono_ms();
@@ -175,7 +175,7 @@ static void ask_and_wait(struct target *t, size_t n)
             x->done = x->size > 0 && now - x->changed >= STACKS_QUIET_MS;
             all = all && x->done;
         }
-        if (all || now - start >= STACKS_WAIT_MS)
+        if (all || now - start >= wait_ms)
             break;
         usleep(STACKS_POLL_MS * 1000);
     }
@@ -209,7 +209,8 @@ static void read_answers(struct target *t, size_t n)
     }
 }
 
-void stacks_collect(struct agent *a, const char *session, uint64_t job_id, uint64_t seq)
+void stacks_collect(struct agent *a, const char *session, uint64_t job_id, uint64_t seq,
+                    uint32_t wait_ms)
 {
     size_t n = 0;
     struct target *t = targets_of(a, job_id, &n);
@@ -217,7 +218,7 @@ void stacks_collect(struct agent *a, const char *session, uint64_t job_id, uint6
         LOGW("agent", "kolo stacks for job %" PRIu64 ": out of memory", job_id);
         return;
     }
-    ask_and_wait(t, n);
+    ask_and_wait(t, n, wait_ms);
     read_answers(t, n);
     Kolo__WorkerStack **ptrs = calloc(n ? n : 1, sizeof *ptrs);
     Kolo__StacksReport rep = KOLO__STACKS_REPORT__INIT;

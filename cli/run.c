@@ -289,7 +289,7 @@ static bool quiet_kind(const char *kind)
     static const char *const elastic[] = {
         "worker.failed",    "worker.frozen",   "job.generation", "job.waiting", "job.hosts_updated",
         "host.excluded",    "host.readmitted", "job.resumed",    "job.cache_reset",
-        "job.recovered",
+        "job.recovered",    "job.spares",      "worker.spare_lost",
     };
     for (size_t i = 0; i < sizeof elastic / sizeof elastic[0]; i++)
         if (strcmp(kind, elastic[i]) == 0)
@@ -585,6 +585,8 @@ int cmd_run(int argc, char **argv)
                 slots = (int)(o.np > ncpu ? o.np : ncpu);
             if (o.slots == 0 && o.max_np > slots)
                 slots = (int)o.max_np;
+            if (o.slots == 0 && (o.max_np > o.np ? o.max_np : o.np) + o.spares > slots)
+                slots = (int)((o.max_np > o.np ? o.max_np : o.np) + o.spares); /* and the spares */
             struct agent_config ac = {
                 .coordinator_url = coord_rpc_url(coord),
                 .token = token,
@@ -668,6 +670,7 @@ int cmd_run(int argc, char **argv)
     req.metadata = meta;
     req.n_metadata = (size_t)nmeta;
     req.straggler_policy = o.straggler_policy ? o.straggler_policy : "";
+    req.spares = (int32_t)o.spares;
     req.straggler_window_ms = (uint32_t)o.straggler_window;
     ProtobufCMessage *msg = NULL;
     rv = cli_call(cli, "AdminService.SubmitJob", &req.base, &kolo__submit_job_reply__descriptor,

@@ -36,6 +36,7 @@ struct run_opts {
     int64_t min_np, max_np, reset_limit, elastic_timeout;
     char *discovery, *cooldown_range;
     char *straggler_policy;
+    int64_t spares;
     int64_t straggler_window;
     uint32_t cooldown_lo_s, cooldown_hi_s; /* parsed from cooldown_range */
     bool elastic;

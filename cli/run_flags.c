@@ -368,6 +368,10 @@ size_t run_flags_table(struct knob *tab, struct run_opts *o)
          &o->cooldown_range},
         {"elastic-timeout", NULL, "HOROVOD_ELASTIC_TIMEOUT", KNOB_SECONDS, "600s", 0, 86400000,
          "elastic: how long to wait for min-np slots before failing", &o->elastic_timeout},
+        {"spares", NULL, "", KNOB_INT, "0", 0, 1024,
+         "elastic: keep this many extra workers started, waiting in hvd.init(); a lost rank's "
+         "place goes to one of them, no process start",
+         &o->spares},
         {"straggler-policy", NULL, "", KNOB_STR, "warn", 0, -1,
          "a host whose ranks cost the job's steps 15 % or more for --straggler-window: warn "
          "(an event and a [kolo] line) or exclude (elastic: also drain it from the job for its "

@@ -75,6 +75,7 @@ static void job_cron(struct coord *c, struct job *j, bool terminal, uint64_t now
 static void job_free(struct job *j)
 {
     free(j->sw);
+    free(j->spares);
     coord_negot_free_job(j);
     coord_stacks_free(j);
     coord_elastic_free(j->el);
@@ -104,6 +105,7 @@ static const struct coord_hooks hooks = {
     .host_usable = coord_elastic_host_usable,
     .member_gone = coord_elastic_member_gone,
     .host_drained = coord_elastic_host_drained,
+    .spare_event = coord_elastic_spare_event,
 };
 
 /* ---------------------------------------------------------------- queue */

@@ -115,7 +115,7 @@ bool coord_event_notice(const char *kind)
         "op.stalled",      "op.stall_shutdown", "worker.failed",    "worker.frozen",
         "worker.spawn_failed", "worker.stopped", "job.generation", "job.waiting",     "job.hosts_updated",
         "host.excluded",   "host.readmitted",   "job.discovery_failed", "job.resumed",
-        "job.resume_failed", "job.cache_reset", "dataplane.refused", "stacks.taken", "job.recovered", "job.straggler",
+        "job.resume_failed", "job.cache_reset", "dataplane.refused", "stacks.taken", "job.recovered", "job.straggler", "job.spares", "worker.spare_lost",
     };
     for (size_t i = 0; kind && i < sizeof kinds / sizeof kinds[0]; i++)
         if (strcmp(kind, kinds[i]) == 0)

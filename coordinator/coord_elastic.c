@@ -129,6 +129,10 @@ int coord_elastic_init(struct job *j, const struct elastic_opts *o, char *err, s
         snprintf(err, errlen, "slots per host must be between 0 and 65536");
         return KOLO_EINVAL;
     }
+    if (o->spares < 0 || o->spares > 1024) {
+        snprintf(err, errlen, "spares must be between 0 and 1024");
+        return KOLO_EINVAL;
+    }
     struct elastic *el = calloc(1, sizeof(*el));
     if (!el)
         return KOLO_ENOMEM;
@@ -139,6 +143,7 @@ int coord_elastic_init(struct job *j, const struct elastic_opts *o, char *err, s
     el->cooldown_hi_s = hi_s;
     el->timeout_ms = timeout_ms ? timeout_ms : ELASTIC_DEFAULT_TIMEOUT_MS;
     el->slots_per_host = slots_per_host;
+    el->spares_want = o->spares;
     if (discovery && discovery[0] && !(el->discovery = strdup(discovery))) {
         free(el);
         return KOLO_ENOMEM;
@@ -211,6 +216,8 @@ char *coord_elastic_to_json(const struct job *j)
     jw_int(&w, el->timeout_ms);
     jw_key(&w, "slots_per_host");
     jw_int(&w, el->slots_per_host);
+    jw_key(&w, "spares");
+    jw_int(&w, el->spares_want);
     jw_key(&w, "discovery");
     if (el->discovery)
         jw_str(&w, el->discovery);
@@ -269,7 +276,8 @@ void coord_elastic_from_json(struct job *j, const char *text)
                              .cooldown_hi_s = (uint32_t)jint(root, "cooldown_hi_s", 0),
                              .timeout_ms = (uint32_t)jint(root, "timeout_ms", 0),
                              .discovery = disc,
-                             .slots_per_host = (int)jint(root, "slots_per_host", 0)};
+                             .slots_per_host = (int)jint(root, "slots_per_host", 0),
+                             .spares = (int)jint(root, "spares", 0)};
     const struct json *se = json_get(root, "straggler_exclude");
     j->straggler_exclude = se && se->type == JSON_BOOL && se->b;
     j->straggler_window_ms = (uint32_t)jint(root, "straggler_window_ms", STRAGGLER_WINDOW_MS);
@@ -426,6 +434,8 @@ static int free_for_job(struct coord *c, struct job *j, struct host *h)
             if (o->ranks[r].host == h &&
                 (o->ranks[r].state == RANK_ASSIGNED || o->ranks[r].state == RANK_RUNNING))
                 used++;
+        for (int s = 0; s < o->nspares; s++)
+            used += o->spares[s].host == h;
     }
     int room = h->slots - used, lim = job_slots_on(j, h);
     return room < lim ? (room > 0 ? room : 0) : lim;
@@ -482,6 +492,44 @@ static bool survives(const struct job *j, const struct rank *r)
     return members_before(j, r) < job_slots_on(j, r->host);
 }
 
+/* ---------------------------------------------------------------- hot spares
+ *
+ * --spares K: K workers of the job started beyond its generation, each
+ * blocked in hvd.init() (its place request parked, answered "spare, keep
+ * asking" every ASSIGN_MAX_WAIT_MS), costing no CPU. plan() takes them
+ * before it starts anything: a lost rank's place goes to a process that
+ * already imported everything, and the job is back at full size without
+ * a process start. spares_fill starts new ones on free slots (never while
+ * the job could grow: growing takes spares too). A spare stays on a host
+ * excluded after a failure (exclusion keeps new workers off it; a spare
+ * is not new); one on a lost or drained host is dropped. */
+
+static int spare_find(const struct job *j, uint64_t wid)
+{
+    for (int s = 0; s < j->nspares; s++)
+        if (j->spares[s].wid == wid)
+            return s;
+    return -1;
+}
+
+static bool spare_usable(const struct rank *s)
+{
+    return s->host && s->host->state == HOST_ALIVE && !s->host->drained;
+}
+
+static int spares_on(const struct job *j, const struct host *h)
+{
+    int n = 0;
+    for (int s = 0; s < j->nspares; s++)
+        n += j->spares[s].host == h;
+    return n;
+}
+
+static void spare_remove(struct job *j, int s)
+{
+    j->spares[s] = j->spares[--j->nspares];
+}
+
 /* Plans the next generation: survivors (members alive on usable hosts)
  * keep their order, then newcomers fill up to max_np. Returns the number
  * of ranks (0 when out of memory) in *out (caller frees). */
@@ -492,8 +540,9 @@ static int plan(struct coord *c, struct job *j, struct rank **out)
         nhosts++;
     struct host **order = calloc((size_t)nhosts + 1, sizeof(*order));
     struct rank *next = calloc((size_t)j->el->max_np + 1, sizeof(*next));
+    bool *taken = calloc((size_t)j->nspares + 1, sizeof(*taken)); /* spares planned in */
     int n = 0, no = 0;
-    if (!order || !next)
+    if (!order || !next || !taken)
         goto fail;
     /* Hosts of survivors, by their lowest surviving rank. */
     for (int r = 0; r < j->nranks; r++) {
@@ -505,6 +554,14 @@ static int plan(struct coord *c, struct job *j, struct rank **out)
             seen = order[k] == rk->host;
         if (!seen)
             order[no++] = rk->host;
+    }
+    /* then hosts with hot spares, whose processes are up already */
+    for (int s = 0; s < j->nspares; s++) {
+        bool seen = false;
+        for (int k = 0; k < no && !seen; k++)
+            seen = order[k] == j->spares[s].host;
+        if (!seen && spare_usable(&j->spares[s]))
+            order[no++] = j->spares[s].host;
     }
     for (struct host *h = c->hosts; h; h = h->next) {
         bool seen = false;
@@ -530,8 +587,23 @@ static int plan(struct coord *c, struct job *j, struct rank **out)
                 n++;
             }
         }
-        int here = n - first;
-        while (budget > 0 && here < room && n < j->el->max_np) {
+        int here = n - first, left = 0;
+        for (int s = 0; s < j->nspares; s++) {
+            const struct rank *sp = &j->spares[s];
+            if (sp->host != h || !spare_usable(sp))
+                continue;
+            if (budget > 0 && n < j->el->max_np) {
+                next[n] = *sp; /* no room check: it holds its slot already */
+                next[n].rank = n;
+                taken[s] = true;
+                n++;
+                here++;
+                budget--;
+            } else {
+                left++;
+            }
+        }
+        while (budget > 0 && here + left < room && n < j->el->max_np) {
             next[n] = (struct rank){.rank = n, .host = h, .state = RANK_ASSIGNED};
             str_copy(next[n].host_id, h->id, sizeof(next[n].host_id));
             n++;
@@ -570,11 +642,13 @@ static int plan(struct coord *c, struct job *j, struct rank **out)
         next[r].term_signal = 0;
     }
     free(order);
+    free(taken);
     *out = next;
     return n;
 fail:
     free(order);
     free(next);
+    free(taken);
     *out = NULL;
     return 0;
 }
@@ -589,10 +663,12 @@ static int room_to_grow(struct coord *c, struct job *j)
         int members = 0;
         for (int r = 0; r < j->nranks; r++)
             members += j->ranks[r].host == h && member_alive(&j->ranks[r]);
-        int f = free_for_job(c, j, h) - members;
+        int f = free_for_job(c, j, h) - members - spares_on(j, h);
         if (f > 0)
             room += f;
     }
+    for (int s = 0; s < j->nspares; s++) /* a hot spare is room to grow into */
+        room += spare_usable(&j->spares[s]);
     int want = j->el->max_np - j->nranks;
     return room < want ? room : want;
 }
@@ -608,7 +684,9 @@ static void wake_assigns(struct coord *c, struct job *j)
     while (*pp) {
         struct parked_assign *p = *pp;
         int idx = coord_job_member(j, p->wid);
-        if (!j->el->waiting || idx < 0) {
+        if (idx < 0 && spare_find(j, p->wid) >= 0) {
+            pp = &p->next; /* still a spare: it waits on */
+        } else if (!j->el->waiting || idx < 0) {
             *pp = p->next;
             assign_answer(j, p->call, p->wid);
             free(p);
@@ -639,6 +717,22 @@ static void form(struct coord *c, struct job *j, struct rank *ranks, int n, cons
         c->m.generations++;
     }
     uint64_t now = now_mono_ms();
+    char took[200] = "";
+    int ntook = 0;
+    for (int r = 0; r < n; r++) {
+        int s = ranks[r].wid ? spare_find(j, ranks[r].wid) : -1;
+        if (s < 0)
+            continue;
+        spare_remove(j, s); /* a member now */
+        size_t used = strlen(took);
+        if (used + 48 < sizeof took)
+            snprintf(took + used, sizeof took - used, "%sworker %llu on %s", ntook ? ", " : "",
+                     (unsigned long long)ranks[r].wid,
+                     ranks[r].host ? ranks[r].host->name : ranks[r].host_id);
+        ntook++;
+    }
+    if (ntook)
+        el->spare_failures = 0;
     for (int r = 0; r < n; r++) {
         if (!ranks[r].wid)
             ranks[r].wid = ++j->next_wid; /* a newcomer */
@@ -685,6 +779,10 @@ static void form(struct coord *c, struct job *j, struct rank *ranks, int n, cons
                 (unsigned long long)j->id, (unsigned long long)j->generation, n, buf_cstr(&where),
                 cause);
     buf_free(&where);
+    if (ntook)
+        coord_event(c, j->id, NULL, "job.spares",
+                    "job %llu generation %llu took %d hot spare(s), no process start: %s",
+                    (unsigned long long)j->id, (unsigned long long)j->generation, ntook, took);
     coord_job_hosts_wake(c, j);
     wake_assigns(c, j);
 }
@@ -820,6 +918,91 @@ void coord_elastic_host_drained(struct coord *c, struct host *h)
     }
 }
 
+#define SPARE_FAILURES_MAX 3 /* spares in a row that die unplaced: no more are started */
+
+bool coord_elastic_spare_event(struct coord *c, struct job *j, struct host *h, uint64_t wid,
+                               int kind, int pid, int exit_code, int term_signal)
+{
+    int s = j->el ? spare_find(j, wid) : -1;
+    if (s < 0)
+        return false;
+    struct rank *sp = &j->spares[s];
+    if (sp->host != h)
+        return true; /* only its own host speaks for it */
+    if (kind == KOLO__WORKER_EVENT_KIND__WORKER_STARTED) {
+        sp->state = RANK_RUNNING;
+        sp->pid = pid;
+        return true;
+    }
+    if (kind != KOLO__WORKER_EVENT_KIND__WORKER_EXITED &&
+        kind != KOLO__WORKER_EVENT_KIND__WORKER_SPAWN_FAILED)
+        return true;
+    if (j->state == JOB_RUNNING) {
+        bool error = kind == KOLO__WORKER_EVENT_KIND__WORKER_SPAWN_FAILED ||
+                     (exit_code != 0 && !term_signal);
+        j->el->spare_failures += error;
+        char how[64];
+        if (term_signal)
+            snprintf(how, sizeof how, "was killed by signal %d", term_signal);
+        else if (kind == KOLO__WORKER_EVENT_KIND__WORKER_SPAWN_FAILED)
+            snprintf(how, sizeof how, "could not start");
+        else
+            snprintf(how, sizeof how, "exited with code %d", exit_code);
+        bool give_up = j->el->spare_failures >= SPARE_FAILURES_MAX;
+        coord_event(c, j->id, h->id, "worker.spare_lost",
+                    "hot spare worker %llu (pid %d) of job %llu on host %s %s%s",
+                    (unsigned long long)wid, sp->pid, (unsigned long long)j->id, h->name, how,
+                    give_up ? ": the last of 3 spares in a row that failed before a place was "
+                              "theirs, no more are started"
+                            : "; another one starts");
+    }
+    spare_remove(j, s);
+    return true;
+}
+
+/* Keeps --spares workers started on free slots, while the job cannot
+ * grow (growing comes first, and takes spares too). */
+static void spares_fill(struct coord *c, struct job *j)
+{
+    struct elastic *el = j->el;
+    for (int s = 0; s < j->nspares;) {
+        if (!spare_usable(&j->spares[s])) {
+            coord_event(c, j->id, j->spares[s].host_id, "worker.spare_lost",
+                        "hot spare worker %llu of job %llu dropped: its host is lost or drained",
+                        (unsigned long long)j->spares[s].wid, (unsigned long long)j->id);
+            spare_remove(j, s);
+        } else {
+            s++;
+        }
+    }
+    if (j->nspares >= el->spares_want || el->finishing || el->waiting ||
+        el->spare_failures >= SPARE_FAILURES_MAX || room_to_grow(c, j) > 0)
+        return;
+    for (struct host *h = c->hosts; h && j->nspares < el->spares_want; h = h->next) {
+        int members = 0;
+        for (int r = 0; r < j->nranks; r++)
+            members += j->ranks[r].host == h && member_alive(&j->ranks[r]);
+        int f = free_for_job(c, j, h) - members - spares_on(j, h);
+        bool woke = false;
+        while (f-- > 0 && j->nspares < el->spares_want) {
+            struct rank *v = realloc(j->spares, (size_t)(j->nspares + 1) * sizeof *v);
+            if (!v)
+                return;
+            j->spares = v;
+            struct rank *sp = &j->spares[j->nspares++];
+            *sp = (struct rank){.rank = -1, .wid = ++j->next_wid, .host = h,
+                                .state = RANK_ASSIGNED};
+            str_copy(sp->host_id, h->id, sizeof sp->host_id);
+            coord_event(c, j->id, h->id, "worker.spare_started",
+                        "hot spare worker %llu of job %llu starts on host %s",
+                        (unsigned long long)sp->wid, (unsigned long long)j->id, h->name);
+            woke = true;
+        }
+        if (woke)
+            coord_host_wake(c, h); /* its desired set has the spare now */
+    }
+}
+
 bool coord_elastic_exclude_straggler(struct coord *c, struct job *j, struct host *h,
                                      const char *why)
 {
@@ -930,6 +1113,8 @@ void coord_elastic_cron(struct coord *c, struct job *j, uint64_t now)
                     "capacity for job %llu: it will grow at its next commit (%d of max-np %d now)",
                     (unsigned long long)j->id, j->nranks, el->max_np);
     }
+    if (el->spares_want)
+        spares_fill(c, j);
 }
 
 void coord_elastic_job_ended(struct coord *c, struct job *j)
@@ -955,6 +1140,12 @@ static void assign_answer(struct job *j, struct rpc_call *call, uint64_t wid)
                        j->reason ? j->reason : "");
         return;
     }
+    if (idx < 0 && spare_find(j, wid) >= 0) {
+        Kolo__RendezvousReply rep = KOLO__RENDEZVOUS_REPLY__INIT;
+        rep.spare = true; /* generation 0: ask again, for as long as it is a spare */
+        coord_send_pb(call, &rep.base);
+        return;
+    }
     if (!j->el->waiting && idx < 0) {
         rpc_call_error(call, KOLO_ENOTFOUND,
                        "worker %llu has been removed from elastic job %llu (generation %llu)",
@@ -977,10 +1168,39 @@ static void assign_answer(struct job *j, struct rpc_call *call, uint64_t wid)
     coord_send_pb(call, &rep.base);
 }
 
+/* Parks a place request: until a generation forms, wait_ms passes (at most
+ * ASSIGN_MAX_WAIT_MS), or, for the rank of a reset (reset_rank >= 0), its
+ * RESET_GRACE_MS. */
+static void park_assign(struct job *j, struct rpc_call *call, uint64_t wid, uint32_t wait_ms,
+                        int reset_rank)
+{
+    struct parked_assign *p = calloc(1, sizeof(*p));
+    if (!p) {
+        rpc_call_error(call, KOLO_ENOMEM, "out of memory");
+        return;
+    }
+    p->call = call;
+    p->wid = wid;
+    p->wait_ms = wait_ms;
+    p->deadline = now_mono_ms() + (reset_rank >= 0                ? RESET_GRACE_MS
+                                   : wait_ms > ASSIGN_MAX_WAIT_MS ? ASSIGN_MAX_WAIT_MS
+                                                                  : wait_ms);
+    if (reset_rank >= 0) {
+        p->reset_gen = j->generation;
+        p->reset_rank = reset_rank;
+    }
+    p->next = j->el->assign;
+    j->el->assign = p;
+}
+
 void coord_elastic_assign(struct coord *c, struct job *j, struct rpc_call *call, uint64_t wid,
                           uint32_t wait_ms)
 {
     int idx = coord_job_member(j, wid);
+    if (idx < 0 && spare_find(j, wid) >= 0) {
+        park_assign(j, call, wid, wait_ms, -1); /* a hot spare waits for a place */
+        return;
+    }
     if (idx < 0) {
         rpc_call_error(call, KOLO_ENOTFOUND,
                        "worker %llu has been removed from elastic job %llu (generation %llu)",
@@ -1009,23 +1229,7 @@ void coord_elastic_assign(struct coord *c, struct job *j, struct rpc_call *call,
         assign_answer(j, call, wid);
         return;
     }
-    struct parked_assign *p = calloc(1, sizeof(*p));
-    if (!p) {
-        rpc_call_error(call, KOLO_ENOMEM, "out of memory");
-        return;
-    }
-    p->call = call;
-    p->wid = wid;
-    p->wait_ms = wait_ms;
-    p->deadline = now_mono_ms() + (grace ? RESET_GRACE_MS
-                                         : wait_ms > ASSIGN_MAX_WAIT_MS ? ASSIGN_MAX_WAIT_MS
-                                                                        : wait_ms);
-    if (grace) {
-        p->reset_gen = j->generation;
-        p->reset_rank = idx;
-    }
-    p->next = j->el->assign;
-    j->el->assign = p;
+    park_assign(j, call, wid, wait_ms, grace ? idx : -1);
 }
 
 

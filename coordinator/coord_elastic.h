@@ -21,6 +21,10 @@ void coord_elastic_shutdown(struct coord *c, struct job *j);
 bool coord_elastic_host_usable(struct coord *c, struct job *j, const struct host *h);
 void coord_elastic_member_gone(struct coord *c, struct job *j, struct host *h, bool exclude,
                                enum elastic_cause cause, const char *why);
+/* The hooks' spare_event (coord_model.h): a worker event about one of the
+ * job's hot spares. */
+bool coord_elastic_spare_event(struct coord *c, struct job *j, struct host *h, uint64_t wid,
+                               int kind, int pid, int exit_code, int term_signal);
 /* --straggler-policy exclude: h's members leave the job at their next
  * commit and h is excluded for its cooldown; false (nothing done) when
  * the job would fall below min_np or h runs none of its ranks. */

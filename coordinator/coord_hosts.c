@@ -87,6 +87,8 @@ int coord_host_slots_used(struct coord *c, const struct host *h)
             if (j->ranks[r].host == h &&
                 (j->ranks[r].state == RANK_ASSIGNED || j->ranks[r].state == RANK_RUNNING))
                 used++;
+        for (int s = 0; s < j->nspares; s++)
+            used += j->spares[s].host == h; /* a hot spare holds its slot */
     }
     return used;
 }

@@ -288,6 +288,19 @@ static void render_job_summary(struct jw *w, struct job *j, bool full)
         jw_kint(w, "reset_limit", j->el->reset_limit);
         jw_kbool(w, "waiting", j->el->waiting);
         jw_kuint(w, "hosts_updated_ms", j->el->update_ms);
+        jw_kint(w, "spares_wanted", j->el->spares_want);
+        jw_key(w, "spares");
+        jw_arr_begin(w);
+        for (int s = 0; s < j->nspares; s++) {
+            const struct rank *sp = &j->spares[s];
+            jw_obj_begin(w);
+            jw_kuint(w, "worker_id", sp->wid);
+            jw_kstr(w, "host", sp->host ? sp->host->name : sp->host_id);
+            jw_kstr(w, "state", sp->state == RANK_RUNNING ? "waiting" : "starting");
+            jw_kint(w, "pid", sp->pid);
+            jw_obj_end(w);
+        }
+        jw_arr_end(w);
         jw_key(w, "excluded");
         jw_arr_begin(w);
         uint64_t now = now_mono_ms();
@@ -779,6 +792,11 @@ static const char *parse_elastic(const struct json *root, struct elastic_opts *e
     int64_t window = 0;
     if (sw && (!json_as_int(sw, &window) || window < 1000 || window > 86400000LL))
         return "\"straggler_window_ms\" must be an integer from 1000 to 86400000";
+    const struct json *spv = json_get(root, "spares");
+    int64_t spares = 0;
+    if (spv && (!json_as_int(spv, &spares) || spares < 0 || spares > 1024))
+        return "\"spares\" must be an integer from 0 to 1024";
+    eo->spares = (int)spares;
     eo->straggler_policy = sp ? sp->str : NULL;
     eo->straggler_window_ms = (uint32_t)window;
     eo->min_np = (int)v[0];

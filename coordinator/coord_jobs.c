@@ -442,6 +442,11 @@ int coord_job_submit(struct coord *c, const struct job_request *rq, uint64_t *jo
         snprintf(err, errlen, "straggler policy '%.32s' is not warn or exclude", sp);
         return KOLO_EINVAL;
     }
+    if (eo && eo->spares && !eo->elastic) {
+        snprintf(err, errlen, "hot spares need an elastic job (--min-np, --max-np or a host "
+                              "discovery script): only an elastic job takes a new worker in");
+        return KOLO_EINVAL;
+    }
     if (exclude && !(eo && eo->elastic)) {
         snprintf(err, errlen, "straggler policy exclude needs an elastic job (--min-np, "
                               "--max-np or a host discovery script): a fixed-size job cannot "
@@ -713,6 +718,9 @@ void coord_job_worker_event(struct coord *c, struct host *h, uint64_t job_id, ui
                             int term_signal, const char *message)
 {
     struct job *j = coord_job_find(c, job_id);
+    if (j && wid && coord_job_member(j, wid) < 0 && c->hooks.spare_event &&
+        c->hooks.spare_event(c, j, h, wid, kind, pid, exit_code, term_signal))
+        return; /* a hot spare's (coord_elastic.c) */
     if (j && wid) {
         /* The rank it has now; a worker that is no longer a member (an
          * older generation's, being stopped) has nothing to say. */
@@ -807,6 +815,44 @@ void coord_job_worker_event(struct coord *c, struct host *h, uint64_t job_id, ui
 
 /* ---------------------------------------------------------------- desired sets */
 
+/* Appends rk's spec (rank -1: a hot spare) to *specs; false: no memory. */
+static bool desired_add(const struct job *j, const struct rank *rk, Kolo__WorkerSpec ***specs,
+                        size_t *n, size_t *cap)
+{
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 8;
+        Kolo__WorkerSpec **ns = realloc(*specs, nc * sizeof(*ns));
+        if (!ns)
+            return false;
+        *specs = ns;
+        *cap = nc;
+    }
+    Kolo__WorkerSpec *s = malloc(sizeof(*s));
+    if (!s)
+        return false;
+    kolo__worker_spec__init(s);
+    s->job_id = j->id;
+    s->generation = j->generation;
+    s->worker_id = rk->wid;
+    s->rank = rk->rank;
+    s->size = j->nranks;
+    s->local_rank = rk->local_rank;
+    s->local_size = rk->local_size;
+    s->cross_rank = rk->cross_rank;
+    s->cross_size = rk->cross_size;
+    if (rk->rank < 0) { /* a hot spare: a valid place to start from; its own comes at init */
+        s->rank = s->local_rank = s->cross_rank = 0;
+        s->local_size = s->cross_size = 1;
+    }
+    s->n_argv = (size_t)j->argc;
+    s->argv = j->argv; /* borrowed: freed with the job, not with the spec */
+    s->n_env = (size_t)j->nenv;
+    s->env = j->env;
+    s->cwd = j->cwd;
+    (*specs)[(*n)++] = s;
+    return true;
+}
+
 int coord_job_desired_for_host(struct coord *c, struct host *h, void ***specs_out, size_t *n_out)
 {
     size_t n = 0, cap = 0;
@@ -818,33 +864,12 @@ int coord_job_desired_for_host(struct coord *c, struct host *h, void ***specs_ou
             struct rank *rk = &j->ranks[r];
             if (rk->host != h || (rk->state != RANK_ASSIGNED && rk->state != RANK_RUNNING))
                 continue;
-            if (n == cap) {
-                cap = cap ? cap * 2 : 8;
-                Kolo__WorkerSpec **ns = realloc(specs, cap * sizeof(*ns));
-                if (!ns)
-                    goto fail;
-                specs = ns;
-            }
-            Kolo__WorkerSpec *s = malloc(sizeof(*s));
-            if (!s)
+            if (!desired_add(j, rk, &specs, &n, &cap))
                 goto fail;
-            kolo__worker_spec__init(s);
-            s->job_id = j->id;
-            s->generation = j->generation;
-            s->worker_id = rk->wid;
-            s->rank = rk->rank;
-            s->size = j->nranks;
-            s->local_rank = rk->local_rank;
-            s->local_size = rk->local_size;
-            s->cross_rank = rk->cross_rank;
-            s->cross_size = rk->cross_size;
-            s->n_argv = (size_t)j->argc;
-            s->argv = j->argv; /* borrowed: freed with the job, not with the spec */
-            s->n_env = (size_t)j->nenv;
-            s->env = j->env;
-            s->cwd = j->cwd;
-            specs[n++] = s;
         }
+        for (int s = 0; s < j->nspares; s++)
+            if (j->spares[s].host == h && !desired_add(j, &j->spares[s], &specs, &n, &cap))
+                goto fail;
     }
     *specs_out = (void **)specs;
     *n_out = n;
@@ -1236,6 +1261,7 @@ void coord_rpc_admin(struct coord *c, struct rpc_call *call, enum coord_method m
                                   .timeout_ms = req->elastic_timeout_ms,
                                   .discovery = req->discovery_script,
                                   .slots_per_host = req->slots_per_host,
+                                  .spares = req->spares,
                                   .straggler_policy = req->straggler_policy,
                                   .straggler_window_ms = req->straggler_window_ms};
         struct job_request rq = {.argv = req->argv,

@@ -137,6 +137,7 @@ struct elastic_opts {
     uint32_t cooldown_lo_s, cooldown_hi_s, timeout_ms;
     const char *discovery;
     int slots_per_host;
+    int spares; /* hot spares kept started, waiting in hvd.init() (coord_elastic.c) */
     /* every job, not only elastic ones (coord_report.c's straggler watch) */
     const char *straggler_policy; /* NULL, "", "warn" or "exclude" */
     uint32_t straggler_window_ms; /* 0: STRAGGLER_WINDOW_MS */
@@ -167,6 +168,8 @@ struct job_request {
 /* The elastic part of a job (coord_elastic.c); NULL for a fixed-size job. */
 struct elastic {
     int min_np, max_np;
+    int spares_want;    /* --spares */
+    int spare_failures; /* spares in a row that died before a place was theirs */
     int reset_limit; /* 0: unlimited */
     int resets;
     uint32_t cooldown_lo_s, cooldown_hi_s; /* 0 0: excluded for good */
@@ -242,6 +245,11 @@ struct job {
     struct waiter *waiters; /* parked StreamOutput calls */
     uint64_t last_notice;   /* id of the job's newest notice event (coord_event_notice) */
     struct stacks *stacks;  /* kolo stacks being taken (coord_stacks.c), NULL none */
+    /* elastic hot spares (coord_elastic.c): processes started outside the
+     * generation, waiting in hvd.init() for a place; rank -1, state
+     * ASSIGNED until their agent reports them started, then RUNNING */
+    struct rank *spares;
+    int nspares;
     /* --straggler-policy (coord_report.c): exclude or only warn, after
      * how long; the hosts being watched */
     bool straggler_exclude;
@@ -411,6 +419,10 @@ struct coord_hooks {
     void (*member_gone)(struct coord *c, struct job *j, struct host *h, bool exclude,
                         enum elastic_cause cause, const char *why);
     void (*host_drained)(struct coord *c, struct host *h);
+    /* a worker event about wid, which is not a member: true when it is one
+     * of the job's hot spares (handled), false to go on as usual */
+    bool (*spare_event)(struct coord *c, struct job *j, struct host *h, uint64_t wid, int kind,
+                        int pid, int exit_code, int term_signal);
 };
 
 struct coord {

@@ -24,10 +24,12 @@ torch = pytest.importorskip("torch")
 
 WORKER = r'''
 import json, os, signal, sys, time
+born = time.time()
 import torch
 import kolo.torch as hvd
 
 hvd.init()
+print("BORN pid %d t %.3f" % (os.getpid(), born), flush=True)
 steps, commit_every = int(sys.argv[1]), int(sys.argv[2])
 kills = json.loads(sys.argv[3])      # [[step, rank % size], ...]; rank -1: every rank
 marks = sys.argv[4]
@@ -325,3 +327,43 @@ def test_an_epoch_cut_by_a_reset_is_marked():
     assert [ln.split(":")[0] for ln in lines] == ["[kolo] epoch %d" % e for e in range(3)], job.err
     assert "reset" not in lines[0] and "reset" not in lines[2], lines
     assert lines[1].endswith("(cut by 1 elastic reset: the time since the last, generation 2)"), lines
+
+
+def test_a_hot_spare_takes_a_killed_ranks_place(reference, tmp_path):
+    """--spares 1 (issue 32): a spare waits in hvd.init(); when a rank is
+    killed the next generation takes it - back at full size without a
+    process start (the new rank's process was born before the kill) - it
+    gets the committed state like any new rank (the weights match a run
+    without failures), and a new spare starts in its place."""
+    state = tmp_path / "state"
+    marks = tempfile.mkdtemp(prefix="kolo-kills-")
+    try:
+        job = kolo_run(3, WORKER, args=(60, 5, json.dumps([[20, 1]]), marks, 0.05),
+                       kolo_args=("--min-np", "2", "--max-np", "3", "--spares", "1",
+                                  "--blacklist-cooldown-range", "1", "1"),
+                       timeout=240, state_dir=str(state))
+    finally:
+        shutil.rmtree(marks, ignore_errors=True)
+    assert job.rc == 0, job
+    got = finals(job)
+    assert [s for s, _ in got] == [60, 60, 60], job
+    assert all(close(w, reference) for _, w in got)
+    m = re.search(r"^\[kolo\] job \d+ generation 2 took 1 hot spare\(s\), no process start: "
+                  r"worker (\d+) on localhost$", job.err, re.M)
+    assert m, job.err
+    # back at full size at once: no step of 2 ranks after the kill
+    kill_t = min(t for t, kind, _ in timeline(job) if kind == "KILL")
+    after = [n for t, kind, n in timeline(job) if kind == "STEP" and t > kill_t]
+    assert after and set(after) == {3}, after
+    # the process in the killed rank's place was born before the kill
+    born = {int(p): float(t) for p, t in re.findall(r"BORN pid (\d+) t ([0-9.]+)", job.out)}
+    assert len(born) == 4, job.out
+    assert sorted(born.values())[-1] < kill_t, (born, kill_t)
+    # a new spare started in its place once the host's cooldown passed (a
+    # spare is a new process: exclusion keeps it off for that long): two
+    # spare starts in the job's events
+    import sqlite3
+    db = next(state.rglob("run-*.db"))
+    kinds = [k for (k,) in sqlite3.connect(str(db)).execute(
+        "SELECT kind FROM events WHERE kind LIKE 'worker.spare%'")]
+    assert kinds.count("worker.spare_started") == 2, kinds

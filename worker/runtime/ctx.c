@@ -254,6 +254,7 @@ static int rendezvous(struct kolo_ctx *c, const kolo_config *cfg, struct rdv *rv
 static int ask_place(struct kolo_ctx *c, kolo_config *cfg, uint64_t deadline, char *err,
                      size_t errlen)
 {
+    uint64_t budget = deadline > now_mono_ms() ? deadline - now_mono_ms() : 0;
     for (;;) {
         uint64_t now = now_mono_ms();
         if (now >= deadline) {
@@ -274,6 +275,8 @@ static int ask_place(struct kolo_ctx *c, kolo_config *cfg, uint64_t deadline, ch
             continue; /* the coordinator may be starting or restarting */
         bool placed = rep->generation != 0 && rep->size > 0 && rep->rank >= 0 &&
                       rep->rank < rep->size;
+        if (!placed && rep->spare)
+            deadline = now_mono_ms() + budget; /* a hot spare waits as long as it is one */
         if (placed) {
             cfg->generation = rep->generation;
             cfg->rank = rep->rank;
