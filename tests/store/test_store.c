@@ -851,6 +851,42 @@ static void test_readonly(void)
     CHECK(!file_exists(path));
 }
 
+/* A job's milestones (kolo dashboard's event list): its start and reset
+ * stay among the newest events other than commits after 300 commits,
+ * oldest first; other jobs' events are not its. */
+static void test_events_except(void)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/events.db", dir);
+    struct store *st = open_store(path);
+    struct store_job j = {.name = "long", .state = "running", .np = 2};
+    CHECK_EQ_INT(store_job_insert(st, &j), 0);
+    const char *kinds[] = {"job.started", "generation.reset"};
+    CHECK_EQ_INT(store_begin(st), 0);
+    for (int i = 0; i < 302; i++) {
+        const char *kind = i == 0 ? kinds[0] : i == 150 ? kinds[1] : "snapshot.committed";
+        struct store_event ev = {
+            .ts_ms = 1000 + (uint64_t)i, .job_id = j.id, .kind = kind, .message = kind};
+        CHECK_EQ_INT(store_event_add(st, &ev), 0);
+    }
+    struct store_event other = {.ts_ms = 5000, .kind = "host.lost", .message = "other"};
+    CHECK_EQ_INT(store_event_add(st, &other), 0);
+    CHECK_EQ_INT(store_commit(st), 0);
+    struct event_seen seen = {0};
+    CHECK_EQ_INT(
+        store_events_tail_except(st, j.id, "snapshot.committed", 200, collect_event, &seen), 0);
+    CHECK_EQ_INT(seen.n, 2);
+    CHECK_EQ_STR(seen.messages[0], "job.started");
+    CHECK_EQ_STR(seen.messages[1], "generation.reset");
+    CHECK(seen.ids[0] < seen.ids[1]);
+    seen.n = 0;
+    CHECK_EQ_INT(store_events_tail_except(st, j.id, "snapshot.committed", 1, collect_event, &seen),
+                 0);
+    CHECK(seen.n == 1 && strcmp(seen.messages[0], "generation.reset") == 0);
+    CHECK_EQ_INT(store_events_tail_except(st, j.id, NULL, 1, collect_event, &seen), KOLO_EINVAL);
+    store_close(st);
+}
+
 static void test_migrate_empty_file(void)
 {
     char path[300];
@@ -891,8 +927,9 @@ static void test_not_a_database(void)
 static void cleanup(void)
 {
     static const char *const names[] = {
-        "store.db",      "store.db-wal", "store.db-shm", "future.db",    "future.db-wal",
-        "future.db-shm", "empty.db",     "empty.db-wal", "empty.db-shm", "garbage.db"};
+        "store.db",      "store.db-wal",  "store.db-shm", "future.db",    "future.db-wal",
+        "future.db-shm", "empty.db",      "empty.db-wal", "empty.db-shm", "garbage.db",
+        "events.db",     "events.db-wal", "events.db-shm"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char path[300];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
@@ -922,6 +959,7 @@ int main(void)
     test_query_only();
     test_future_schema();
     test_readonly();
+    test_events_except();
     test_migrate_empty_file();
     test_not_a_database();
     cleanup();
