@@ -11,8 +11,11 @@
  *                          from a view of RUN's database with the prefix
  *                          taken off: every job page works as it did live
  * and the dashboard's static files elsewhere. A view opens the database
- * read-only (store_open_readonly never writes or creates a file) and is
- * kept until the file changes (a run still going), then loaded again.
+ * read-only (store_open_readonly never writes or creates a file). The view
+ * of a run that ended is kept until its file changes; that of a run still
+ * going (its -wal file is there) only for the request: a connection of
+ * ours open when its kolo run closes the database would keep it from
+ * folding the WAL back into the file and removing it.
  *
  * Reads are served as by a coordinator without a token: timings, states
  * and events to anyone on loopback; argv, cwd and output with the key this
@@ -95,8 +98,9 @@ static bool same_time(const struct timespec *a, const struct timespec *b)
 }
 
 /* The view of run name, loaded again when its files changed since; NULL
- * with err set when it cannot be opened. Under dash.mu. */
-static struct coord *view_get(const char *name, char *err, size_t errlen)
+ * with err set when it cannot be opened. *transient: the caller closes it
+ * after the request (a run still going). Under dash.mu. */
+static struct coord *view_get(const char *name, bool *transient, char *err, size_t errlen)
 {
     char db[4200], wal[4210];
     snprintf(db, sizeof db, "%s/%s.db", dash.runs, name);
@@ -105,6 +109,10 @@ static struct coord *view_get(const char *name, char *err, size_t errlen)
     off_t ds, ws;
     file_sig(db, &dm, &ds);
     file_sig(wal, &wm, &ws);
+    if ((*transient = ws >= 0)) {
+        struct coord *c = NULL;
+        return coord_view_open(&c, db, dash.key, dash.port, err, errlen) == 0 ? c : NULL;
+    }
     struct view *v = NULL, *lru = &dash.views[0];
     for (int i = 0; i < VIEWS_MAX && !v; i++) {
         if (dash.views[i].c && strcmp(dash.views[i].name, name) == 0)
@@ -218,7 +226,9 @@ static void reply_runs(nng_aio *aio)
             jw_kuint(&w, "started_ms", ms);
             jw_kint(&w, "pid", pid);
             jw_kbool(&w, "running", running);
-            jw_kint(&w, "bytes", stat(db, &sb) == 0 ? (long long)sb.st_size : 0);
+            long long bytes = stat(db, &sb) == 0 ? (long long)sb.st_size : 0;
+            bytes += stat(wal, &sb) == 0 ? (long long)sb.st_size : 0;
+            jw_kint(&w, "bytes", bytes);
             jw_kuint(&w, "modified_ms",
                      stat(access(wal, F_OK) == 0 ? wal : db, &sb) == 0
                          ? (uint64_t)sb.st_mtim.tv_sec * 1000 +
@@ -249,6 +259,7 @@ static void http_cb(nng_aio *aio)
         size_t nlen = strcspn(name, "/?");
         char nm[64], err[512], rest[1200];
         struct coord *c = NULL;
+        bool transient = false;
         if (!run_name_ok(name, nlen)) {
             reply_error(aio, 404, "no such run");
         } else if (name[nlen] != '/') { /* /runs/RUN: its page is /runs/RUN/ */
@@ -256,15 +267,17 @@ static void http_cb(nng_aio *aio)
             reply(aio, 302, "text/plain", rest, strlen(rest), rest);
         } else {
             snprintf(nm, sizeof nm, "%.*s", (int)nlen, name);
-            if (!(c = view_get(nm, err, sizeof err))) {
+            if (!(c = view_get(nm, &transient, err, sizeof err))) {
                 reply_error(aio, 404, err);
             } else if (snprintf(rest, sizeof rest, "%s", name + nlen) >= (int)sizeof rest ||
                        nng_http_req_set_uri(req, rest) != 0) {
                 reply_error(aio, 414, "URI too long");
             } else {
-                coord_view_http(c, aio);
+                coord_view_http(c, aio); /* answers before it returns */
             }
         }
+        if (transient)
+            coord_view_close(c);
     } else if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
         reply_error(aio, 405, "kolo dashboard only reads");
     } else if (plen == 1 || (plen == 5 && strncmp(uri, "/runs", 5) == 0)) {
