@@ -343,7 +343,7 @@ int cmd_dashboard(int argc, char **argv)
 {
     char *http = NULL, *state_dir = NULL;
     struct knob tab[] = {
-        {"http", NULL, NULL, KNOB_STR, "127.0.0.1:7090", 0, -1,
+        {"http", NULL, "KOLO_DASHBOARD_HTTP", KNOB_STR, "127.0.0.1:7090", 0, -1,
          "HTTP address to serve on (loopback only: the pages show jobs' output to the key's "
          "holder; port 0 picks one)",
          &http},
