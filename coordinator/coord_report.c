@@ -76,7 +76,14 @@ struct report_job {
     uint64_t rows_since_prune;
     struct report_rank *ranks;
     int nranks;
+    /* /metrics' samples/s of the last complete epoch (NAN: none), derived
+     * from the store at most every RATE_EVERY_MS and only when epochs were
+     * reported since: a scrape must not read every epoch row every time */
+    double rate;
+    uint64_t rate_epochs, rate_ms;
 };
+
+#define RATE_EVERY_MS 10000
 
 static struct report_job *rjob_get(struct coord *c, uint64_t job_id, bool create)
 {
@@ -89,6 +96,7 @@ static struct report_job *rjob_get(struct coord *c, uint64_t job_id, bool create
     if (!r)
         return NULL;
     r->job_id = job_id;
+    r->rate = NAN;
     r->next = c->report_jobs;
     c->report_jobs = r;
     return r;
@@ -1136,18 +1144,24 @@ static void render_job_metrics(struct coord *c, struct buf *b)
             if (k == 0) {
                 job_sample(b, help[k][0], j, (double)j->generation);
             } else if (k == 1) {
-                struct ep_rows rs = {0};
-                struct ep_sum *sums = NULL;
-                size_t n = 0;
-                double rate = NAN;
-                if (coord_report_epochs(c, j, &rs, &sums, &n) == 0)
-                    for (size_t i = 0; i < n; i++)
-                        if (sums[i].complete && isfinite(sums[i].samples_per_s))
-                            rate = sums[i].samples_per_s;
-                free(sums);
-                coord_report_rows_free(&rs);
-                if (isfinite(rate))
-                    job_sample(b, help[k][0], j, rate);
+                struct report_job *rj = rjob_get(c, j->id, false);
+                if (rj && rj->rate_epochs != c->m.report.epochs &&
+                    now - rj->rate_ms >= RATE_EVERY_MS) {
+                    struct ep_rows rs = {0};
+                    struct ep_sum *sums = NULL;
+                    size_t n = 0;
+                    rj->rate = NAN;
+                    if (coord_report_epochs(c, j, &rs, &sums, &n) == 0)
+                        for (size_t i = 0; i < n; i++)
+                            if (sums[i].complete && isfinite(sums[i].samples_per_s))
+                                rj->rate = sums[i].samples_per_s;
+                    free(sums);
+                    coord_report_rows_free(&rs);
+                    rj->rate_epochs = c->m.report.epochs;
+                    rj->rate_ms = now;
+                }
+                if (rj && isfinite(rj->rate))
+                    job_sample(b, help[k][0], j, rj->rate);
             } else if (k == 2 && j->nranks > 0) {
                 double *lag = calloc((size_t)j->nranks, sizeof *lag);
                 bool *slow = calloc((size_t)j->nranks, sizeof *slow);
