@@ -129,7 +129,7 @@ function poller(refresh, interval) {
 /* ------------------------------------------------------------ cluster page */
 
 function clusterPage(root) {
-  const hostsBox = h('div'), jobsBox = h('div');
+  const hostsBox = h('div'), jobsBox = h('div'), endedEpochs = new Map();
   root.replaceChildren(
     h('h1', {}, RUN ? `Run ${RUN}` : 'Cluster'),
     section('Hosts', 'hosts', hostsBox),
@@ -148,9 +148,14 @@ function clusterPage(root) {
         x.running_ranks.map(r => h('a', {href: `#/jobs/${r.job}`, class: 'chip'}, `job ${r.job} · rank ${r.rank}`)) : '–'},
     ], hosts.hosts, 'No agent has registered. Start one with: kolo agent --coordinator tcp://…'));
     const list = jobs.jobs.slice().sort((a, b) => b.id - a.id);
-    // the progress of the newest jobs (their epochs, one read each)
-    const eps = await Promise.all(list.map((j, i) => i < 10 && j.started_ms ?
-      api(`/api/v1/jobs/${j.id}/epochs`).catch(() => null) : null));
+    // the progress of the newest jobs (their epochs, one read each; an
+    // ended job's once: it cannot change)
+    const eps = await Promise.all(list.map((j, i) => i >= 10 || !j.started_ms ? null
+      : ended(j) && endedEpochs.has(j.id) ? endedEpochs.get(j.id)
+      : api(`/api/v1/jobs/${j.id}/epochs`).then(ep => {
+        if (ended(j)) endedEpochs.set(j.id, ep);
+        return ep;
+      }, () => null)));
     jobsBox.replaceChildren(table([
       {title: 'Job', get: j => h('a', {href: `#/jobs/${j.id}`}, `${j.id} · ${j.name}`)},
       {title: 'State', get: j => badge(j.state)},
