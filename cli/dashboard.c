@@ -400,6 +400,9 @@ int cmd_dashboard(int argc, char **argv)
     fflush(stdout);
     int sig = 0;
     sigwait(&set, &sig);
+    /* a second Ctrl-C ends the process, should nng's stop hang
+     * (coord_http_stop tells that story): nothing here needs a clean exit */
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
     nng_http_server_stop(srv);
     nng_http_server_release(srv);
     for (int i = 0; i < VIEWS_MAX; i++)
