@@ -35,11 +35,13 @@ function h(tag, attrs, ...kids) {
   return e;
 }
 
-async function api(path) {
+/* GET path of the coordinator's REST API (of the run shown, under kolo
+ * dashboard), or of kolo dashboard itself when root is set. */
+async function api(path, root) {
   const ctl = new AbortController();
   const timer = setTimeout(() => ctl.abort(), FETCH_TIMEOUT_MS);
   try {
-    const r = await fetch(path.startsWith('/runs/') ? path : BASE + path, {signal: ctl.signal, cache: 'no-store'});
+    const r = await fetch(root || path.startsWith('/runs/') ? path : BASE + path, {signal: ctl.signal, cache: 'no-store'});
     const body = await r.json().catch(() => ({}));
     if (!r.ok) {
       const e = new Error(`${path}: ${body.error || r.status}`);
@@ -81,7 +83,7 @@ const fmt = {
  * without colour. */
 const STATE_MARK = {running: '▶', pending: '…', succeeded: '✓', failed: '✗', stopped: '■',
                     alive: '●', lost: '✗', drained: '↓', exited: '✓', assigned: '…',
-                    complete: '✓', pruned: '✂'};
+                    complete: '✓', pruned: '✂', ended: '■'};
 function badge(state) {
   return h('span', {class: 'badge s-' + state}, (STATE_MARK[state] || '•') + ' ' + state);
 }
@@ -135,7 +137,11 @@ function clusterPage(root) {
     section('Hosts', 'hosts', hostsBox),
     section('Jobs', 'jobs', jobsBox));
   return poller(async () => {
-    const [hosts, jobs] = await Promise.all([api('/api/v1/hosts'), api('/api/v1/jobs')]);
+    const [hosts, jobs, runs] = await Promise.all([api('/api/v1/hosts'), api('/api/v1/jobs'),
+      RUN ? api('/api/v1/runs', true) : null]);
+    // a run that ended: its hosts as they were then, with no lease ticking
+    const over = runs && !runs.runs.some(r => r.name === RUN && r.running);
+    if (over) hosts.hosts.forEach(x => { x.state = 'ended'; x.lease_age_ms = null; });
     hostsBox.replaceChildren(table([
       {title: 'Host', get: x => h('span', {title: x.id}, x.name)},
       {title: 'Address', get: x => x.hostname && x.hostname !== x.name ? `${x.hostname} (${x.addr})` : x.addr},
@@ -143,7 +149,7 @@ function clusterPage(root) {
       {title: 'Slots used', num: true, get: x => `${x.slots_used} / ${x.slots}`},
       {title: 'CPUs', num: true, get: x => x.cpus},
       {title: 'GPUs', num: true, get: x => x.gpus},
-      {title: 'Lease age', num: true, get: x => fmt.secs(x.lease_age_ms / 1000)},
+      {title: 'Lease age', num: true, get: x => x.lease_age_ms === null ? '–' : fmt.secs(x.lease_age_ms / 1000)},
       {title: 'Running ranks', get: x => (x.running_ranks || []).length ?
         x.running_ranks.map(r => h('a', {href: `#/jobs/${r.job}`, class: 'chip'}, `job ${r.job} · rank ${r.rank}`)) : '–'},
     ], hosts.hosts, 'No agent has registered. Start one with: kolo agent --coordinator tcp://…'));

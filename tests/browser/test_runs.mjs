@@ -2,8 +2,9 @@
 // local run's database) in a real browser:
 //   - /runs/ lists the run, newest first, with its job, ended;
 //   - the run's page (the cluster page of its embedded coordinator) shows
-//     the job by its script's name, ended: its end time and outcome, not
-//     "0 alive", and its progress (last epoch, loss, time per epoch);
+//     its host as ended (not alive) and the job by its script's name,
+//     ended: its end time and outcome, not "0 alive", and its progress
+//     (last epoch, loss, time per epoch);
 //   - the job page charts the metrics the job reported (loss, accuracy),
 //     one point per epoch, next to epoch time and samples/s, and shows the
 //     worker output (the printed link's key opens it);
@@ -46,6 +47,11 @@ await run(async browser => {
     const jobs = await page.locator('#jobs').textContent();
     check(jobs.includes('1 · train_job.py'), 'the job is named by its script, not its interpreter');
     check(!/0 alive|0 \/ 2/.test(jobs), 'the ended job does not read "0 alive"');
+    await until(10, 'the ended run\'s host reads "ended", not "alive"', async () => {
+      const t = await page.locator('#hosts').textContent();
+      return t.includes('ended') && !t.includes('alive');
+    });
+    check(true, 'the ended run\'s host reads "ended", with no lease age ticking');
     await until(10, 'the job shows its progress and outcome', async () => {
       const t = await page.locator('#jobs').textContent();
       return /epoch 3 · loss [0-9.]+ · accuracy [0-9.]+ · [0-9.]+ (ms|s)\/epoch/.test(t) && t.includes('succeeded');
