@@ -27,6 +27,8 @@ int cmd_top(int argc, char **argv);
 int cmd_drain(int argc, char **argv);
 int cmd_undrain(int argc, char **argv);
 int cmd_attach(int argc, char **argv);
+/* dashboard.c: the dashboard of the runs kolo run kept */
+int cmd_dashboard(int argc, char **argv);
 
 /* cli_token loads the token from path (NULL/"" = none); 0 or an error. */
 int cli_token(const char *path, char **token, char *err, size_t errlen);

@@ -24,6 +24,8 @@ static const char usage[] =
     "stacks JOB\n"
     "  top          a job's ranks, costliest first: step time, lag, cost: kolo top JOB\n"
     "  attach       follow a job (kolo run --detach) and exit with its code\n"
+    "  dashboard    the dashboard of past and current local runs (kolo run's kept "
+    "databases), read-only\n"
     "  drain, undrain\n"
     "               no new work on a host, elastic jobs leave it / usable again\n"
     "  coordinator  run the cluster coordinator (RPC, REST, dashboard, SQLite state)\n"
@@ -48,6 +50,7 @@ static const struct {
     {"stacks", cmd_stacks},
     {"top", cmd_top},
     {"attach", cmd_attach},
+    {"dashboard", cmd_dashboard},
     {"drain", cmd_drain},
     {"undrain", cmd_undrain},
     {"coordinator", cmd_coordinator},

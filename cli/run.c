@@ -697,6 +697,13 @@ int cmd_run(int argc, char **argv)
         goto out;
     }
     code = run_follow(cli, job_id, o.grace, files, o.raw, o.quiet);
+    if (coord && coord_http_url(coord)[0]) {
+        /* the link above dies with this process; the database stays */
+        const char *db = strrchr(coord_db_path(coord), '/');
+        fprintf(stderr, "[kolo] this run's dashboard after it ends: kolo dashboard%s%s %.*s\n",
+                o.state_dir ? " --state-dir " : "", o.state_dir ? o.state_dir : "",
+                (int)strlen(db + 1) - 3, db + 1);
+    }
     if (coord) {
         const char *tl = o.timeline_filename && o.timeline_filename[0] ? o.timeline_filename
                                                                        : getenv("HOROVOD_TIMELINE");

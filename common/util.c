@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -595,4 +596,13 @@ int pwrite_all(int fd, const void *data, size_t len, uint64_t at)
         at += (uint64_t)n;
     }
     return 0;
+}
+
+void stop_signals_block(sigset_t *set)
+{
+    sigemptyset(set);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, set, NULL);
+    signal(SIGPIPE, SIG_IGN);
 }

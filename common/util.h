@@ -5,6 +5,7 @@
 #define KOLO_COMMON_UTIL_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -54,6 +55,12 @@ char **str_table(const char *const *src, int n);
  * and other machines do not: processes that report the same one share
  * CPUs. "" when it cannot be read. Read once, then cached. */
 const char *machine_id(void);
+/* stop_signals_block blocks SIGINT and SIGTERM in the calling thread, into
+ * set for sigwait, and ignores SIGPIPE: a daemon's main calls it before it
+ * starts threads, which inherit the mask, so that only its sigwait sees the
+ * stop signals. */
+void stop_signals_block(sigset_t *set);
+
 /* thread_name names the calling thread (at most 15 bytes are kept), as
  * `top -H`, `ps -L`, gdb and /proc show it: kolo's threads are all
  * "kolo-..." (docs/libkolo.md). */

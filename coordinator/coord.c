@@ -536,6 +536,65 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
     return 0;
 }
 
+/*
+ * A view (kolo dashboard): the state a coordinator kept in its database,
+ * loaded as coord_start loads it, from connections that only read
+ * (store_open_readonly), with no listener, thread or writer: requests are
+ * answered by coord_http_handle on the caller's thread, under the state
+ * lock as on the main thread. Every route that changes state answers 403,
+ * as on a coordinator without a token.
+ */
+int coord_view_open(struct coord **out, const char *db_path, const char *view_key, int http_port,
+                    char *err, size_t errlen)
+{
+    *out = NULL;
+    struct coord *c = calloc(1, sizeof(*c));
+    if (!c || !(c->db_path = strdup(db_path))) {
+        free(c);
+        snprintf(err, errlen, "out of memory");
+        return KOLO_ENOMEM;
+    }
+    c->read_only = true;
+    c->hooks = hooks;
+    c->cfg.db_path = c->db_path;
+    c->cfg.lease_ms = 5000;
+    c->cfg.heartbeat_ms = 1000;
+    c->cfg.tls = &c->tls;
+    str_copy(c->view_key, view_key, sizeof c->view_key);
+    c->http_port = http_port;
+    pthread_mutex_init(&c->mtx, NULL);
+    cond_init_monotonic(&c->cond);
+    random_hex(c->instance, 8);
+    c->started_ms = now_wall_ms();
+    int rv = store_open_readonly(&c->store, c->db_path, err, errlen);
+    if (rv == 0 &&
+        ((rv = store_hosts_each(c->store, load_host_cb, c)) != 0 || (rv = coord_jobs_load(c)) != 0))
+        snprintf(err, errlen, "cannot load %s: %s", c->db_path, store_last_error(c->store));
+    if (rv == 0)
+        rv = coord_reader_open(c, err, errlen);
+    if (rv != 0) {
+        coord_free(c);
+        return rv;
+    }
+    *out = c;
+    return 0;
+}
+
+void coord_view_http(struct coord *c, nng_aio *aio)
+{
+    pthread_mutex_lock(&c->mtx);
+    coord_http_handle(c, aio);
+    pthread_mutex_unlock(&c->mtx);
+}
+
+void coord_view_close(struct coord *c)
+{
+    if (!c)
+        return;
+    coord_reader_close(c);
+    coord_free(c);
+}
+
 const char *coord_rpc_url(const struct coord *c)
 {
     return c->rpc_url;
@@ -544,6 +603,11 @@ const char *coord_rpc_url(const struct coord *c)
 const char *coord_http_url(const struct coord *c)
 {
     return c->http_url;
+}
+
+const char *coord_db_path(const struct coord *c)
+{
+    return c->db_path;
 }
 
 /*

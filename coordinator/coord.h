@@ -39,12 +39,29 @@ int coord_start(struct coord **out, const struct coord_config *cfg, char *err, s
 /* Bound URLs: "tcp://127.0.0.1:40211" and "http://127.0.0.1:40212". */
 const char *coord_rpc_url(const struct coord *c);
 const char *coord_http_url(const struct coord *c);
+/* The database file the coordinator keeps its state in. */
+const char *coord_db_path(const struct coord *c);
 /* The key that opens a job's argv, cwd and output to a browser or script
  * (common/creds.h, view key): the dashboard link kolo prints carries it
  * as ?key=, which the dashboard keeps as a cookie. */
 const char *coord_dashboard_key(struct coord *c);
 /* coord_stop answers every parked call, closes listeners and the store. */
 void coord_stop(struct coord *c);
+
+/*
+ * coord_view_open loads the state kept in the database at db_path (a kept
+ * run's, for `kolo dashboard`) without writing to it: no listener, no
+ * thread, every route that changes state refused. view_key opens argv, cwd
+ * and output as coord_dashboard_key does, in the cookie of http_port (the
+ * port the caller serves on). coord_view_http answers one request of the
+ * caller's HTTP server (nng's aio, as nng_http_handler gives it) from the
+ * view; any thread may call it. coord_view_close frees the view.
+ */
+struct nng_aio;
+int coord_view_open(struct coord **out, const char *db_path, const char *view_key, int http_port,
+                    char *err, size_t errlen);
+void coord_view_http(struct coord *c, struct nng_aio *aio);
+void coord_view_close(struct coord *c);
 
 /* `kolo coordinator ...` */
 int cmd_coordinator(int argc, char **argv);

@@ -139,7 +139,8 @@ int coord_send_pb(struct rpc_call *call, const ProtobufCMessage *msg)
 
 int coord_reader_open(struct coord *c, char *err, size_t errlen)
 {
-    int rv = store_open(&c->reader, c->db_path, err, errlen);
+    int rv = c->read_only ? store_open_readonly(&c->reader, c->db_path, err, errlen)
+                          : store_open(&c->reader, c->db_path, err, errlen);
     if (rv == 0 && (rv = store_query_only(c->reader)) != 0) {
         snprintf(err, errlen, "%s", store_last_error(c->reader));
         store_close(c->reader);

@@ -351,6 +351,16 @@ static int read_events(struct store *st, void *arg)
     return store_events_each(st, ec->job, -1, ec->limit, render_event_cb, ec);
 }
 
+/* The newest events of a job other than its commits (one per
+ * state.commit(), thousands in a long job), which would push its starts,
+ * resets, drains and failures out of the newest 200. */
+static int read_milestones(struct store *st, void *arg)
+{
+    struct event_ctx *ec = arg;
+    return store_events_tail_except(st, ec->job, "snapshot.committed", ec->limit, render_event_cb,
+                                    ec);
+}
+
 static void render_job(struct coord *c, struct jw *w, struct job *j, bool full)
 {
     jw_obj_begin(w);
@@ -398,6 +408,11 @@ static void render_job(struct coord *c, struct jw *w, struct job *j, bool full)
     jw_arr_begin(w);
     struct event_ctx ec = {w, j->id, 200};
     if (coord_read(c, read_events, &ec) < 0)
+        coord_store_failed(c, "events read");
+    jw_arr_end(w);
+    jw_key(w, "milestones");
+    jw_arr_begin(w);
+    if (coord_read(c, read_milestones, &ec) < 0)
         coord_store_failed(c, "events read");
     jw_arr_end(w);
     jw_obj_end(w);
@@ -449,8 +464,9 @@ static void render_metrics(struct coord *c, struct buf *b)
     }
     for (struct job *j = c->jobs; j; j = j->next)
         jobs[j->state]++;
-    struct rpc_server_stats st;
-    rpc_server_get_stats(c->rpc, &st);
+    struct rpc_server_stats st = {0};
+    if (c->rpc) /* none in a view (coord_view_open) */
+        rpc_server_get_stats(c->rpc, &st);
 
     buf_printf(b,
                "# HELP kolo_build_info Build information; the value is always 1.\n"

@@ -398,6 +398,37 @@ static bool meta_check(char **meta, int n, char *err, size_t errlen)
     return true;
 }
 
+/*
+ * job_default_name: what a job without a name is called where people look
+ * (kolo jobs, the dashboard): its script, not its interpreter. For
+ * "python3 -u train.py --lr 0.1" that is "train.py", for "python -m
+ * pkg.train" "pkg.train"; any other command keeps its argv[0].
+ */
+static const char *job_default_name(int argc, char **argv)
+{
+    const char *base = strrchr(argv[0], '/');
+    base = base ? base + 1 : argv[0];
+    if (strncmp(base, "python", 6) != 0)
+        return argv[0];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-m") == 0 && i + 1 < argc)
+            return argv[i + 1];
+        if (strcmp(a, "-c") == 0 || strcmp(a, "-") == 0)
+            return argv[0];
+        if (strcmp(a, "-X") == 0 || strcmp(a, "-W") == 0 ||
+            strcmp(a, "--check-hash-based-pycs") == 0) {
+            i++; /* takes a value */
+            continue;
+        }
+        if (a[0] != '-') {
+            const char *script = strrchr(a, '/');
+            return script && script[1] ? script + 1 : a;
+        }
+    }
+    return argv[0];
+}
+
 int coord_job_submit(struct coord *c, const struct job_request *rq, uint64_t *job_id, char *err,
                      size_t errlen)
 {
@@ -490,7 +521,7 @@ int coord_job_submit(struct coord *c, const struct job_request *rq, uint64_t *jo
         j->env[j->nenv++] = strdup("HOROVOD_ELASTIC=1");
         j->env[j->nenv++] = strdup(t);
     }
-    j->name = strdup(name && name[0] ? name : argv[0]);
+    j->name = strdup(name && name[0] ? name : job_default_name(argc, argv));
     j->cwd = strdup(cwd ? cwd : "");
     j->hosts = strdup(hosts ? hosts : "");
     j->np = np;

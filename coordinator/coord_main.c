@@ -201,11 +201,7 @@ int cmd_coordinator(int argc, char **argv)
     };
     /* Block the stop signals before threads start so only sigwait sees them. */
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    stop_signals_block(&set);
     /* Every rank keeps two connections (negotiation, reports) and every
      * agent one: a 1024-rank job needs more than the usual soft limit of
      * 1024 descriptors. Take what the hard limit allows. */

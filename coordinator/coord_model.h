@@ -455,6 +455,9 @@ struct coord {
     /* nng's HTTP server did not stop in time (coord_http_stop): the struct
      * and its lock outlive coord_stop, since a late handler would take it */
     bool http_left;
+    /* a view of a kept database (coord_view_open): opened read-only,
+     * nothing runs */
+    bool read_only;
 
     struct coord_hooks hooks; /* set by coord_start, then read only */
 

@@ -76,7 +76,14 @@ struct report_job {
     uint64_t rows_since_prune;
     struct report_rank *ranks;
     int nranks;
+    /* /metrics' samples/s of the last complete epoch (NAN: none), derived
+     * from the store at most every RATE_EVERY_MS and only when epochs were
+     * reported since: a scrape must not read every epoch row every time */
+    double rate;
+    uint64_t rate_epochs, rate_ms;
 };
+
+#define RATE_EVERY_MS 10000
 
 static struct report_job *rjob_get(struct coord *c, uint64_t job_id, bool create)
 {
@@ -89,6 +96,7 @@ static struct report_job *rjob_get(struct coord *c, uint64_t job_id, bool create
     if (!r)
         return NULL;
     r->job_id = job_id;
+    r->rate = NAN;
     r->next = c->report_jobs;
     c->report_jobs = r;
     return r;
@@ -1076,6 +1084,123 @@ double coord_report_rank_costs(struct coord *c, const struct job *j, struct rank
 
 /* ---------------------------------------------------------------- metrics */
 
+/* label_value writes v as a Prometheus label value (", \ and newline
+ * escaped). */
+static void label_value(struct buf *b, const char *v)
+{
+    for (const char *p = v; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            buf_putc(b, '\\');
+        if (*p == '\n')
+            buf_puts(b, "\\n");
+        else
+            buf_putc(b, *p);
+    }
+}
+
+/* One sample of a running job's series: name{job_id="ID",job_name="NAME"}
+ * v. Not "job": Prometheus gives its scrape job that label, and would
+ * rename ours. */
+static void job_sample(struct buf *b, const char *metric, const struct job *j, double v)
+{
+    buf_printf(b, "%s{job_id=\"%llu\",job_name=\"", metric, (unsigned long long)j->id);
+    label_value(b, j->name ? j->name : "");
+    buf_printf(b, "\"} %.6g\n", v);
+}
+
+/*
+ * Per running job, what a monitoring system alerts on (docs/observability.md,
+ * deploy/prometheus/kolo-alerts.yml): its generation (resets), the
+ * samples/s of its last complete epoch, its straggler (the rank the others
+ * wait for longest, -1: none) and how long ago its ranks last stepped: the
+ * newest step of any rank (the whole job stalled), the stalest rank's, and
+ * how long an op has waited for ranks that never submitted it (one rank
+ * frozen while the others wait in a collective). A job_id label per
+ * job, no rank label: a series per rank of a 1,024-rank job is too many.
+ */
+static void render_job_metrics(struct coord *c, struct buf *b)
+{
+    static const char *const help[][3] = {
+        {"kolo_job_generation", "gauge", "The running job's generation (1 + its resets)."},
+        {"kolo_job_samples_per_second", "gauge",
+         "Samples per second of the running job's last complete epoch."},
+        {"kolo_job_straggler_rank", "gauge",
+         "The rank the others wait for longest, -1 when no rank is a straggler."},
+        {"kolo_job_last_step_age_seconds", "gauge",
+         "Seconds since any rank of the running job last reported a step."},
+        {"kolo_job_stalest_rank_age_seconds", "gauge",
+         "Seconds since the rank that stepped longest ago last reported a step."},
+        {"kolo_job_stall_seconds", "gauge",
+         "How long the running job's longest-waiting op has waited for ranks that did not "
+         "submit it (0: none waits)."},
+    };
+    for (size_t k = 0; k < sizeof help / sizeof help[0]; k++) {
+        buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", help[k][0], help[k][2], help[k][0],
+                   help[k][1]);
+        uint64_t now = now_wall_ms();
+        for (struct job *j = c->jobs; j; j = j->next) {
+            if (j->state != JOB_RUNNING)
+                continue;
+            if (k == 0) {
+                job_sample(b, help[k][0], j, (double)j->generation);
+            } else if (k == 1) {
+                struct report_job *rj = rjob_get(c, j->id, false);
+                if (rj && rj->rate_epochs != c->m.report.epochs &&
+                    now - rj->rate_ms >= RATE_EVERY_MS) {
+                    struct ep_rows rs = {0};
+                    struct ep_sum *sums = NULL;
+                    size_t n = 0;
+                    rj->rate = NAN;
+                    if (coord_report_epochs(c, j, &rs, &sums, &n) == 0)
+                        for (size_t i = 0; i < n; i++)
+                            if (sums[i].complete && isfinite(sums[i].samples_per_s))
+                                rj->rate = sums[i].samples_per_s;
+                    free(sums);
+                    coord_report_rows_free(&rs);
+                    rj->rate_epochs = c->m.report.epochs;
+                    rj->rate_ms = now;
+                }
+                if (rj && isfinite(rj->rate))
+                    job_sample(b, help[k][0], j, rj->rate);
+            } else if (k == 2 && j->nranks > 0) {
+                double *lag = calloc((size_t)j->nranks, sizeof *lag);
+                bool *slow = calloc((size_t)j->nranks, sizeof *slow);
+                int worst = -1;
+                if (lag && slow && coord_report_stragglers(j, lag, slow))
+                    for (int r = 0; r < j->nranks; r++)
+                        if (slow[r] && (worst < 0 || lag[r] > lag[worst]))
+                            worst = r;
+                free(lag);
+                free(slow);
+                job_sample(b, help[k][0], j, worst);
+            } else if (k == 5) {
+                size_t n = coord_negot_stalls(j, 0, NULL, 0);
+                struct negot_stall *st = n ? calloc(n, sizeof *st) : NULL;
+                uint64_t longest = 0;
+                n = st ? coord_negot_stalls(j, 0, st, n) : 0;
+                for (size_t i = 0; i < n; i++)
+                    longest = st[i].waiting_ms > longest ? st[i].waiting_ms : longest;
+                free(st);
+                job_sample(b, help[k][0], j, (double)longest / 1000.0);
+            } else if (k >= 3) {
+                uint64_t newest = 0, oldest = UINT64_MAX;
+                for (int r = 0; r < j->nranks; r++) {
+                    const struct report_rank *rr = coord_report_rank(c, j->id, r);
+                    uint64_t at = rr ? rr->step_ms : 0;
+                    newest = at > newest ? at : newest;
+                    oldest = at < oldest ? at : oldest;
+                }
+                /* a rank that never stepped counts from the job's start */
+                if (oldest == 0)
+                    oldest = j->started_ms;
+                uint64_t at = k == 3 ? newest : oldest;
+                if (newest && at && at <= now)
+                    job_sample(b, help[k][0], j, (double)(now - at) / 1000.0);
+            }
+        }
+    }
+}
+
 void coord_report_render_metrics(struct coord *c, struct buf *b)
 {
     const struct coord_report_metrics *m = &c->m.report;
@@ -1129,11 +1254,8 @@ void coord_report_render_metrics(struct coord *c, struct buf *b)
         if (!n)
             continue;
         buf_puts(b, "kolo_step_duration_seconds{host=\"");
-        for (const char *p = h->name; *p; p++) {
-            if (*p == '"' || *p == '\\')
-                buf_putc(b, '\\');
-            buf_putc(b, *p);
-        }
+        label_value(b, h->name);
         buf_printf(b, "\"} %.6f\n", sum / n);
     }
+    render_job_metrics(c, b);
 }

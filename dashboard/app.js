@@ -6,9 +6,16 @@
  *   #/studies        the hyperparameter studies (kolo tune)
  *   #/studies/NAME   one study: its trials, the best so far, every trial's
  *                    metric per epoch
+ * Under kolo dashboard (cli/dashboard.c) the same pages show a kept run:
+ * /runs/ lists the runs, and /runs/RUN/ is RUN's dashboard, whose REST API
+ * is under that prefix (BASE).
  * Everything is built with DOM calls (no innerHTML with data), so worker
  * output and job names are shown as text, never as markup. */
 'use strict';
+
+const RUN = (location.pathname.match(/^\/runs\/(run-\d+-\d+)\//) || [])[1] || null;
+const BASE = RUN ? '/runs/' + RUN : '';
+const RUNS_PAGE = /^\/runs\/(index\.html)?$/.test(location.pathname);
 
 const POLL_MS = 2000, POLL_IDLE_MS = 10000, FETCH_TIMEOUT_MS = 5000, OUTPUT_KEEP = 500;
 
@@ -28,11 +35,13 @@ function h(tag, attrs, ...kids) {
   return e;
 }
 
-async function api(path) {
+/* GET path of the coordinator's REST API (of the run shown, under kolo
+ * dashboard), or of kolo dashboard itself when root is set. */
+async function api(path, root) {
   const ctl = new AbortController();
   const timer = setTimeout(() => ctl.abort(), FETCH_TIMEOUT_MS);
   try {
-    const r = await fetch(path, {signal: ctl.signal, cache: 'no-store'});
+    const r = await fetch(root || path.startsWith('/runs/') ? path : BASE + path, {signal: ctl.signal, cache: 'no-store'});
     const body = await r.json().catch(() => ({}));
     if (!r.ok) {
       const e = new Error(`${path}: ${body.error || r.status}`);
@@ -74,7 +83,7 @@ const fmt = {
  * without colour. */
 const STATE_MARK = {running: '▶', pending: '…', succeeded: '✓', failed: '✗', stopped: '■',
                     alive: '●', lost: '✗', drained: '↓', exited: '✓', assigned: '…',
-                    complete: '✓', pruned: '✂'};
+                    complete: '✓', pruned: '✂', ended: '■'};
 function badge(state) {
   return h('span', {class: 'badge s-' + state}, (STATE_MARK[state] || '•') + ' ' + state);
 }
@@ -122,13 +131,17 @@ function poller(refresh, interval) {
 /* ------------------------------------------------------------ cluster page */
 
 function clusterPage(root) {
-  const hostsBox = h('div'), jobsBox = h('div');
+  const hostsBox = h('div'), jobsBox = h('div'), endedEpochs = new Map();
   root.replaceChildren(
-    h('h1', {}, 'Cluster'),
+    h('h1', {}, RUN ? `Run ${RUN}` : 'Cluster'),
     section('Hosts', 'hosts', hostsBox),
     section('Jobs', 'jobs', jobsBox));
   return poller(async () => {
-    const [hosts, jobs] = await Promise.all([api('/api/v1/hosts'), api('/api/v1/jobs')]);
+    const [hosts, jobs, runs] = await Promise.all([api('/api/v1/hosts'), api('/api/v1/jobs'),
+      RUN ? api('/api/v1/runs', true) : null]);
+    // a run that ended: its hosts as they were then, with no lease ticking
+    const over = runs && !runs.runs.some(r => r.name === RUN && r.running);
+    if (over) hosts.hosts.forEach(x => { x.state = 'ended'; x.lease_age_ms = null; });
     hostsBox.replaceChildren(table([
       {title: 'Host', get: x => h('span', {title: x.id}, x.name)},
       {title: 'Address', get: x => x.hostname && x.hostname !== x.name ? `${x.hostname} (${x.addr})` : x.addr},
@@ -136,25 +149,66 @@ function clusterPage(root) {
       {title: 'Slots used', num: true, get: x => `${x.slots_used} / ${x.slots}`},
       {title: 'CPUs', num: true, get: x => x.cpus},
       {title: 'GPUs', num: true, get: x => x.gpus},
-      {title: 'Lease age', num: true, get: x => fmt.secs(x.lease_age_ms / 1000)},
+      {title: 'Lease age', num: true, get: x => x.lease_age_ms === null ? '–' : fmt.secs(x.lease_age_ms / 1000)},
       {title: 'Running ranks', get: x => (x.running_ranks || []).length ?
         x.running_ranks.map(r => h('a', {href: `#/jobs/${r.job}`, class: 'chip'}, `job ${r.job} · rank ${r.rank}`)) : '–'},
     ], hosts.hosts, 'No agent has registered. Start one with: kolo agent --coordinator tcp://…'));
     const list = jobs.jobs.slice().sort((a, b) => b.id - a.id);
+    // the progress of the newest jobs (their epochs, one read each; an
+    // ended job's once: it cannot change)
+    const eps = await Promise.all(list.map((j, i) => i >= 10 || !j.started_ms ? null
+      : ended(j) && endedEpochs.has(j.id) ? endedEpochs.get(j.id)
+      : api(`/api/v1/jobs/${j.id}/epochs`).then(ep => {
+        if (ended(j)) endedEpochs.set(j.id, ep);
+        return ep;
+      }, () => null)));
     jobsBox.replaceChildren(table([
       {title: 'Job', get: j => h('a', {href: `#/jobs/${j.id}`}, `${j.id} · ${j.name}`)},
       {title: 'State', get: j => badge(j.state)},
-      {title: 'Workers', num: true, get: j => j.elastic && j.elastic_state ?
-        `${j.ranks_alive} (${j.elastic_state.min_np}–${j.elastic_state.max_np})` : `${j.ranks_alive} / ${j.np}`},
-      {title: 'Generation', num: true, get: j => j.generation},
+      {title: 'Workers', num: true, get: j => workersText(j, false)},
+      {title: 'Progress', get: j => h('span', {class: 'progress'}, progressText(j, j._ep))},
       {title: 'Started', get: j => fmt.time(j.started_ms)},
       {title: 'Ran for', num: true, get: j => j.started_ms ? fmt.secs(((j.ended_ms || Date.now()) - j.started_ms) / 1000) : '–'},
+      {title: 'Ended', get: j => ended(j) ? endText(j) : '–'},
       {title: 'Reason', get: j => j.reason || ''},
-    ], list, 'No jobs yet. Submit one with kolo run or POST /api/v1/jobs.'));
+    ], list.map((j, i) => Object.assign({_ep: eps[i]}, j)), 'No jobs yet. Submit one with kolo run or POST /api/v1/jobs.'));
   });
 }
 
 /* ------------------------------------------------------------ job page */
+
+function ended(j) { return ['succeeded', 'failed', 'stopped'].includes(j.state); }
+
+/* A job's workers: how many are alive while it runs; what it was started
+ * with once it ended (its ranks are all gone then, not "0 alive"). */
+function workersText(j, long) {
+  const es = j.elastic_state, range = es ? `${es.min_np}–${es.max_np}` : null;
+  if (ended(j)) return es ? `${j.np} at the start (${long ? 'elastic, ' : ''}${range})` : `${j.np}`;
+  if (es) return long ? `${j.ranks_alive} alive (min ${es.min_np}, max ${es.max_np})` : `${j.ranks_alive} (${range})`;
+  return long ? `${j.ranks_alive} alive of ${j.np}` : `${j.ranks_alive} / ${j.np}`;
+}
+
+/* When an ended job ended and how: "12:01:05, succeeded" or "..., failed
+ * (exit code 1)". */
+function endText(j) {
+  const how = j.state + (j.exit_code ? ` (exit code ${j.exit_code})` : '');
+  return `${new Date(j.ended_ms).toLocaleString()}, ${how}`;
+}
+
+/* A running job's progress from its epochs: the last epoch every rank
+ * reported, its metrics and the time per epoch. */
+function progressText(j, ep) {
+  if (!ep) return '–';
+  const done = ep.epochs.filter(e => e.complete && e.wall_s !== null);
+  if (!done.length) return ep.epochs.length ? `epoch ${ep.epochs[ep.epochs.length - 1].epoch} running` : 'no epoch yet';
+  const last = done[done.length - 1];
+  const m = last.metrics || {};
+  const parts = [`epoch ${last.epoch}`];
+  for (const k of metricKeys([last])) parts.push(`${k} ${fmt.num(m[k], 4)}`);
+  const recent = done.slice(-5);
+  parts.push(`${fmt.secs(recent.reduce((a, e) => a + e.wall_s, 0) / recent.length)}/epoch`);
+  return parts.join(' · ');
+}
 
 /* A bucket width (s) that shows the job's run in about 60 columns. */
 function bucketFor(seconds) {
@@ -166,11 +220,12 @@ function jobHeader(j, hostNames) {
   const es = j.elastic_state;
   const facts = [
     ['State', badge(j.state)],
-    ['Workers', es ? `${es.size} now (min ${es.min_np}, max ${es.max_np})` : `${j.ranks_alive} alive of ${j.np}`],
+    ['Workers', workersText(j, true)],
     ['Generation', j.generation],
     ['Started', fmt.time(j.started_ms)],
     ['Ran for', j.started_ms ? fmt.secs(((j.ended_ms || Date.now()) - j.started_ms) / 1000) : '–'],
   ];
+  if (ended(j)) facts.push(['Ended', endText(j)]);
   if (es) facts.push(['Resets', `${es.resets}${es.reset_limit ? ' of ' + es.reset_limit : ''}`]);
   if (j.exit_code !== null && j.exit_code !== undefined) facts.push(['Exit code', j.exit_code]);
   const kids = [h('dl', {class: 'facts'}, facts.map(([k, v]) => h('div', {}, h('dt', {}, k), h('dd', {}, v))))];
@@ -185,7 +240,7 @@ function jobHeader(j, hostNames) {
   kids.push(j.argv ? h('p', {class: 'argv'}, h('code', {}, j.argv.join(' ')))
     : h('p', {class: 'muted'}, 'Command and output are shown to the job\'s owner only: open the dashboard from the link kolo printed (it carries the key).'));
   if (j.timeline)
-    kids.push(h('p', {}, h('a', {href: `/api/v1/jobs/${j.id}/timeline`, download: `kolo-job-${j.id}-timeline.json`},
+    kids.push(h('p', {}, h('a', {href: `${BASE}/api/v1/jobs/${j.id}/timeline`, download: `kolo-job-${j.id}-timeline.json`},
       'Timeline (Chrome trace JSON)'), h('span', {class: 'muted'}, ' — open it in chrome://tracing or ui.perfetto.dev')));
   if (j.reason) kids.push(h('p', {class: 'reason'}, j.reason));
   if (es && es.excluded && es.excluded.length)
@@ -194,23 +249,47 @@ function jobHeader(j, hostNames) {
   return kids;
 }
 
-function epochsView(ep, chartsBox, tableBox) {
+/* The numeric metrics the job reports with hvd.report_epoch (at most
+ * four, in the order they first appear). */
+function metricKeys(epochs) {
+  const keys = [];
+  for (const e of epochs) for (const k in e.metrics || {})
+    if (typeof e.metrics[k] === 'number' && !keys.includes(k) && keys.length < 4) keys.push(k);
+  return keys;
+}
+
+/* What became of an epoch a reset touched: cut and never finished (its
+ * generation is gone), or cut and run again (REST resets: the generations
+ * formed between the previous epoch's end and its end). */
+function cutNote(e, job) {
+  if (!e.complete && e.generation < job.generation) return `cut by a reset (generation ${e.generation} ended)`;
+  if (e.resets) return `cut by ${e.resets} elastic reset${e.resets > 1 ? 's' : ''} and run again (its wall time counts from the last)`;
+  return null;
+}
+
+function epochsView(ep, job, chartsBox, tableBox) {
   const done = ep.epochs.filter(e => e.wall_s !== null);
   const timeBox = h('div', {class: 'chart'}), rateBox = h('div', {class: 'chart'});
+  const keys = metricKeys(ep.epochs);
+  const metricBoxes = keys.map(() => h('div', {class: 'chart'}));
   chartsBox.replaceChildren(
+    ...keys.map((k, i) => h('figure', {}, h('figcaption', {}, `${k} (reported by the job)`), metricBoxes[i])),
     h('figure', {}, h('figcaption', {}, 'Epoch wall time (s)'), timeBox),
     h('figure', {}, h('figcaption', {}, 'Samples per second'), rateBox));
+  keys.forEach((k, i) => Charts.line(metricBoxes[i], ep.epochs.filter(e => e.metrics && typeof e.metrics[k] === 'number')
+    .map(e => ({x: e.epoch, y: e.metrics[k], label: `epoch ${e.epoch}: ${k} ${fmt.num(e.metrics[k], 4)}` +
+      (cutNote(e, job) ? ` (${cutNote(e, job)})` : '')})),
+    {name: 'metric-' + k, xLabel: 'epoch', yLabel: k, fit: true}));
   Charts.line(timeBox, done.map(e => ({x: e.epoch, y: e.wall_s, label: `epoch ${e.epoch}: ${fmt.secs(e.wall_s)}`})),
               {name: 'epoch-time', xLabel: 'epoch', yLabel: 'seconds', unit: 's'});
   Charts.line(rateBox, done.map(e => ({x: e.epoch, y: e.samples_per_s, label: `epoch ${e.epoch}: ${fmt.num(e.samples_per_s, 0)} samples/s`})),
               {name: 'samples-per-s', xLabel: 'epoch', yLabel: 'samples/s', unit: 'samples/s'});
-  const keys = [];
-  for (const e of ep.epochs) for (const k in e.metrics || {}) if (!keys.includes(k) && keys.length < 4) keys.push(k);
   const eff = ep.baseline_job ? `Scaling efficiency against job ${ep.baseline_job} ` +
     `(same command on one worker, ${fmt.num(ep.baseline_samples_per_s, 0)} samples/s).`
     : 'Scaling efficiency appears once the same command has run on one worker (kolo run -np 1).';
   const cols = [
-    {title: 'Epoch', num: true, get: e => e.epoch},
+    {title: 'Epoch', num: true, get: e => cutNote(e, job) ?
+      h('span', {class: 'cut', title: cutNote(e, job)}, `${e.epoch} ✂`) : e.epoch},
     {title: 'Wall time', num: true, get: e => fmt.secs(e.wall_s)},
     {title: 'Samples/s', num: true, get: e => fmt.num(e.samples_per_s, 0)},
     {title: 'Scaling eff.', num: true, get: e => fmt.pct(e.scaling_efficiency)},
@@ -218,9 +297,11 @@ function epochsView(ep, chartsBox, tableBox) {
     {title: 'Gen.', num: true, get: e => e.generation},
     ...keys.map(k => ({title: k, num: true, get: e => e.metrics && typeof e.metrics[k] === 'number' ? fmt.num(e.metrics[k], 4) : '–'})),
   ];
-  const newest = ep.epochs.slice().reverse();
+  const newest = ep.epochs.slice().reverse().map(e => Object.assign({_class: cutNote(e, job) ? 'cut' : null}, e));
   const kids = [h('p', {class: 'muted'}, eff),
     table(cols, newest.slice(0, 10), 'No epoch reported yet (hvd.report_epoch in the training loop).')];
+  if (newest.some(e => e._class))
+    kids.push(h('p', {class: 'muted legend'}, '✂ an elastic reset cut this epoch: hover it for what became of it.'));
   if (newest.length > 10) {
     const open = tableBox.querySelector('details') && tableBox.querySelector('details').open;
     kids.push(h('details', {open}, h('summary', {}, `${newest.length - 10} earlier epoch(s)`),
@@ -351,10 +432,15 @@ function stallsView(st, box) {
 }
 
 /* The newest 15 events, newest first; a run of snapshot.committed events
- * (one per commit) is folded into its newest, with a count. */
+ * (one per commit) is folded into its newest, with a count. The job's
+ * other events (milestones: starts, resets, drains, failures) come apart
+ * from its newest 200, so that thousands of commits cannot hide them. */
 function eventsView(job, box) {
+  const byId = new Map();
+  for (const e of (job.milestones || []).concat(job.events || [])) byId.set(e.id, e);
+  const all = [...byId.values()].sort((a, b) => a.id - b.id);
   const folded = [];
-  for (const e of (job.events || []).slice().reverse()) {
+  for (const e of all.reverse()) {
     const last = folded[folded.length - 1];
     if (last && last.kind === 'snapshot.committed' && e.kind === last.kind) last.more++;
     else folded.push(Object.assign({more: 0}, e));
@@ -401,7 +487,7 @@ function jobPage(root, id) {
     document.title = `kolo · job ${id} (${job.state})`;
     title.replaceChildren(`Job ${id} · ${job.name}`);
     head.replaceChildren(...jobHeader(job, new Map(hosts.hosts.map(x => [x.id, x.name]))));
-    epochsView(ep, chartsBox, epochTable);
+    epochsView(ep, job, chartsBox, epochTable);
     heatmapView(st, rk, heat);
     membershipView(gens, job, genChart, genList);
     commitsView(snaps, commits);
@@ -515,6 +601,33 @@ function studyPage(root, name) {
   });
 }
 
+/* ------------------------------------------------------------ runs (kolo dashboard) */
+
+function runsPage(root) {
+  const box = h('div');
+  root.replaceChildren(h('h1', {}, 'Runs'),
+    section('Local runs, newest first', 'runs', box));
+  return poller(async () => {
+    const body = await api('/api/v1/runs');
+    // each run's jobs from its own API (a run that cannot be read says why)
+    const jobs = await Promise.all(body.runs.map(r => api(`/runs/${r.name}/api/v1/jobs`)
+      .then(x => x.jobs, e => e.message)));
+    const link = (r, hash) => `/runs/${r.name}/${location.search}${hash || ''}`;
+    box.replaceChildren(h('p', {class: 'muted'}, `kolo run keeps its newest runs in ${body.dir}.`),
+      table([
+        {title: 'Run', get: r => h('a', {href: link(r), class: 'run-link'}, r.name)},
+        {title: 'Started', get: r => new Date(r.started_ms).toLocaleString()},
+        {title: 'State', get: r => r.running ? badge('running') : h('span', {}, 'ended ' + fmt.time(r.modified_ms))},
+        {title: 'Jobs', get: r => typeof r.jobs === 'string' ? h('span', {class: 'reason'}, r.jobs) :
+          r.jobs.length ? r.jobs.map(j => h('a', {href: link(r, `#/jobs/${j.id}`), class: 'chip'},
+            `job ${j.id} · ${j.name} · `, badge(j.state))) : '–'},
+        {title: 'Size', num: true, get: r => fmt.bytes(r.bytes)},
+      ], body.runs.map((r, i) => Object.assign({jobs: jobs[i]}, r)),
+      'No run kept yet: kolo run keeps each local run\'s database here.'));
+    return body.runs.some(r => r.running) ? POLL_MS : POLL_IDLE_MS;
+  });
+}
+
 /* ------------------------------------------------------------ router */
 
 function route() {
@@ -524,12 +637,20 @@ function route() {
   const m = location.hash.match(/^#\/jobs\/(\d+)$/), st = location.hash.match(/^#\/studies\/(.+)$/);
   let name = null;
   try { name = st && decodeURIComponent(st[1]); } catch (e) { name = st && st[1]; } // a stray '%'
-  if (m) page = jobPage(root, m[1]);
+  if (RUNS_PAGE) page = runsPage(root);
+  else if (m) page = jobPage(root, m[1]);
   else if (st) page = studyPage(root, name);
   else if (location.hash === '#/studies') page = studiesPage(root);
   else page = clusterPage(root);
   window.scrollTo(0, 0);
 }
 
+/* Under kolo dashboard the header's links lead into the run, and back to
+ * the list of runs. */
+if (RUN || RUNS_PAGE) {
+  for (const a of document.querySelectorAll('nav a[href^="/"]')) a.setAttribute('href', BASE + a.getAttribute('href'));
+  document.querySelector('nav').prepend(h('a', {href: '/runs/'}, 'Runs'), ' ');
+  if (RUN) document.querySelector('.brand').after(h('span', {class: 'run-name'}, RUN));
+}
 window.addEventListener('hashchange', route);
 route();

@@ -24,6 +24,9 @@ if [ "${1:-}" = "--test" ]; then
   # a real Slurm on this machine for tests/integration/test_slurm.sh
   packages+=(slurmd slurmctld slurm-client munge)
   command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
+  # a real Prometheus scrapes /metrics and checks deploy/prometheus's alerting
+  # rules (tests/integration/test_prometheus.sh: prometheus, promtool)
+  packages+=(prometheus)
   # kubectl kustomize renders deploy/k8s offline (tests/deploy)
   command -v kubectl >/dev/null || packages+=(kubernetes-client)
 fi

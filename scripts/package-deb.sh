@@ -26,6 +26,7 @@ install -D -m 0644 "$root/deploy/etc/coordinator.conf" "$stage/etc/kolo/coordina
 install -D -m 0644 "$root/deploy/etc/agent.conf" "$stage/etc/kolo/agent.conf"
 install -D -m 0644 "$root/README.md" "$stage/usr/share/doc/kolo/README.md"
 install -D -m 0755 "$root/deploy/spot/poll-termination.sh" "$stage/usr/share/kolo/poll-termination.sh"
+install -D -m 0644 "$root/deploy/prometheus/kolo-alerts.yml" "$stage/usr/share/kolo/prometheus/kolo-alerts.yml"
 install -d "$stage/DEBIAN"
 for f in postinst prerm postrm; do install -m 0755 "$root/deploy/debian/$f" "$stage/DEBIAN/$f"; done
 install -m 0644 "$root/deploy/debian/conffiles" "$stage/DEBIAN/conffiles"

@@ -48,11 +48,13 @@
  */
 #include "store.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <sqlite3.h>
 
@@ -626,6 +628,86 @@ int store_open(struct store **stp, const char *path, char *err, size_t errlen)
     if (code != 0) {
         store_close(st);
         return code;
+    }
+    *stp = st;
+    return 0;
+}
+
+/*
+ * store_open_readonly: a file URI with mode=ro, so SQLite itself refuses
+ * every write and never creates the file. A database with no -wal file
+ * next to it (a run that ended: the last close checkpoints and removes it)
+ * is opened immutable as well, which takes no lock and creates no -shm or
+ * -wal file; one with a -wal file (a run still going, or killed) is read
+ * through it, which needs the -shm file the writer keeps.
+ */
+int store_open_readonly(struct store **stp, const char *path, char *err, size_t errlen)
+{
+    char scratch[8];
+    if (!err || errlen == 0) {
+        err = scratch;
+        errlen = sizeof scratch;
+    }
+    err[0] = '\0';
+    if (!stp || !path || !path[0]) {
+        snprintf(err, errlen, "store_open_readonly: invalid argument");
+        return KOLO_EINVAL;
+    }
+    *stp = NULL;
+    struct stat sb;
+    char *wal = NULL;
+    errno = 0;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        snprintf(err, errlen, "%s: %s", path, errno ? strerror(errno) : "not a regular file");
+        return KOLO_ENOTFOUND;
+    }
+    bool live = asprintf(&wal, "%s-wal", path) > 0 && stat(wal, &sb) == 0;
+    free(wal);
+    /* the URI's path: '%', '?' and '#' would end or escape it */
+    size_t len = strlen(path);
+    char *uri = malloc(3 * len + 40);
+    if (!uri) {
+        snprintf(err, errlen, "store_open_readonly: out of memory");
+        return KOLO_ENOMEM;
+    }
+    char *o = uri + sprintf(uri, "file:");
+    for (const char *p = path; *p; p++)
+        o += strchr("%?#", *p) ? sprintf(o, "%%%02X", (unsigned char)*p) : sprintf(o, "%c", *p);
+    sprintf(o, "?mode=ro%s", live ? "" : "&immutable=1");
+    struct store *st = calloc(1, sizeof *st);
+    if (!st) {
+        free(uri);
+        snprintf(err, errlen, "store_open_readonly: out of memory");
+        return KOLO_ENOMEM;
+    }
+    int rc = sqlite3_open_v2(uri, &st->db,
+                             SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX, NULL);
+    free(uri);
+    int version = -1;
+    if (rc == SQLITE_OK) {
+        sqlite3_extended_result_codes(st->db, 1);
+        rc = sqlite3_busy_timeout(st->db, STORE_BUSY_TIMEOUT_MS);
+    }
+    if (rc == SQLITE_OK)
+        rc = pragma_int(st->db, "PRAGMA user_version", &version);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(st->db, "PRAGMA query_only = 1", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        snprintf(err, errlen, "%s: %s", path, st->db ? sqlite3_errmsg(st->db) : sqlite3_errstr(rc));
+        store_close(st);
+        return KOLO_ESTORE;
+    }
+    /* nothing can be migrated here: only the schema this kolo writes */
+    if (version != STORE_SCHEMA_VERSION) {
+        if (version > STORE_SCHEMA_VERSION)
+            refuse_newer(version, err, errlen);
+        else
+            snprintf(err, errlen,
+                     "%s: schema version %d was written by an older kolo (this one "
+                     "reads %d)",
+                     path, version, STORE_SCHEMA_VERSION);
+        store_close(st);
+        return KOLO_ESTORE;
     }
     *stp = st;
     return 0;

@@ -103,6 +103,11 @@ struct store_output {
  * refused with KOLO_ESTORE. On failure err holds the reason. */
 int store_open(struct store **st, const char *path, char *err, size_t errlen);
 void store_close(struct store *st);
+/* store_open_readonly opens the database at path for reading only: it
+ * never writes, creates or migrates the file (a kept run's database, for
+ * `kolo dashboard`). A file of another schema version is refused with
+ * KOLO_ESTORE, a missing one with KOLO_ENOTFOUND. */
+int store_open_readonly(struct store **st, const char *path, char *err, size_t errlen);
 /* store_query_only makes st refuse every write (PRAGMA query_only): a
  * connection that only reads, next to the one that writes (WAL lets it
  * read while the other commits). */
@@ -167,6 +172,11 @@ typedef int (*store_event_fn)(const struct store_event *ev, void *arg);
 /* job_id 0 = all jobs. after_id >= 0: events with id > after_id, ascending,
  * at most limit (limit <= 0: no limit). after_id < 0 and limit > 0: the
  * newest `limit` events, still delivered in ascending id order. */
+/* store_events_tail_except: the newest `limit` events of job_id whose kind
+ * is not `except` (a job's starts, resets and failures among thousands of
+ * commits), in ascending id order. */
+int store_events_tail_except(struct store *st, uint64_t job_id, const char *except, int limit,
+                             store_event_fn fn, void *arg);
 int store_events_each(struct store *st, uint64_t job_id, int64_t after_id, int limit,
                       store_event_fn fn, void *arg);
 

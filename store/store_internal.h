@@ -90,6 +90,9 @@
                    "ORDER BY id DESC LIMIT ?) ORDER BY id")                                        \
     X(EVENTS_TAIL_JOB, "SELECT * FROM (SELECT " EVENT_COLUMNS " FROM events "                      \
                        "WHERE job_id = ? ORDER BY id DESC LIMIT ?) ORDER BY id")                   \
+    X(EVENTS_TAIL_JOB_EXCEPT, "SELECT * FROM (SELECT " EVENT_COLUMNS " FROM events "               \
+                              "WHERE job_id = ? AND kind <> ? ORDER BY id DESC LIMIT ?) "          \
+                              "ORDER BY id")                                                       \
     X(OUTPUT_APPEND, "INSERT INTO output(" OUTPUT_COLUMNS ") VALUES (?, ?, ?, ?, ?, ?)")           \
     X(OUTPUT_EACH, "SELECT " OUTPUT_COLUMNS " FROM output "                                        \
                    "WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?")                            \

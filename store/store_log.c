@@ -86,6 +86,22 @@ int store_events_each(struct store *st, uint64_t job_id, int64_t after_id, int l
     return query_each(st, id, &b, "events", events_row, &e);
 }
 
+int store_events_tail_except(struct store *st, uint64_t job_id, const char *except, int limit,
+                             store_event_fn fn, void *arg)
+{
+    if (!st || !fn || !job_id || !except || limit <= 0)
+        return KOLO_EINVAL;
+    struct binder b;
+    int err = query_start(st, STMT_EVENTS_TAIL_JOB_EXCEPT, &b);
+    if (err)
+        return err;
+    bind_u64(&b, job_id);
+    bind_text(&b, except);
+    bind_i64(&b, limit);
+    struct events_each e = {fn, arg};
+    return query_each(st, STMT_EVENTS_TAIL_JOB_EXCEPT, &b, "events", events_row, &e);
+}
+
 /* ----------------------------------------------------------------- output */
 
 static int output_append_one(struct store *st, const void *item)

@@ -11,7 +11,9 @@
 //   - the worker slowed down on purpose (rank 2 at the start) is marked as
 //     the straggler, with a mark that is not colour alone (text "▲");
 //   - a worker killed with SIGKILL shows up as a new generation whose cause
-//     says so, in the membership band and table;
+//     says so, in the membership band and table, and the epoch it cut is
+//     marked ✂;
+//   - the metrics the job reports (loss, accuracy) are charted per epoch;
 //   - worker output and events are shown, and the timeline is linked.
 // Screenshots go to ARTIFACT_DIR.
 import {setup, state, check, rest, until, watch, shot, noSidewaysScroll, run} from './lib.mjs';
@@ -54,6 +56,10 @@ await run(async browser => {
     return n >= 3 && n === done && m === done ? n : null;
   });
   check(true, `epoch charts have ${points} points, as many as epochs reported`);
+  // the metrics the job reports (hvd.report_epoch(..., metrics=...)) charted too
+  for (const m of ['loss', 'accuracy'])
+    check(await page.locator(`svg[data-chart="metric-${m}"] circle.pt`).count() >= points,
+          `the ${m} the job reports is charted per epoch`);
 
   state.step = 'straggler';
   const ranks = (await rest(`/api/v1/jobs/${job}/ranks`)).ranks;
@@ -118,6 +124,12 @@ await run(async browser => {
   await until(30, 'the job trains on: a new epoch point after the reset', async () =>
     (await page.locator('svg[data-chart="epoch-time"] circle.pt').count()) > points);
   check(true, 'epochs keep coming after the reset');
+  // the epoch the kill cut is marked, not silently re-run
+  const cutRow = await until(20, 'the epoch the reset cut is marked ✂', async () => {
+    const n = await page.locator('#epochs tr.cut').count();
+    return n >= 1 ? (await page.locator('#epochs tr.cut td').first().textContent()) : null;
+  });
+  check(cutRow.includes('✂'), `epoch ${cutRow.trim()} is marked as cut by the reset`);
 
   state.step = 'output and events';
   check((await page.locator('pre.output').textContent()).includes('epoch'), 'worker output is shown');

@@ -341,6 +341,8 @@ static void test_writes(const char *db)
     j = parse(&r);
     REQUIRE(j);
     CHECK(json_get(j, "events") && json_get(j, "events")->count >= 1);
+    /* its events other than commits, apart (the dashboard's event list) */
+    CHECK(json_get(j, "milestones") && json_get(j, "milestones")->count >= 1);
     CHECK(json_get(j, "ranks") && json_get(j, "ranks")->type == JSON_ARRAY);
     json_free(j);
     done(&r);
@@ -377,6 +379,23 @@ static void test_writes(const char *db)
     CHECK(strstr(r.body, "kolo_jobs{state=\"stopped\"} 1") != NULL);
     CHECK(strstr(r.body, TOKEN) == NULL);
     done(&r);
+    /* without a name a job is called by its script, not its interpreter */
+    const char *unnamed[][2] = {
+        {"[\"/usr/bin/python3\",\"-u\",\"-X\",\"dev\",\"/w/train.py\",\"--lr\",\"1\"]", "train.py"},
+        {"[\"python\",\"-m\",\"pkg.train\"]", "pkg.train"},
+        {"[\"python3.11\",\"-c\",\"pass\"]", "python3.11"},
+        {"[\"/bin/sh\",\"run.sh\"]", "/bin/sh"},
+    };
+    for (size_t i = 0; i < sizeof unnamed / sizeof unnamed[0]; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"argv\":%s,\"np\":1}", unnamed[i][0]);
+        r = req("POST", "/api/v1/jobs", good, body);
+        CHECK_EQ_INT(r.status, 201);
+        struct json *u = parse(&r);
+        CHECK(u && json_get(u, "name") && strcmp(json_get(u, "name")->str, unnamed[i][1]) == 0);
+        json_free(u);
+        done(&r);
+    }
     coord_stop(c);
 }
 

@@ -42,7 +42,8 @@ for f in ./usr/bin/kolo ./usr/lib/libkolo.so ./usr/lib/libkolo.so.0 ./usr/includ
          ./usr/lib/python3/dist-packages/kolo/__init__.py \
          ./usr/lib/python3/dist-packages/kolo/torch/__init__.py \
          ./lib/systemd/system/kolo-coordinator.service ./lib/systemd/system/kolo-agent.service \
-         ./etc/kolo/coordinator.conf ./etc/kolo/agent.conf ./usr/share/kolo/poll-termination.sh; do
+         ./etc/kolo/coordinator.conf ./etc/kolo/agent.conf ./usr/share/kolo/poll-termination.sh \
+         ./usr/share/kolo/prometheus/kolo-alerts.yml; do
   grep -qx -- "$f" "$WORK/contents" || fail "$f is not in the package"
 done
 dpkg-deb --ctrl-tarfile "$DEB" | tar -xO ./conffiles | has "^/etc/kolo/agent.conf$" ||

@@ -786,6 +786,107 @@ static void test_future_schema(void)
     CHECK_EQ_INT(raw_int(path, "PRAGMA user_version"), 99);
 }
 
+static int file_exists(const char *path)
+{
+    return access(path, F_OK) == 0;
+}
+
+static char *file_bytes(const char *path, long *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    *len = ftell(f);
+    rewind(f);
+    char *b = malloc((size_t)*len + 1);
+    if (b && fread(b, 1, (size_t)*len, f) != (size_t)*len) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    return b;
+}
+
+/* store_open_readonly (kolo dashboard): a kept run's database is read, never
+ * written, its -wal and -shm files never made; a run still writing is read
+ * through its WAL; other schema versions and missing files are refused. */
+static void test_readonly(void)
+{
+    char wal[320], shm[320], err[256] = "";
+    snprintf(wal, sizeof wal, "%s-wal", db_path);
+    snprintf(shm, sizeof shm, "%s-shm", db_path);
+    REQUIRE(!file_exists(wal)); /* every connection closed: checkpointed */
+    long len0 = 0, len1 = 0;
+    char *before = file_bytes(db_path, &len0);
+    REQUIRE(before);
+    struct store *r = NULL;
+    CHECK_EQ_INT(store_open_readonly(&r, db_path, err, sizeof err), 0);
+    REQUIRE(r);
+    char value[16];
+    CHECK_EQ_INT(store_meta_get(r, "seen-by-reader", value, sizeof value), 0);
+    CHECK_EQ_INT(store_meta_put(r, "written-by-view", "no"), KOLO_ESTORE);
+    CHECK(!file_exists(wal) && !file_exists(shm));
+    store_close(r);
+    char *after = file_bytes(db_path, &len1);
+    CHECK(after && len0 == len1 && memcmp(before, after, (size_t)len0) == 0);
+    free(before);
+    free(after);
+
+    /* a run still going: its commits are read from the WAL */
+    struct store *w = open_store(db_path);
+    CHECK_EQ_INT(store_meta_put(w, "live", "1"), 0);
+    CHECK_EQ_INT(store_open_readonly(&r, db_path, err, sizeof err), 0);
+    CHECK_EQ_INT(store_meta_get(r, "live", value, sizeof value), 0);
+    store_close(r);
+    store_close(w);
+
+    char path[300];
+    snprintf(path, sizeof path, "%s/future.db", dir);
+    r = (struct store *)1;
+    CHECK_EQ_INT(store_open_readonly(&r, path, err, sizeof err), KOLO_ESTORE);
+    CHECK(r == NULL && strstr(err, "newer") != NULL);
+    snprintf(path, sizeof path, "%s/missing.db", dir);
+    CHECK_EQ_INT(store_open_readonly(&r, path, err, sizeof err), KOLO_ENOTFOUND);
+    CHECK(!file_exists(path));
+}
+
+/* A job's milestones (kolo dashboard's event list): its start and reset
+ * stay among the newest events other than commits after 300 commits,
+ * oldest first; other jobs' events are not its. */
+static void test_events_except(void)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/events.db", dir);
+    struct store *st = open_store(path);
+    struct store_job j = {.name = "long", .state = "running", .np = 2};
+    CHECK_EQ_INT(store_job_insert(st, &j), 0);
+    const char *kinds[] = {"job.started", "generation.reset"};
+    CHECK_EQ_INT(store_begin(st), 0);
+    for (int i = 0; i < 302; i++) {
+        const char *kind = i == 0 ? kinds[0] : i == 150 ? kinds[1] : "snapshot.committed";
+        struct store_event ev = {
+            .ts_ms = 1000 + (uint64_t)i, .job_id = j.id, .kind = kind, .message = kind};
+        CHECK_EQ_INT(store_event_add(st, &ev), 0);
+    }
+    struct store_event other = {.ts_ms = 5000, .kind = "host.lost", .message = "other"};
+    CHECK_EQ_INT(store_event_add(st, &other), 0);
+    CHECK_EQ_INT(store_commit(st), 0);
+    struct event_seen seen = {0};
+    CHECK_EQ_INT(
+        store_events_tail_except(st, j.id, "snapshot.committed", 200, collect_event, &seen), 0);
+    CHECK_EQ_INT(seen.n, 2);
+    CHECK_EQ_STR(seen.messages[0], "job.started");
+    CHECK_EQ_STR(seen.messages[1], "generation.reset");
+    CHECK(seen.ids[0] < seen.ids[1]);
+    seen.n = 0;
+    CHECK_EQ_INT(store_events_tail_except(st, j.id, "snapshot.committed", 1, collect_event, &seen),
+                 0);
+    CHECK(seen.n == 1 && strcmp(seen.messages[0], "generation.reset") == 0);
+    CHECK_EQ_INT(store_events_tail_except(st, j.id, NULL, 1, collect_event, &seen), KOLO_EINVAL);
+    store_close(st);
+}
+
 static void test_migrate_empty_file(void)
 {
     char path[300];
@@ -826,8 +927,9 @@ static void test_not_a_database(void)
 static void cleanup(void)
 {
     static const char *const names[] = {
-        "store.db",      "store.db-wal", "store.db-shm", "future.db",    "future.db-wal",
-        "future.db-shm", "empty.db",     "empty.db-wal", "empty.db-shm", "garbage.db"};
+        "store.db",      "store.db-wal",  "store.db-shm", "future.db",    "future.db-wal",
+        "future.db-shm", "empty.db",      "empty.db-wal", "empty.db-shm", "garbage.db",
+        "events.db",     "events.db-wal", "events.db-shm"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char path[300];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
@@ -856,6 +958,8 @@ int main(void)
     test_reopen(job1);
     test_query_only();
     test_future_schema();
+    test_readonly();
+    test_events_except();
     test_migrate_empty_file();
     test_not_a_database();
     cleanup();
