@@ -227,6 +227,11 @@ function jobHeader(j, hostNames) {
   ];
   if (ended(j)) facts.push(['Ended', endText(j)]);
   if (es) facts.push(['Resets', `${es.resets}${es.reset_limit ? ' of ' + es.reset_limit : ''}`]);
+  if (es && es.spares_wanted && !ended(j)) {
+    const ready = (es.spares || []).filter(s => s.state === 'waiting').length;
+    facts.push(['Hot spares', `${ready} waiting of ${es.spares_wanted}` +
+      ((es.spares || []).length ? ' (' + es.spares.map(s => `worker ${s.worker_id} on ${s.host}`).join(', ') + ')' : '')]);
+  }
   if (j.exit_code !== null && j.exit_code !== undefined) facts.push(['Exit code', j.exit_code]);
   const kids = [h('dl', {class: 'facts'}, facts.map(([k, v]) => h('div', {}, h('dt', {}, k), h('dd', {}, v))))];
   const meta = j.metadata || {};
@@ -422,6 +427,34 @@ function commitsView(snaps, box) {
   box.replaceChildren(...kids);
 }
 
+/* The stacks kolo kept with the job (before a stop, at a stall, for a
+ * frozen rank, or taken here): the newest set, its verdict, every rank's
+ * Python stacks folded. A running job's owner can take them now. */
+function stacksView(st, job, box, take) {
+  const kids = [];
+  if (st.hidden) {
+    box.replaceChildren(h('p', {class: 'muted'}, 'A job\'s stacks show its code: they are for its owner (open the dashboard from the link kolo printed).'));
+    return;
+  }
+  if (job.state === 'running')
+    kids.push(h('p', {}, h('button', {type: 'button', onclick: take, disabled: st.taking}, st.taking ? 'Taking…' : 'Take stacks now'),
+      h('span', {class: 'muted'}, ' every rank\'s Python stacks and what it waits for, in a few seconds')));
+  const s = (st.stacks || [])[0];
+  if (!s) {
+    kids.push(h('p', {class: 'muted'}, 'No stacks kept: kolo takes them at a stall, before it stops the job, and when a rank froze.'));
+    box.replaceChildren(...kids);
+    return;
+  }
+  kids.push(h('p', {}, h('strong', {}, `Taken ${s.reason}`), ' · ', fmt.time(s.taken_ms)));
+  if (s.verdict) kids.push(h('p', {class: 'verdict'}, s.verdict));
+  for (const r of s.ranks)
+    kids.push(h('details', {class: 'stack'},
+      h('summary', {}, `rank ${r.rank} · ${r.host} · pid ${r.pid} · ${r.state}${r.wchan ? ' in ' + r.wchan : ''}` +
+        (r.pending ? ' · ' + r.pending : '')),
+      h('pre', {class: 'output'}, r.answered ? r.stacks : '(no Python stacks: the process did not answer)')));
+  box.replaceChildren(...kids);
+}
+
 function stallsView(st, box) {
   box.replaceChildren(table([
     {title: 'Tensor', get: s => h('code', {}, s.name)},
@@ -455,7 +488,7 @@ function eventsView(job, box) {
 function jobPage(root, id) {
   const head = h('div'), chartsBox = h('div', {class: 'charts'}), epochTable = h('div'),
         heat = h('div'), genChart = h('div'), genList = h('div'),
-        commits = h('div'), stalls = h('div'), events = h('div'),
+        commits = h('div'), stalls = h('div'), events = h('div'), stacks = h('div'),
         out = h('pre', {class: 'output', tabindex: '0', 'aria-label': 'worker output'});
   const title = h('h1', {}, `Job ${id}`);
   root.replaceChildren(
@@ -468,15 +501,32 @@ function jobPage(root, id) {
       section('Commits', 'commits', commits),
       section('Stalled ops', 'stalls', stalls)),
     section('Worker output', 'output', out),
+    section('Stacks', 'stacks', stacks),
     section('Events', 'events', events));
-  let after = 0, lines = [];
+  let after = 0, lines = [], taking = false;
+  const take = async () => {
+    taking = true;
+    try {
+      const r = await fetch(BASE + `/api/v1/jobs/${id}/stacks`, {method: 'POST', cache: 'no-store'});
+      if (!r.ok) {
+        const body = await r.json().catch(() => ({}));
+        stacks.prepend(h('p', {class: 'error'}, `Cannot take stacks: ${body.error || r.status}`));
+      }
+    } finally {
+      setTimeout(() => { taking = false; }, 3000);
+    }
+  };
   return poller(async () => {
     const job = await api(`/api/v1/jobs/${id}`);
     const span = job.started_ms ? ((job.ended_ms || Date.now()) - job.started_ms) / 1000 : 1;
     const q = p => api(`/api/v1/jobs/${id}/${p}`);
-    const [ep, st, rk, gens, snaps, stl, o, hosts] = await Promise.all([
+    const [ep, st, rk, gens, snaps, stl, stk, o, hosts] = await Promise.all([
       q('epochs'), q(`steps?downsample=${bucketFor(span)}`), q('ranks'), q('generations'),
       q('snapshots'), q('stalls?min_age_ms=1000'),
+      job.redacted ? {hidden: true} : q('stacks?limit=1').catch(e => {
+        if (e.status === 401) return {hidden: true};
+        throw e;
+      }),
       // a job's output is its owner's: a reader without the key is told so
       // (job.redacted), not sent to be refused
       job.redacted ? {lines: [], next: after, hidden: true}
@@ -492,6 +542,8 @@ function jobPage(root, id) {
     membershipView(gens, job, genChart, genList);
     commitsView(snaps, commits);
     stallsView(stl, stalls);
+    if (taking) stk.taking = true;
+    stacksView(stk, job, stacks, take);
     eventsView(job, events);
     if (o.lines.length) {
       const stick = out.scrollTop + out.clientHeight >= out.scrollHeight - 4;
