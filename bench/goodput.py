@@ -29,6 +29,10 @@ The analysis reads the JSON lines the workers and this driver wrote:
     the last step before it to the first step after it); for kolo also the
     kill -> the first step back at 4 workers;
   - p50 and p99 (nearest rank) over the failures of all repetitions.
+
+--reanalyse RAW reads an earlier invocation's raw directory (its
+report.json and every run's events.jsonl) and writes its report again
+with this file's analysis.
 """
 import argparse
 import json
@@ -74,6 +78,8 @@ def parse():
     p.add_argument("--raw", default="", help="directory for the runs' files (default build/bench-peers/raw/<stamp>-goodput)")
     p.add_argument("--results", default=os.path.join(HERE, "results"))
     p.add_argument("--stamp", default=time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+    p.add_argument("--reanalyse", default="", metavar="RAW",
+                   help="analyse again the runs of an earlier invocation (its raw directory) and write its results")
     a = p.parse_args()
     a.periods = [float(x) for x in a.periods.split()]
     a.impls = a.impls.split()
@@ -234,7 +240,8 @@ def run_config(a, rep, impl, period, raw):
 def watch(a, proc, log, plan, tag):
     """Waits for the first step, kills on the plan, returns (note, window start, window end)."""
     t0, end, note = None, None, ""
-    deadline = time.time() + 180  # start-up
+    startup = 60 if a.smoke else 180
+    deadline = time.time() + startup
     pending = list(plan)
     kill_t = None
     while True:
@@ -248,7 +255,7 @@ def watch(a, proc, log, plan, tag):
                 end = t0 + a.window
                 log.write("window", start=t0, end=end)
             elif now > deadline:
-                return "no step within 180 s of the launch", None, None
+                return "no step within %d s of the launch" % startup, None, None
             elif proc.poll() is not None:
                 return "the launcher exited (%d) before the first step" % proc.returncode, None, None
             continue
@@ -368,8 +375,11 @@ def analyse(run, batch):
         f = {"t": tk - t0, "victim_rank": k["victim_rank"], "live": k["live"]}
         inside = [r for r in recs if tk < r["t"] <= tn]
         rank0 = lambda ev, after: first(inside, lambda r: r["ev"] == ev and r["rank"] == 0 and r["t"] >= after)
-        prev = [r for r in steps if r["t"] <= tk]
-        prev_done = prev[-1]["t"] if prev else t0
+        # Lost time counts from the last step done since the previous kill;
+        # with none, the job was still down from that one and counts from tk.
+        since = kills[i - 1]["t"] if i else t0
+        prev = [r for r in steps if since < r["t"] <= tk]
+        prev_done = prev[-1]["t"] if prev else tk
         f["survivor_error_s"] = None
         det = first(inside, lambda r: r["ev"] == "detect")
         if det:
@@ -593,15 +603,53 @@ def smoke_check(results):
     return bad
 
 
+def interrupted(signum, frame):
+    raise KeyboardInterrupt()
+
+
+def reanalysed(a):
+    """The runs of an earlier invocation (its raw directory), analysed again from their event logs."""
+    with open(os.path.join(a.reanalyse, "report.json")) as f:
+        old = json.load(f)
+    c = old["config"]
+    a.window, a.periods, a.seed, a.reps, a.impls = c["window_s"], c["periods_s"], c["seed"], c["reps"], c["impls"]
+    a.commit_every, a.batch_size, a.image_size, a.stamp = (c["commit_every"], c["batch_size"], c["image_size"],
+                                                           old["stamp"])
+    runs = []
+    for prev in old["runs"]:
+        path = os.path.join(a.reanalyse, prev["name"], "events.jsonl")
+        with open(path) as f:
+            recs = [json.loads(line) for line in f if line.strip()]
+        ev = lambda kind: next((r for r in recs if r["ev"] == kind), None)
+        window, launch, stop = ev("window"), ev("launch"), ev("stop")
+        run = {"name": prev["name"], "rep": prev["rep"], "impl": prev["impl"], "period": prev["period"],
+               "dir": os.path.dirname(path), "launch": launch["t"], "t0": window and window["start"],
+               "end": window and window["end"], "stop": stop and stop["t"], "note": prev.get("note", ""),
+               "load1_start": prev["load1_start"], "load1_end": prev["load1_end"], "records": recs,
+               "commit_every": a.commit_every}
+        if window and stop and stop["t"] < window["end"]:
+            run["end"] = stop["t"]  # a smoke run ends early
+        runs.append((run, analyse(run, a.batch_size)))
+    a.smoke = old["smoke"]
+    return runs, old["wall_s"], old["machine"]
+
+
 def main():
     a = parse()
+    if a.reanalyse:
+        runs, wall, machine = reanalysed(a)
+        return report(a, a.reanalyse, [res for _, res in runs], wall, machine)
     raw = a.raw or os.path.join(os.environ.get("KOLO_BUILD_DIR") or os.path.join(ROOT, "build"),
                                 "bench-peers", "raw", a.stamp + "-goodput" + ("-smoke" if a.smoke else ""))
     os.makedirs(raw, exist_ok=True)
     configs = [(impl, p) for p in ([] if a.smoke else [0.0]) + (a.periods if not a.smoke else [5.0])
                for impl in a.impls]
-    say("seed %d, W %g s, periods %s, %d rep(s), %d configurations, files in %s"
-        % (a.seed, a.window, a.periods, a.reps, len(configs), raw))
+    say("seed %d, W %g s, %d rep(s) of %s, files in %s"
+        % (a.seed, a.window, a.reps, ", ".join("%s %s" % (i, "1 kill / %g s" % p if p else "no failures")
+                                                for i, p in configs), raw))
+    # A SIGTERM (ctest's timeout, a CI runner) unwinds like ^C, so the
+    # launcher of the run in progress and its workers are stopped.
+    signal.signal(signal.SIGTERM, interrupted)
     wall0 = time.time()
     runs = []
     try:
@@ -618,10 +666,13 @@ def main():
     except KeyboardInterrupt:
         say("interrupted")
         return 130
-    wall = int(time.time() - wall0)
-    results = [res for _, res in runs]
+    return report(a, raw, [res for _, res in runs], int(time.time() - wall0))
+
+
+def report(a, raw, results, wall, machine=None):
+    """Prints the tables, writes them (and the smoke verdict); the exit code."""
     summary = summarise(results, a)
-    machine = machine_info(results)
+    machine = machine or machine_info(results)
     doc = {"bench": "goodput", "stamp": a.stamp, "machine": machine, "smoke": a.smoke,
            "config": {"np": NP, "window_s": a.window, "periods_s": a.periods, "seed": a.seed, "reps": a.reps,
                       "impls": a.impls, "commit_every": a.commit_every, "batch_size": a.batch_size,

@@ -18,7 +18,8 @@
 # steps (p50, p99); bench/goodput.py's docstring has the definitions.
 # Output: a markdown table on stdout, bench/results/<UTC stamp>-goodput.{json,md};
 # every run's event log and launcher output under
-# build/bench-peers/raw/<stamp>-goodput/.
+# build/bench-peers/raw/<stamp>-goodput/ (bench/goodput.sh --reanalyse DIR
+# analyses them again and rewrites that run's results).
 #
 # SMOKE=1: kolo and torchrun only, one kill 5 s after the first step, each
 # run ended 5 steps after its recovery (at most W=60 s); it fails unless the
@@ -37,7 +38,7 @@ cd "$root"
 build="${KOLO_BUILD_DIR:-$root/build}"
 PY=/usr/bin/python3 # Debian's python: the only one that sees python3-torch
 case "${1:-}" in
--h | --help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+-h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
 esac
 
 # Settings from the caller's environment that would redirect kolo.
