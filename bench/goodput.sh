@@ -52,7 +52,8 @@ skip_or_fail() {
 }
 TORCHRUN="${TORCHRUN:-/usr/bin/torchrun}"
 [ -x "$TORCHRUN" ] || skip_or_fail "no $TORCHRUN"
-"$PY" -c 'import torch, torch.distributed' 2>/dev/null || skip_or_fail "$PY cannot import torch"
+"$PY" -c 'import importlib.util as u, sys; sys.exit(not u.find_spec("torch"))' ||
+    skip_or_fail "$PY cannot import torch"
 
 mkdir -p "$build"
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
@@ -62,6 +63,8 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
 fi
 export KOLO="${KOLO:-$build/bin/kolo}" KOLO_BUILD_DIR="$build" TORCHRUN
 [ -x "$KOLO" ] || { log "missing $KOLO"; exit 1; }
-PYTHONPATH="$root/python" "$PY" -c 'import kolo.torch' || { log "$PY cannot import kolo.torch"; exit 1; }
+# One import of torch (seconds on a loaded machine) checks both sides.
+PYTHONPATH="$root/python" "$PY" -c 'import torch.distributed, kolo.torch' ||
+    { log "$PY cannot import torch.distributed and kolo.torch"; exit 1; }
 
 exec "$PY" "$root/bench/goodput.py" "$@"
