@@ -14,7 +14,8 @@
 //     says so, in the membership band and table, and the epoch it cut is
 //     marked ✂;
 //   - the metrics the job reports (loss, accuracy) are charted per epoch;
-//   - worker output and events are shown, and the timeline is linked.
+//   - worker output and events are shown, and the timeline is linked;
+//   - "Take stacks now" shows every rank's Python stacks.
 // Screenshots go to ARTIFACT_DIR.
 import {setup, state, check, rest, until, watch, shot, noSidewaysScroll, run} from './lib.mjs';
 
@@ -136,5 +137,17 @@ await run(async browser => {
   check(await page.locator('#events li').count() > 0, 'events are listed');
   await shot(page, 'job-after-kill-1280x800');
 
+  state.step = 'stacks';
+  // the owner takes every rank's stacks from the page (issue 31)
+  await page.click('#stacks button');
+  const taken = await until(20, 'the stacks taken from the page are shown', async () => {
+    const t = await page.locator('#stacks').textContent();
+    return t.includes('Taken on request (REST)') && (await page.locator('#stacks details.stack').count()) >= 2 ? t : null;
+  });
+  check(/rank 0 · \S+ · pid \d+/.test(taken), 'each rank is listed with its host and pid');
+  await page.locator('#stacks details.stack summary').first().click();
+  check((await page.locator('#stacks details.stack pre').first().textContent()).includes('most recent call first'),
+    'a rank\'s Python stacks unfold');
+  await shot(page, 'job-stacks-1280x800');
 });
 console.log('all dashboard checks passed');
