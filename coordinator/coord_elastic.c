@@ -502,7 +502,15 @@ static bool survives(const struct job *j, const struct rank *r)
  * a process start. spares_fill starts new ones on free slots (never while
  * the job could grow: growing takes spares too). A spare stays on a host
  * excluded after a failure (exclusion keeps new workers off it; a spare
- * is not new); one on a lost or drained host is dropped. */
+ * is not new); one on a lost or drained host is dropped.
+ *
+ * Growing goes the same way, with or without --spares: room to grow into
+ * gets a spare first, and the workers hear of the capacity only once it
+ * waits in hvd.init() (in_init), so they do not stop at a commit to wait
+ * while a new process imports its libraries. After SPARE_FAILURES_MAX
+ * spares died unplaced, growing starts processes in the generation again. */
+
+#define SPARE_FAILURES_MAX 3 /* spares in a row that die unplaced: no more are started */
 
 static int spare_find(const struct job *j, uint64_t wid)
 {
@@ -653,11 +661,9 @@ fail:
     return 0;
 }
 
-/* Count of newcomers a plan would add now (capacity check, no side effects). */
-static int room_to_grow(struct coord *c, struct job *j)
+/* Slots free for new processes of the job: beyond its members and spares. */
+static int free_slots(struct coord *c, struct job *j)
 {
-    if (j->el->finishing || j->nranks >= j->el->max_np)
-        return 0;
     int room = 0;
     for (struct host *h = c->hosts; h; h = h->next) {
         int members = 0;
@@ -667,8 +673,17 @@ static int room_to_grow(struct coord *c, struct job *j)
         if (f > 0)
             room += f;
     }
-    for (int s = 0; s < j->nspares; s++) /* a hot spare is room to grow into */
-        room += spare_usable(&j->spares[s]);
+    return room;
+}
+
+/* Count of newcomers a plan would add now (capacity check, no side effects). */
+static int room_to_grow(struct coord *c, struct job *j)
+{
+    if (j->el->finishing || j->nranks >= j->el->max_np)
+        return 0;
+    int room = j->el->spare_failures >= SPARE_FAILURES_MAX ? free_slots(c, j) : 0;
+    for (int s = 0; s < j->nspares; s++) /* a spare waiting in hvd.init() */
+        room += spare_usable(&j->spares[s]) && j->spares[s].in_init;
     int want = j->el->max_np - j->nranks;
     return room < want ? room : want;
 }
@@ -918,8 +933,6 @@ void coord_elastic_host_drained(struct coord *c, struct host *h)
     }
 }
 
-#define SPARE_FAILURES_MAX 3 /* spares in a row that die unplaced: no more are started */
-
 bool coord_elastic_spare_event(struct coord *c, struct job *j, struct host *h, uint64_t wid,
                                int kind, int pid, int exit_code, int term_signal)
 {
@@ -975,16 +988,22 @@ static void spares_fill(struct coord *c, struct job *j)
             s++;
         }
     }
-    if (j->nspares >= el->spares_want || el->finishing || el->waiting ||
-        el->spare_failures >= SPARE_FAILURES_MAX || room_to_grow(c, j) > 0)
+    if (el->finishing || el->waiting || el->spare_failures >= SPARE_FAILURES_MAX)
         return;
-    for (struct host *h = c->hosts; h && j->nspares < el->spares_want; h = h->next) {
+    /* --spares, and room to grow into: it waits as a spare until it is
+     * ready (see the top of this section) */
+    int grow = el->max_np - j->nranks - j->nspares;
+    int free = free_slots(c, j);
+    int want = el->spares_want + (grow < free ? (grow > 0 ? grow : 0) : free);
+    if (j->nspares >= want)
+        return;
+    for (struct host *h = c->hosts; h && j->nspares < want; h = h->next) {
         int members = 0;
         for (int r = 0; r < j->nranks; r++)
             members += j->ranks[r].host == h && member_alive(&j->ranks[r]);
         int f = free_for_job(c, j, h) - members - spares_on(j, h);
         bool woke = false;
-        while (f-- > 0 && j->nspares < el->spares_want) {
+        while (f-- > 0 && j->nspares < want) {
             struct rank *v = realloc(j->spares, (size_t)(j->nspares + 1) * sizeof *v);
             if (!v)
                 return;
@@ -994,7 +1013,8 @@ static void spares_fill(struct coord *c, struct job *j)
                                 .state = RANK_ASSIGNED};
             str_copy(sp->host_id, h->id, sizeof sp->host_id);
             coord_event(c, j->id, h->id, "worker.spare_started",
-                        "hot spare worker %llu of job %llu starts on host %s",
+                        "worker %llu of job %llu starts on host %s and waits in hvd.init() for "
+                        "a place (a spare)",
                         (unsigned long long)sp->wid, (unsigned long long)j->id, h->name);
             woke = true;
         }
@@ -1113,8 +1133,7 @@ void coord_elastic_cron(struct coord *c, struct job *j, uint64_t now)
                     "capacity for job %llu: it will grow at its next commit (%d of max-np %d now)",
                     (unsigned long long)j->id, j->nranks, el->max_np);
     }
-    if (el->spares_want)
-        spares_fill(c, j);
+    spares_fill(c, j);
 }
 
 void coord_elastic_job_ended(struct coord *c, struct job *j)
@@ -1197,8 +1216,10 @@ void coord_elastic_assign(struct coord *c, struct job *j, struct rpc_call *call,
                           uint32_t wait_ms)
 {
     int idx = coord_job_member(j, wid);
-    if (idx < 0 && spare_find(j, wid) >= 0) {
-        park_assign(j, call, wid, wait_ms, -1); /* a hot spare waits for a place */
+    int s = idx < 0 ? spare_find(j, wid) : -1;
+    if (s >= 0) {
+        j->spares[s].in_init = true; /* ready: room to grow into */
+        park_assign(j, call, wid, wait_ms, -1); /* a spare waits for a place */
         return;
     }
     if (idx < 0) {

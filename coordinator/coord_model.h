@@ -107,6 +107,7 @@ struct rank {
     uint32_t stopped_ms;
     int stopped_pid; /* the stopped process (the command, under the agent's shim) */
     bool stopped_told;
+    bool in_init; /* a spare (job.spares) waiting in hvd.init() for a place */
 };
 
 struct waiter {
