@@ -24,7 +24,10 @@
 static const char usage[] =
     "usage: kolo agent --coordinator tcp://HOST:PORT [--slots N] [--name NAME] "
     "[--token-file PATH] [--addr ADDR] [--state-dir DIR] [--stop-grace 5s] [--drain-grace 30s] "
-    "[--log-level L]";
+    "[--log-level L]\n\n"
+    "Runs the host agent: it registers this host's slots with the coordinator,\n"
+    "starts and watches the workers the coordinator places here, sends their\n"
+    "output and exits, and takes their stacks when asked.";
 
 /* A signal to stop (a spot notice's handler, systemd, Ctrl-C): drain the
  * host so elastic jobs leave it at their next commit (no step lost), wait

@@ -163,9 +163,10 @@ def launcher_cmd(a, impl, run_dir, log_path, tag):
     train = [TRAIN, "--impl", impl, "--log", log_path, "--commit-every", str(a.commit_every),
              "--batch-size", str(a.batch_size), "--image-size", str(a.image_size), "--tag", tag]
     if impl == "kolo":
+        spares = ["--spares", os.environ["SPARES"]] if os.environ.get("SPARES") else []
         return [a.kolo, "run", "-np", str(NP), "--min-np", "2", "--max-np", str(NP),
-                "--blacklist-cooldown-range", "1", "2", "--state-dir", os.path.join(run_dir, "state"),
-                "--", PY] + train
+                "--blacklist-cooldown-range", "1", "2", "--state-dir", os.path.join(run_dir, "state")
+                ] + spares + ["--", PY] + train
     # --standalone's rendezvous store is on port 29400; when something else
     # holds it, the same c10d rendezvous on a free port.
     if port_free(29400):

@@ -3,6 +3,7 @@
 #
 #   bench/goodput.sh             6 configurations x W=180 s, REPS=1 (~21 min on 2 vCPUs)
 #   SMOKE=1 bench/goodput.sh     one kill per launcher, checks only (~1 min)
+#   SPARES=1 bench/goodput.sh    kolo with --spares 1 (hot spares)
 #
 # The same job (bench/goodput_train.py: the synthetic CNN of
 # examples/pytorch/synthetic_benchmark.py at np 4, 16x16 images, batch 16,

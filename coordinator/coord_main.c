@@ -22,7 +22,11 @@
 
 static const char usage[] =
     "usage: kolo coordinator [--listen tcp://ADDR:PORT] [--http ADDR:PORT] [--db PATH]\n"
-    "                        [--token-file PATH] [options]";
+    "                        [--token-file PATH] [options]\n\n"
+    "Runs the cluster's coordinator: it keeps hosts, jobs, their negotiation and\n"
+    "committed state in one SQLite file, serves the agents, workers and operators\n"
+    "over RPC and the REST API, /metrics and the dashboard over HTTP, and picks up\n"
+    "where it was after a restart.";
 
 /* The stop runs on its own thread so that the main thread can bound it:
  * coord_stop answers every parked call, stops the writers and closes the
