@@ -17,7 +17,7 @@ Inside coordinator/, the layers (docs/design.md, "Layout") point down only:
 
     model   coord_model.h (state), coord.h (the public face)
     core    coord_core, coord_hosts, coord_jobs, coord_writer, placement,
-            coord_static
+            coord_static, coord_verdict
     domain  coord_negot (+ coord_rendezvous), coord_elastic, coord_snap, coord_report,
             coord_timeline, coord_study, coord_stacks
     api     coord_api.h: coord.c, coord_http*.c, coord_main.c
@@ -65,6 +65,7 @@ COORD_HEADER_LAYER = {
     "coord.h": "model", "coord_model.h": "model",
     "coord_core.h": "core", "coord_hosts.h": "core", "coord_jobs.h": "core",
     "coord_writer.h": "core", "placement.h": "core", "coord_static.h": "core",
+    "coord_verdict.h": "core",
     "coord_negot.h": "domain", "coord_negot_int.h": "domain",
     "coord_elastic.h": "domain", "coord_snap.h": "domain",
     "coord_report.h": "domain", "coord_timeline.h": "domain", "coord_study.h": "domain",
