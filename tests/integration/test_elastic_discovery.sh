@@ -35,7 +35,7 @@ gen0=$(gen_current)
 fault add_hosts "b,c"
 t_add=$(now_s)
 hosts a:2 b c
-wait_for 20 gen_after "$gen0" || fail "the job did not grow after b and c were listed"
+wait_for 60 gen_after "$gen0" || fail "the job did not grow after b and c were listed"
 wait_for 40 stepped 4 "$t_add" || fail "the job did not train with 4 workers"
 gen_size_is 4 || fail "the newest generation has $(gen_size) rank(s), want 4"
 events | has '"kind":"job.discovered"' || fail "no job.discovered event"
@@ -71,7 +71,7 @@ note "the script works again: the job follows the file again"
 fault script_back
 t_back=$(now_s)
 rm -f "$WORK/discovery-fails"
-wait_for 20 gen_after "$gen2" || fail "the job did not grow when the script worked again"
+wait_for 60 gen_after "$gen2" || fail "the job did not grow when the script worked again"
 wait_for 40 stepped 4 "$t_back" || fail "the job did not train with 4 workers again"
 
 finish_job 60

@@ -50,7 +50,7 @@ fault undrain "$victim"
 t_undrain=$(now_s)
 code=$(post "/api/v1/hosts/$vid/undrain")
 [ "$code" = 200 ] || fail "undrain answered $code: $(cat "$WORK/post.json")"
-wait_for 30 gen_after "$gen1" || fail "the job did not grow back after undrain"
+wait_for 60 gen_after "$gen1" || fail "the job did not grow back after undrain"
 wait_for 40 stepped 4 "$t_undrain" || fail "the job did not train with 4 workers again"
 gen_size_is 4 || fail "the newest generation has $(gen_size) rank(s), want 4"
 

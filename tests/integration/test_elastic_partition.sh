@@ -158,7 +158,7 @@ events | has '"kind":"host.excluded"' || fail "c was not excluded"
 if ! events | has '"kind":"host.readmitted"'; then
   [ "$(gen_current)" = "$gen1" ] || fail "the job grew onto c while it was excluded: $(gen_cause)"
 fi
-wait_for 20 gen_after "$gen1" || fail "the job did not grow back onto c after its cooldown"
+wait_for 60 gen_after "$gen1" || fail "the job did not grow back onto c after its cooldown"
 wait_for 40 stepped 4 "$t_heal" || fail "the job did not train with 4 workers again"
 events | has '"kind":"host.readmitted"' || fail "no host.readmitted event"
 
