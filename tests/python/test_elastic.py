@@ -34,6 +34,7 @@ steps, commit_every = int(sys.argv[1]), int(sys.argv[2])
 kills = json.loads(sys.argv[3])      # [[step, rank % size], ...]; rank -1: every rank
 marks = sys.argv[4]
 delay = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
+hold = int(sys.argv[6]) if len(sys.argv) > 6 else 0  # before the last step, wait to be this many
 
 torch.manual_seed(0)
 model = torch.nn.Linear(16, 4)
@@ -78,6 +79,14 @@ def train(state):
         print("RESUMED step %d size %d" % (state.step, hvd.size()), flush=True)
     while state.step < steps:
         maybe_die()
+        if state.step == steps - 1 and hvd.size() < hold:
+            # growing back waits for a spare to reach hvd.init() (seconds
+            # under a loaded CI): hold the last step for it, bounded
+            until = time.time() + 90
+            while hvd.size() < hold and time.time() < until:
+                time.sleep(0.1)
+                state.commit()  # saves, then checks (a bare check would keep the
+                # model but sync the step back to the last commit: as Horovod)
         x, y = batch(state.step)
         opt.zero_grad()
         loss = ((model(x) - y) ** 2).mean()
@@ -97,10 +106,10 @@ print("FINAL %d %s" % (state.step, json.dumps(w.tolist())), flush=True)
 '''
 
 
-def run(np, kills, steps=60, commit=5, kolo_args=(), timeout=240, delay=0.0):
+def run(np, kills, steps=60, commit=5, kolo_args=(), timeout=240, delay=0.0, hold=0):
     marks = tempfile.mkdtemp(prefix="kolo-kills-")
     try:
-        return kolo_run(np, WORKER, args=(steps, commit, json.dumps(kills), marks, delay),
+        return kolo_run(np, WORKER, args=(steps, commit, json.dumps(kills), marks, delay, hold),
                         kolo_args=kolo_args, timeout=timeout)
     finally:
         shutil.rmtree(marks, ignore_errors=True)
@@ -170,7 +179,7 @@ def test_killed_workers_are_replaced_and_the_model_matches(reference):
     kills = sorted([[s, rng.randrange(0, 3)] for s in rng.sample(range(8, 50), 3)])
     print("kill plan (step, rank):", kills)
     job = run(4, kills, kolo_args=("--min-np", "2", "--max-np", "4",
-                                   "--blacklist-cooldown-range", "1", "1"), delay=0.05)
+                                   "--blacklist-cooldown-range", "1", "1"), delay=0.05, hold=4)
     assert job.rc == 0, job
     got = finals(job)
     assert len(got) >= 2, job
