@@ -518,8 +518,9 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
             rows[x] = b->ndim > 0 ? elems(b, 1) : 1;
             if (k > 1 && sizes)
                 sizes[x] = elems(b, 0);
-            /* Cache clean allreduces run by every rank. */
-            if (b->coll == KOLO_COLL_ALLREDUCE && n->njoined == 0 && cacheable(f->name)) {
+            /* Cache clean allreduces and broadcasts run by every rank. */
+            if ((b->coll == KOLO_COLL_ALLREDUCE || b->coll == KOLO_COLL_BROADCAST) &&
+                n->njoined == 0 && cacheable(f->name)) {
                 uint32_t id = f->cache_id ? f->cache_id : tcache_id(n->cache, f->name);
                 if (!id)
                     id = n->next_id < NEGOT_CACHE_MAX ? n->next_id : cache_evict(n);

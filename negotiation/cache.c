@@ -69,7 +69,8 @@ bool tensor_sig_equal(const struct tensor_req *a, const struct tensor_req *b)
 {
     return a->coll == b->coll && a->dtype == b->dtype && a->op == b->op && a->ndim == b->ndim &&
            (a->ndim <= 0 || memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof(int64_t)) == 0) &&
-           a->prescale == b->prescale && a->postscale == b->postscale && a->device == b->device;
+           a->prescale == b->prescale && a->postscale == b->postscale && a->device == b->device &&
+           (a->coll != KOLO_COLL_BROADCAST || a->root == b->root);
 }
 
 /* ---------------------------------------------------------------- the table */
@@ -260,6 +261,10 @@ uint64_t tcache_hash(const struct tensor_cache *tc)
         h = fnv(h, &t->prescale, sizeof(t->prescale));
         h = fnv(h, &t->postscale, sizeof(t->postscale));
         h = fnv(h, &device, sizeof(device));
+        if (t->coll == KOLO_COLL_BROADCAST) {
+            int32_t root = t->root;
+            h = fnv(h, &root, sizeof(root));
+        }
     }
     return h;
 }

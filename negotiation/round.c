@@ -93,7 +93,7 @@ bool fusion_compatible(const struct fusion_item *a, const struct fusion_item *b)
 
 static bool runs_alone(const struct fusion_item *f)
 {
-    return !f->gpu && f->bytes >= FUSION_ALONE_BYTES;
+    return f->alone || (!f->gpu && f->bytes >= FUSION_ALONE_BYTES);
 }
 
 bool fusion_fits(const struct fusion_item *first, int64_t bytes, const struct fusion_item *next,

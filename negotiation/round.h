@@ -154,11 +154,12 @@ bool round_pay_agreed(const uint64_t *v, size_t nwords, size_t at, uint64_t hdr)
 
 /* ---------------------------------------------------------------- fusion */
 
-/* What the fusion rule needs to know of one ready allreduce. */
+/* What the fusion rule needs to know of one ready op. */
 struct fusion_item {
     uint32_t dtype, op;
     double prescale, postscale;
     bool gpu;       /* on a device: never fused with host tensors */
+    bool alone;     /* not an allreduce (a cached broadcast): never fused */
     int64_t bytes;
 };
 

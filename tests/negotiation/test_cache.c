@@ -182,10 +182,19 @@ static void test_hash(void)
     CHECK_EQ_INT(tcache_bind(y, 1, "w2", &a), 0);
     CHECK_EQ_INT(tcache_bind(y, 2, "w1", &a), 0);
     CHECK(tcache_hash(y) != same);
-    /* roots and splits are no part of an allreduce's signature */
+    /* roots and splits are no part of an allreduce's signature; a
+     * broadcast's root is part of its own (and of the cache's hash) */
     struct tensor_req r = a;
     r.root = 3;
     CHECK(tensor_sig_equal(&r, &a));
+    struct tensor_req b0 = a, b3 = a;
+    b0.coll = b3.coll = KOLO_COLL_BROADCAST;
+    b3.root = 3;
+    CHECK(!tensor_sig_equal(&b0, &b3));
+    CHECK_EQ_INT(tcache_bind(y, 2, "w2", &b0), 0);
+    uint64_t with_root0 = tcache_hash(y);
+    CHECK_EQ_INT(tcache_bind(y, 2, "w2", &b3), 0);
+    CHECK(tcache_hash(y) != with_root0);
     tcache_clear(y);
     CHECK(tcache_hash(y) == empty);
     tcache_free(x);

@@ -209,7 +209,8 @@ static void test_fusion(void)
 {
     struct fusion_item f32 = {.dtype = 7, .op = 0, .prescale = 1, .postscale = 1, .bytes = 400};
     struct fusion_item f64 = f32, avg = f32, pre = f32, gpu = f32, big = f32, huge = f32,
-                       huge_gpu = f32, gpu_small = f32;
+                       huge_gpu = f32, gpu_small = f32, bcast = f32;
+    bcast.alone = true;
     huge.bytes = FUSION_ALONE_BYTES;
     huge_gpu.bytes = FUSION_ALONE_BYTES;
     huge_gpu.gpu = true;
@@ -241,6 +242,9 @@ static void test_fusion(void)
         {"a large host tensor ends a run", {f32, f32, huge, f32}, 4, 64 << 20, 2},
         {"just below the size still fuses", {f32, f32}, 2, 64 << 20, 2},
         {"large device tensors keep Horovod's rule", {huge_gpu, gpu_small}, 2, 64 << 20, 2},
+        {"a broadcast runs alone", {bcast, f32, f32}, 3, 64 << 20, 1},
+        {"a broadcast ends a run", {f32, f32, bcast}, 3, 64 << 20, 2},
+        {"two broadcasts are two runs", {bcast, bcast}, 2, 64 << 20, 1},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         size_t got = fusion_run(cases[c].items, cases[c].n, cases[c].threshold);

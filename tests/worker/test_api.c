@@ -592,6 +592,69 @@ static void t_fast_tiny(kolo_ctx *ctx, int rank, int size)
         CHECK(locked_u64(ctx, &ctx->fast_inline) >= (TINY_STEPS - 2) * 3);
 }
 
+/* Readiness rounds carry broadcasts too (a broadcast_object, an elastic
+ * commit's check): named host broadcasts of several roots and sizes (0
+ * bytes, a few bytes, 2 MiB), mixed with allreduces of the same dtype and
+ * submitted in a different order on every rank, come out exact every
+ * step and, once cached, are agreed by the ranks (never fused with the
+ * allreduces beside them); a root that differs on one rank gets the
+ * coordinator's mismatch text; a root changed on every rank renegotiates. */
+static void t_fast_bcast(kolo_ctx *ctx, int rank, int size)
+{
+    enum { NB = 4, STEPS = 5, BIG = 512 * 1024 };
+    static const size_t counts[NB] = {1, 3, 0, BIG};
+    float *buf[NB], ar[NB][3];
+    for (int i = 0; i < NB; i++)
+        REQUIRE((buf[i] = malloc((counts[i] + 1) * sizeof(float))) != NULL);
+    uint64_t agreed0 = locked_u64(ctx, &ctx->fast_agreed);
+    for (int s = 0; s < STEPS; s++) {
+        kolo_handle h[2 * NB];
+        for (int x = 0; x < NB; x++) {
+            int i = (x + rank + s) % NB, root = i % size;
+            for (size_t k = 0; k < counts[i]; k++)
+                buf[i][k] = rank == root ? (float)(1000 * s + 10 * i + (int)(k % 7)) : -1.0f;
+            for (int k = 0; k < 3; k++)
+                ar[i][k] = (float)(rank + k);
+            char name[32];
+            snprintf(name, sizeof name, "bc.%d", i);
+            REQUIRE(kolo_broadcast_async(ctx, name, buf[i], counts[i], KOLO_FLOAT32, root,
+                                         &h[2 * i]) == 0);
+            snprintf(name, sizeof name, "bc.ar.%d", i);
+            REQUIRE(kolo_allreduce_async(ctx, name, ar[i], ar[i], 3, KOLO_FLOAT32, KOLO_SUM,
+                                         &h[2 * i + 1]) == 0);
+        }
+        for (int i = 0; i < 2 * NB; i++)
+            CHECK_EQ_INT(kolo_wait(ctx, h[i], 20000), 0);
+        int bad = 0;
+        for (int i = 0; i < NB; i++) {
+            for (size_t k = 0; k < counts[i]; k++)
+                bad += buf[i][k] != (float)(1000 * s + 10 * i + (int)(k % 7));
+            for (int k = 0; k < 3; k++)
+                bad += ar[i][k] != (float)(size * (size - 1) / 2 + size * k);
+        }
+        CHECK_EQ_INT(bad, 0);
+    }
+    if (size > 1 && ctx->fast) /* steps 1..4 agreed by the ranks */
+        CHECK(locked_u64(ctx, &ctx->fast_agreed) - agreed0 >= (STEPS - 1) * 2 * NB);
+    kolo_handle h;
+    if (size > 1) {
+        buf[1][0] = 5;
+        REQUIRE(kolo_broadcast_async(ctx, "bc.1", buf[1], counts[1], KOLO_FLOAT32,
+                                     rank == 0 ? 0 : 1, &h) == 0);
+        CHECK_EQ_INT(kolo_wait(ctx, h, 20000), KOLO_EMISMATCH);
+        CHECK(strstr(kolo_last_error(ctx), "Mismatched BROADCAST root ranks") != NULL);
+    }
+    for (int s = 0; s < 3; s++) {
+        int root = size - 1;
+        buf[1][0] = rank == root ? 42.0f + (float)s : 0.0f;
+        REQUIRE(kolo_broadcast_async(ctx, "bc.1", buf[1], 1, KOLO_FLOAT32, root, &h) == 0);
+        CHECK_EQ_INT(kolo_wait(ctx, h, 20000), 0);
+        CHECK(buf[1][0] == 42.0f + (float)s);
+    }
+    for (int i = 0; i < NB; i++)
+        free(buf[i]);
+}
+
 /* Readiness rounds: a cached tensor whose signature changes on one rank
  * gets the coordinator's mismatch text on every rank; the same change on
  * every rank renegotiates it and it runs. */
@@ -1002,6 +1065,7 @@ int main(int argc, char **argv)
                 if (fast) {
                     run_ranks(np, t_fast_order);
                     run_ranks(np, t_fast_tiny);
+                    run_ranks(np, t_fast_bcast);
                     run_ranks(np, t_fast_mismatch);
                 }
                 if (np > 1)

@@ -210,7 +210,7 @@ static void exec_locked(struct kolo_ctx *c, const Kolo__Response *r, struct op *
         if (c->rank == r->root && op->req.sendbuf != op->req.recvbuf && bytes)
             memcpy(op->req.recvbuf, op->req.sendbuf, bytes);
         int rc = c->coll->ops->broadcast(c->coll, op->req.recvbuf, bytes, r->root, deadline);
-        finish(c, &op, 1, rc, rc ? why_of(c, rc) : NULL);
+        ops_finish(c, &op, 1, rc, rc ? why_of(c, rc) : NULL, r->cache_ids, r->n_cache_ids);
         break;
     }
     case KOLO_COLL_BARRIER: {

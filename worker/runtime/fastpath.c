@@ -4,7 +4,7 @@
  *
  * DESIGN (docs/design.md, "Negotiation"; the rules are negotiation/round.h)
  *
- * Once the coordinator's log gave an allreduce a cache id, submitting it
+ * Once the coordinator's log gave an allreduce or a host broadcast a cache id, submitting it
  * again with the same signature only sets its bit in this rank's ready
  * bitmap. A round reduces every rank's vector in one exchange over the
  * data plane (coll.h: round); from the same reduced vector every rank
@@ -207,8 +207,11 @@ void fast_cache_reset(struct kolo_ctx *c)
 
 bool fast_submit(struct kolo_ctx *c, struct op *op)
 {
+    /* barriers, allreduces and host broadcasts (a broadcast_object, an
+     * elastic commit's check) */
     if (!c->fast ||
-        (op->req.coll != KOLO_COLL_BARRIER && op->req.coll != KOLO_COLL_ALLREDUCE))
+        (op->req.coll != KOLO_COLL_BARRIER && op->req.coll != KOLO_COLL_ALLREDUCE &&
+         !(op->req.coll == KOLO_COLL_BROADCAST && op->req.device < 0)))
         return false;
     if (c->round_busy) {
         /* placed by fast_round once this round's outcome is known */
@@ -222,7 +225,7 @@ bool fast_submit(struct kolo_ctx *c, struct op *op)
     if (op->req.coll == KOLO_COLL_BARRIER) {
         op_queue_push(&c->bar_head, &c->bar_tail, op);
         c->ready_bits[0] |= 1;
-    } else if (op->req.coll == KOLO_COLL_ALLREDUCE) {
+    } else {
         uint32_t id = ops_cache_lookup(c, op);
         if (!id) {
             /* Known under another signature: drop the id everywhere at the
@@ -382,9 +385,11 @@ static void run_agreed(struct kolo_ctx *c, struct op **ops, size_t n)
     }
     for (size_t i = 0; i < n; i++)
         sizes[i] = request_elems(&ops[i]->req);
-    /* no names: exec_pinned takes the ops themselves */
+    /* no names: exec_pinned takes the ops themselves; a broadcast runs
+     * alone (fusion_item.alone) */
     Kolo__Response r = KOLO__RESPONSE__INIT;
-    r.coll = KOLO_COLL_ALLREDUCE;
+    r.coll = (uint32_t)ops[0]->req.coll;
+    r.root = ops[0]->req.root;
     r.n_names = n;
     r.dtype = (uint32_t)ops[0]->req.dtype;
     r.op = (uint32_t)ops[0]->req.op;
@@ -403,6 +408,7 @@ static struct fusion_item fusion_of(const struct op *op)
                             .prescale = op->req.prescale,
                             .postscale = op->req.postscale,
                             .gpu = op->req.device >= 0,
+                            .alone = op->req.coll != KOLO_COLL_ALLREDUCE,
                             .bytes = request_elems(&op->req) *
                                      (int64_t)kolo_dtype_size(op->req.dtype)};
     return f;
