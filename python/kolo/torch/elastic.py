@@ -352,6 +352,8 @@ class TorchState(ObjectState):
         for k, h in self._handlers.items():
             setattr(self, k, h.value)
         self._shipper = _Shipper()
+        self._ship = None          # (blob maker, meta) of a save() not shipped yet
+        self._ship_later = False   # inside commit(): ship after the check
         self._fresh = True   # nothing committed or synced in this process yet
         self._commits = 0
 
@@ -365,8 +367,26 @@ class TorchState(ObjectState):
             # The saved copies are replaced, never changed, by the next
             # save(): the shipping thread may serialize these references.
             saved = ({k: h.saved for k, h in self._handlers.items()}, dict(self._saved_state))
-            self._shipper.submit(lambda: _serialize(*saved),
-                                 {"commit": self._commits, "attrs": _jsonable(self._saved_state)})
+            self._ship = (lambda: _serialize(*saved),
+                          {"commit": self._commits, "attrs": _jsonable(self._saved_state)})
+            if not self._ship_later:
+                self._ship_now()
+
+    def _ship_now(self):
+        if self._ship is not None:
+            self._shipper.submit(*self._ship)
+            self._ship = None
+
+    def commit(self):
+        # The check for host updates is a collective every rank waits in:
+        # the shipping thread (serializing under the GIL, hashing, sending)
+        # starts once it is done, so rank 0 is not late for it.
+        self._ship_later = True
+        try:
+            super().commit()
+        finally:
+            self._ship_later = False
+            self._ship_now()
 
     def restore(self):
         for h in self._handlers.values():
