@@ -7,6 +7,8 @@
 #   and nothing left behind (agents, their state, the step);
 # - deploy/slurm/kolo.sbatch runs the same through sbatch;
 # - outside an allocation --slurm is refused with the reason;
+# - spares: -np 3 --spares 1 in the 4 tasks; a rank killed is replaced by
+#   the spare without a process start, the job never trains at 2;
 # - elastic: kill -9 of node n2's slurmd, agent and workers during training
 #   shrinks the job to n1's 2 ranks, which finish with the fault-free
 #   weights.
@@ -67,6 +69,49 @@ rc=$?
 set -e
 [ $rc -eq 2 ] || fail "--slurm outside an allocation exited $rc"
 has "not inside a Slurm allocation" <"$WORK/outside.out" || fail "no reason: $(cat "$WORK/outside.out")"
+
+if [ -n "${KOLO_ELASTIC_WORKER:-}" ]; then
+  # spares: 3 ranks and a spare fill the allocation's 4 tasks; a rank
+  # killed (rank 0, whose worker prints every step) is replaced by the
+  # spare without a process start, and the job never trains at 2
+  note "spares: -np 3 --spares 1 in 4 tasks, a rank killed"
+  (cd "$WORK" && timeout 150 salloc -Q --no-kill -N2 --ntasks-per-node=2 "$KOLO" run -np 3 --min-np 2 \
+    --spares 1 --elastic-timeout 60 -- "$KOLO_ELASTIC_WORKER" --tag slurm-spares \
+    --stop-file "$WORK/spares.stop" --commit 5 --delay-ms 20) \
+    >"$WORK/spares.out" 2>"$WORK/spares.err" &
+  SP=$!
+  PIDS+=("$SP")
+  spare_steps() { [ "$(grep -c '<stdout>:STEP .* size 3 ' "$WORK/spares.out" 2>/dev/null || true)" -ge "$1" ]; }
+  wait_for 90 spare_steps 30 || fail "no training on 3 ranks: $(tail -n 5 "$WORK/spares.err")"
+  workers() { pgrep -f "elastic-worker --tag slurm-spares " || true; }
+  wait_for 30 eval '[ "$(workers | wc -l)" -eq 4 ]' || fail "$(workers | wc -l) workers, want 3 ranks and a spare"
+  before=" $(workers | tr '\n' ' ')"
+  wid=$(grep -o '<stdout>:STEP .* wid [0-9]*' "$WORK/spares.out" | tail -n 1 | awk '{print $NF}')
+  victim=""
+  for p in $(workers); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "KOLO_WORKER_ID=$wid" && victim=$p
+  done
+  [ -n "$victim" ] || fail "no worker with KOLO_WORKER_ID=$wid"
+  t_kill=$(date +%s.%N)
+  kill -9 "$victim"
+  wait_for 30 grep -qF "took 1 hot spare(s), no process start" "$WORK/spares.err" ||
+    fail "the spare was not taken: $(tail -n 8 "$WORK/spares.err")"
+  wait_for 30 awk -v t="$t_kill" '/<stdout>:STEP .* size 3 / { if ($NF + 0 > t + 0) f = 1 } END { exit !f }' \
+    "$WORK/spares.out" || fail "no step at 3 ranks after the kill"
+  awk -v t="$t_kill" '/<stdout>:STEP .* size 2 / { if ($NF + 0 > t + 0) f = 1 } END { exit !f }' \
+    "$WORK/spares.out" && fail "the job trained at 2 ranks after the kill"
+  # every rank now is a process that ran before the kill
+  for p in $(workers); do
+    case "$before" in *" $p "*) ;; *) new_after=$p ;; esac
+  done
+  note "ranks after the kill: $(workers | tr '\n' ' ')(a new spare: ${new_after:-none yet})"
+  touch "$WORK/spares.stop"
+  wait_for 60 sh -c "! kill -0 $SP 2>/dev/null" || fail "the spares job did not end: $(tail -n 5 "$WORK/spares.err")"
+  wait "$SP" || fail "the spares job failed: $(tail -n 20 "$WORK/spares.err")"
+  wait_for 20 eval '[ -z "$(workers)" ]' || fail "workers left: $(workers)"
+else
+  note "KOLO_ELASTIC_WORKER is not set: the spares part is skipped"
+fi
 
 if /usr/bin/python3 -c "import torch" 2>/dev/null; then
   note "elastic: node n2 dies during training"

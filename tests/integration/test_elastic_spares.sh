@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Hot spares with host discovery (issue 32): `kolo run -np 2 --spares 1
+# --host-discovery-script` on a cluster of its own (a coordinator, agents
+# a with 2 slots and b with 1, the script listing both).
+#
+# 1. two ranks train on a, the spare waits in kolo_init on b (REST:
+#    elastic_state.spares, state "waiting", its pid);
+# 2. kill -9 of a rank on a: the next generation takes the spare - back at
+#    2 ranks without a process start (the rank on b is the spare's pid,
+#    `kolo run` says "took 1 hot spare(s), no process start") and it
+#    trains on at 2, never at 1;
+# 3. a new spare starts in its place, on a (b's slot is a rank's now) once
+#    a's exclusion cooled down;
+# 4. the discovery script takes that slot away (a:2 -> a:1): the spare is
+#    stopped, the ranks train on in the same generation (a spare is no
+#    member);
+# 5. the job ends with every step counted once (elastic_report.py) and no
+#    worker left.
+# The worker is the C worker (elastic_c_worker.c): no torch to import.
+. "$(dirname "$0")/lib.sh"
+
+BIN="${KOLO_ELASTIC_WORKER:-}"
+[ -n "$BIN" ] && [ -x "$BIN" ] ||
+  skip "KOLO_ELASTIC_WORKER (the kolo-test-elastic-worker binary) is not set (run it from ctest)"
+WORKER_CMD=("$BIN")
+. "$(dirname "$0")/elastic_lib.sh"
+
+COMMIT=5
+cat >"$WORK/discover.sh" <<EOF
+#!/bin/sh
+cat "$WORK/hosts.txt"
+EOF
+chmod +x "$WORK/discover.sh"
+hosts() { printf '%s\n' "$@" >"$WORK/hosts.tmp"; mv "$WORK/hosts.tmp" "$WORK/hosts.txt"; }
+
+job_json() { curl -sf "$HTTP/api/v1/jobs/$JOB"; }
+# "<pid> <host>" of every waiting spare, one per line
+spares() {
+  job_json | "$PY" -c '
+import json, sys
+for s in json.load(sys.stdin)["elastic_state"]["spares"]:
+    if s["state"] == "waiting":
+        print(s["pid"], s["host"])'
+}
+spare_waits_on() { spares | grep -q " $1\$"; }
+# "<pid> <host>" of every running rank
+ranks() {
+  job_json | "$PY" -c '
+import json, sys
+for r in json.load(sys.stdin)["ranks"]:
+    if r.get("state") == "running":
+        print(r["pid"], r["host_name"])'
+}
+
+start_coordinator coord
+start_agent a 2
+start_agent b 1
+wait_for 10 hosts_at_least 2 || fail "2 agents did not register"
+hosts a:2 b:1
+
+note "1. two ranks on a, a spare on b"
+start_job -np 2 --min-np 1 --max-np 2 --spares 1 --blacklist-cooldown-range 1 1 \
+    --host-discovery-script "$WORK/discover.sh" -- --commit $COMMIT --delay-ms 20
+wait_for 60 stepped 2 0 || fail "the job did not train with 2 workers: $(tail -n 5 "$WORK/run.err")"
+wait_for 60 spare_waits_on b || fail "no spare waiting on b: $(job_json)"
+read -r spare_pid _ <<<"$(spares)"
+[ "$(ranks | grep -c ' a$')" -eq 2 ] || fail "the ranks are not both on a: $(ranks)"
+has "\"kind\":\"worker.spare_started\"" <<<"$(events)" || fail "no worker.spare_started event"
+
+note "2. kill -9 of a rank on a: the spare takes its place"
+wait_for 30 progressed $(( $(last_step) + 5 + RANDOM % 10 )) || fail "no progress at 2"
+read -r victim _ <<<"$(ranks | grep ' a$' | sort -R | head -n 1)"
+g0=$(gen_current)
+fault worker_kill "pid $victim on a, step $(last_step), gen $g0"
+t_kill=$(now_s)
+kill -9 "$victim"
+wait_for 30 gen_after "$g0" || fail "no new generation after the kill ($(gen_cause))"
+wait_for 30 stepped 2 "$t_kill" || fail "the job did not train at 2 after the kill"
+wait_for 10 eval 'ranks | grep -q "^$spare_pid b$"' || fail "the spare $spare_pid is not a rank: $(ranks)"
+has "took 1 hot spare(s), no process start" <"$WORK/run.err" ||
+  fail "kolo run did not say the spare was taken: $(tail -n 8 "$WORK/run.err")"
+stepped 1 "$t_kill" && fail "the job trained at 1 rank after the kill: the spare was not taken at once"
+
+note "3. a new spare in its place: on a, the only free slot"
+wait_for 60 eval 'spares | grep -vq "^$spare_pid "' || fail "no new spare after the kill: $(job_json)"
+read -r spare2 spare2_host <<<"$(spares)"
+[ "$spare2_host" = a ] || fail "the new spare $spare2 is on $spare2_host, want a (b's slot is a rank's)"
+[ "$(events | grep -o '"kind":"worker.spare_started"' | wc -l)" -ge 2 ] || fail "one spare start in the events"
+
+note "4. discovery takes the spare's slot away: the spare goes, the ranks train on"
+wait_for 30 progressed $(( $(last_step) + 5 )) || fail "no progress with the new spare"
+gen1=$(gen_current)
+fault remove_spare_slot "a:2 -> a:1"
+t_drop=$(now_s)
+hosts a:1 b:1
+wait_for 30 eval '! spares | grep -q "^$spare2 "' || fail "the spare $spare2 is still there after its slot left: $(spares)"
+wait_for 20 gone "$spare2" || fail "the spare's process $spare2 was not stopped"
+wait_for 30 stepped 2 "$t_drop" || fail "the job stopped training at 2 after the spare left"
+[ "$(gen_current)" = "$gen1" ] || fail "losing a spare changed the membership: $(gen_cause)"
+
+finish_job 60
+report spares --commit $COMMIT --max-lost $COMMIT --no-change remove_spare_slot
+echo PASS
