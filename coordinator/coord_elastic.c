@@ -533,6 +533,19 @@ static int spares_on(const struct job *j, const struct host *h)
     return n;
 }
 
+/* Whether spare s still has a slot of its host: the host discovery script
+ * (or -H) may list fewer slots now; the members come first. */
+static bool spare_has_slot(const struct job *j, int s)
+{
+    const struct host *h = j->spares[s].host;
+    int used = 0;
+    for (int r = 0; r < j->nranks; r++)
+        used += j->ranks[r].host == h && member_alive(&j->ranks[r]);
+    for (int k = 0; k < s; k++)
+        used += j->spares[k].host == h;
+    return used < job_slots_on(j, h);
+}
+
 static void spare_remove(struct job *j, int s)
 {
     j->spares[s] = j->spares[--j->nspares];
@@ -979,14 +992,21 @@ static void spares_fill(struct coord *c, struct job *j)
 {
     struct elastic *el = j->el;
     for (int s = 0; s < j->nspares;) {
-        if (!spare_usable(&j->spares[s])) {
-            coord_event(c, j->id, j->spares[s].host_id, "worker.spare_lost",
-                        "hot spare worker %llu of job %llu dropped: its host is lost or drained",
-                        (unsigned long long)j->spares[s].wid, (unsigned long long)j->id);
-            spare_remove(j, s);
-        } else {
+        struct rank *sp = &j->spares[s];
+        const char *why = !spare_usable(sp)       ? "its host is lost or drained"
+                          : !spare_has_slot(j, s) ? "its host has no slot for it now"
+                                                  : NULL;
+        if (!why) {
             s++;
+            continue;
         }
+        coord_event(c, j->id, sp->host_id, "worker.spare_lost",
+                    "hot spare worker %llu of job %llu dropped: %s", (unsigned long long)sp->wid,
+                    (unsigned long long)j->id, why);
+        struct host *h = spare_usable(sp) ? sp->host : NULL;
+        spare_remove(j, s);
+        if (h)
+            coord_host_wake(c, h); /* its agent stops the process */
     }
     if (el->finishing || el->waiting || el->spare_failures >= SPARE_FAILURES_MAX)
         return;

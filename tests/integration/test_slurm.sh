@@ -28,7 +28,10 @@ done
 export PYTHONPATH="$ROOT/python" KOLO_LIBRARY="${KOLO_LIBRARY:-}"
 [ -n "$KOLO_LIBRARY" ] || unset KOLO_LIBRARY
 SL="$WORK/slurm"
-trap 'rc=$?; set +e; "$ROOT/scripts/slurm-local.sh" stop "$SL"; (exit $rc); cleanup' EXIT
+# a failed check leaves a job's salloc, kolo run, agents and workers: every
+# one has the test's folder or tag in its argv
+trap 'rc=$?; set +e; pkill -9 -f -- "--tag slurm-spares|$WORK/" 2>/dev/null
+      "$ROOT/scripts/slurm-local.sh" stop "$SL"; (exit $rc); cleanup' EXIT
 "$ROOT/scripts/slurm-local.sh" start "$SL" >"$WORK/slurm-start.out" 2>&1 ||
   fail "Slurm did not start: $(cat "$WORK/slurm-start.out")"
 export SLURM_CONF="$SL/slurm.conf"
@@ -83,7 +86,7 @@ if [ -n "${KOLO_ELASTIC_WORKER:-}" ]; then
   PIDS+=("$SP")
   spare_steps() { [ "$(grep -c '<stdout>:STEP .* size 3 ' "$WORK/spares.out" 2>/dev/null || true)" -ge "$1" ]; }
   wait_for 90 spare_steps 30 || fail "no training on 3 ranks: $(tail -n 5 "$WORK/spares.err")"
-  workers() { pgrep -f "elastic-worker --tag slurm-spares " || true; }
+  workers() { pgrep -f "^$KOLO_ELASTIC_WORKER --tag slurm-spares " || true; }
   wait_for 30 eval '[ "$(workers | wc -l)" -eq 4 ]' || fail "$(workers | wc -l) workers, want 3 ranks and a spare"
   before=" $(workers | tr '\n' ' ')"
   wid=$(grep -o '<stdout>:STEP .* wid [0-9]*' "$WORK/spares.out" | tail -n 1 | awk '{print $NF}')
