@@ -217,7 +217,7 @@ static void render_host(struct coord *c, struct jw *w, struct host *h)
 }
 
 static int render_generation_cb(uint64_t generation, const char *cause, int size, uint64_t ts_ms,
-                                void *arg)
+                                const struct store_recovery *rec, void *arg)
 {
     struct jw *w = arg;
     jw_obj_begin(w);
@@ -225,6 +225,18 @@ static int render_generation_cb(uint64_t generation, const char *cause, int size
     jw_kint(w, "size", size);
     jw_kstr(w, "cause", cause ? cause : "");
     jw_kuint(w, "ts_ms", ts_ms);
+    if (rec) { /* the recovery this generation began with, in s */
+        jw_key(w, "recovery");
+        jw_obj_begin(w);
+        jw_kdouble(w, "total_s",
+                   (double)((uint64_t)rec->told_ms + rec->formed_ms + rec->restored_ms +
+                            rec->step_ms) / 1000.0);
+        jw_kdouble(w, "told_s", rec->told_ms / 1000.0);
+        jw_kdouble(w, "formed_s", rec->formed_ms / 1000.0);
+        jw_kdouble(w, "restored_s", rec->restored_ms / 1000.0);
+        jw_kdouble(w, "first_step_s", rec->step_ms / 1000.0);
+        jw_obj_end(w);
+    }
     jw_obj_end(w);
     return 0;
 }

@@ -337,6 +337,11 @@ static void recovery_event(struct coord *c, struct job *j, const Kolo__RecoveryR
                 "in %.2f s, first step done %.2f s after that",
                 (unsigned long long)j->id, told + reform + restore + step, el->rec_why, told,
                 (unsigned long long)j->generation, reform, restore, step);
+    /* and with the generation, for its page's membership history */
+    struct store_recovery rec = {(uint32_t)(told * 1000.0 + 0.5), r->told_to_formed_ms,
+                                 r->formed_to_restored_ms, r->restored_to_step_ms};
+    if (store_generation_recovery(c->store, j->id, j->generation, &rec) != 0)
+        c->m.store_errors++;
     el->rec_mono = el->rec_gen = el->rec_formed_ms = 0;
 }
 
@@ -541,9 +546,11 @@ struct gen_sizes {
     size_t n, cap;
 };
 
-static int collect_gen(uint64_t generation, const char *cause, int size, uint64_t ts_ms, void *arg)
+static int collect_gen(uint64_t generation, const char *cause, int size, uint64_t ts_ms,
+                       const struct store_recovery *rec, void *arg)
 {
     (void)cause;
+    (void)rec;
     struct gen_sizes *gs = arg;
     if (array_room(&gs->v, gs->n, &gs->cap, sizeof *gs->v, 16) != 0)
         return KOLO_ENOMEM;

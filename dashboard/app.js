@@ -391,6 +391,16 @@ function generationBands(box, gens, endMs) {
   box.replaceChildren(bar, h('div', {class: 'genaxis muted'}, h('span', {}, fmt.time(t0)), h('span', {}, fmt.time(t1))));
 }
 
+/* Where a recovery's time went (REST generations[].recovery, from the
+ * job.recovered event): the failure detected -> survivors told -> this
+ * generation formed -> state restored -> first step done. */
+function recoveryText(g) {
+  const r = g.recovery;
+  if (!r) return '–';
+  return `${fmt.secs(r.total_s)}: told ${fmt.secs(r.told_s)} · formed ${fmt.secs(r.formed_s)} · ` +
+    `restored ${fmt.secs(r.restored_s)} · first step ${fmt.secs(r.first_step_s)}`;
+}
+
 function membershipView(gens, job, chartBox, listBox) {
   const list = gens.generations.slice().sort((a, b) => a.generation - b.generation);
   generationBands(chartBox, list, job.ended_ms || Date.now());
@@ -399,6 +409,7 @@ function membershipView(gens, job, chartBox, listBox) {
     {title: 'Began', get: g => fmt.time(g.ts_ms)},
     {title: 'Workers', num: true, get: g => g.size},
     {title: 'Why it began', get: g => g.cause},
+    {title: 'Recovery', get: recoveryText},
   ], list.slice().reverse().map(g => Object.assign({_class: g.generation === gens.current ? 'current' : null}, g)),
   'No generation yet.'));
 }

@@ -273,6 +273,18 @@ static const char schema_v7[] =
     ");"
     "CREATE INDEX stacks_by_job ON stacks(job_id, id);";
 
+/*
+ * Version 8: how the recovery that a generation began with went (issue
+ * 32, the job.recovered event's parts, in ms): detected -> survivors told,
+ * told -> the generation formed, formed -> state restored, restored ->
+ * first step done. NULL for a generation that began otherwise (a start,
+ * a grow, a drain) or in rows written before.
+ */
+static const char schema_v8[] = "ALTER TABLE generations ADD COLUMN rec_told_ms INTEGER;"
+                                "ALTER TABLE generations ADD COLUMN rec_formed_ms INTEGER;"
+                                "ALTER TABLE generations ADD COLUMN rec_restored_ms INTEGER;"
+                                "ALTER TABLE generations ADD COLUMN rec_step_ms INTEGER;";
+
 static const struct migration migrations[] = {
     {1, schema_v1},
     {2, schema_v2},
@@ -281,6 +293,7 @@ static const struct migration migrations[] = {
     {5, schema_v5},
     {6, schema_v6},
     {7, schema_v7},
+    {8, schema_v8},
 };
 
 /* Versions are consecutive from 1, so the array's length is the newest. */

@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define STORE_SCHEMA_VERSION 7
+#define STORE_SCHEMA_VERSION 8
 
 struct store;
 
@@ -155,10 +155,19 @@ int store_jobs_each(struct store *st, store_job_fn fn, void *arg); /* by id */
 /* generations and ranks */
 int store_generation_add(struct store *st, uint64_t job_id, uint64_t generation, const char *cause,
                          int size, uint64_t ts_ms);
+/* How the recovery a generation began with went, in ms (job.recovered):
+ * the failure detected -> survivors told -> the generation formed ->
+ * state restored -> first step done. */
+struct store_recovery {
+    uint32_t told_ms, formed_ms, restored_ms, step_ms;
+};
+int store_generation_recovery(struct store *st, uint64_t job_id, uint64_t generation,
+                              const struct store_recovery *rec);
 /* store_generations_each gives a job's generations in order: number,
- * cause (what ended the one before), size and when it formed. */
+ * cause (what ended the one before), size, when it formed, and its
+ * recovery (NULL when it began otherwise). */
 typedef int (*store_generation_fn)(uint64_t generation, const char *cause, int size,
-                                   uint64_t ts_ms, void *arg);
+                                   uint64_t ts_ms, const struct store_recovery *rec, void *arg);
 int store_generations_each(struct store *st, uint64_t job_id, store_generation_fn fn, void *arg);
 int store_ranks_put(struct store *st, const struct store_rank *ranks, size_t n);
 int store_rank_update(struct store *st, const struct store_rank *r); /* state, exit, signal, pid */

@@ -66,8 +66,12 @@
     X(JOBS_EACH, "SELECT " JOB_COLUMNS " FROM jobs ORDER BY id")                                   \
     X(GENERATION_ADD, "INSERT INTO generations(job_id, generation, cause, size, ts_ms) "           \
                       "VALUES (?, ?, ?, ?, ?)")                                                    \
-    X(GENERATIONS_EACH, "SELECT generation, cause, size, ts_ms FROM generations "                  \
+    X(GENERATIONS_EACH, "SELECT generation, cause, size, ts_ms, rec_told_ms, rec_formed_ms, "      \
+                        "rec_restored_ms, rec_step_ms FROM generations "                           \
                         "WHERE job_id = ? ORDER BY generation")                                    \
+    X(GENERATION_RECOVERY, "UPDATE generations SET rec_told_ms = ?, rec_formed_ms = ?, "           \
+                           "rec_restored_ms = ?, rec_step_ms = ? "                                 \
+                           "WHERE job_id = ? AND generation = ?")                                  \
     X(RANK_PUT, "INSERT INTO ranks(" RANK_COLUMNS ") "                                             \
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "                                  \
                 "ON CONFLICT(job_id, generation, rank) DO UPDATE SET "                             \

@@ -143,7 +143,35 @@ struct generations_each {
 static int generations_row(sqlite3_stmt *s, void *ctx)
 {
     const struct generations_each *each = ctx;
-    return each->fn(col_u64(s, 0), col_text(s, 1), sqlite3_column_int(s, 2), col_u64(s, 3), each->arg);
+    struct store_recovery rec = {(uint32_t)sqlite3_column_int64(s, 4),
+                                 (uint32_t)sqlite3_column_int64(s, 5),
+                                 (uint32_t)sqlite3_column_int64(s, 6),
+                                 (uint32_t)sqlite3_column_int64(s, 7)};
+    bool has = sqlite3_column_type(s, 4) != SQLITE_NULL;
+    return each->fn(col_u64(s, 0), col_text(s, 1), sqlite3_column_int(s, 2), col_u64(s, 3),
+                    has ? &rec : NULL, each->arg);
+}
+
+int store_generation_recovery(struct store *st, uint64_t job_id, uint64_t generation,
+                              const struct store_recovery *rec)
+{
+    if (!st || job_id == 0 || !rec)
+        return st ? store_reject(st, KOLO_EINVAL, "store_generation_recovery: invalid argument")
+                  : KOLO_EINVAL;
+    sqlite3_stmt *s;
+    int err = stmt_data_get(st, STMT_GENERATION_RECOVERY, &s);
+    if (err)
+        return err;
+    struct binder b = {s, 0, SQLITE_OK};
+    bind_i64(&b, rec->told_ms);
+    bind_i64(&b, rec->formed_ms);
+    bind_i64(&b, rec->restored_ms);
+    bind_i64(&b, rec->step_ms);
+    bind_u64(&b, job_id);
+    bind_u64(&b, generation);
+    if (b.rc != SQLITE_OK)
+        return bind_failed(st, STMT_GENERATION_RECOVERY, s, b.rc, "generation recovery");
+    return step_write(st, STMT_GENERATION_RECOVERY, s, "generation recovery");
 }
 
 int store_generations_each(struct store *st, uint64_t job_id, store_generation_fn fn, void *arg)

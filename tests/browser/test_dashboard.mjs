@@ -122,6 +122,18 @@ await run(async browser => {
       (await band.getAttribute('title')).includes('killed by signal 9') ? t : null;
   });
   check(cause >= 1, `generation ${killed} shown with cause "… killed by signal 9" (band title and table)`);
+  // where the recovery's time went, on the generation's row (issue 32)
+  const rec = await until(30, `generation ${killed}'s recovery on its row`, async () => {
+    const row = page.locator('#membership tbody tr', {hasText: 'killed by signal 9'}).first();
+    const t = await row.textContent();
+    return /told [0-9.]+ ?m?s · formed [0-9.]+ ?m?s · restored [0-9.]+ ?m?s · first step/.test(t) ? t : null;
+  });
+  const restGen = (await rest(`/api/v1/jobs/${job}/generations`)).generations.find(x => x.generation === killed);
+  check(restGen.recovery && restGen.recovery.total_s >= 0 &&
+        Math.abs(restGen.recovery.total_s - (restGen.recovery.told_s + restGen.recovery.formed_s +
+          restGen.recovery.restored_s + restGen.recovery.first_step_s)) < 0.005,
+        `REST: generation ${killed}'s recovery adds up: ${JSON.stringify(restGen.recovery)}`);
+  check(rec.includes('told'), `the membership table says where the recovery went: ${rec.replace(/\s+/g, ' ').trim()}`);
   await until(30, 'the job trains on: a new epoch point after the reset', async () =>
     (await page.locator('svg[data-chart="epoch-time"] circle.pt').count()) > points);
   check(true, 'epochs keep coming after the reset');

@@ -7,6 +7,7 @@
  * not expose (journal mode, generations) and to fake a future schema.
  */
 #include <stdint.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -325,6 +326,28 @@ static int collect_rank(const struct store_rank *r, void *arg)
     return 0;
 }
 
+struct gens_seen {
+    int n;
+    uint64_t gen[4];
+    bool has_rec[4];
+    struct store_recovery rec[4];
+};
+
+static int gens_cb(uint64_t generation, const char *cause, int size, uint64_t ts_ms,
+                   const struct store_recovery *rec, void *arg)
+{
+    (void)cause, (void)size, (void)ts_ms;
+    struct gens_seen *g = arg;
+    if (g->n < 4) {
+        g->gen[g->n] = generation;
+        g->has_rec[g->n] = rec != NULL;
+        if (rec)
+            g->rec[g->n] = *rec;
+        g->n++;
+    }
+    return 0;
+}
+
 static void test_generations_ranks(struct store *st, uint64_t job)
 {
     CHECK_EQ_INT(store_generation_add(st, job, 1, "start", 3, 300), 0);
@@ -335,6 +358,17 @@ static void test_generations_ranks(struct store *st, uint64_t job)
     snprintf(sql, sizeof sql, "SELECT count(*) FROM generations WHERE job_id = %llu",
              (unsigned long long)job);
     CHECK_EQ_INT(raw_int(db_path, sql), 2);
+    /* the recovery generation 2 began with (job.recovered); generation 1
+     * began with the start, it has none */
+    struct store_recovery rec = {.told_ms = 3, .formed_ms = 20, .restored_ms = 31, .step_ms = 9};
+    CHECK_EQ_INT(store_generation_recovery(st, job, 2, &rec), 0);
+    CHECK_EQ_INT(store_generation_recovery(st, 0, 2, &rec), KOLO_EINVAL);
+    struct gens_seen g = {0};
+    CHECK_EQ_INT(store_generations_each(st, job, gens_cb, &g), 0);
+    CHECK_EQ_INT(g.n, 2);
+    CHECK(g.gen[0] == 1 && !g.has_rec[0]);
+    CHECK(g.gen[1] == 2 && g.has_rec[1] && g.rec[1].told_ms == 3 && g.rec[1].formed_ms == 20 &&
+          g.rec[1].restored_ms == 31 && g.rec[1].step_ms == 9);
 
     /* Stored out of order, read back by rank. */
     struct store_rank rs[3] = {

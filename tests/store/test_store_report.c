@@ -211,7 +211,11 @@ static void test_migration(void)
 {
     raw_exec("DROP TABLE epochs; DROP TABLE steps; "
              "ALTER TABLE snapshots DROP COLUMN duration_ms; "
-             "ALTER TABLE jobs DROP COLUMN metadata_json; DROP TABLE stacks; PRAGMA user_version = 3;");
+             "ALTER TABLE jobs DROP COLUMN metadata_json; DROP TABLE stacks; "
+             "ALTER TABLE generations DROP COLUMN rec_told_ms; "
+             "ALTER TABLE generations DROP COLUMN rec_formed_ms; "
+             "ALTER TABLE generations DROP COLUMN rec_restored_ms; "
+             "ALTER TABLE generations DROP COLUMN rec_step_ms; PRAGMA user_version = 3;");
     struct store *st = open_store();
     CHECK_EQ_INT(store_schema_version(st), STORE_SCHEMA_VERSION);
     uint64_t job = new_job(st);

@@ -457,6 +457,10 @@ static void test_migration_from_v4(void)
     REQUIRE(sqlite3_exec(db,
                          "ALTER TABLE snapshots DROP COLUMN duration_ms; "
                          "ALTER TABLE jobs DROP COLUMN metadata_json; DROP TABLE stacks; "
+                         "ALTER TABLE generations DROP COLUMN rec_told_ms; "
+                         "ALTER TABLE generations DROP COLUMN rec_formed_ms; "
+                         "ALTER TABLE generations DROP COLUMN rec_restored_ms; "
+                         "ALTER TABLE generations DROP COLUMN rec_step_ms; "
                          "PRAGMA user_version = 4;",
                          NULL, NULL, NULL) == SQLITE_OK);
     sqlite3_close(db);
