@@ -7,7 +7,10 @@
 #    counted from the ranks' telemetry;
 #  - kill -9 of the rank in the other namespace while training: the job
 #    ends within seconds (no hang) with the reason naming the lost rank,
-#    and `kolo run` exits with its exit code.
+#    and `kolo run` exits with its exit code;
+#  - the veth throttled to 8 Mbit/s (tc): an elastic job's 12 MB allreduce
+#    takes over 10 s and is right, and no rank is called frozen (issue 31:
+#    progress, not a fixed timeout, decides).
 # Needs root, `ip netns` and veth; skipped (77) otherwise, with the error.
 . "$(dirname "$0")/lib.sh"
 
@@ -85,4 +88,45 @@ note "kolo run exited $rc $(( t1 - t0 )) ms after the kill"
 grep -q "rank 1 on host b was killed by signal 9\|rank 1 closed the connection" "$WORK/kill.err" ||
   fail "no error naming the lost rank: $(tail -5 "$WORK/kill.err")"
 [ $(( t1 - t0 )) -lt 15000 ] || fail "the failure took $(( t1 - t0 )) ms to end the job"
+
+note "3. a long collective on a throttled link is not a frozen rank"
+if command -v tc >/dev/null; then
+  # 8 Mbit/s each way: a 12 MB allreduce between the two ranks moves
+  # 12 MB each way, ~12 s, past the 10 s in which a stopped rank is found;
+  # progress (the process runs, its bytes move), not a timeout, decides
+  for ns_v in "$NS0 $V0" "$NS1 $V1"; do
+    set -- $ns_v
+    ip netns exec "$1" tc qdisc add dev "$2" root tbf rate 8mbit burst 64kb latency 2s ||
+      fail "tc could not throttle $2 in $1"
+  done
+  cat >"$WORK/long_op.py" <<'PY'
+import time, numpy as np, kolo
+kolo.init()
+n = 3 * 1024 * 1024  # float32: 12 MB
+x = np.full(n, kolo.rank() + 1.0, dtype=np.float32)
+t = time.time()
+y = kolo.allreduce(x, op=kolo.Sum, name="long")
+took = time.time() - t
+ok = bool((y == 3.0).all())
+print("long %s %.1f s" % ("ok" if ok else "WRONG", took), flush=True)
+kolo.shutdown()
+PY
+  "$KOLO" run -np 2 --min-np 1 --max-np 2 -H a:1,b:1 --coordinator "$RPC" --token-file "$WORK/token" -- \
+    "$PY" "$WORK/long_op.py" --tag "$MARK" >"$WORK/long.out" 2>"$WORK/long.err" &
+  RUN_PID=$!
+  PIDS+=("$RUN_PID")
+  wait_for 120 eval '! kill -0 $RUN_PID 2>/dev/null' || fail "the throttled job did not end in 120 s"
+  rc=0
+  wait "$RUN_PID" || rc=$?
+  [ $rc -eq 0 ] || fail "the throttled job failed ($rc): $(tail -5 "$WORK/long.err")"
+  [ "$(grep -c '<stdout>:long ok' "$WORK/long.out")" -eq 2 ] || fail "not both ranks right: $(cat "$WORK/long.out")"
+  took=$(grep -o '<stdout>:long ok [0-9.]*' "$WORK/long.out" | awk '{print int($3)}' | sort -n | tail -n 1)
+  note "the allreduce took ${took} s on the throttled link"
+  [ "$took" -ge 10 ] || fail "the allreduce took $took s: the link was not slow enough to show anything"
+  ! grep -qi "frozen" "$WORK/long.err" || fail "a rank was called frozen: $(grep -i frozen "$WORK/long.err")"
+  job=$(curl -sf "$HTTP/api/v1/jobs" | grep -o '"id":[0-9]*' | cut -d: -f2 | sort -n | tail -n 1)
+  ! curl -sf "$HTTP/api/v1/jobs/$job/events" | grep -q '"kind":"worker.frozen"' || fail "a worker.frozen event"
+else
+  note "no tc(8): the throttled part is skipped"
+fi
 echo "PASS"
