@@ -725,6 +725,20 @@ void coord_jobs_host_lost(struct coord *c, struct host *h, const char *why)
     }
 }
 
+/* How long a job that lost a rank to a HorovodInternalError waits for the
+ * rank whose failure caused it to exit too, so that the job's reason names
+ * that one (its exception), not a consequence. Python's teardown of a
+ * rank that raised (torch unloading) takes a moment. */
+#define FAIL_CAUSE_WAIT_MS 3000
+
+static bool all_exited(const struct job *j)
+{
+    for (int k = 0; k < j->nranks; k++)
+        if (j->ranks[k].state != RANK_EXITED)
+            return false;
+    return true;
+}
+
 /* A worker of an elastic job failed with error (its traceback's last line,
  * "" for a signal or no line): whether it is the same error for the
  * SAME_ERROR_LIMIT-th time in a row, when the job has no --reset-limit of
@@ -828,6 +842,23 @@ void coord_job_worker_event(struct coord *c, struct host *h, uint64_t job_id, ui
     if (j->state == JOB_RUNNING && code == 0 && j->el)
         j->el->finishing = true; /* Horovod: a success ends the job, no more resets */
     if (j->state == JOB_RUNNING && code != 0) {
+        /* A HorovodInternalError is a consequence ("rank 1 left the job"):
+         * the rank that caused it may exit a moment later (Python's
+         * teardown). Wait that long for a cause of its own to name. */
+        bool consequence = !term_signal && strstr(error, "HorovodInternalError") != NULL;
+        if (consequence) {
+            if (!j->fail_consequence_at) {
+                j->fail_consequence_at = now_mono_ms() + FAIL_CAUSE_WAIT_MS;
+                j->fail_consequence_code = code;
+                str_copy(j->fail_consequence_why, why, sizeof j->fail_consequence_why);
+            }
+            if (!all_exited(j)) {
+                job_wake_waiters(c, j);
+                return;
+            }
+            code = j->fail_consequence_code;
+            str_copy(why, j->fail_consequence_why, sizeof why);
+        }
         coord_job_finish(c, j, JOB_FAILED, code, why);
         return;
     }
@@ -1125,6 +1156,8 @@ void coord_jobs_cron(struct coord *c, uint64_t now)
 {
     for (struct job *j = c->jobs; j; j = j->next) {
         c->hooks.job_cron(c, j, job_terminal(j), now);
+        if (j->state == JOB_RUNNING && j->fail_consequence_at && now >= j->fail_consequence_at)
+            coord_job_finish(c, j, JOB_FAILED, j->fail_consequence_code, j->fail_consequence_why);
         if (j->state == JOB_PENDING && j->pending_deadline && now >= j->pending_deadline) {
             char why[600];
             snprintf(why, sizeof(why), "not placed within the start timeout of %u ms: %s",

@@ -238,6 +238,12 @@ struct job {
     uint64_t generation;
     uint32_t start_timeout_ms;
     uint64_t submitted_ms, started_ms, ended_ms;
+    /* A rank exited with a HorovodInternalError (another rank's failure
+     * caused it): the job fails with it at this monotonic time unless a
+     * rank with a cause of its own exits before (coord_jobs.c). */
+    uint64_t fail_consequence_at;
+    int fail_consequence_code;
+    char fail_consequence_why[600];
     uint64_t pending_deadline; /* monotonic, 0 = none */
     struct rank *ranks;
     int nranks;

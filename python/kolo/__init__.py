@@ -21,6 +21,8 @@ from ._run import run  # noqa: F401  (kolo.run(fn, np=N): horovod.run's)
 from . import _stacks
 
 _stacks.register()  # kolo stacks: every thread's stack, written when the agent asks
+_exceptions_hook = __import__("kolo.exceptions", fromlist=["install_excepthook"])
+_exceptions_hook.install_excepthook()  # HorovodInternalError: the user's frames only
 
 __version__ = "0.1.0"
 

@@ -20,3 +20,50 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 
 KoloError = HorovodInternalError
+
+
+# ---------------------------------------------------------------- tracebacks
+
+_KOLO_DIR = __file__.rsplit("/", 1)[0] + "/"
+
+
+def _user_frames(tb):
+    """tb without the frames of kolo's own package (at least the last frame
+    kept): what a user reads of a HorovodInternalError is where their
+    script called the collective, not kolo's plumbing beneath it."""
+    import types
+    frames = []
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    kept = [t for t in frames if not t.tb_frame.f_code.co_filename.startswith(_KOLO_DIR)]
+    if not kept:
+        kept = frames[-1:]
+    out = None
+    for t in reversed(kept):
+        out = types.TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return out, len(frames) - len(kept)
+
+
+def install_excepthook():
+    """A HorovodInternalError that ends the program (a consequence of
+    another rank's failure, or the ranks' disagreement) is printed with the
+    user's frames only, and a note on what was left out; every other
+    exception as before. KOLO_FULL_TRACEBACK=1 keeps kolo's frames."""
+    import os
+    import sys
+    if os.environ.get("KOLO_FULL_TRACEBACK") == "1" or getattr(sys.excepthook, "_kolo", False):
+        return
+    prev = sys.excepthook
+
+    def hook(etype, value, tb):
+        if isinstance(value, HorovodInternalError) and tb is not None:
+            tb, dropped = _user_frames(tb)
+            value = value.with_traceback(tb)  # what Python's printer reads
+            if dropped and hasattr(value, "add_note"):
+                value.add_note("(%d frame(s) inside kolo left out; KOLO_FULL_TRACEBACK=1 shows "
+                               "them)" % dropped)
+        prev(etype, value, tb)
+
+    hook._kolo = True
+    sys.excepthook = hook
