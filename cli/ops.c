@@ -220,11 +220,13 @@ static bool job_ended(const char *state)
 
 /* The RANKS column: live ranks of np while the job can have any, np
  * alone once it ended (no rank is alive then, and "0/4" would read as a
- * job that lost its workers). */
+ * job that lost its workers); "+N": hot spares waiting (--spares). */
 static void ranks_cell(char *out, size_t size, const Kolo__JobInfo *x)
 {
     if (job_ended(x->state))
         snprintf(out, size, "-/%d", x->np);
+    else if (x->spares_wanted > 0)
+        snprintf(out, size, "%d/%d+%d", x->ranks_alive, x->np, x->spares_waiting);
     else
         snprintf(out, size, "%d/%d", x->ranks_alive, x->np);
 }
@@ -292,6 +294,8 @@ static void jobs_json(struct jw *w, const Kolo__ListJobsReply *j)
         jw_kint(w, "ranks_alive", x->ranks_alive);
         jw_kbool(w, "elastic", x->elastic);
         jw_kint(w, "resets", x->resets);
+        jw_kint(w, "spares_wanted", x->spares_wanted);
+        jw_kint(w, "spares_waiting", x->spares_waiting);
         jw_kuint(w, "submitted_ms", x->submitted_ms);
         jw_kuint(w, "started_ms", x->started_ms);
         jw_kuint(w, "ended_ms", x->ended_ms);

@@ -1222,6 +1222,9 @@ static void job_info_fill(struct job *j, Kolo__JobInfo *ji, bool with_ranks)
         ji->max_np = j->el->max_np;
         ji->resets = j->el->resets;
         ji->reset_limit = j->el->reset_limit;
+        ji->spares_wanted = j->el->spares_want;
+        for (int s = 0; s < j->nspares; s++)
+            ji->spares_waiting += j->spares[s].state == RANK_RUNNING;
     }
     if (with_ranks && j->nranks) {
         Kolo__RankInfo *storage = calloc((size_t)j->nranks, sizeof(*storage));

@@ -67,6 +67,8 @@ read -r spare_pid spare_host <<<"$(spares)"
 note "ranks: $(ranks | tr '\n' ' '); spare $spare_pid on $spare_host"
 [ "$(ranks | wc -l)" -eq 2 ] || fail "want 2 ranks: $(ranks)"
 has "\"kind\":\"worker.spare_started\"" <<<"$(events)" || fail "no worker.spare_started event"
+"$KOLO" jobs --coordinator "$RPC" >"$WORK/jobs.txt" || fail "kolo jobs failed"
+grep -Eq "^  $JOB +.* running +2/2\+1 " "$WORK/jobs.txt" || fail "kolo jobs does not show the spare: $(cat "$WORK/jobs.txt")"
 
 note "2. kill -9 of a rank: the spare takes its place"
 wait_for 30 progressed $(( $(last_step) + 5 + RANDOM % 10 )) || fail "no progress at 2"
