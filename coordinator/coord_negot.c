@@ -518,8 +518,11 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
             rows[x] = b->ndim > 0 ? elems(b, 1) : 1;
             if (k > 1 && sizes)
                 sizes[x] = elems(b, 0);
-            /* Cache clean allreduces and broadcasts run by every rank. */
-            if ((b->coll == KOLO_COLL_ALLREDUCE || b->coll == KOLO_COLL_BROADCAST) &&
+            /* Cache clean allreduces and host broadcasts run by every rank
+             * (a GPU broadcast goes to the coordinator every time, as the
+             * ranks' rounds take host broadcasts only). */
+            if ((b->coll == KOLO_COLL_ALLREDUCE ||
+                 (b->coll == KOLO_COLL_BROADCAST && b->device < 0)) &&
                 n->njoined == 0 && cacheable(f->name)) {
                 uint32_t id = f->cache_id ? f->cache_id : tcache_id(n->cache, f->name);
                 if (!id)
