@@ -15,16 +15,46 @@
 //     marked ✂;
 //   - the metrics the job reports (loss, accuracy) are charted per epoch;
 //   - worker output and events are shown, and the timeline is linked;
-//   - "Take stacks now" shows every rank's Python stacks.
+//   - "Take stacks now" shows every rank's Python stacks;
+//   - (mode "ended", after `kolo stop`) the stacks kolo took before it
+//     stopped the ranks are on the ended job's page, at 1280 and 390 px.
 // Screenshots go to ARTIFACT_DIR.
 import {setup, state, check, rest, until, watch, shot, noSidewaysScroll, run} from './lib.mjs';
 
-const [base, job, outDir] = process.argv.slice(2);
+const [base, job, outDir, mode] = process.argv.slice(2);
 if (!base || !job || !outDir) {
-  console.error('usage: node test_dashboard.mjs HTTP_URL JOB_ID ARTIFACT_DIR');
+  console.error('usage: node test_dashboard.mjs HTTP_URL JOB_ID ARTIFACT_DIR [ended]');
   process.exit(2);
 }
 setup(base, outDir);
+
+// "ended": the job was stopped with kolo stop; the stacks kolo took before
+// it stopped the ranks are on its page, for the owner, at 1280 and 390 px
+if (mode === 'ended') {
+  await run(async browser => {
+    for (const [w, hgt] of [[1280, 800], [390, 844]]) {
+      state.step = `ended job's stacks at ${w} px`;
+      const ctx = await browser.newContext({viewport: {width: w, height: hgt}, isMobile: w < 500});
+      const page = await ctx.newPage();
+      watch(page, `ended-${w}`);
+      await page.goto(`${base}/?key=${process.env.KOLO_VIEW_KEY}#/jobs/${job}`);
+      const t = await until(20, 'the kept stacks are on the ended job\'s page', async () => {
+        const s = await page.locator('#stacks').textContent().catch(() => '');
+        return s.includes('Taken when stopped') && (await page.locator('#stacks details.stack').count()) >= 2 ? s : null;
+      });
+      check(/rank \d+ · \S+ · pid \d+/.test(t), 'every rank is listed with its host and pid');
+      check(await page.locator('#stacks button').count() === 0, 'no "Take stacks now" on an ended job');
+      await page.locator('#stacks details.stack summary').first().click();
+      check((await page.locator('#stacks details.stack pre').first().textContent()).includes('most recent call first'),
+        'a rank\'s Python stacks unfold');
+      check(await noSidewaysScroll(page), `the ended job's page fits ${w} px`);
+      await shot(page, `job-ended-stacks-${w}x${hgt}`);
+      await ctx.close();
+    }
+  });
+  console.log('all ended-job checks passed');
+  process.exit(0);
+}
 
 await run(async browser => {
   const ctx = await browser.newContext({viewport: {width: 1280, height: 800}});
