@@ -993,7 +993,8 @@ static void spares_fill(struct coord *c, struct job *j)
     struct elastic *el = j->el;
     for (int s = 0; s < j->nspares;) {
         struct rank *sp = &j->spares[s];
-        const char *why = !spare_usable(sp)       ? "its host is lost or drained"
+        bool usable = spare_usable(sp);
+        const char *why = !usable                 ? "its host is lost or drained"
                           : !spare_has_slot(j, s) ? "its host has no slot for it now"
                                                   : NULL;
         if (!why) {
@@ -1003,7 +1004,7 @@ static void spares_fill(struct coord *c, struct job *j)
         coord_event(c, j->id, sp->host_id, "worker.spare_lost",
                     "hot spare worker %llu of job %llu dropped: %s", (unsigned long long)sp->wid,
                     (unsigned long long)j->id, why);
-        struct host *h = spare_usable(sp) ? sp->host : NULL;
+        struct host *h = usable ? sp->host : NULL; /* read before the slot is reused */
         spare_remove(j, s);
         if (h)
             coord_host_wake(c, h); /* its agent stops the process */

@@ -16,13 +16,13 @@ from . import process_sets as _process_sets
 from .process_sets import (ProcessSet, global_process_set, add_process_set,  # noqa: F401
                            remove_process_set)
 from ._engine import Average, Sum, Adasum, Min, Max, Product  # noqa: F401
+from . import exceptions as _exceptions
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, KoloError  # noqa: F401
 from ._run import run  # noqa: F401  (kolo.run(fn, np=N): horovod.run's)
 from . import _stacks
 
 _stacks.register()  # kolo stacks: every thread's stack, written when the agent asks
-_exceptions_hook = __import__("kolo.exceptions", fromlist=["install_excepthook"])
-_exceptions_hook.install_excepthook()  # HorovodInternalError: the user's frames only
+_exceptions.install_excepthook()  # HorovodInternalError: the user's frames only
 
 __version__ = "0.1.0"
 

@@ -9,14 +9,20 @@
 # lost, time to detect and to recover, orphans.
 #
 # A test with another worker sets WORKER_CMD (an array: the worker's argv
-# before --tag, e.g. the C worker kolo-test-elastic-worker) before it
-# sources this file; it then needs no torch (elastic_report.py still runs
-# under /usr/bin/python3, without --check-final).
+# before --tag) before it sources this file, or ELASTIC_WORKER=c for the C
+# worker kolo-test-elastic-worker (ctest passes its path in
+# KOLO_ELASTIC_WORKER); it then needs no torch (elastic_report.py still
+# runs under /usr/bin/python3, without --check-final).
 PY=/usr/bin/python3
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 WORKER="$ROOT/tests/python/elastic_worker.py"
 REPORT="$ROOT/tests/integration/elastic_report.py"
 export PYTHONPATH="$ROOT/python" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+if [ "${ELASTIC_WORKER:-}" = c ]; then
+  [ -n "${KOLO_ELASTIC_WORKER:-}" ] && [ -x "$KOLO_ELASTIC_WORKER" ] ||
+    skip "KOLO_ELASTIC_WORKER (the kolo-test-elastic-worker binary) is not set (run it from ctest)"
+  WORKER_CMD=("$KOLO_ELASTIC_WORKER")
+fi
 if [ -z "${WORKER_CMD+set}" ]; then
   WORKER_CMD=("$PY" "$WORKER")
   if ! "$PY" -c 'import torch' >/dev/null 2>&1; then

@@ -28,10 +28,7 @@
 # About a minute on 2 CPUs.
 . "$(dirname "$0")/lib.sh"
 
-BIN="${KOLO_ELASTIC_WORKER:-}"
-[ -n "$BIN" ] && [ -x "$BIN" ] ||
-  skip "KOLO_ELASTIC_WORKER (the kolo-test-elastic-worker binary) is not set (run it from ctest)"
-WORKER_CMD=("$BIN")
+ELASTIC_WORKER=c
 . "$(dirname "$0")/elastic_lib.sh"
 
 HOSTS=16 SLOTS=4 NP=64 COMMIT=5

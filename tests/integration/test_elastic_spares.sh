@@ -19,10 +19,7 @@
 # The worker is the C worker (elastic_c_worker.c): no torch to import.
 . "$(dirname "$0")/lib.sh"
 
-BIN="${KOLO_ELASTIC_WORKER:-}"
-[ -n "$BIN" ] && [ -x "$BIN" ] ||
-  skip "KOLO_ELASTIC_WORKER (the kolo-test-elastic-worker binary) is not set (run it from ctest)"
-WORKER_CMD=("$BIN")
+ELASTIC_WORKER=c
 . "$(dirname "$0")/elastic_lib.sh"
 
 COMMIT=5

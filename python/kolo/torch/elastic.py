@@ -44,7 +44,6 @@ from kolo import _report
 from kolo.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 from .functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
-from .mpi_ops import broadcast_
 
 __all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler",
            "HorovodInternalError", "HostsUpdatedInterrupt"]
@@ -197,16 +196,8 @@ class State:
         for stamp, k in self._host_messages.drain():  # Horovod's: newest, ORed
             if stamp > prev:
                 last, kind = max(last, stamp), kind | k
-        if self._bcast_object is broadcast_object:
-            # one small broadcast (a step pays for it at every commit), not
-            # broadcast_object's two; float64 holds ms stamps and Horovod's
-            # time.time() ones exactly
-            view = torch.tensor([prev, last, kind], dtype=torch.float64)
-            broadcast_(view, 0, name="kolo.elastic.host_updates")
-            prev, last, kind = view[0].item(), view[1].item(), int(view[2].item())
-        else:
-            prev, last, kind = self._bcast_object((prev, last, kind), 0,
-                                                  name="kolo.elastic.host_updates")
+        prev, last, kind = self._bcast_object((prev, last, kind), 0,
+                                              name="kolo.elastic.host_updates")
         self._last_updated_timestamp = last
         if last > prev:
             raise HostsUpdatedInterrupt(kind == _REMOVED)
