@@ -795,15 +795,22 @@ static void top_table(const Kolo__GetRanksReply *rep)
     printf("job %llu  %s  generation %llu  %zu rank(s)  median step %s\n\n",
            (unsigned long long)rep->job_id, rep->state, (unsigned long long)rep->generation,
            rep->n_ranks, med);
-    printf("%5s  %-16s %-9s %8s %10s %10s %7s  %s\n", "RANK", "HOST", "STATE", "PID", "STEP",
-           "LAG", "COST", "EPOCH");
+    printf("%5s  %-16s %-9s %8s %10s %10s %7s %8s %5s %5s  %s\n", "RANK", "HOST", "STATE", "PID",
+           "STEP", "LAG", "COST", "COMPUTE", "WAIT", "DATA", "EPOCH");
     Kolo__RankView **v = malloc((rep->n_ranks ? rep->n_ranks : 1) * sizeof *v);
     if (!v)
         return;
     memcpy(v, rep->ranks, rep->n_ranks * sizeof *v);
     qsort(v, rep->n_ranks, sizeof *v, by_cost);
     for (size_t i = 0; i < rep->n_ranks; i++) {
-        char step[32], lag[32], cost[16], epoch[24];
+        char step[32], lag[32], cost[16], epoch[24], share[3][16];
+        const double parts[3] = {v[i]->compute, v[i]->wait, v[i]->data};
+        for (int k = 0; k < 3; k++) {
+            if (parts[k] < 0)
+                snprintf(share[k], sizeof share[k], "-");
+            else
+                snprintf(share[k], sizeof share[k], "%.0f %%", parts[k] * 100);
+        }
         fmt_secs(step, sizeof step, v[i]->step_s);
         fmt_secs(lag, sizeof lag, v[i]->lag_s);
         if (v[i]->cost < 0)
@@ -814,9 +821,9 @@ static void top_table(const Kolo__GetRanksReply *rep)
             snprintf(epoch, sizeof epoch, "-");
         else
             snprintf(epoch, sizeof epoch, "%lld", (long long)v[i]->epoch);
-        printf("%5d  %-16.16s %-9s %8d %10s %10s %7s  %s%s\n", v[i]->rank, v[i]->host,
-               v[i]->state, v[i]->pid, step, lag, cost, epoch,
-               v[i]->straggler ? "  straggler" : "");
+        printf("%5d  %-16.16s %-9s %8d %10s %10s %7s %8s %5s %5s  %s%s\n", v[i]->rank,
+               v[i]->host, v[i]->state, v[i]->pid, step, lag, cost, share[0], share[1], share[2],
+               epoch, v[i]->straggler ? "  straggler" : "");
     }
     free(v);
 }
@@ -844,6 +851,10 @@ static void top_json(const Kolo__GetRanksReply *rep)
         jw_kdouble(&w, "lag_s", v->lag_s >= 0 ? v->lag_s : NAN);
         jw_kdouble(&w, "cost", v->cost >= 0 ? v->cost : NAN);
         jw_kbool(&w, "straggler", v->straggler);
+        jw_kdouble(&w, "compute", v->compute >= 0 ? v->compute : NAN);
+        jw_kdouble(&w, "wait", v->wait >= 0 ? v->wait : NAN);
+        jw_kdouble(&w, "data", v->data >= 0 ? v->data : NAN);
+        jw_kdouble(&w, "overlap", v->overlap >= 0 ? v->overlap : NAN);
         jw_kint(&w, "epoch", v->epoch);
         jw_obj_end(&w);
     }

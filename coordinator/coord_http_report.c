@@ -257,6 +257,24 @@ static int render_ranks(struct coord *c, struct job *j, struct jw *w)
         jw_kdouble_or_null(w, "lag_s", rc[i].lag_s);
         jw_kbool(w, "straggler", rc[i].straggler);
         jw_kdouble_or_null(w, "cost", rc[i].cost);
+        /* where its time goes: shares of its last seconds, and of its step */
+        struct time_shares ts;
+        bool split = coord_report_time_shares(rr, &ts);
+        jw_key(w, "time");
+        if (split) {
+            double step = rr->step_ms ? rr->step_s : NAN;
+            jw_obj_begin(w);
+            jw_kdouble(w, "compute", ts.compute);
+            jw_kdouble(w, "wait", ts.wait);
+            jw_kdouble(w, "data", ts.data);
+            jw_kdouble(w, "overlap", ts.overlap);
+            jw_kdouble_or_null(w, "compute_s", ts.compute * step);
+            jw_kdouble_or_null(w, "wait_s", ts.wait * step);
+            jw_kdouble_or_null(w, "data_s", ts.data * step);
+            jw_obj_end(w);
+        } else {
+            jw_null(w);
+        }
         /* the coordinator's clock minus the rank's, and the round trip it
          * was measured over (its telemetry is placed with it) */
         bool clock = rr && rr->clock_known;

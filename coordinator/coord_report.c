@@ -489,6 +489,15 @@ static void rpc_report(struct coord *c, struct rpc_call *call)
         for (size_t i = 0; i < m->n_epochs; i++)
             if (m->epochs[i]->phase == 1 && m->epochs[i]->epoch > rr->epoch)
                 rr->epoch = m->epochs[i]->epoch;
+        if (m->time_split && m->time_split->wall_us &&
+            m->time_split->wait_us + m->time_split->data_us <= m->time_split->wall_us &&
+            m->time_split->overlap_us <= m->time_split->wall_us) {
+            const Kolo__TimeSplit *t = m->time_split;
+            rr->split_wall = rr->split_wall / 2 + (double)t->wall_us;
+            rr->split_wait = rr->split_wait / 2 + (double)t->wait_us;
+            rr->split_data = rr->split_data / 2 + (double)t->data_us;
+            rr->split_overlap = rr->split_overlap / 2 + (double)t->overlap_us;
+        }
         if (m->clock_known) {
             rr->clock_known = true;
             rr->clock_offset_us = m->clock_offset_us;
@@ -864,6 +873,12 @@ static void rpc_get_ranks(struct coord *c, struct rpc_call *call)
         v->lag_s = isfinite(rc[r].lag_s) ? rc[r].lag_s : -1;
         v->straggler = rc[r].straggler;
         v->cost = isfinite(rc[r].cost) ? rc[r].cost : -1;
+        struct time_shares ts;
+        bool split = coord_report_time_shares(rr, &ts);
+        v->compute = split ? ts.compute : -1;
+        v->wait = split ? ts.wait : -1;
+        v->data = split ? ts.data : -1;
+        v->overlap = split ? ts.overlap : -1;
         ptrs[r] = v;
     }
     Kolo__GetRanksReply rep = KOLO__GET_RANKS_REPLY__INIT;
@@ -1034,6 +1049,19 @@ const struct report_rank *coord_report_rank(struct coord *c, uint64_t job_id, in
     return rj && rank >= 0 && rank < rj->nranks ? &rj->ranks[rank] : NULL;
 }
 
+bool coord_report_time_shares(const struct report_rank *rr, struct time_shares *s)
+{
+    if (!rr || !(rr->split_wall > 0))
+        return false;
+    s->wait = rr->split_wait / rr->split_wall;
+    s->data = rr->split_data / rr->split_wall;
+    s->overlap = rr->split_overlap / rr->split_wall;
+    s->compute = 1.0 - s->wait - s->data;
+    if (s->compute < 0)
+        s->compute = 0;
+    return true;
+}
+
 /* The median of the n finite values of x (scratch: n doubles), the lower
  * of the middle two when they are even (lower); NAN none. */
 static double median_finite(const double *x, int n, double *scratch, bool lower)
@@ -1115,6 +1143,30 @@ static void job_sample(struct buf *b, const char *metric, const struct job *j, d
     buf_printf(b, "\"} %.6g\n", v);
 }
 
+/* kolo_job_time_share: the ranks' mean shares, one sample per part (none
+ * before any rank reported its time). */
+static void job_time_shares(struct coord *c, struct buf *b, const char *metric,
+                            const struct job *j)
+{
+    double sum[3] = {0};
+    int n = 0;
+    for (int r = 0; r < j->nranks; r++) {
+        struct time_shares ts;
+        if (!coord_report_time_shares(coord_report_rank(c, j->id, r), &ts))
+            continue;
+        sum[0] += ts.compute;
+        sum[1] += ts.wait;
+        sum[2] += ts.data;
+        n++;
+    }
+    static const char *const part[3] = {"compute", "wait", "data"};
+    for (int k = 0; n && k < 3; k++) {
+        buf_printf(b, "%s{job_id=\"%llu\",job_name=\"", metric, (unsigned long long)j->id);
+        label_value(b, j->name ? j->name : "");
+        buf_printf(b, "\",part=\"%s\"} %.6g\n", part[k], sum[k] / n);
+    }
+}
+
 /*
  * Per running job, what a monitoring system alerts on (docs/observability.md,
  * deploy/prometheus/kolo-alerts.yml): its generation (resets), the
@@ -1140,6 +1192,9 @@ static void render_job_metrics(struct coord *c, struct buf *b)
         {"kolo_job_stall_seconds", "gauge",
          "How long the running job's longest-waiting op has waited for ranks that did not "
          "submit it (0: none waits)."},
+        {"kolo_job_time_share", "gauge",
+         "Where the running job's time goes, the mean over its ranks of their last seconds' "
+         "shares: part=compute, wait (for other ranks) or data (moving it); they add up to 1."},
     };
     for (size_t k = 0; k < sizeof help / sizeof help[0]; k++) {
         buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", help[k][0], help[k][2], help[k][0],
@@ -1180,6 +1235,8 @@ static void render_job_metrics(struct coord *c, struct buf *b)
                 free(lag);
                 free(slow);
                 job_sample(b, help[k][0], j, worst);
+            } else if (k == 6) {
+                job_time_shares(c, b, help[k][0], j);
             } else if (k == 5) {
                 size_t n = coord_negot_stalls(j, 0, NULL, 0);
                 struct negot_stall *st = n ? calloc(n, sizeof *st) : NULL;

@@ -139,7 +139,16 @@ struct report_rank {
     bool clock_known;
     int64_t clock_offset_us;
     uint64_t clock_rtt_us;
+    /* where its time goes (proto TimeSplit), its windows' µs with each
+     * older one counted half as much as the next: split_wall 0: unknown */
+    double split_wall, split_wait, split_data, split_overlap;
 };
+/* A rank's time shares from its report windows (0..1; compute + wait +
+ * data = 1, overlap is part of compute). false: it reported none. */
+struct time_shares {
+    double compute, wait, data, overlap;
+};
+bool coord_report_time_shares(const struct report_rank *rr, struct time_shares *s);
 const struct report_rank *coord_report_rank(struct coord *c, uint64_t job_id, int rank);
 
 #endif

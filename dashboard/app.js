@@ -369,9 +369,24 @@ function heatmapView(steps, ranks, box) {
     {title: 'Last step', num: true, get: r => fmt.secs(r.last_step_s)},
     {title: 'Others wait', num: true, get: r => r.lag_s === null ? '–' : fmt.secs(r.lag_s)},
     {title: 'Straggler', get: r => r.straggler ? h('span', {class: 'straggler-mark'}, '▲ yes') : 'no'},
+    {title: 'Compute · wait · data', get: r => timeSplit(r.time)},
     {title: 'Last epoch', num: true, get: r => r.last_epoch === null ? '–' : r.last_epoch},
   ], ranks.ranks.map(r => Object.assign({_class: r.straggler ? 'straggler' : null}, r)), 'No ranks.');
   box.replaceChildren(h('div', {class: 'scroll'}, grid), legend, rankTable);
+}
+
+/* Where a rank's time goes (REST /ranks time): a bar in three parts and
+ * the shares as text; the title says what each part means. */
+function timeSplit(t) {
+  if (!t) return '–';
+  const pct = x => `${Math.round(x * 100)} %`;
+  const part = (cls, x) => h('span', {class: cls, style: `width:${(x * 100).toFixed(1)}%`});
+  return h('span', {class: 'tsplit',
+                    title: `computing ${pct(t.compute)} (data moved behind it ${pct(t.overlap)}), ` +
+                           `waiting for the other ranks ${pct(t.wait)}, moving data ${pct(t.data)}`},
+    h('span', {class: 'tsbar', 'aria-hidden': 'true'},
+      part('ts-compute', t.compute), part('ts-wait', t.wait), part('ts-data', t.data)),
+    ` ${pct(t.compute)} · ${pct(t.wait)} · ${pct(t.data)}`);
 }
 
 /* The generations as bands along the job's time, each as wide as it

@@ -60,6 +60,8 @@
       "the libcrypto an encrypted data plane loads")                                              \
     X(FAST_PATH, "KOLO_FAST_PATH", NULL, CHOICE, "auto", 0, 0, "auto 1 0",                         \
       "readiness rounds: auto or 1 on, 0 every op through the coordinator")                       \
+    X(TELEMETRY, "KOLO_TELEMETRY", NULL, BOOL, "1", 0, 0, NULL,                                   \
+      "where each rank's time goes and the rounds' waits, reported (0: off, to measure their cost)") \
     X(SPIN_US, "KOLO_SPIN_US", NULL, INT, NULL, 0, 1000000, NULL,                                  \
       "µs a waiter spins before it sleeps (unset: 20; shared memory on crowded hosts less)")      \
     X(YIELD_US, "KOLO_YIELD_US", NULL, INT, NULL, 0, 1000000, NULL,                                \

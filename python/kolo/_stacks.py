@@ -8,7 +8,8 @@ stack to the file from the signal handler itself, in C: it answers while
 the main thread is blocked inside a collective, spins in a loop or sleeps
 in a data loader. The agent empties the file, sends the signal, reads
 what came and sends it to the coordinator (agent/stacks.c). Outside a
-kolo worker (no such variables) nothing is registered.
+kolo worker (no such variables), and with KOLO_TELEMETRY=0 (to measure
+what it costs: bench/observability_overhead.sh), nothing is registered.
 """
 import faulthandler
 import os
@@ -21,6 +22,8 @@ def register():
     or when the agent's file is not there."""
     global _file
     if _file is not None:
+        return
+    if os.environ.get("KOLO_TELEMETRY", "1").strip().lower() in ("0", "false", "no", "off"):
         return
     try:
         fd = int(os.environ["KOLO_STACKS_FD"])

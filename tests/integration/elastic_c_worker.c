@@ -4,7 +4,7 @@
  * on 16 simulated hosts), where 64 Python+torch processes would not fit.
  *
  *   kolo-test-elastic-worker --tag MARK [--stop-file PATH] [--steps N]
- *                            [--commit K] [--delay-ms D] [--big N]
+ *                            [--commit K] [--delay-ms D | --delay S] [--big N]
  *
  * It does what kolo.torch.elastic's run() does, with libkolo's C API: its
  * state is (step, acc); a commit (every K steps) saves it in memory; a
@@ -118,7 +118,7 @@ int main(int argc, char **argv)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
             fprintf(stderr, "usage: %s --tag MARK [--stop-file P] [--steps N] [--commit K] "
-                            "[--delay-ms D] [--big N]\n", argv[0]);
+                            "[--delay-ms D | --delay S] [--big N]\n", argv[0]);
             return 64;
         }
         if (!strcmp(a, "--tag"))
@@ -131,6 +131,8 @@ int main(int argc, char **argv)
             commit = atoi(v);
         else if (!strcmp(a, "--delay-ms"))
             delay_ms = atoi(v);
+        else if (!strcmp(a, "--delay")) /* seconds, as elastic_worker.py's */
+            delay_ms = (int)(atof(v) * 1000 + 0.5);
         else if (!strcmp(a, "--big"))
             nbig = atol(v);
         else {

@@ -14,7 +14,8 @@ It prints, each line flushed and stamped with time.time():
   FINAL <step> <weights as JSON>                               at the end
 
 Planned kills (--kills '[[step, rank], ...]', rank -1: every rank) make the
-worker SIGKILL itself when it is at that step with that rank (rank taken
+worker SIGKILL itself (SIGSTOP for [step, rank, "stop"]: frozen, alive but
+never going on) when it is at that step with that rank (rank taken
 modulo the current size); a marker file under --marks makes each kill
 happen once even when the step is replayed after a rollback. With
 --kill-min-size N the step of a kill counts from the start of a generation
@@ -122,7 +123,8 @@ def main():
             return None
 
     def maybe_die():
-        for i, (s, victim) in enumerate(kills):
+        for i, kill in enumerate(kills):
+            s, victim = kill[0], kill[1]
             if victim >= 0 and hvd.rank() != victim % hvd.size():
                 continue
             if a.kill_min_size:
@@ -147,7 +149,9 @@ def main():
             print("KILL %d step %d rank %d wid %s t %.3f" % (i, state.step, hvd.rank(), wid,
                                                              time.time()),
                   flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+            # [step, rank, "stop"]: frozen (SIGSTOP), alive but never going on
+            stop = len(kill) > 2 and kill[2] == "stop"
+            os.kill(os.getpid(), signal.SIGSTOP if stop else signal.SIGKILL)
 
     since = [0]   # the step this generation started training at
 

@@ -266,8 +266,8 @@ def test_top_ranks_the_slow_rank_first(cluster):
                                capture_output=True, text=True, timeout=30)
             assert p.returncode == 0, p.stderr
             got = json.loads(p.stdout)
-            if all(r["cost"] is not None for r in got["ranks"]) and \
-                    got["ranks"][1]["straggler"]:
+            if all(r["cost"] is not None and r["compute"] is not None
+                   for r in got["ranks"]) and got["ranks"][1]["straggler"]:
                 break
             time.sleep(0.5)
         ranks = got["ranks"]
@@ -275,13 +275,26 @@ def test_top_ranks_the_slow_rank_first(cluster):
         # rank 0 waits ~60 ms of a ~80 ms step for rank 1
         assert 0.3 < ranks[1]["cost"] < 1.0 and ranks[0]["cost"] < 0.1, got
         assert 0.05 < got["step_s"] < 1.0, got
+        # where the time goes: rank 1 computes (sleeps) nearly all of its
+        # step, rank 0 spends most of its own waiting for rank 1
+        for r in ranks:
+            assert r["compute"] + r["wait"] + r["data"] == pytest.approx(1.0, abs=1e-6), r
+            assert 0 <= r["overlap"] <= r["compute"] + 1e-9, r
+        assert ranks[1]["compute"] > 0.8 and ranks[0]["wait"] > 0.5, got
+        assert ranks[0]["wait"] > 3 * ranks[1]["wait"], got
         # for a person: costliest first
         p = subprocess.run([KOLO, "top", "--once", "--coordinator", rpc, str(job)],
                            capture_output=True, text=True, timeout=30)
-        rows = [ln.split() for ln in p.stdout.splitlines()[3:] if ln.strip()]
+        lines = p.stdout.splitlines()
+        assert lines[2].split()[7:10] == ["COMPUTE", "WAIT", "DATA"], p.stdout
+        rows = [ln.split() for ln in lines[3:] if ln.strip()]
         assert p.returncode == 0 and rows[0][0] == "1" and "straggler" in p.stdout, p.stdout
         st, body = _get("%s/api/v1/jobs/%d/ranks" % (http, job))
         assert st == 200 and body["ranks"][1]["cost"] > body["ranks"][0]["cost"], body
+        t0, t1 = body["ranks"][0]["time"], body["ranks"][1]["time"]
+        assert t1["compute"] > 0.8 and t0["wait"] > 0.5, body
+        # the same shares of the rank's step: rank 0 waits ~60 ms of ~80
+        assert 0.02 < t0["wait_s"] < body["ranks"][0]["last_step_s"], body
         # the default policy (warn) told once the window passed: an event
         deadline = time.time() + 30
         while time.time() < deadline:

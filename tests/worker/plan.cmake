@@ -6,3 +6,8 @@ target_link_libraries(${KOLO_LAST_TEST_TARGET} PRIVATE kolo_worker)
 # links and the allreduce's algorithm, as tables.
 kolo_test(hier_plan worker "unit;worker" test_hier_plan.c)
 target_link_libraries(${KOLO_LAST_TEST_TARGET} PRIVATE kolo_worker)
+
+# Where a rank's time goes (worker/runtime/time_split.h): the four-state
+# clock as a table of changes.
+kolo_test(time_split worker "unit;worker" test_time_split.c)
+target_link_libraries(${KOLO_LAST_TEST_TARGET} PRIVATE kolo_worker)

@@ -1455,6 +1455,7 @@ static int init_ctx(kolo_ctx **out, const kolo_config *given, char *err, size_t 
     if (!c)
         return KOLO_ENOMEM;
     c->solo = solo;
+    c->telemetry = !solo && settings_int(SET_TELEMETRY, 1); /* alone, nobody is told */
     code = solo ? solo_setup(c) : join_job(c, cfg, err, errlen);
     if (code || (code = fast_init(c)) != 0) {
         ctx_free(c);

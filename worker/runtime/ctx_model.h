@@ -29,6 +29,7 @@
 #include "kolo.h"
 #include "kolo.pb-c.h"
 #include "round.h"
+#include "time_split.h"
 #include "rpc.h"
 #include "tls.h"
 
@@ -226,6 +227,10 @@ struct kolo_ctx {
     uint64_t fast_rounds, fast_agreed; /* counters, for tests and debugging */
     uint64_t fast_evicted;             /* cache ids the coordinator gave to another name */
     double fast_wait_avg_s; /* moving average of this rank's wait per agreed op */
+
+    /* ---- where the rank's time goes (time_split.h); under mu ---- */
+    bool telemetry; /* KOLO_TELEMETRY: the split and the rounds' waits reported */
+    struct time_split split;
 
     /* ---- background thread only ---- */
     void *fusion;

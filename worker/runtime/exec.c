@@ -154,6 +154,17 @@ static void exec_reducescatter(struct kolo_ctx *c, const struct plan *p, struct 
     finish(c, &op, 1, rc, rc ? why_of(c, rc) : NULL);
 }
 
+/* A host collective ended on this rank's data plane (mu not held): where
+ * its time goes (time_split.h; exec_locked marked the start). */
+static void split_run_end(struct kolo_ctx *c)
+{
+    if (!c->telemetry)
+        return;
+    pthread_mutex_lock(&c->mu);
+    time_split_running(&c->split, now_mono_us(), -1);
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* Runs response r on the ops found for it (mu held on entry, released on
  * return). */
 static void exec_locked(struct kolo_ctx *c, const Kolo__Response *r, struct op **ops)
@@ -169,6 +180,8 @@ static void exec_locked(struct kolo_ctx *c, const Kolo__Response *r, struct op *
     for (size_t i = 0; i < k; i++)
         if (ops[i])
             ops[i]->pinned = !on_gpu && i < run;
+    if (!on_gpu && c->telemetry) /* GPU ops: NCCL's streams, not measured here */
+        time_split_running(&c->split, now_mono_us(), +1);
     pthread_mutex_unlock(&c->mu);
 
     /* GPU tensors: the NCCL backend queues the work and returns; the
@@ -184,6 +197,7 @@ static void exec_locked(struct kolo_ctx *c, const Kolo__Response *r, struct op *
     if (rc) {
         finish(c, ops, run, rc, why);
         plan_free(&p);
+        split_run_end(c);
         return;
     }
     switch (r->coll) {
@@ -223,6 +237,7 @@ static void exec_locked(struct kolo_ctx *c, const Kolo__Response *r, struct op *
         break;
     }
     plan_free(&p);
+    split_run_end(c);
 }
 
 /* Unnamed barriers are named by a per-rank counter (kolo.barrier.N, ops.c).

@@ -100,8 +100,9 @@ int fast_init(struct kolo_ctx *c)
         }
     }
     c->fast = on != 0;
-    /* the rounds' telemetry goes out with the reports (report.c) */
-    if (c->fast) {
+    /* the rounds' telemetry and the time split go out with the reports
+     * (report.c) */
+    if (c->fast || c->telemetry) {
         int rc = report_start(c);
         if (rc)
             return rc;
@@ -610,7 +611,8 @@ static void fast_round(struct kolo_ctx *c, uint64_t deadline)
         double waited = (double)(now_us - op->fast_since_us) / 1e6;
         c->fast_wait_avg_s += WAIT_AVG_ALPHA * (waited - c->fast_wait_avg_s);
     }
-    report_round(c, (uint32_t)(na + nt), c->fast_wait_avg_s, v[ROUND_WAIT]);
+    if (c->telemetry)
+        report_round(c, (uint32_t)(na + nt), c->fast_wait_avg_s, v[ROUND_WAIT]);
     LOGD("kolo", "rank %d: round %llu agreed %zu op(s) (%zu in the round itself)%s, log to %llu",
          c->rank, (unsigned long long)k, na + nt, nt, round_test(ready, 0) ? " and a barrier" : "",
          (unsigned long long)v[ROUND_CURSOR]);

@@ -527,6 +527,10 @@ int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
         return KOLO_ENOTFOUND;
     }
     c->drivers++;
+    /* where the time goes: waiting from here on, unless it is done */
+    bool blocks = c->telemetry && op->state != OP_DONE;
+    if (blocks)
+        time_split_blocked(&c->split, now_mono_us(), +1);
     while (op->state != OP_DONE) {
         if (ctx_try_execute(c))
             continue;
@@ -553,13 +557,17 @@ int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
         if (rv == ETIMEDOUT && op->state != OP_DONE)
             break;
     }
+    uint64_t now_us = blocks ? now_mono_us() : 0;
+    if (blocks)
+        time_split_blocked(&c->split, now_us, -1);
     /* The background thread answers the peers' rounds once no user thread
      * has waited for BG_TAKEOVER_US (ctx.c): it is not woken here, since
      * a caller that waits again at once (the next op of a loop, the next
      * handle of synchronize) would then find it in idle_wait and have to
      * ring it out - two thread switches on the path of a small op. */
     if (--c->drivers == 0 && c->fast) {
-        uint64_t now_us = now_mono_us();
+        if (!now_us)
+            now_us = now_mono_us();
         /* Except after a long wait (BG_WATCH_LONG_MS, counted as bg_main
          * counts it: from when drivers last fell to 0), in which the
          * background thread may sleep for up to BG_NAP_MS (ctx.c): it

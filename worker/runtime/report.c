@@ -440,6 +440,7 @@ struct batch {
     bool any_rejected;
     uint32_t rec[3];
     bool have_rec;
+    struct time_split_window split; /* where the time went, wall_us 0: unknown */
 };
 
 static void batch_free(struct batch *b)
@@ -456,14 +457,15 @@ static void batch_free(struct batch *b)
     memset(b, 0, sizeof *b);
 }
 
-/* take moves the queue into b (r->mu held). */
-static bool take(struct report *r, struct batch *b)
+/* take moves the queue and the time split's window into b (r->mu held). */
+static bool take(struct report *r, struct batch *b, const struct time_split_window *split)
 {
     memset(b, 0, sizeof *b);
     for (int k = 0; k < MESH_REJECT_N; k++)
         b->any_rejected |= (b->rejected[k] = mesh_rejections_take((enum mesh_reject)k)) != 0;
+    b->split = *split;
     if (!r->nepochs && !r->nsteps && !r->tel.rounds && !b->any_rejected && !r->nspans &&
-        !r->have_rec)
+        !r->have_rec && !split->wall_us)
         return false;
     size_t nw = (size_t)(r->tel.nwaits ? r->tel.nwaits : 1);
     b->epochs = malloc((size_t)(r->nepochs ? r->nepochs : 1) * sizeof *b->epochs);
@@ -625,6 +627,14 @@ static int send_batch(struct kolo_ctx *c, struct report *r, struct batch *b, int
     req.n_spans = spp ? (size_t)b->nspans : 0;
     req.spans_dropped = b->spans_dropped;
     Kolo__RecoveryReport rec = KOLO__RECOVERY_REPORT__INIT;
+    Kolo__TimeSplit split = KOLO__TIME_SPLIT__INIT;
+    if (b->split.wall_us) {
+        split.wall_us = b->split.wall_us;
+        split.wait_us = b->split.wait_us;
+        split.data_us = b->split.data_us;
+        split.overlap_us = b->split.overlap_us;
+        req.time_split = &split;
+    }
     if (b->have_rec) {
         rec.told_to_formed_ms = b->rec[0];
         rec.formed_to_restored_ms = b->rec[1];
@@ -695,8 +705,16 @@ static void *sender_main(void *arg)
         if (!last && !r->nepochs && now < next)
             continue;
         next = now + (uint64_t)period;
+        /* the split's window closes now (c->mu is taken before r->mu) */
+        struct time_split_window split = {0};
+        pthread_mutex_unlock(&r->mu);
+        pthread_mutex_lock(&c->mu);
+        if (c->telemetry && !time_split_take(&c->split, now_mono_us(), &split))
+            split.wall_us = 0;
+        pthread_mutex_unlock(&c->mu);
+        pthread_mutex_lock(&r->mu);
         struct batch b;
-        bool have = take(r, &b);
+        bool have = take(r, &b, &split);
         uint64_t dropped = r->dropped;
         pthread_mutex_unlock(&r->mu);
         int code = 0;
