@@ -12,7 +12,7 @@
 # before --tag) before it sources this file, or ELASTIC_WORKER=c for the C
 # worker kolo-test-elastic-worker (ctest passes its path in
 # KOLO_ELASTIC_WORKER); it then needs no torch (elastic_report.py still
-# runs under /usr/bin/python3, without --check-final).
+# runs under /usr/bin/python3; --check-final checks its "acc").
 PY=/usr/bin/python3
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 WORKER="$ROOT/tests/python/elastic_worker.py"

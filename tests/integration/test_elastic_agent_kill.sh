@@ -8,6 +8,7 @@
 # the job shrinks and grows back again. The final weights equal a
 # fault-free run's.
 . "$(dirname "$0")/lib.sh"
+ELASTIC_WORKER=c # the C worker (elastic_c_worker.c): no torch to start
 . "$(dirname "$0")/elastic_lib.sh"
 
 COMMIT=5

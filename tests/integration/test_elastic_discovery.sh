@@ -6,6 +6,7 @@
 # last list (no membership change, even when the file changes meanwhile);
 # when the script works again the job follows the file again.
 . "$(dirname "$0")/lib.sh"
+ELASTIC_WORKER=c # the C worker (elastic_c_worker.c): no torch to start
 . "$(dirname "$0")/elastic_lib.sh"
 
 COMMIT=5

@@ -5,6 +5,7 @@
 # host's workers are stopped and the host is not excluded (nothing failed);
 # /undrain makes the job grow back to max-np, again without a rollback.
 . "$(dirname "$0")/lib.sh"
+ELASTIC_WORKER=c # the C worker (elastic_c_worker.c): no torch to start
 . "$(dirname "$0")/elastic_lib.sh"
 
 make_token

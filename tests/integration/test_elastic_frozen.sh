@@ -5,6 +5,7 @@
 # frozen (event worker.frozen), its agent kills it, and the job goes on in
 # a generation without it (its host back after the cooldown) and finishes.
 . "$(dirname "$0")/lib.sh"
+ELASTIC_WORKER=c # the C worker (elastic_c_worker.c): no torch to start
 . "$(dirname "$0")/elastic_lib.sh"
 
 start_coordinator coord

@@ -15,6 +15,7 @@
 #      cooled down, then the job grows back to 4.
 # Needs root, `ip netns` and veth; skipped (77) otherwise, with the error.
 . "$(dirname "$0")/lib.sh"
+ELASTIC_WORKER=c # the C worker (elastic_c_worker.c): no torch to start
 . "$(dirname "$0")/elastic_lib.sh"
 
 # runs on cleanup (after every process of the test is killed)

@@ -7,6 +7,7 @@
 # agent on that host (the instance came back) undrains it and the job
 # grows back. Figures: elastic_report.py.
 . "$(dirname "$0")/lib.sh"
+ELASTIC_WORKER=c # the C worker (elastic_c_worker.c): no torch to start
 . "$(dirname "$0")/elastic_lib.sh"
 COMMIT=5
 
