@@ -5,6 +5,7 @@
  *
  *   kolo-test-elastic-worker --tag MARK [--stop-file PATH] [--steps N]
  *                            [--commit K] [--delay-ms D | --delay S] [--big N]
+ *                            [--kills '[[step, rank], ...]' --marks DIR]
  *
  * It does what kolo.torch.elastic's run() does, with libkolo's C API: its
  * state is (step, acc); a commit (every K steps) saves it in memory; a
@@ -41,12 +42,14 @@
  *        the others the first 3 steps of each generation and every 10th
  *   RESET size <n> step <s> gen <g> wid <w> t <t>         after a reset
  *   FAIL gen <g> rank <r> wid <w> t <t> <error>           a collective failed
+ *   KILL <i> step <s> rank <r> wid <w> t <t>               before a planned kill
  *   FINAL <step> {"acc": A, "resets": R, "checked": C, "wid": W}
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,6 +99,62 @@ static void wrong(kolo_ctx *ctx, int64_t step, const char *what, long i, double 
     exit(2);
 }
 
+/* Planned kills (--kills '[[step, rank], ...]' --marks DIR), as
+ * elastic_worker.py's: the worker that holds rank (modulo the size) at
+ * that step SIGKILLs itself, once: a marker file, linked into DIR (link
+ * fails when it exists), outlives the rollback that replays the step. */
+#define MAX_KILLS 256
+static long kill_step[MAX_KILLS], kill_rank[MAX_KILLS];
+static int nkills;
+static const char *marks;
+
+static int parse_kills(const char *v)
+{
+    long nums[2 * MAX_KILLS];
+    int n = 0;
+    for (const char *p = v; *p && n < 2 * MAX_KILLS;) {
+        if ((*p >= '0' && *p <= '9') || (*p == '-' && p[1] >= '0' && p[1] <= '9')) {
+            char *end;
+            nums[n++] = strtol(p, &end, 10);
+            p = end;
+        } else {
+            p++;
+        }
+    }
+    if (n % 2)
+        return -1;
+    for (int i = 0; i < n / 2; i++) {
+        kill_step[i] = nums[2 * i];
+        kill_rank[i] = nums[2 * i + 1];
+    }
+    nkills = n / 2;
+    return 0;
+}
+
+static void maybe_die(kolo_ctx *ctx, int64_t step)
+{
+    int rank = kolo_rank(ctx), n = kolo_size(ctx);
+    for (int i = 0; i < nkills; i++) {
+        if (kill_step[i] != step || kill_rank[i] < 0 || rank != kill_rank[i] % n)
+            continue;
+        char tmp[4096], tag[4096];
+        snprintf(tmp, sizeof tmp, "%s/.kill%d.%d", marks, i, (int)getpid());
+        snprintf(tag, sizeof tag, "%s/kill%d", marks, i);
+        FILE *f = fopen(tmp, "w");
+        if (!f)
+            continue;
+        fprintf(f, "%" PRIu64, kolo_generation(ctx));
+        fclose(f);
+        int mine = link(tmp, tag) == 0;
+        unlink(tmp);
+        if (!mine)
+            continue;
+        printf("KILL %d step %" PRId64 " rank %d wid %s t %.3f\n", i, step, rank, wid, wall());
+        fflush(stdout);
+        kill(getpid(), SIGKILL);
+    }
+}
+
 static int join(kolo_ctx **ctx)
 {
     int rc = kolo_init(ctx, NULL);
@@ -135,13 +194,17 @@ int main(int argc, char **argv)
             delay_ms = (int)(atof(v) * 1000 + 0.5);
         else if (!strcmp(a, "--big"))
             nbig = atol(v);
+        else if (!strcmp(a, "--kills") && parse_kills(v) == 0)
+            ;
+        else if (!strcmp(a, "--marks"))
+            marks = v;
         else {
             fprintf(stderr, "unknown flag %s\n", a);
             return 64;
         }
         i++;
     }
-    if (commit < 1 || nbig < 1 || steps < 0)
+    if (commit < 1 || nbig < 1 || steps < 0 || (nkills && !marks))
         return 64;
     const char *el = getenv("KOLO_ELASTIC");
     int elastic = el && !strcmp(el, "1");
@@ -192,6 +255,7 @@ int main(int argc, char **argv)
             int in_gen = 0;
             while (cur_step < steps) {
                 int64_t s = cur_step;
+                maybe_die(ctx, s);
                 memset(small, 0, sizeof small);
                 small[0] = s;
                 small[1] = 1;

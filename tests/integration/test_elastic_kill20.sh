@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Elastic, 20 kill -9s in one job: four agents with one slot each, a seeded
-# plan of 20 (step, rank) pairs at random steps; the worker that holds that
-# rank at that step SIGKILLs itself (a marker file makes each kill happen
-# once, even when the step is replayed after the rollback). Each kill
-# excludes its host for 1-2 s, so the job shrinks, goes on, and grows back.
-# Checks: every reset survived, no kill loses more steps than the commit
-# interval, the final weights equal a fault-free run's (every rank trains on
-# the same batch, so the average does not depend on the size), no orphan.
+# Elastic, 20 kill -9s in one job of the C elastic worker (elastic_c_worker.c)
+# on four agents with one slot each: a seeded plan of 20 (step, rank) pairs
+# at random steps; the worker that holds that rank at that step SIGKILLs
+# itself (a marker file makes each kill happen once, even when the step is
+# replayed after the rollback). Each kill excludes its host for 1-2 s, so
+# the job shrinks, goes on, and grows back. Checks: every reset survived,
+# no kill loses more steps than the commit interval, every rank's final
+# state is a fault-free run's (each step counted once), no orphan.
 # Prints recovery p50/max (kill -> first step of the next generation).
 . "$(dirname "$0")/lib.sh"
+ELASTIC_WORKER=c # the C worker (elastic_c_worker.c): no torch to start
 . "$(dirname "$0")/elastic_lib.sh"
 
 COMMIT=5
