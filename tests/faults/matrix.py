@@ -74,6 +74,7 @@ def env_for(build):
         "KOLO_LIBRARY": os.path.join(b, "lib", "libkolo.so"),
         "KOLO_EXAMPLE": os.path.join(b, "bin", "kolo-example-allreduce"),
         "KOLO_STORE_CHECK": os.path.join(b, "tests", "store", "kolo-test-store-check"),
+        "KOLO_ELASTIC_WORKER": os.path.join(b, "tests", "integration", "kolo-test-elastic-worker"),
     })
     # stop_parked's coordinator: the AddressSanitizer build scripts/test.sh
     # makes, where there is one (its workers keep the normal libkolo)

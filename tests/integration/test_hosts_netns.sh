@@ -7,8 +7,9 @@
 # uneven allgather/alltoall/reducescatter, broadcast from every root,
 # barrier, join, process sets, the topology):
 #  1. 2 hosts x 2 ranks (-H a:2,b:2);
-#  2. 3 hosts with uneven local sizes (-H a:2,b:1,c:2);
-#  3. 2 x 2 again with the TCP data plane sealed (--encrypt-data);
+#  2+3. 3 hosts with uneven local sizes (-H a:2,b:1,c:2), the TCP data
+#     plane sealed (--encrypt-data: the leaders' path of small tensors and
+#     the lanes' of large ones, both sealed);
 #  4. kill -9 of a rank on b while the job trains: the job ends within
 #     30 s naming the lost rank, every rank gone;
 #  5. the link between b and c cut (nftables: a silent drop both ways,
@@ -156,11 +157,8 @@ run_check two a:2,b:2 2,2
 
 [ ${#RANK_PIDS[@]} -eq 4 ] || fail "REST listed ${#RANK_PIDS[@]} rank pids of job 1, not 4"
 
-note "2. 3 hosts, uneven (2, 1, 2)"
-run_check three a:2,b:1,c:2 2,1,2
-
-note "3. 2 hosts x 2 ranks, sealed data plane"
-run_check sealed a:2,b:2 2,2 --encrypt-data
+note "2+3. 3 hosts, uneven (2, 1, 2), the TCP data plane sealed"
+run_check sealed a:2,b:1,c:2 2,1,2 --encrypt-data
 grep -q "<stdout>:hosts: .* encrypt=1" "$WORK/sealed.out" || fail "sealed: the job ran without KOLO_DATA_ENCRYPT=1"
 
 # start_loop NAME HOSTS [kolo run flags...]: the worker's training loop
