@@ -8,8 +8,9 @@
            naming the stopped rank (detected), and to the first step of the
            job without it (goes on);
   straggler a job (-np 2) whose rank 1 sleeps 4x as long per step, RUNS
-           launches: from its first step (the job's start on the
-           coordinator) to /ranks flagging rank 1 a straggler;
+           launches: from the wall-clock second of its first reported
+           steps (/ranks last_step_ms: up to 1 s early) to /ranks flagging
+           rank 1 a straggler;
   stacks   `kolo stacks JOB -o json` on a running job of 4 and 16 ranks
            (one line of Python each, blocked in an allreduce), RUNS calls
            each: wall time per call.
@@ -123,7 +124,7 @@ def frozen(runs, seed, rpc, work):
         while time.time() < deadline:
             lines = out.snapshot()
             stops = [(float(m.group(1)), t) for t, ln in lines
-                     for m in [re.match(r"KILL \d+ step \d+ rank \d+ wid \S+ t ([0-9.]+)", ln)] if m]
+                     for m in [re.search(r"<stdout>:KILL \d+ step \d+ rank \d+ wid \S+ t ([0-9.]+)", ln)] if m]
             if len(stops) >= runs and len(detected) >= runs and len(goes_on) >= runs:
                 break
             detected, goes_on = [], []
@@ -133,7 +134,7 @@ def frozen(runs, seed, rpc, work):
                         re.match(r"\[kolo\] rank \d+ \(pid \d+\) on host \S+ has been stopped by a "
                                  r"signal", ln)]
                 step1 = [float(m.group(1)) for _, ln in lines
-                         for m in [re.match(r"STEP \d+ size 1 gen \d+ .* t ([0-9.]+)$", ln)]
+                         for m in [re.search(r"<stdout>:STEP \d+ size 1 gen \d+ .* t ([0-9.]+)$", ln)]
                          if m and float(m.group(1)) > t_stop and float(m.group(1)) < nxt]
                 if said:
                     detected.append(said[0] - t_stop)
@@ -170,8 +171,11 @@ def straggler(runs, rpc, http_port, work):
             while time.time() < deadline:
                 body = get(http_port, "/api/v1/jobs/%d/ranks" % job)
                 now = time.time()
-                if first is None and any(x["last_step_s"] is not None for x in body["ranks"]):
-                    first = now  # the first step reported (seconds after the first step)
+                stepped = [x["last_step_ms"] for x in body["ranks"] if x["last_step_s"] is not None]
+                if first is None and stepped:
+                    # the wall-clock second of the first steps reported
+                    # (one machine: the coordinator's clock is ours)
+                    first = min(stepped) / 1000.0
                 if first is not None and body["ranks"][1]["straggler"]:
                     took.append(now - first)
                     break
@@ -243,7 +247,7 @@ def main():
         row("frozen rank (SIGSTOP) named by `kolo run`", res["frozen"]["detected_s"], "10 s")
         row("frozen rank: the job goes on without it", res["frozen"]["goes_on_s"], "15 s")
     if "straggler" in res:
-        row("straggler flagged (/ranks), from its first step", res["straggler"]["flagged_s"], "-")
+        row("straggler flagged (/ranks), from the second of its first steps", res["straggler"]["flagged_s"], "-")
     for s in res.get("stacks", []):
         row("`kolo stacks`, %d ranks" % s["ranks"], s["call_s"], "-")
     ts = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

@@ -19,6 +19,12 @@
  *       and one for those with it (resnet50_step_tl_on). The switch is a
  *       round trip before the step's barrier, outside the timed region.
  *       bench/timeline_overhead.sh uses it.
+ *   kolo-bench-allreduce resnet-telemetry FILE STEPS BLOCK
+ *       the same step with libkolo's telemetry (KOLO_TELEMETRY) off and
+ *       on in the same processes, a new session (kolo_fini, kolo_init)
+ *       every BLOCK steps in the order off, on, on, off; lines
+ *       resnet50_step_telemetry_off and _on.
+ *       bench/observability_overhead.sh uses it.
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -230,6 +236,45 @@ static void bench_resnet_toggle(kolo_ctx *ctx, const char *file, int steps, int 
     free(t_on);
 }
 
+/* resnet-telemetry: the same step with libkolo's telemetry (the time
+ * split and the rounds' waits, KOLO_TELEMETRY) off and on in the same
+ * processes: a new session (kolo_fini, the knob set, kolo_init: Horovod's
+ * shutdown and init) every BLOCK steps, in the order off, on, on, off, two
+ * untimed steps after each init. Returns the context of the last session. */
+static kolo_ctx *bench_resnet_telemetry(kolo_ctx *ctx, const char *file, int steps, int block)
+{
+    static char names[200][96];
+    size_t counts[200], total;
+    float *bufs[200];
+    int n = load_resnet(file, names, counts, bufs, &total);
+    if (block < 1)
+        block = 1;
+    int blocks = (steps + 4 * block - 1) / (4 * block) * 4;
+    double *t_off = malloc(sizeof(double) * (size_t)(blocks / 2 * block));
+    double *t_on = malloc(sizeof(double) * (size_t)(blocks / 2 * block));
+    int n_off = 0, n_on = 0;
+    for (int b = 0; b < blocks; b++) {
+        bool on = b % 4 == 1 || b % 4 == 2;
+        check(ctx, kolo_fini(ctx), "kolo_fini");
+        setenv("KOLO_TELEMETRY", on ? "1" : "0", 1);
+        check(NULL, kolo_init(&ctx, NULL), "kolo_init");
+        for (int s = -2; s < block; s++) {
+            double t = resnet_step(ctx, n, names, counts, bufs);
+            if (s >= 0 && on)
+                t_on[n_on++] = t;
+            else if (s >= 0)
+                t_off[n_off++] = t;
+        }
+    }
+    report(ctx, "resnet50_step_telemetry_off", total, t_off, n_off, -1);
+    report(ctx, "resnet50_step_telemetry_on", total, t_on, n_on, -1);
+    for (int i = 0; i < n; i++)
+        free(bufs[i]);
+    free(t_off);
+    free(t_on);
+    return ctx;
+}
+
 static void bench_resnet(kolo_ctx *ctx, const char *file, int steps)
 {
     static char names[200][96];
@@ -256,7 +301,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "kolo_init: %s\n", kolo_strerror(rv));
         return 1;
     }
-    if (argc >= 6 && strcmp(argv[1], "resnet-toggle") == 0)
+    if (argc >= 5 && strcmp(argv[1], "resnet-telemetry") == 0)
+        ctx = bench_resnet_telemetry(ctx, argv[2], atoi(argv[3]), atoi(argv[4]));
+    else if (argc >= 6 && strcmp(argv[1], "resnet-toggle") == 0)
         bench_resnet_toggle(ctx, argv[2], atoi(argv[3]), atoi(argv[4]), argv[5]);
     else if (argc >= 3 && strcmp(argv[1], "resnet") == 0)
         bench_resnet(ctx, argv[2], argc >= 4 ? atoi(argv[3]) : 20);

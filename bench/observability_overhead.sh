@@ -7,15 +7,22 @@
 #   bench/observability_overhead.sh          ROUNDS=5 rounds (~6 min on 2 vCPUs)
 #   ROUNDS=9 NP=4 bench/observability_overhead.sh
 #
-# Per round, in an order that flips from round to round (off,on / on,off)
-# so the drift of a shared machine falls on both sides alike:
+# Per round:
 #   * resnet50_step: kolo-bench-allreduce's ResNet-50 gradient step (161
-#     named tensors, 102 MB) under `kolo run -np NP`, off and on: the
-#     launch's median and p99 step (max over ranks);
-#   * cnn: examples/pytorch/synthetic_benchmark.py (kolo.torch's
-#     DistributedOptimizer) under `kolo run -np NP`, off and on, and the
-#     peer in the same round: bench/ddp_synthetic.py (DDP on Gloo), total
-#     img/s.
+#     named tensors, 102 MB) under `kolo run -np NP`, off and on in the
+#     same processes (its resnet-telemetry mode: a new session, kolo_fini
+#     and kolo_init with KOLO_TELEMETRY set, every BLOCK steps, in the
+#     order off, on, on, off, which cancels the drift between launches):
+#     the median and p99 step (max over ranks) of each;
+#   * cnn_step: examples/pytorch/synthetic_benchmark.py's model and step
+#     (kolo.torch's DistributedOptimizer) under `kolo run -np NP`, off and
+#     on in the same processes the same way (bench/cnn_telemetry_toggle.py:
+#     hvd.shutdown(), KOLO_TELEMETRY set, hvd.init() every 10 steps);
+#   * cnn: synthetic_benchmark.py itself, telemetry on (as users run it),
+#     and the peer in the same round, bench/ddp_synthetic.py (DDP on
+#     Gloo): total img/s, one launch each. Launch to launch this machine
+#     drifts by several per cent (once 2x): the overhead is measured in
+#     process, the peers' ratio is a launch's.
 # The summary gives each mode's median over rounds, the ratio on/off (the
 # overhead: above 1x for a step time, below 1x for img/s means "on" costs)
 # and the median of the per-round ratios, the figure least moved by drift.
@@ -23,7 +30,8 @@
 # Output: a table on stdout, bench/results/<UTC timestamp>-observability-
 # overhead.{json,md}, each launch's output under build/bench-peers/raw/.
 # Builds nothing: needs build/bin/kolo and build/bin/kolo-bench-allreduce.
-# Knobs: ROUNDS (5), NP (2), STEPS (ResNet steps per launch, 60), CNN (1;
+# Knobs: ROUNDS (5), NP (2), STEPS (ResNet steps per launch, 400), BLOCK
+# (ResNet steps per session, 25), CNN (1;
 # 0 skips the CNN and DDP), NUM_ITERS (synthetic_benchmark.py, 6),
 # LAUNCH_TIMEOUT (300 s), KOLO_BUILD_DIR.
 set -euo pipefail
@@ -35,7 +43,8 @@ PY=/usr/bin/python3 # Debian's python: the only one that sees python3-torch
 
 ROUNDS="${ROUNDS:-5}"
 NP="${NP:-2}"
-STEPS="${STEPS:-60}"
+STEPS="${STEPS:-400}"
+BLOCK="${BLOCK:-25}"
 CNN="${CNN:-1}"
 NUM_ITERS="${NUM_ITERS:-6}"
 LAUNCH_TIMEOUT="${LAUNCH_TIMEOUT:-300}"
@@ -84,15 +93,16 @@ launch() {
     local tag="$case-$mode-r$round" rc=0 load t0=$SECONDS
     local out="$raw/$tag.out" err="$raw/$tag.err"
     local telemetry=1
-    [ "$mode" = off ] && telemetry=0
+    [ "$mode" = off ] && telemetry=0 # toggle: the benchmark sets it itself
     load="$(cut -d' ' -f1 /proc/loadavg)"
     KOLO_TELEMETRY=$telemetry PYTHONPATH="$root/python" \
         timeout --kill-after=20 "$LAUNCH_TIMEOUT" "$@" >"$out" 2>"$err" &
     launch_pid=$!
     wait "$launch_pid" || rc=$?
     launch_pid=""
-    local line
-    line="$(sed -n 's/^[^{]*\({"impl".*}\)[[:space:]]*$/\1/p' "$out" | tail -1)"
+    local line lines m
+    lines="$(sed -n 's/^[^{]*\({"impl".*}\)[[:space:]]*$/\1/p' "$out")"
+    line="$(printf '%s\n' "$lines" | tail -1)"
     if [ "$rc" != 0 ] || [ -z "$line" ]; then
         log "$tag: FAILED rc=$rc (see $err)"
         tail -5 "$err" >&2 || true
@@ -100,31 +110,44 @@ launch() {
             "$case" "$mode" "$round" "$rc" >>"$records"
         return
     fi
-    printf '{"case":"%s","mode":"%s","round":%s,"load1":%s,%s\n' "$case" "$mode" "$round" \
-        "$load" "${line#\{}" >>"$records"
-    log "$tag: $(printf '%s' "$line" | grep -o '"\(median_us\|img_sec_total\)":[0-9.]*'), $((SECONDS - t0)) s, load $load"
+    while IFS= read -r line; do
+        m="$mode"
+        case "$line" in
+        *'"kind":"resnet50_step_telemetry_off"'*) m=off ;;
+        *'"kind":"resnet50_step_telemetry_on"'*) m=on ;;
+        *'"kind":"cnn_step_telemetry_off"'*) m=off ;;
+        *'"kind":"cnn_step_telemetry_on"'*) m=on ;;
+        esac
+        [ "$mode" = toggle ] && [ "$m" = toggle ] && continue
+        printf '{"case":"%s","mode":"%s","round":%s,"load1":%s,%s\n' "$case" "$m" "$round" \
+            "$load" "${line#\{}" >>"$records"
+        log "$tag $m: $(printf '%s' "$line" | grep -o '"\(median_us\|img_sec_total\)": *[0-9.]*'), $((SECONDS - t0)) s, load $load"
+    done <<<"$lines"
 }
 
 resnet() {
-    launch resnet50_step "$1" "$2" "$build/bin/kolo" run -np "$NP" --state-dir "$tmp/state" -- \
-        "$build/bin/kolo-bench-allreduce" resnet bench/resnet50_sizes.txt "$STEPS"
+    launch resnet50_step toggle "$1" "$build/bin/kolo" run -np "$NP" --state-dir "$tmp/state" -- \
+        "$build/bin/kolo-bench-allreduce" resnet-telemetry bench/resnet50_sizes.txt "$STEPS" "$BLOCK"
+}
+cnn_toggle() {
+    launch cnn_step toggle "$1" "$build/bin/kolo" run -np "$NP" --state-dir "$tmp/state" -- \
+        "$PY" bench/cnn_telemetry_toggle.py
 }
 cnn() {
     launch cnn "$1" "$2" "$build/bin/kolo" run -np "$NP" --state-dir "$tmp/state" -- \
-        "$PY" examples/pytorch/synthetic_benchmark.py --num-iters "$NUM_ITERS"
+        "$PY" examples/pytorch/synthetic_benchmark.py --num-iters "$NUM_ITERS" --json
 }
 ddp() {
     launch cnn ddp "$1" env GLOO_SOCKET_IFNAME=lo "$PY" bench/ddp_synthetic.py --np "$NP" \
-        --num-iters "$NUM_ITERS"
+        --num-iters "$NUM_ITERS" --json
 }
 
 log "np $NP, $ROUNDS round(s): resnet50_step ($STEPS steps)$([ "$CNN" = 1 ] && echo ", cnn ($NUM_ITERS iterations) and DDP"); raw logs in $raw"
 for round in $(seq 1 "$ROUNDS"); do
-    if [ $((round % 2)) = 1 ]; then modes="off on"; else modes="on off"; fi
-    for mode in $modes; do resnet "$mode" "$round"; done
+    resnet "$round"
     if [ "$CNN" = 1 ]; then
-        for mode in $modes; do cnn "$mode" "$round"; done
-        ddp "$round"
+        cnn_toggle "$round"
+        if [ $((round % 2)) = 1 ]; then cnn on "$round"; ddp "$round"; else ddp "$round"; cnn on "$round"; fi
     fi
 done
 
@@ -137,9 +160,16 @@ ok = [r for r in recs if not r.get("failed")]
 med = statistics.median
 rows, summary = [], {}
 for case, key, better in (("resnet50_step", "median_us", "lower"), ("resnet50_step", "p99_us", "lower"),
+                          ("cnn_step", "median_us", "lower"), ("cnn_step", "p99_us", "lower"),
                           ("cnn", "img_sec_total", "higher")):
     by = {m: {r["round"]: r[key] for r in ok if r["case"] == case and r["mode"] == m and key in r}
           for m in ("off", "on", "ddp")}
+    if case == "cnn" and by["on"] and by["ddp"]:
+        on, ddp = med(by["on"].values()), med(by["ddp"].values())
+        summary["cnn img_sec_total"] = {"on": on, "ddp": ddp, "on_vs_ddp": on / ddp}
+        rows.append("| cnn (synthetic_benchmark.py) | img_sec_total | - | %.0f img/s | - | - | - | "
+                    "%.0f img/s (kolo / DDP %.2fx) |" % (on, ddp, on / ddp))
+        continue
     if not by["off"] or not by["on"]:
         continue
     off, on = med(by["off"].values()), med(by["on"].values())
@@ -163,8 +193,10 @@ head = ("| case | figure | off (KOLO_TELEMETRY=0) | on (default) | on/off | per-
 md = ["# Observability overhead, np %s, %s round(s), %s" % (np_, rounds,
                                                            time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())),
       "", "Time split, rounds' wait telemetry and the stack handler on (the default) against off "
-      "(KOLO_TELEMETRY=0), the same build, alternating launches; medians over rounds. cost: how much "
-      "slower \"on\" is (negative: faster, i.e. noise).", "", head] + rows
+      "(KOLO_TELEMETRY=0), the same build, in the same processes (a new session every few steps, "
+      "off, on, on, off); medians over rounds of each launch's median (or p99) step. cost: how much "
+      "slower \"on\" is (negative: faster, i.e. noise). The last row: synthetic_benchmark.py as "
+      "users run it against DDP on Gloo, a launch each per round.", "", head] + rows
 if failed:
     md += ["", "%d launch(es) failed: %s" % (len(failed), ", ".join(
         "%s-%s-r%s" % (r["case"], r["mode"], r["round"]) for r in failed))]

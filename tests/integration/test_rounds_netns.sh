@@ -10,7 +10,8 @@
 #    and `kolo run` exits with its exit code;
 #  - the veth throttled to 8 Mbit/s (tc): an elastic job's 12 MB allreduce
 #    takes over 10 s and is right, and no rank is called frozen (issue 31:
-#    progress, not a fixed timeout, decides).
+#    progress, not a fixed timeout, decides); meanwhile /ranks says both
+#    ranks' time goes to moving data (the time split across hosts).
 # Needs root, `ip netns` and veth; skipped (77) otherwise, with the error.
 . "$(dirname "$0")/lib.sh"
 
@@ -115,6 +116,20 @@ PY
     "$PY" "$WORK/long_op.py" --tag "$MARK" >"$WORK/long.out" 2>"$WORK/long.err" &
   RUN_PID=$!
   PIDS+=("$RUN_PID")
+  # where the time goes (issue 31): both ranks wait while their own
+  # collective moves bytes over the slow link: DATA, in each namespace
+  data_shares() {
+    curl -sf "$HTTP/api/v1/jobs/$(curl -sf "$HTTP/api/v1/jobs" | grep -o '"id":[0-9]*' |
+      cut -d: -f2 | sort -n | tail -n 1)/ranks" | "$PY" -c '
+import json, sys
+ranks = json.load(sys.stdin)["ranks"]
+ok = len(ranks) == 2 and all(r["time"] and r["time"]["data"] > 0.6 for r in ranks)
+print(" ".join("%s" % (r["time"] or {}).get("data") for r in ranks))
+sys.exit(0 if ok else 1)'
+  }
+  wait_for 60 eval 'data_shares >/dev/null' ||
+    fail "the ranks' time did not go to moving data: $(data_shares)"
+  note "while the allreduce crossed the slow link, both ranks' DATA shares: $(data_shares)"
   wait_for 120 eval '! kill -0 $RUN_PID 2>/dev/null' || fail "the throttled job did not end in 120 s"
   rc=0
   wait "$RUN_PID" || rc=$?
