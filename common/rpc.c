@@ -1468,14 +1468,23 @@ void rpc_server_get_stats(struct rpc_server *srv, struct rpc_server_stats *st)
     nng_mtx_unlock(srv->mtx);
 }
 
-void rpc_server_close(struct rpc_server *srv)
+/* How long rpc_server_close waits for nng to close the server's socket. */
+#define RPC_SERVER_CLOSE_MS 5000
+
+static bool close_bounded(nng_socket sock, int wait_ms, const char *what,
+                          void (*leftover)(void *), void *arg);
+
+bool rpc_server_close(struct rpc_server *srv)
 {
     if (!srv)
-        return;
+        return true;
     atomic_store(&srv->closing, true);
     if (srv->sweep_aio)
         nng_aio_stop(srv->sweep_aio);
-    nng_close(srv->sock);
+    char what[300];
+    snprintf(what, sizeof what, "the RPC server on %s", srv->url);
+    if (!close_bounded(srv->sock, RPC_SERVER_CLOSE_MS, what, NULL, NULL))
+        return false; /* its callbacks may still run: everything stays */
     for (int i = 0; i < srv->ncalls; i++) {
         struct rpc_call *c = &srv->calls[i];
         if (c->aio)
@@ -1512,6 +1521,7 @@ void rpc_server_close(struct rpc_server *srv)
     free(srv->token);
     free(srv->reserved_prefix);
     free(srv);
+    return true;
 }
 
 /* ---------------------------------------------------------------- client */
@@ -1691,14 +1701,16 @@ void rpc_client_shutdown(struct rpc_client *cli)
 int rpc_close_wait_ms = 3000;
 int rpc_close_test_delay_ms = 0;
 
-/* The close of one client's socket, on a thread of its own (see
- * rpc_client_close): done says nng returned; orphaned that the caller
- * stopped waiting, so the thread frees the client. */
-struct client_closer {
+/* The close of one socket, on a thread of its own (close_bounded): done
+ * says nng returned; orphaned that the caller stopped waiting, so the
+ * thread frees what the caller left (leftover(arg), when set). */
+struct closer {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool done, orphaned;
-    struct rpc_client *cli;
+    nng_socket sock;
+    void (*leftover)(void *);
+    void *arg;
 };
 
 static void client_free(struct rpc_client *cli)
@@ -1710,7 +1722,7 @@ static void client_free(struct rpc_client *cli)
     free(cli);
 }
 
-static void closer_free(struct client_closer *k)
+static void closer_free(struct closer *k)
 {
     pthread_mutex_destroy(&k->mu);
     pthread_cond_destroy(&k->cv);
@@ -1719,45 +1731,50 @@ static void closer_free(struct client_closer *k)
 
 static void *closer_main(void *arg)
 {
-    struct client_closer *k = arg;
+    struct closer *k = arg;
     thread_name("kolo-rpcclose");
     if (rpc_close_test_delay_ms > 0)
         usleep((useconds_t)rpc_close_test_delay_ms * 1000);
-    nng_close(k->cli->sock);
+    nng_close(k->sock);
     pthread_mutex_lock(&k->mu);
     k->done = true;
     bool orphaned = k->orphaned;
     pthread_cond_signal(&k->cv);
     pthread_mutex_unlock(&k->mu);
     if (orphaned) { /* nobody waits any more: ours to free */
-        client_free(k->cli);
+        if (k->leftover)
+            k->leftover(k->arg);
         closer_free(k);
     }
     return NULL;
 }
 
-void rpc_client_close(struct rpc_client *cli)
+/* close_bounded closes sock, waiting at most wait_ms for nng (whose close
+ * has no deadline: it waits for every pipe and callback of the socket,
+ * and once saw 2,048 client sockets and their server in one process never
+ * return). true: closed. false: the close goes on on a thread of its own,
+ * which calls leftover(arg) (when set) once nng returns; until then the
+ * caller must not free anything the socket's callbacks use. */
+static bool close_bounded(nng_socket sock, int wait_ms, const char *what,
+                          void (*leftover)(void *), void *arg)
 {
-    if (!cli)
-        return;
-    /* End whatever is still in flight first, then close the socket. */
-    rpc_client_shutdown(cli);
-    struct client_closer *k = calloc(1, sizeof *k);
+    struct closer *k = calloc(1, sizeof *k);
     pthread_t t;
     if (k) {
-        k->cli = cli;
+        k->sock = sock;
+        k->leftover = leftover;
+        k->arg = arg;
         pthread_mutex_init(&k->mu, NULL);
         cond_init_monotonic(&k->cv);
     }
     if (!k || pthread_create(&t, NULL, closer_main, k) != 0) {
         if (k)
             closer_free(k);
-        nng_close(cli->sock); /* no thread to spare: unbounded, as nng is */
-        client_free(cli);
-        return;
+        nng_close(sock); /* no thread to spare: unbounded, as nng is */
+        return true;
     }
     struct timespec until;
-    mono_deadline(&until, (uint64_t)(rpc_close_wait_ms > 0 ? rpc_close_wait_ms : 1));
+    mono_deadline(&until, (uint64_t)(wait_ms > 0 ? wait_ms : 1));
     pthread_mutex_lock(&k->mu);
     while (!k->done && pthread_cond_timedwait(&k->cv, &k->mu, &until) != ETIMEDOUT) {
     }
@@ -1766,13 +1783,30 @@ void rpc_client_close(struct rpc_client *cli)
     pthread_mutex_unlock(&k->mu);
     if (!done) {
         pthread_detach(t);
-        LOGW("rpc", "closing the connection to %s did not end within %d ms; going on without "
-             "waiting for it", cli->url, rpc_close_wait_ms);
-        return;
+        LOGW("rpc", "closing %s did not end within %d ms; going on without waiting for it", what,
+             wait_ms);
+        return false;
     }
     pthread_join(t, NULL); /* it only returns now: no thread is left behind */
     closer_free(k);
+    return true;
+}
+
+static void client_leftover(void *cli)
+{
     client_free(cli);
+}
+
+void rpc_client_close(struct rpc_client *cli)
+{
+    if (!cli)
+        return;
+    /* End whatever is still in flight first, then close the socket. */
+    rpc_client_shutdown(cli);
+    char what[300];
+    snprintf(what, sizeof what, "the connection to %s", cli->url);
+    if (close_bounded(cli->sock, rpc_close_wait_ms, what, client_leftover, cli))
+        client_free(cli);
 }
 
 void rpc_client_set_identity(struct rpc_client *cli, const char *identity, uint64_t job_id,

@@ -177,8 +177,10 @@ const char *rpc_server_url(const struct rpc_server *srv);
 void rpc_server_get_stats(struct rpc_server *srv, struct rpc_server_stats *st);
 /* rpc_server_close stops receiving and frees everything; no handler runs
  * after it returns. The owner must have answered (or forgotten) every
- * call it parked: calls still held are freed unanswered. */
-void rpc_server_close(struct rpc_server *srv);
+ * call it parked: calls still held are freed unanswered. nng's close has
+ * no deadline: after 5 s it returns false, the server left as it is (its
+ * callbacks may still run: the owner must keep what they use). */
+bool rpc_server_close(struct rpc_server *srv);
 
 /* The request, valid until the call is answered. */
 const struct rpc_frame *rpc_call_frame(const struct rpc_call *call);

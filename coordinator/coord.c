@@ -637,7 +637,12 @@ void coord_stop(struct coord *c)
     writers_stop(c); /* they answer the calls whose writes they still hold */
     coord_http_stop(c); /* bounded; on time-out it sets c->http_left */
     coord_reader_close(c); /* after the last REST read */
-    rpc_server_close(c->rpc);
+    if (!rpc_server_close(c->rpc)) {
+        /* nng still holds the socket and may call back into c: c stays */
+        LOGW("coord", "coordinator %s stopped in %llu ms, its RPC socket still closing: its "
+             "state stays in memory", c->instance, (unsigned long long)(now_mono_ms() - t0));
+        return;
+    }
     c->rpc = NULL;
     LOGI("coord", "coordinator %s stopped in %llu ms", c->instance,
          (unsigned long long)(now_mono_ms() - t0));

@@ -4,7 +4,8 @@
 #  - a 2-rank job whose cached tensors are agreed over the TCP mesh
 #    (recursive-doubling rounds): every sum right, no Negotiate call per
 #    step after the first (only the parked long-polls), the rounds' ops
-#    counted from the ranks' telemetry;
+#    counted from the ranks' telemetry; `kolo stacks` answered by both
+#    ranks through their own namespace's agent;
 #  - kill -9 of the rank in the other namespace while training: the job
 #    ends within seconds (no hang) with the reason naming the lost rank,
 #    and `kolo run` exits with its exit code;
@@ -47,6 +48,18 @@ RUN_PID=$!
 PIDS+=("$RUN_PID")
 wait_for 60 eval '[ "$(progress)" -ge 50 ]' || fail "training did not start: $(tail "$WORK/run.err")"
 s0=$(progress); n0=$(negotiates)
+# kolo stacks across the hosts (issue 31): both ranks answer through their
+# own namespace's agent, each with the script's frames
+"$KOLO" stacks -o json --coordinator "$RPC" --token-file "$WORK/token" 1 >"$WORK/stacks.json" ||
+  fail "kolo stacks failed: $(cat "$WORK/stacks.json")"
+"$PY" - "$WORK/stacks.json" <<'PY' || fail "kolo stacks across the namespaces: $(head -c 600 "$WORK/stacks.json")"
+import json, sys
+ranks = json.load(open(sys.argv[1]))["ranks"]
+ok = sorted(r["rank"] for r in ranks) == [0, 1] and \
+    sorted(r["host"] for r in ranks) == ["a", "b"] and \
+    all(r["answered"] and "rounds_steps.py" in r["stacks"] for r in ranks)
+sys.exit(0 if ok else 1)
+PY
 wait_for 60 eval '[ "$(progress)" -ge $(( s0 + 100 )) ]' || fail "no progress after step $s0"
 s1=$(progress); n1=$(negotiates)
 note "steps $s0 -> $s1: Negotiate calls $n0 -> $n1 (12 tensors and 2 ranks a step)"

@@ -153,12 +153,17 @@ def test_blocked_in_a_collective_and_asleep_in_the_loader(tmp_path):
 
 
 def test_a_tight_loop_and_a_stopped_rank(tmp_path):
-    job = Job(tmp_path, ["spin", "reduce"])
+    # np 4: a loop, a loader and two ranks blocked in the allreduce
+    job = Job(tmp_path, ["spin", "reduce", "loader", "reduce"])
     try:
-        job.wait_ready(2)
+        job.wait_ready(4)
         got = _ranks(job.stacks("-o", "json")[0])
+        assert sorted(got) == [0, 1, 2, 3], got
         assert got[0]["answered"] and "in spin" in got[0]["stacks"], got[0]
         assert got[0]["state"].startswith("R"), got[0]
+        assert got[2]["answered"] and "in load_batch" in got[2]["stacks"], got[2]
+        for r in (1, 3):
+            assert got[r]["answered"] and "waits in 'layer4.weight'" in got[r]["pending"], got[r]
         os.kill(job.ready[1], signal.SIGSTOP)
         time.sleep(0.3)
         p, took = job.stacks("-o", "json")
@@ -167,6 +172,7 @@ def test_a_tight_loop_and_a_stopped_rank(tmp_path):
         assert not got[1]["answered"] and got[1]["state"].startswith("T"), got[1]
         assert took < 8, took
         assert got[0]["answered"] and "in spin" in got[0]["stacks"], got[0]
+        assert got[3]["answered"], got[3]
     finally:
         job.close()
 
