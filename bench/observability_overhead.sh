@@ -113,15 +113,13 @@ launch() {
     while IFS= read -r line; do
         m="$mode"
         case "$line" in
-        *'"kind":"resnet50_step_telemetry_off"'*) m=off ;;
-        *'"kind":"resnet50_step_telemetry_on"'*) m=on ;;
-        *'"kind":"cnn_step_telemetry_off"'*) m=off ;;
-        *'"kind":"cnn_step_telemetry_on"'*) m=on ;;
+        *'"kind":"resnet50_step_telemetry_off"'* | *'"kind": "cnn_step_telemetry_off"'*) m=off ;;
+        *'"kind":"resnet50_step_telemetry_on"'* | *'"kind": "cnn_step_telemetry_on"'*) m=on ;;
         esac
         [ "$mode" = toggle ] && [ "$m" = toggle ] && continue
         printf '{"case":"%s","mode":"%s","round":%s,"load1":%s,%s\n' "$case" "$m" "$round" \
             "$load" "${line#\{}" >>"$records"
-        log "$tag $m: $(printf '%s' "$line" | grep -o '"\(median_us\|img_sec_total\)": *[0-9.]*'), $((SECONDS - t0)) s, load $load"
+        log "$tag $m: $(printf '%s' "$line" | grep -o '"\(median_us\|img_sec_total\)": *[0-9.]*' | head -1), $((SECONDS - t0)) s, load $load"
     done <<<"$lines"
 }
 
