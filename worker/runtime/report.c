@@ -709,8 +709,8 @@ static void *sender_main(void *arg)
         struct time_split_window split = {0};
         pthread_mutex_unlock(&r->mu);
         pthread_mutex_lock(&c->mu);
-        if (c->telemetry && !time_split_take(&c->split, now_mono_us(), &split))
-            split.wall_us = 0;
+        if (c->telemetry) /* nothing measured yet: split stays zero */
+            time_split_take(&c->split, now_mono_us(), &split);
         pthread_mutex_unlock(&c->mu);
         pthread_mutex_lock(&r->mu);
         struct batch b;

@@ -76,7 +76,8 @@ static inline void time_split_running(struct time_split *t, uint64_t now, int de
 }
 
 /* Closes the window at `now`, returns its totals and opens the next one
- * (the states carry over). false: nothing measured yet. */
+ * (the states carry over). false: nothing measured yet (w untouched, or
+ * an empty window: wall_us 0). */
 static inline bool time_split_take(struct time_split *t, uint64_t now,
                                    struct time_split_window *w)
 {
