@@ -238,7 +238,7 @@ opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
 for step in range(100000):
     opt.zero_grad()
     model(torch.randn(4, 8)).sum().backward()
-    time.sleep(0.08 if hvd.rank() == 1 else 0.02)   # rank 1 computes 4x slower
+    time.sleep(0.15 if hvd.rank() == 1 else 0.02)   # rank 1 computes 7x slower
     opt.step()
 '''
 
@@ -274,6 +274,16 @@ def test_top_ranks_the_slow_rank_first(cluster):
         hb.wait(timeout=10)
 
 
+def _top_settled(got):
+    """kolo top's view once the slow rank's lead shows in every figure."""
+    ranks = got["ranks"]
+    if any(r["cost"] is None or r["compute"] is None for r in ranks):
+        return False
+    others = [r for r in ranks if r["rank"] != 1]
+    return (ranks[1]["straggler"] and ranks[1]["cost"] > 0.5 and ranks[1]["compute"] > 0.8
+            and all(r["cost"] < ranks[1]["cost"] / 3 and r["wait"] > 0.5 for r in others))
+
+
 def _top_ranks_the_slow_rank_first(rpc, http, tmp):
     path = os.path.join(tmp, "slow.py")
     with open(path, "w") as f:
@@ -286,6 +296,9 @@ def _top_ranks_the_slow_rank_first(rpc, http, tmp):
     assert run.returncode == 0, err
     job = int(re.search(r"(\d+)", out).group(1))
     try:
+        # the figures are averages that settle over the first steps (the
+        # first ones are taken while ranks still start): wait until they
+        # tell the steady state, then check each
         deadline = time.time() + 60
         got = None
         while time.time() < deadline:
@@ -293,15 +306,17 @@ def _top_ranks_the_slow_rank_first(rpc, http, tmp):
                                capture_output=True, text=True, timeout=30)
             assert p.returncode == 0, p.stderr
             got = json.loads(p.stdout)
-            if all(r["cost"] is not None and r["compute"] is not None
-                   for r in got["ranks"]) and got["ranks"][1]["straggler"]:
+            if _top_settled(got):
                 break
             time.sleep(0.5)
         ranks = got["ranks"]
         others = [r for r in ranks if r["rank"] != 1]
         assert ranks[1]["straggler"] and not any(r["straggler"] for r in others), got
-        # the others wait ~60 ms of a ~80 ms step for rank 1
-        assert 0.3 < ranks[1]["cost"] < 1.0 and all(r["cost"] < 0.1 for r in others), got
+        # the others wait ~130 ms of a ~150 ms step for rank 1; on a loaded
+        # CI host another rank can be some ms late now and then, so the
+        # others' bound is relative
+        assert 0.5 < ranks[1]["cost"] < 1.0, got
+        assert all(r["cost"] < ranks[1]["cost"] / 3 for r in others), got
         assert 0.05 < got["step_s"] < 1.0, got
         # where the time goes: rank 1 computes (sleeps) nearly all of its
         # step, rank 0 spends most of its own waiting for rank 1
@@ -321,7 +336,7 @@ def _top_ranks_the_slow_rank_first(rpc, http, tmp):
         assert st == 200 and body["ranks"][1]["cost"] > body["ranks"][0]["cost"], body
         t0, t1 = body["ranks"][0]["time"], body["ranks"][1]["time"]
         assert t1["compute"] > 0.8 and t0["wait"] > 0.5, body
-        # the same shares of the rank's step: rank 0 waits ~60 ms of ~80
+        # the same shares of the rank's step: rank 0 waits ~130 ms of ~150
         assert 0.02 < t0["wait_s"] < body["ranks"][0]["last_step_s"], body
         # the default policy (warn) told once the window passed: an event
         deadline = time.time() + 30
