@@ -9,6 +9,8 @@
 #include "reduce.h"
 #include "util.h"
 
+_Thread_local bool coll_thread_idle;
+
 void coll_waiting(struct coll *c, int peer)
 {
     /* the start time stays while it is the same peer: one long wait in

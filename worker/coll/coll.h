@@ -105,6 +105,13 @@ struct coll {
 };
 
 void coll_waiting(struct coll *c, int peer);
+
+/* True on a thread that is blocked until the collectives it runs are
+ * done and has nothing else to do (libkolo sets it for a user thread in
+ * kolo_wait): a backend's waits may spin longer there, since no compute
+ * of the rank's needs that CPU. A background thread running collectives
+ * beside the user's compute leaves it false. */
+extern _Thread_local bool coll_thread_idle;
 static inline int coll_name(const struct coll *c, int member)
 {
     return c->names && member >= 0 && member < c->size ? c->names[member] : member;

@@ -72,7 +72,7 @@
  * normally.
  *
  * Knobs (environment, read once in create/attach):
- *   KOLO_SPIN_US     spin before sleeping, microseconds (default 30; 0
+ *   KOLO_SPIN_US     spin before sleeping, microseconds (default 250; 0
  *                    when ranks outnumber CPUs)
  *   KOLO_YIELD_US    then yield the CPU for up to this long before
  *                    sleeping (default 200; 100 when ranks outnumber CPUs)
@@ -137,6 +137,16 @@
  * peer that leaves wakes the sleepers itself. */
 #define SHM_SLICE_UNWATCHED_MS      200u
 #define SHM_SPIN_US_DEFAULT         30
+/* A thread with nothing else to do (coll_thread_idle: a user thread
+ * blocked in kolo_wait) on a rank with a CPU of its own spins at least
+ * this long, longer than the wake-up of an idle virtual CPU (~75-150 us
+ * on the 2-vCPU VMs measured here). With 30 us, one late post put a
+ * waiter to sleep, its wake-up made the peer's next wait outlast the
+ * spin too, and two ranks could go on waking each other at ~75 us an op
+ * (np 2, 4 B: a ~75 us median in about one phase of a launch in three,
+ * none in 18 launches spinning 250-1000 us). The background thread,
+ * beside the user's compute, keeps the short spin. */
+#define SHM_IDLE_SPIN_US            250
 #define SHM_SPIN_US_OVERSUBSCRIBED  0
 #define SHM_YIELD_US_DEFAULT        200
 /* Crowded: long enough for a peer queued behind us to run its part (4 B
@@ -220,7 +230,9 @@ struct shmcoll {
     int *pfd_rank;
     int npfd;
     bool unwatched; /* no peer to watch: every one is a thread of this process */
-    uint64_t spin_ns, yield_ns;
+    uint64_t spin_ns, idle_spin_ns, yield_ns;
+    uint32_t want;      /* the event a busy peer wait looks for */
+    uint32_t bell_want; /* the bell value a busy idle wait has seen */
     unsigned yield_misses, yield_skipped; /* waits in a row yields did not pay; skips since */
     /* Liveness, not a time limit: the span of the running operation's
      * deadline (shm_enter). Each wait for a peer gets the whole span, so an
@@ -461,65 +473,87 @@ static inline bool yield_worth_trying(struct shmcoll *s)
     return s->yield_misses < 2 || ++s->yield_skipped % SHM_YIELD_PROBE == 0;
 }
 
+/* A failure recorded in the header, or rank j (-1: none) left: a busy
+ * wait stops and its caller's slow path says why. */
+static inline bool busy_wait_over(struct shmcoll *s, int j)
+{
+    return atomic_load_explicit(&s->hdr->abort_rank, memory_order_relaxed) ||
+           (j >= 0 && atomic_load_explicit(&ctrl_of(s, j)->state, memory_order_relaxed) ==
+                          SHM_STATE_LEFT);
+}
+
+/*
+ * shm_busy_wait: true once done(s, arg) holds, within this rank's spin
+ * and then yield windows; false when they ran out (or busy_wait_over), and
+ * the caller sleeps. Spinning: on dedicated cores the awaited rank is
+ * usually a few hundred nanoseconds away, far cheaper than a sleep and a
+ * wake; the clock and the header are looked at every 64 pauses only.
+ * Yielding: with more ranks than CPUs, the awaited rank is often queued
+ * behind us on our own CPU, and a yield hands it the CPU at once without
+ * a FUTEX_WAKE; with a CPU each, a yielding rank stays runnable, so a
+ * post a little later than the spin (a timer tick, a thread waking on the
+ * peer's CPU) is seen at once instead of after the wake-up of an idle
+ * virtual CPU (~50-150 us on this kind of VM).
+ */
+static inline bool shm_busy_wait(struct shmcoll *s, int j, uint64_t spin_ns,
+                                 bool (*done)(struct shmcoll *, uintptr_t), uintptr_t arg)
+{
+    if (spin_ns) {
+        uint64_t t0 = 0;
+        for (unsigned i = 1;; i++) {
+            cpu_relax();
+            if (done(s, arg))
+                return true;
+            if ((i & 63) == 0) {
+                uint64_t t = now_mono_ns();
+                if (!t0)
+                    t0 = t;
+                else if (t - t0 >= spin_ns)
+                    break;
+                if (busy_wait_over(s, j))
+                    return false;
+            }
+        }
+    }
+    if (!s->yield_ns || !yield_worth_trying(s))
+        return false;
+    uint64_t t0 = now_mono_ns(), t = t0;
+    do {
+        sched_yield();
+        uint64_t t1 = now_mono_ns();
+        bool taken = t1 - t >= SHM_YIELD_TAKEN_NS;
+        t = t1;
+        if (done(s, arg)) {
+            s->yield_misses = taken ? s->yield_misses + 1 : 0;
+            return true;
+        }
+        if (taken || busy_wait_over(s, j))
+            break;
+    } while (t - t0 < s->yield_ns);
+    s->yield_misses++;
+    return false;
+}
+
+/* The peer wait's condition: rank arg posted the event in s->want. */
+static inline bool peer_posted(struct shmcoll *s, uintptr_t j)
+{
+    uint32_t v = atomic_load_explicit(&ctrl_of(s, (int)j)->events, memory_order_acquire);
+    if (!reached(v, s->want))
+        return false;
+    note_seen(s, (int)j, v);
+    return true;
+}
+
 /* shm_wait_peer: rank j posted event target. The common cases return
  * without touching j's cache line (already known) or after one load. */
 static inline int shm_wait_peer(struct shmcoll *s, int j, uint64_t target, uint64_t deadline)
 {
     if (s->seen[j] >= target)
         return 0;
-    struct shm_ctrl *cj = ctrl_of(s, j);
-    uint32_t want = (uint32_t)target;
-    uint32_t v = atomic_load_explicit(&cj->events, memory_order_acquire);
-    if (reached(v, want)) {
-        note_seen(s, j, v);
+    s->want = (uint32_t)target;
+    if (peer_posted(s, (uintptr_t)j) || shm_busy_wait(s, j, coll_thread_idle ? s->idle_spin_ns : s->spin_ns, peer_posted,
+                                                 (uintptr_t)j))
         return 0;
-    }
-    /* Spin a bounded time: on dedicated cores the peer is usually a few
-     * hundred nanoseconds away, far cheaper than a sleep and a wake. The
-     * clock and the abort record are looked at every 64 pauses only. */
-    if (s->spin_ns) {
-        uint64_t t0 = 0;
-        for (unsigned i = 1;; i++) {
-            cpu_relax();
-            v = atomic_load_explicit(&cj->events, memory_order_acquire);
-            if (reached(v, want)) {
-                note_seen(s, j, v);
-                return 0;
-            }
-            if ((i & 63) == 0) {
-                uint64_t t = now_mono_ns();
-                if (!t0)
-                    t0 = t;
-                else if (t - t0 >= s->spin_ns)
-                    break;
-                if (atomic_load_explicit(&s->hdr->abort_rank, memory_order_relaxed) ||
-                    atomic_load_explicit(&cj->state, memory_order_relaxed) == SHM_STATE_LEFT)
-                    break;
-            }
-        }
-    }
-    /* With more ranks than CPUs, the rank we wait for is often queued
-     * behind us on our own CPU: yielding hands it the CPU at once, and
-     * costs the poster no FUTEX_WAKE. Bounded too, then sleep. */
-    if (s->yield_ns && yield_worth_trying(s)) {
-        uint64_t t0 = now_mono_ns(), t = t0;
-        do {
-            sched_yield();
-            uint64_t t1 = now_mono_ns();
-            bool taken = t1 - t >= SHM_YIELD_TAKEN_NS;
-            t = t1;
-            v = atomic_load_explicit(&cj->events, memory_order_acquire);
-            if (reached(v, want)) {
-                s->yield_misses = taken ? s->yield_misses + 1 : 0;
-                note_seen(s, j, v);
-                return 0;
-            }
-            if (taken || atomic_load_explicit(&s->hdr->abort_rank, memory_order_relaxed) ||
-                atomic_load_explicit(&cj->state, memory_order_relaxed) == SHM_STATE_LEFT)
-                break;
-        } while (t - t0 < s->yield_ns);
-        s->yield_misses++;
-    }
     return shm_wait_slow(s, j, target, deadline);
 }
 
@@ -1197,9 +1231,19 @@ static bool idle_news(struct shmcoll *s, uint32_t seen)
            shm_peer_started(&s->c);
 }
 
-/* Spins like shm_wait_peer (not at all when ranks outnumber CPUs), then
- * sleeps on this rank's bell. A failure of the group shows at the next
- * collective, as without rounds. */
+/* The idle wait's condition: the bell rang past s->bell_want, or a peer
+ * started a collective. */
+static inline bool idle_news_hot(struct shmcoll *s, uintptr_t unused)
+{
+    (void)unused;
+    return idle_news(s, s->bell_want);
+}
+
+/* Waits like shm_wait_peer when asked to (a user thread blocked in
+ * kolo_wait, with nothing else to do), then sleeps on this rank's bell.
+ * Without spin (the background thread, beside the user's compute) it
+ * sleeps at once. A failure of the group shows at the next collective, as
+ * without rounds. */
 static int shm_idle_wait(struct coll *c, uint64_t seen64, int timeout_ms, bool spin)
 {
     struct shmcoll *s = (struct shmcoll *)c;
@@ -1209,16 +1253,9 @@ static int shm_idle_wait(struct coll *c, uint64_t seen64, int timeout_ms, bool s
         return -s->c.failed;
     if (idle_news(s, seen))
         return 1;
-    if (spin && s->spin_ns) {
-        uint64_t t0 = now_mono_ns();
-        for (unsigned i = 1;; i++) {
-            cpu_relax();
-            if (idle_news(s, seen))
-                return 1;
-            if ((i & 63) == 0 && now_mono_ns() - t0 >= s->spin_ns)
-                break;
-        }
-    }
+    s->bell_want = seen;
+    if (spin && shm_busy_wait(s, -1, s->idle_spin_ns, idle_news_hot, 0))
+        return 1;
     if (timeout_ms <= 0)
         return 0;
     atomic_fetch_add_explicit(&me->bell_sleepers, 1, memory_order_seq_cst);
@@ -1325,6 +1362,8 @@ static void wait_knobs(struct shmcoll *s, int ranks)
     int64_t spin = settings_int(SET_SPIN_US, crowded ? SHM_SPIN_US_OVERSUBSCRIBED : SHM_SPIN_US_DEFAULT);
     int64_t yield = settings_int(SET_YIELD_US, crowded ? SHM_YIELD_US_OVERSUBSCRIBED : SHM_YIELD_US_DEFAULT);
     s->spin_ns = (uint64_t)spin * 1000u;
+    s->idle_spin_ns = crowded ? s->spin_ns
+                      : (uint64_t)(spin > SHM_IDLE_SPIN_US ? spin : SHM_IDLE_SPIN_US) * 1000u;
     s->yield_ns = (uint64_t)yield * 1000u;
 }
 

@@ -17,6 +17,7 @@
 #include "log.h"
 #include "round.h"
 #include "util.h"
+#include "coll.h"
 #include "ctx.h"
 #include "fastpath.h"
 #include "nccl_exec.h"
@@ -531,6 +532,10 @@ int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
     bool blocks = c->telemetry && op->state != OP_DONE;
     if (blocks)
         time_split_blocked(&c->split, now_mono_us(), +1);
+    /* the rounds and collectives this thread runs meanwhile may spin
+     * longer: it has nothing else to do (coll.h) */
+    bool was_idle = coll_thread_idle;
+    coll_thread_idle = true;
     while (op->state != OP_DONE) {
         if (ctx_try_execute(c))
             continue;
@@ -557,6 +562,7 @@ int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
         if (rv == ETIMEDOUT && op->state != OP_DONE)
             break;
     }
+    coll_thread_idle = was_idle;
     uint64_t now_us = blocks ? now_mono_us() : 0;
     if (blocks)
         time_split_blocked(&c->split, now_us, -1);
