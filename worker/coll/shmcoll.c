@@ -483,9 +483,9 @@ static inline bool busy_wait_over(struct shmcoll *s, int j)
 }
 
 /*
- * shm_busy_wait: true once done(s, arg) holds, within this rank's spin
- * and then yield windows; false when they ran out (or busy_wait_over), and
- * the caller sleeps. Spinning: on dedicated cores the awaited rank is
+ * shm_busy_wait: true once done(s, arg) holds, within spin_ns and then
+ * (if yield) this rank's yield window; false when they ran out (or
+ * busy_wait_over), and the caller sleeps. Spinning: on dedicated cores the awaited rank is
  * usually a few hundred nanoseconds away, far cheaper than a sleep and a
  * wake; the clock and the header are looked at every 64 pauses only.
  * Yielding: with more ranks than CPUs, the awaited rank is often queued
@@ -495,7 +495,7 @@ static inline bool busy_wait_over(struct shmcoll *s, int j)
  * peer's CPU) is seen at once instead of after the wake-up of an idle
  * virtual CPU (~50-150 us on this kind of VM).
  */
-static inline bool shm_busy_wait(struct shmcoll *s, int j, uint64_t spin_ns,
+static inline bool shm_busy_wait(struct shmcoll *s, int j, uint64_t spin_ns, bool yield,
                                  bool (*done)(struct shmcoll *, uintptr_t), uintptr_t arg)
 {
     if (spin_ns) {
@@ -515,7 +515,7 @@ static inline bool shm_busy_wait(struct shmcoll *s, int j, uint64_t spin_ns,
             }
         }
     }
-    if (!s->yield_ns || !yield_worth_trying(s))
+    if (!yield || !s->yield_ns || !yield_worth_trying(s))
         return false;
     uint64_t t0 = now_mono_ns(), t = t0;
     do {
@@ -551,8 +551,8 @@ static inline int shm_wait_peer(struct shmcoll *s, int j, uint64_t target, uint6
     if (s->seen[j] >= target)
         return 0;
     s->want = (uint32_t)target;
-    if (peer_posted(s, (uintptr_t)j) || shm_busy_wait(s, j, coll_thread_idle ? s->idle_spin_ns : s->spin_ns, peer_posted,
-                                                 (uintptr_t)j))
+    uint64_t spin_ns = coll_thread_idle ? s->idle_spin_ns : s->spin_ns;
+    if (peer_posted(s, (uintptr_t)j) || shm_busy_wait(s, j, spin_ns, true, peer_posted, (uintptr_t)j))
         return 0;
     return shm_wait_slow(s, j, target, deadline);
 }
@@ -1239,11 +1239,13 @@ static inline bool idle_news_hot(struct shmcoll *s, uintptr_t unused)
     return idle_news(s, s->bell_want);
 }
 
-/* Waits like shm_wait_peer when asked to (a user thread blocked in
- * kolo_wait, with nothing else to do), then sleeps on this rank's bell.
- * Without spin (the background thread, beside the user's compute) it
- * sleeps at once. A failure of the group shows at the next collective, as
- * without rounds. */
+/* Spins when asked to (a user thread blocked in kolo_wait, with nothing
+ * else to do; not at all when ranks outnumber CPUs), then sleeps on this
+ * rank's bell. Without spin (the background thread, beside the user's
+ * compute) it sleeps at once. It does not yield: an idle wait is often
+ * long (the peers compute), and yields that do not pay would turn off the
+ * peer waits' yields (yield_worth_trying). A failure of the group shows
+ * at the next collective, as without rounds. */
 static int shm_idle_wait(struct coll *c, uint64_t seen64, int timeout_ms, bool spin)
 {
     struct shmcoll *s = (struct shmcoll *)c;
@@ -1254,7 +1256,7 @@ static int shm_idle_wait(struct coll *c, uint64_t seen64, int timeout_ms, bool s
     if (idle_news(s, seen))
         return 1;
     s->bell_want = seen;
-    if (spin && shm_busy_wait(s, -1, s->idle_spin_ns, idle_news_hot, 0))
+    if (spin && shm_busy_wait(s, -1, s->idle_spin_ns, false, idle_news_hot, 0))
         return 1;
     if (timeout_ms <= 0)
         return 0;
