@@ -42,6 +42,11 @@ uint64_t now_mono_ms(void)
     return clock_ms(CLOCK_MONOTONIC);
 }
 
+uint64_t now_mono_ms_coarse(void)
+{
+    return clock_ms(CLOCK_MONOTONIC_COARSE);
+}
+
 uint64_t deadline_left(uint64_t deadline, uint64_t cap)
 {
     uint64_t now = now_mono_ms();
@@ -87,15 +92,15 @@ void cond_init_monotonic(pthread_cond_t *cond)
     pthread_condattr_destroy(&ca);
 }
 
+void mono_ts_us(struct timespec *ts, uint64_t at_us)
+{
+    ts->tv_sec = (time_t)(at_us / 1000000u);
+    ts->tv_nsec = (long)(at_us % 1000000u) * 1000L;
+}
+
 void mono_deadline_us(struct timespec *ts, uint64_t us)
 {
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += (time_t)(us / 1000000);
-    ts->tv_nsec += (long)(us % 1000000) * 1000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
+    mono_ts_us(ts, now_mono_us() + us);
 }
 
 void mono_deadline(struct timespec *ts, uint64_t ms)

@@ -27,6 +27,11 @@ int pwrite_all(int fd, const void *data, size_t len, uint64_t at);
 
 /* now_mono_ms: CLOCK_MONOTONIC in ms, for leases and deadlines. */
 uint64_t now_mono_ms(void);
+/* now_mono_ms_coarse: the same clock as the kernel last ticked it (a few
+ * ms behind now_mono_ms at most, never ahead), at a quarter of the cost
+ * (~6 against ~25 ns here): for deadlines of seconds and checks every
+ * 100 ms on the path of every small operation. */
+uint64_t now_mono_ms_coarse(void);
 /* now_mono_us: the same clock in microseconds, for short intervals. */
 uint64_t now_mono_us(void);
 /* now_mono_ns: the same clock in nanoseconds, for spin-then-sleep waits
@@ -78,6 +83,9 @@ struct timespec;
 void mono_deadline(struct timespec *ts, uint64_t ms);
 /* mono_deadline_us: the same, us microseconds from now. */
 void mono_deadline_us(struct timespec *ts, uint64_t us);
+/* mono_ts_us: *ts for the CLOCK_MONOTONIC time at_us (now_mono_us's
+ * scale), for a deadline computed from a clock read already made. */
+void mono_ts_us(struct timespec *ts, uint64_t at_us);
 /* now_wall_ms: CLOCK_REALTIME in ms since the epoch, for records. */
 uint64_t now_wall_ms(void);
 /* now_stepless_ms: ms since the epoch as the wall clock read when this

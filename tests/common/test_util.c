@@ -32,6 +32,19 @@ static void test_clocks_and_random(void)
     CHECK(b >= a + 15);
     CHECK(now_wall_ms() > 1700000000000ull); /* after Nov 2023 */
 
+    /* the coarse clock is the same clock, never ahead and only a few ms
+     * behind; mono_ts_us turns a read into a deadline without a read */
+    for (int i = 0; i < 1000; i++) {
+        uint64_t coarse = now_mono_ms_coarse(), fine = now_mono_ms();
+        CHECK(coarse <= fine && fine - coarse <= 20);
+    }
+    struct timespec ts;
+    mono_ts_us(&ts, 5000001234567ull);
+    CHECK(ts.tv_sec == 5000001 && ts.tv_nsec == 234567000L);
+    mono_deadline_us(&ts, 2000000);
+    uint64_t at_us = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+    CHECK(at_us >= now_mono_us() + 1900000 && at_us <= now_mono_us() + 2000000);
+
     /* deadline_left: what remains, capped; 0 once passed */
     uint64_t now = now_mono_ms();
     CHECK(deadline_left(now + 10000, 500) == 500);

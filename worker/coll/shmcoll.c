@@ -380,7 +380,7 @@ static int shm_check_abort(struct shmcoll *s, int j)
  * operation's liveness span (s->window) from its deadline (0: none). */
 static inline int shm_enter(struct shmcoll *s, uint64_t deadline)
 {
-    uint64_t now = now_mono_ms();
+    uint64_t now = now_mono_ms_coarse(); /* the span is seconds long */
     s->window = !deadline ? 0 : deadline > now ? deadline - now : 1;
     if (s->c.failed)
         return s->c.failed;

@@ -38,7 +38,7 @@ void ctx_wake(struct kolo_ctx *c)
 
 uint64_t ctx_deadline(const struct kolo_ctx *c)
 {
-    return now_mono_ms() + (uint64_t)c->timeout_ms;
+    return now_mono_ms_coarse() + (uint64_t)c->timeout_ms;
 }
 
 bool ctx_log_put(struct kolo_ctx *c, Kolo__Response *x)

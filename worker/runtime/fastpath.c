@@ -329,11 +329,10 @@ static bool pay_take(struct kolo_ctx *c, const uint64_t *v, size_t nwords, uint3
 
 /* Cached ops pending longer than the stall limit: invalid at the next
  * round, so the coordinator's stall inspector sees them (mu held). */
-static void check_stalls(struct kolo_ctx *c)
+static void check_stalls(struct kolo_ctx *c, uint64_t now)
 {
     if (c->fast_stall_ms < 0)
         return;
-    uint64_t now = now_mono_ms();
     if (now - c->fast_last_stall_check < 100)
         return;
     c->fast_last_stall_check = now;
@@ -676,11 +675,14 @@ bool fast_try(struct kolo_ctx *c)
      * rung with the news; it leaves at once and broadcasts done. */
     if (c->executing || c->sticky || c->stopping || c->idling || c->fast_leaving)
         return false;
-    check_stalls(c); /* may make the rank dirty */
+    /* one coarse clock read for the checks below, on the path of every
+     * small op: they count in ms (util.h) */
+    uint64_t now_ms = now_mono_ms_coarse();
+    check_stalls(c, now_ms); /* may make the rank dirty */
     if (!fast_work(c))
         return false;
     c->executing = true;
-    c->exec_since = now_mono_ms();
+    c->exec_since = now_ms;
     fast_round(c, ctx_deadline(c));
     ctx_token_release(c);
     return true;

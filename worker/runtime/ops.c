@@ -518,9 +518,13 @@ int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
 {
     if (!c)
         return KOLO_EINVAL;
+    /* one clock read on the path of every op: the deadline's base, and
+     * where the wait starts if the op is not done (the time split) */
+    uint64_t in_us = now_mono_us();
+    uint64_t end_ms = timeout_ms >= 0 ? in_us / 1000 + (uint64_t)timeout_ms : UINT64_MAX;
     struct timespec ts;
     if (timeout_ms >= 0)
-        mono_deadline(&ts, (uint64_t)timeout_ms);
+        mono_ts_us(&ts, in_us + (uint64_t)timeout_ms * 1000);
     pthread_mutex_lock(&c->mu);
     struct op *op = ops_lookup(c, h);
     if (!op) {
@@ -531,7 +535,7 @@ int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
     /* where the time goes: waiting from here on, unless it is done */
     bool blocks = c->telemetry && op->state != OP_DONE;
     if (blocks)
-        time_split_blocked(&c->split, now_mono_us(), +1);
+        time_split_blocked(&c->split, in_us, +1);
     /* the rounds and collectives this thread runs meanwhile may spin
      * longer: it has nothing else to do (coll.h) */
     bool was_idle = coll_thread_idle;
@@ -542,11 +546,10 @@ int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
         /* Fast path: wait for a peer's round or local news right here, so
          * the round runs on this thread without a hand-off. */
         if (c->fast) {
-            uint64_t now = now_mono_ms(), end = (uint64_t)ts.tv_sec * 1000 +
-                                                  (uint64_t)ts.tv_nsec / 1000000;
-            if (timeout_ms >= 0 && now >= end)
+            uint64_t now = now_mono_ms();
+            if (now >= end_ms)
                 break;
-            int slice = timeout_ms >= 0 && end - now < 100 ? (int)(end - now) : 100;
+            int slice = end_ms - now < 100 ? (int)(end_ms - now) : 100;
             if (fast_idle(c, slice, true))
                 continue;
             if (c->idling) /* the background thread: hand the place over */
