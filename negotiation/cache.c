@@ -141,18 +141,28 @@ void tcache_free(struct tensor_cache *tc)
     free(tc);
 }
 
-static struct slot *find(const struct tensor_cache *tc, const char *name)
+static struct slot *find_hashed(const struct tensor_cache *tc, const char *name, uint64_t hash)
 {
-    for (struct slot *s = tc->buckets[str_hash(name) % TCACHE_BUCKETS]; s; s = s->next)
+    for (struct slot *s = tc->buckets[hash % TCACHE_BUCKETS]; s; s = s->next)
         if (strcmp(s->name, name) == 0)
             return s;
     return NULL;
 }
 
+static struct slot *find(const struct tensor_cache *tc, const char *name)
+{
+    return find_hashed(tc, name, str_hash(name));
+}
+
+uint32_t tcache_id_hashed(const struct tensor_cache *tc, const char *name, uint64_t hash)
+{
+    const struct slot *s = find_hashed(tc, name, hash);
+    return s ? s->id : 0;
+}
+
 uint32_t tcache_id(const struct tensor_cache *tc, const char *name)
 {
-    const struct slot *s = find(tc, name);
-    return s ? s->id : 0;
+    return tcache_id_hashed(tc, name, str_hash(name));
 }
 
 const char *tcache_name(const struct tensor_cache *tc, uint32_t id)

@@ -33,6 +33,9 @@ void tcache_clear(struct tensor_cache *tc);
 
 /* The id name is cached under (0: none), whatever its signature. */
 uint32_t tcache_id(const struct tensor_cache *tc, const char *name);
+/* tcache_id_hashed: the same, for a caller that has str_hash(name)
+ * already (the path of every cached op). */
+uint32_t tcache_id_hashed(const struct tensor_cache *tc, const char *name, uint64_t hash);
 /* What id stands for; NULL when no name holds it. */
 const char *tcache_name(const struct tensor_cache *tc, uint32_t id);
 const struct tensor_req *tcache_sig(const struct tensor_cache *tc, uint32_t id);

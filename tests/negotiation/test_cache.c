@@ -12,6 +12,7 @@
 #include "errors.h"
 #include "round.h"
 #include "test.h"
+#include "util.h"
 
 static int64_t shape_a[2] = {3, 4};
 static int64_t shape_b[2] = {4, 3};
@@ -39,6 +40,9 @@ static void test_bind_and_lookup(void)
 
     CHECK_EQ_INT(tcache_bind(tc, 3, "w", &a), 0);
     CHECK_EQ_INT(tcache_id(tc, "w"), 3);
+    /* the same lookup with the caller's hash of the name */
+    CHECK_EQ_INT(tcache_id_hashed(tc, "w", str_hash("w")), 3);
+    CHECK_EQ_INT(tcache_id_hashed(tc, "x", str_hash("x")), 0);
     CHECK_EQ_STR(tcache_name(tc, 3), "w");
     CHECK(tensor_sig_equal(tcache_sig(tc, 3), &a));
     CHECK(tcache_sig(tc, 3)->shape != a.shape); /* a copy */

@@ -52,6 +52,8 @@ struct op {
     char *name;
     int64_t *shape;
     int32_t *splits;
+    size_t name_cap, shape_cap; /* their sizes, kept when the op is recycled */
+    uint64_t name_hash;         /* str_hash(name), computed once */
     uint32_t cache_id; /* submitted by cache id */
     uint64_t fast_since_us; /* monotonic µs it began waiting in rounds */
     bool fast;           /* the readiness rounds own it (not the coordinator) */
@@ -79,7 +81,7 @@ struct op {
     /* A traced GPU op's timeline span (fastpath.c), sent when the op
      * completes: its kernels end after the launch returned. */
     Kolo__TraceSpan *trace;
-    struct op *next;      /* submit queue */
+    struct op *next;      /* submit queue; the free ops' list (ops.c) */
     struct op *name_next; /* in-flight name table chain */
 };
 
@@ -143,6 +145,9 @@ struct kolo_ctx {
     uint32_t nslots, slot_cap;
     uint32_t *free_slots;
     uint32_t nfree;
+    /* finished ops kept for the next submissions (ops.c, op_get) */
+    struct op *op_pool;
+    uint32_t op_pooled;
     /* in-flight names */
     struct op *names[NAME_BUCKETS];
     /* submit queue: ops not yet sent */
