@@ -1548,6 +1548,11 @@ struct rpc_client {
     bool closed;        /* rpc_client_shutdown ran */
     bool retry_busy;    /* KOLO_EBUSY is tried again until the deadline */
     nng_cv *wake;       /* ends busy backoffs at shutdown */
+    /* kept for reuse (rpc_client_config.reuse): what an open must match */
+    bool reuse;
+    char asked_url[256];
+    struct tls_files tls;
+    bool tls_given;
 };
 
 static void reap_dead(struct rpc_client *cli);
@@ -1623,12 +1628,77 @@ static void client_free_unopened(struct rpc_client *cli)
     free(cli);
 }
 
+/* ---- clients kept for reuse (rpc_client_config.reuse) */
+
+static pthread_mutex_t kept_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct rpc_client *kept[RPC_CLIENTS_KEPT];
+static int nkept;
+
+static bool same_config(const struct rpc_client *cli, const struct rpc_client_config *cfg)
+{
+    const char *token = cfg->token ? cfg->token : "";
+    bool tls_given = cfg->tls != NULL;
+    return strcmp(cli->asked_url, cfg->url) == 0 && strcmp(cli->token ? cli->token : "", token) == 0 &&
+           cli->token_is_job == (cfg->token && cfg->token_is_job) &&
+           cli->max_msg == (cfg->max_msg ? cfg->max_msg : RPC_DEFAULT_MAX_MSG) &&
+           cli->retry_busy == cfg->retry_busy && cli->tls_given == tls_given &&
+           (!tls_given || memcmp(&cli->tls, cfg->tls, sizeof cli->tls) == 0);
+}
+
+/* A kept client for cfg, taken out of the keep (NULL: none). */
+static struct rpc_client *kept_take(const struct rpc_client_config *cfg)
+{
+    struct rpc_client *cli = NULL;
+    pthread_mutex_lock(&kept_mu);
+    for (int i = 0; i < nkept && !cli; i++)
+        if (same_config(kept[i], cfg)) {
+            cli = kept[i];
+            kept[i] = kept[--nkept];
+        }
+    pthread_mutex_unlock(&kept_mu);
+    if (cli) {
+        nng_mtx_lock(cli->mtx);
+        cli->closed = false;
+        nng_mtx_unlock(cli->mtx);
+        rpc_client_set_identity(cli, cfg->identity, cfg->job_id, cfg->generation, cfg->rank);
+    }
+    return cli;
+}
+
+/* Keeps a shut-down client with nothing in flight; false: no room. */
+static bool kept_put(struct rpc_client *cli)
+{
+    nng_mtx_lock(cli->mtx);
+    bool idle = !cli->live && !cli->dead && cli->async_calls == 0;
+    for (int i = 0; i < 64 && idle; i++)
+        idle = !cli->sync_aio[i];
+    nng_mtx_unlock(cli->mtx);
+    if (!cli->reuse || !idle)
+        return false;
+    pthread_mutex_lock(&kept_mu);
+    bool room = nkept < RPC_CLIENTS_KEPT;
+    if (room)
+        kept[nkept++] = cli;
+    pthread_mutex_unlock(&kept_mu);
+    return room;
+}
+
 int rpc_client_open(struct rpc_client **out, const struct rpc_client_config *cfg)
 {
-    struct rpc_client *cli = calloc(1, sizeof(*cli));
+    struct rpc_client *cli = cfg->reuse ? kept_take(cfg) : NULL;
+    if (cli) {
+        *out = cli;
+        return 0;
+    }
+    cli = calloc(1, sizeof(*cli));
     int rv;
     if (!cli)
         return KOLO_ENOMEM;
+    cli->reuse = cfg->reuse;
+    str_copy(cli->asked_url, cfg->url, sizeof(cli->asked_url));
+    cli->tls_given = cfg->tls != NULL;
+    if (cfg->tls)
+        cli->tls = *cfg->tls;
     str_copy(cli->url, cfg->url, sizeof(cli->url));
     cli->token = cfg->token ? strdup(cfg->token) : NULL;
     cli->token_is_job = cfg->token && cfg->token_is_job;
@@ -1801,8 +1871,11 @@ void rpc_client_close(struct rpc_client *cli)
 {
     if (!cli)
         return;
-    /* End whatever is still in flight first, then close the socket. */
+    /* End whatever is still in flight first, then close the socket (or
+     * keep it for the next open: rpc_client_config.reuse). */
     rpc_client_shutdown(cli);
+    if (kept_put(cli))
+        return;
     char what[300];
     snprintf(what, sizeof what, "the connection to %s", cli->url);
     if (close_bounded(cli->sock, rpc_close_wait_ms, what, client_leftover, cli))

@@ -220,7 +220,17 @@ struct rpc_client_config {
      * sync and async alike: what libkolo's calls want, since a training
      * job must not fail because someone else parks calls. */
     bool retry_busy;
+    /* Closed with nothing in flight, the client is kept, connected, for
+     * the next rpc_client_open of the same server with the same token,
+     * TLS files, reply cap and retry mode (at most RPC_CLIENTS_KEPT in the
+     * process), instead of its socket being closed: libkolo's init ->
+     * shutdown -> init (test suites run hundreds) closed two sockets a
+     * cycle, and nng 1.5's close of one now and then never returned; a
+     * few dozen such closes left nothing in the process able to reach
+     * the coordinator. */
+    bool reuse;
 };
+#define RPC_CLIENTS_KEPT 4
 
 int rpc_client_open(struct rpc_client **cli, const struct rpc_client_config *cfg);
 /* rpc_client_shutdown makes every call in flight, and every later call,

@@ -890,6 +890,58 @@ static void test_learns_server_clock(void)
     pthread_join(s.th, NULL);
 }
 
+/* rpc_client_config.reuse: a closed client with nothing in flight is kept
+ * for the next open of the same server and token (under a new identity),
+ * at most RPC_CLIENTS_KEPT of them; others are closed as before. */
+static void test_clients_kept_for_reuse(void)
+{
+    struct rpc_server *srv = start_server("inproc://reuse", NULL, 0);
+    struct rpc_client_config cfg = {.url = "inproc://reuse", .identity = "a", .job_id = 1,
+                                    .reuse = true};
+    struct rpc_client *cli = NULL, *again = NULL, *other = NULL;
+    void *rep;
+    size_t len;
+    char err[256];
+    REQUIRE(rpc_client_open(&cli, &cfg) == 0);
+    CHECK_EQ_INT(rpc_client_call(cli, "T.Echo", "x", 1, &rep, &len, 2000, err, sizeof err), 0);
+    free(rep);
+    rpc_client_close(cli);
+    /* the same server: the kept client, with the new identity, usable */
+    cfg.identity = "b";
+    cfg.rank = 3;
+    REQUIRE(rpc_client_open(&again, &cfg) == 0);
+    CHECK(again == cli);
+    CHECK_EQ_INT(rpc_client_call(again, "T.Ident", NULL, 0, &rep, &len, 2000, err, sizeof err), 0);
+    CHECK(len == strlen("b/1/0/3") && memcmp(rep, "b/1/0/3", len) == 0);
+    free(rep);
+    /* another token, or no reuse asked: never the kept one */
+    rpc_client_close(again);
+    struct rpc_client_config tok = cfg;
+    tok.token = "a-token-of-sixteen-bytes";
+    REQUIRE(rpc_client_open(&other, &tok) == 0);
+    CHECK(other != cli);
+    rpc_client_close(other); /* kept too: two in the keep now */
+    struct rpc_client_config fresh = cfg;
+    fresh.reuse = false;
+    REQUIRE(rpc_client_open(&other, &fresh) == 0);
+    CHECK(other != cli);
+    rpc_client_close(other);
+    /* at most RPC_CLIENTS_KEPT: the rest close; every open still works */
+    struct rpc_client *many[RPC_CLIENTS_KEPT + 2];
+    for (int i = 0; i < RPC_CLIENTS_KEPT + 2; i++)
+        REQUIRE(rpc_client_open(&many[i], &cfg) == 0);
+    for (int i = 0; i < RPC_CLIENTS_KEPT + 2; i++) {
+        CHECK_EQ_INT(rpc_client_call(many[i], "T.Echo", "y", 1, &rep, &len, 2000, err, sizeof err),
+                     0);
+        free(rep);
+        for (int j = 0; j < i; j++)
+            CHECK(many[j] != many[i]);
+    }
+    for (int i = 0; i < RPC_CLIENTS_KEPT + 2; i++)
+        rpc_client_close(many[i]);
+    rpc_server_close(srv);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN); /* as every kolo binary does */
@@ -907,5 +959,6 @@ int main(void)
     test_bad_frames();
     test_listen_backlog();
     test_close_bounded();
+    test_clients_kept_for_reuse();
     TEST_DONE();
 }

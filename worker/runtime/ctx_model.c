@@ -83,5 +83,8 @@ void ctx_rpc_config(const struct kolo_ctx *c, char *ident, size_t identlen,
                                      .tls = &c->tls,
                                      /* someone else's parked calls must
                                       * not fail a training job (issue 28) */
-                                     .retry_busy = true};
+                                     .retry_busy = true,
+                                     /* init -> shutdown -> init keeps
+                                      * its connections (rpc.h) */
+                                     .reuse = true};
 }
