@@ -87,10 +87,11 @@ struct op *ops_finished(struct kolo_ctx *c, kolo_handle h, bool ok, int *rv)
  * op keeps its name and shape buffers for the next. Sanitizer builds
  * recycle nothing, so that a use after free still shows. */
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define OP_POOL_MAX 0u
+#define OP_POOL_ON 0
 #else
-#define OP_POOL_MAX 256u
+#define OP_POOL_ON 1
 #endif
+#define OP_POOL_MAX 256u
 
 /* An op with every field zero but its kept buffers (mu held). */
 static struct op *op_get(struct kolo_ctx *c)
@@ -138,7 +139,7 @@ static void op_free(struct op *op)
 /* op is done with (mu held): kept for the next submission, or freed. */
 static void op_put(struct kolo_ctx *c, struct op *op)
 {
-    if (c->op_pooled >= OP_POOL_MAX) {
+    if (!OP_POOL_ON || c->op_pooled >= OP_POOL_MAX) {
         op_free(op);
         return;
     }
