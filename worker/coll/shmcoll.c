@@ -72,8 +72,10 @@
  * normally.
  *
  * Knobs (environment, read once in create/attach):
- *   KOLO_SPIN_US     spin before sleeping, microseconds (default 250; 0
- *                    when ranks outnumber CPUs)
+ *   KOLO_SPIN_US     spin before sleeping, microseconds (default 30; at
+ *                    least SHM_IDLE_SPIN_US on a thread with nothing else
+ *                    to do; 0 never, the default when ranks outnumber
+ *                    CPUs)
  *   KOLO_YIELD_US    then yield the CPU for up to this long before
  *                    sleeping (default 200; 100 when ranks outnumber CPUs)
  *   KOLO_SHM_CHUNK   pipeline chunk in bytes when slot_bytes is 0
@@ -485,9 +487,10 @@ static inline bool busy_wait_over(struct shmcoll *s, int j)
 /*
  * shm_busy_wait: true once done(s, arg) holds, within spin_ns and then
  * (if yield) this rank's yield window; false when they ran out (or
- * busy_wait_over), and the caller sleeps. Spinning: on dedicated cores the awaited rank is
- * usually a few hundred nanoseconds away, far cheaper than a sleep and a
- * wake; the clock and the header are looked at every 64 pauses only.
+ * busy_wait_over), and the caller sleeps. Spinning: on dedicated cores
+ * the awaited rank is usually a few hundred nanoseconds away, far cheaper
+ * than a sleep and a wake; the clock and the header are looked at every
+ * 64 pauses only.
  * Yielding: with more ranks than CPUs, the awaited rank is often queued
  * behind us on our own CPU, and a yield hands it the CPU at once without
  * a FUTEX_WAKE; with a CPU each, a yielding rank stays runnable, so a
@@ -1364,8 +1367,10 @@ static void wait_knobs(struct shmcoll *s, int ranks)
     int64_t spin = settings_int(SET_SPIN_US, crowded ? SHM_SPIN_US_OVERSUBSCRIBED : SHM_SPIN_US_DEFAULT);
     int64_t yield = settings_int(SET_YIELD_US, crowded ? SHM_YIELD_US_OVERSUBSCRIBED : SHM_YIELD_US_DEFAULT);
     s->spin_ns = (uint64_t)spin * 1000u;
-    s->idle_spin_ns = crowded ? s->spin_ns
-                      : (uint64_t)(spin > SHM_IDLE_SPIN_US ? spin : SHM_IDLE_SPIN_US) * 1000u;
+    /* KOLO_SPIN_US=0 (or crowded) spins on no thread */
+    s->idle_spin_ns = crowded || spin == 0
+                          ? s->spin_ns
+                          : (uint64_t)(spin > SHM_IDLE_SPIN_US ? spin : SHM_IDLE_SPIN_US) * 1000u;
     s->yield_ns = (uint64_t)yield * 1000u;
 }
 
