@@ -30,6 +30,7 @@
  */
 #include "report.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,6 +97,9 @@ struct report {
     int nspans;
     uint64_t spans_dropped;
     bool clock_known; /* the sender got a clock sample (it owns r->clock) */
+    /* report_flush_spans: asked counts the calls, flushed the ones the
+     * sender has answered (spans sent, or given up on) */
+    uint64_t flush_asked, flush_done;
     struct rpc_client *rpc; /* the sender's, opened on its first send */
     struct clock_offset clock; /* the coordinator's clock (sender only) */
 };
@@ -233,6 +237,27 @@ void report_ctx_stop_begin(struct kolo_ctx *c)
     r->stop = true;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
+}
+
+bool report_flush_spans(struct kolo_ctx *c, int timeout_ms)
+{
+    struct report *r = __atomic_load_n(&c->report, __ATOMIC_ACQUIRE);
+    if (!r || !r->running)
+        return true;
+    struct timespec dl;
+    mono_deadline(&dl, timeout_ms);
+    pthread_mutex_lock(&r->mu);
+    bool done = !r->nspans;
+    if (!done) {
+        uint64_t ticket = ++r->flush_asked;
+        pthread_cond_broadcast(&r->cv);
+        int rc = 0;
+        while (r->flush_done < ticket && !r->stop && rc != ETIMEDOUT)
+            rc = pthread_cond_timedwait(&r->cv, &r->mu, &dl);
+        done = r->flush_done >= ticket;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return done;
 }
 
 void report_ctx_stop(struct kolo_ctx *c)
@@ -674,12 +699,14 @@ out:
     return code;
 }
 
-/* wait_period sleeps REPORT_PERIOD_MS or until stopped (r->mu held). */
+/* wait_period sleeps REPORT_PERIOD_MS or until stopped or asked to
+ * flush (r->mu held). */
 static void wait_period(struct report *r)
 {
     struct timespec ts;
     mono_deadline(&ts, REPORT_PERIOD_MS);
-    while (!r->stop && pthread_cond_timedwait(&r->cv, &r->mu, &ts) == 0)
+    while (!r->stop && r->flush_done == r->flush_asked &&
+           pthread_cond_timedwait(&r->cv, &r->mu, &ts) == 0)
         ;
 }
 
@@ -699,10 +726,15 @@ static void *sender_main(void *arg)
     uint64_t next = now_mono_ms() + (uint64_t)period * (uint64_t)(c->rank % 64) / 64u;
     bool final_spans = false;
     for (;;) {
-        wait_period(r);
+        /* a flush whose first batch only brought the clock sends its
+         * spans at once, not a period later */
+        bool again = r->flush_done != r->flush_asked && r->clock_known && r->nspans;
+        if (!again)
+            wait_period(r);
         bool last = r->stop;
+        uint64_t flush = r->flush_asked;
         uint64_t now = now_mono_ms();
-        if (!last && !r->nepochs && now < next)
+        if (!last && !r->nepochs && now < next && flush == r->flush_done)
             continue;
         next = now + (uint64_t)period;
         /* the split's window closes now (c->mu is taken before r->mu) */
@@ -729,6 +761,12 @@ static void *sender_main(void *arg)
             }
         }
         batch_free(&b);
+        /* a flush is answered once its spans went (or cannot go: no
+         * clock after a try, or the coordinator refused them) */
+        if (flush != r->flush_done && (!r->nspans || !r->clock_known || code)) {
+            r->flush_done = flush;
+            pthread_cond_broadcast(&r->cv);
+        }
         /* the last batch may have brought the first clock sample: the
          * timeline's spans held back for it go in one more call */
         if (last && (final_spans || !r->nspans || !r->clock_known))

@@ -33,5 +33,10 @@ void report_ctx_free(struct kolo_ctx *c);
 bool report_span_fill(Kolo__TraceSpan *s, const char *name, const int64_t *shape, int ndim);
 void report_span_free(Kolo__TraceSpan *s);
 void report_trace(struct kolo_ctx *c, Kolo__TraceSpan *spans, size_t n);
+/* report_flush_spans has the sender send the queued spans now (and the
+ * clock sample they wait for first, if none came yet) and waits until it
+ * has, at most timeout_ms (call without c->mu): stop_timeline, so that the
+ * ops traced before it reach the file. false: not all went in time. */
+bool report_flush_spans(struct kolo_ctx *c, int timeout_ms);
 
 #endif

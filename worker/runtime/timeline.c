@@ -45,6 +45,8 @@
 #include "fastpath.h"
 
 #define TIMELINE_CALL_MS 10000
+/* stop_timeline waits this long for this rank's spans to be sent */
+#define TIMELINE_FLUSH_MS 3000
 #define COPY_PERIOD_MS   300
 #define READ_CALL_MS     5000
 #define STOP_WAIT_MS     10000
@@ -364,6 +366,7 @@ int kolo_timeline(kolo_ctx *c, const char *path)
     }
     /* rank 0 of the job keeps the copy, as Horovod's rank 0 writes it */
     bool keeper = c->rank == 0 && c->process_set == 0;
+    int rank = c->rank;
     bool starting = path && path[0];
     pthread_mutex_lock(&copy.mu);
     bool same = keeper && starting && copy.fd >= 0 && copy.path && strcmp(copy.path, path) == 0;
@@ -383,6 +386,12 @@ int kolo_timeline(kolo_ctx *c, const char *path)
     rc.token = token;
     rc.tls = &tls;
     pthread_mutex_unlock(&c->mu);
+    /* the ops this rank traced go before the stop: the coordinator takes
+     * spans for a moment after it (TL_DRAIN_MS), not a report period or
+     * two, and on a loaded host they came too late */
+    if (!starting && !report_flush_spans(c, TIMELINE_FLUSH_MS))
+        LOGW("kolo", "rank %d: stop_timeline: this rank's last spans were not sent in %d ms; "
+             "the timeline may miss its last ops", rank, TIMELINE_FLUSH_MS);
     struct rpc_client *cli = NULL;
     int code = rpc_client_open(&cli, &rc);
     if (code) {
