@@ -38,6 +38,7 @@
 #include "json.h"
 #include "kolo.pb-c.h"
 #include "log.h"
+#include "report.h"
 #include "rpc.h"
 #include "settings.h"
 #include "util.h"
