@@ -6,12 +6,66 @@
 #define KOLO_TESTS_TEST_H
 
 #include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static int test_failures;
+
+/*
+ * The hang guard's witness. ctest kills a test that runs past its TIMEOUT
+ * and shows nothing of where it hung. A test started with
+ * KOLO_TEST_WATCHDOG_S=N (tests/CMakeLists.txt sets it a little below
+ * each test's TIMEOUT) prints every thread's stack (gdb, when installed)
+ * once it has run N seconds, then aborts: the log then says which wait
+ * never ended. Children the test starts do not inherit the variable.
+ */
+static void *test_watchdog_main(void *arg)
+{
+    unsigned secs = (unsigned)(uintptr_t)arg;
+    struct timespec left = {(time_t)secs, 0};
+    while (nanosleep(&left, &left) != 0 && errno == EINTR) {
+    }
+    fprintf(stderr, "test watchdog: still running after %u s; every thread's stack follows, "
+            "then abort\n", secs);
+    char pid[16];
+    snprintf(pid, sizeof pid, "%d", (int)getpid());
+    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    pid_t child = fork();
+    if (child == 0) {
+        dup2(2, 1);
+        execlp("timeout", "timeout", "60", "gdb", "-p", pid, "-batch", "-nx", "-ex",
+               "thread apply all bt", (char *)NULL);
+        _exit(127);
+    }
+    if (child > 0)
+        waitpid(child, NULL, 0);
+    abort();
+    return NULL;
+}
+
+__attribute__((constructor)) static void test_watchdog_start(void)
+{
+    const char *env = getenv("KOLO_TEST_WATCHDOG_S");
+    long secs = env ? atol(env) : 0;
+    unsetenv("KOLO_TEST_WATCHDOG_S");
+    pthread_attr_t attr;
+    pthread_t t;
+    if (secs <= 0 || pthread_attr_init(&attr) != 0)
+        return;
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 64 << 10);
+    if (pthread_create(&t, &attr, test_watchdog_main, (void *)(uintptr_t)secs) == 0)
+        pthread_setname_np(t, "test-watchdog");
+    pthread_attr_destroy(&attr);
+}
 
 /* Removes a test's SQLite database with its -wal and -shm files, then its
  * folder (empty by then). */
