@@ -61,7 +61,7 @@ static long long thread_cpu_us(void)
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
-static pthread_barrier_t started;
+static pthread_barrier_t started, inited;
 
 static void make_job(void)
 {
@@ -335,6 +335,10 @@ static void *rank_main(void *p)
     if (r == 0)
         fprintf(stderr, "   rank 0 joined in %d ms\n", took);
     if (a->big && getenv("KOLO_TEST_INIT_ONLY")) { /* measuring kolo_init alone */
+        if (getenv("KOLO_TEST_NO_FINI"))
+            return NULL;
+        /* no rank's teardown in the others' kolo_init */
+        pthread_barrier_wait(&inited);
         CHECK_EQ_INT(kolo_fini(ctx), 0);
         return NULL;
     }
@@ -368,6 +372,7 @@ static void run_shape(const char *what, int n, int h, const int *hosts, bool big
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, (size_t)1 << 20);
     pthread_barrier_init(&started, NULL, (unsigned)n);
+    pthread_barrier_init(&inited, NULL, (unsigned)n);
     for (int r = 0; r < n; r++) {
         args[r] = (struct rank_arg){r, big};
         REQUIRE(pthread_create(&t[r], &attr, rank_main, &args[r]) == 0);
@@ -375,6 +380,7 @@ static void run_shape(const char *what, int n, int h, const int *hosts, bool big
     for (int r = 0; r < n; r++)
         pthread_join(t[r], NULL);
     pthread_barrier_destroy(&started);
+    pthread_barrier_destroy(&inited);
     pthread_attr_destroy(&attr);
     int bound = 2 * ceil_log2(h) + 4;
     fprintf(stderr, "   kolo_init: %d ms (slowest rank); data sockets per rank: %d (bound %d); "
@@ -418,7 +424,8 @@ int main(int argc, char **argv)
         if (!getenv("KOLO_TEST_ROUNDS"))
             setenv("KOLO_FAST_PATH", "0", 1);
         /* KOLO_TEST_SHAPE=HxL for another size, KOLO_TEST_INIT_ONLY=1 to
-         * stop after kolo_init (measuring) */
+         * stop after kolo_init (measuring), and KOLO_TEST_NO_FINI=1 as well
+         * to exit right after it (profiling kolo_init without the teardown) */
         int H = 128, L = 8;
         const char *shape = getenv("KOLO_TEST_SHAPE");
         if (shape && sscanf(shape, "%dx%d", &H, &L) != 2)
@@ -430,6 +437,8 @@ int main(int argc, char **argv)
         char what[64];
         snprintf(what, sizeof what, "%d hosts x %d", H, L);
         run_shape(what, H * L, H, hosts, true);
+        if (getenv("KOLO_TEST_NO_FINI")) /* profiling kolo_init: no teardown either */
+            _exit(test_failures ? 1 : 0);
     } else {
         static const int h22[] = {0, 0, 1, 1};
         static const int h312[] = {0, 1, 2, 0, 2, 0}; /* 3+1+2, dealt across the hosts */
