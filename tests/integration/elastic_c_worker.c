@@ -346,9 +346,15 @@ int main(int argc, char **argv)
             cur_step = saved_step;
             cur_acc = saved_acc;
         }
+        double left = wall();
         kolo_fini(ctx);
+        double finied = wall();
         resets++;
         join(&ctx);
+        /* where a reset's time goes: the failure (FAIL's t), this rank's
+         * kolo_fini, its kolo_init into the next generation */
+        printf("REJOINED wid %s fini %.3f-%.3f init-done %.3f\n", wid, left, finied, wall());
+        fflush(stdout);
     }
     printf("FINAL %" PRId64 " {\"acc\": %" PRId64 ", \"resets\": %d, \"checked\": %" PRId64
            ", \"wid\": %s}\n",
