@@ -42,6 +42,9 @@ if role == "loader":
     load_batch()
 elif role == "spin":
     spin()
+elif role == "bcast":        # a broadcast the other rank never makes
+    print("READY", hvd.rank(), os.getpid(), flush=True)
+    hvd.broadcast(torch.ones(2), root_rank=0, name="model.weight")   # BCAST LINE
 else:
     print("READY", hvd.rank(), os.getpid(), flush=True)
     hvd.allreduce(torch.ones(2), name="layer4.weight")   # USER LINE
@@ -203,6 +206,32 @@ def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_stall_verdict_names_collectives_that_never_match(tmp_path):
+    """Ranks blocked in collectives of different names (a broadcast on one
+    rank where the others allreduce, as a broadcast_parameters outside
+    hvd.elastic.run meets the others' state sync): kolo run's stall
+    verdict says they can never match and names the user's line."""
+    job = Job(tmp_path, ["bcast", "reduce"], ["--stall-check-warning-time-seconds", "2"])
+    lines = WORKER.splitlines()
+    bcast_line = next(i for i, l in enumerate(lines) if "# BCAST LINE" in l) + 1
+    reduce_line = next(i for i, l in enumerate(lines) if "# USER LINE" in l) + 1
+    try:
+        job.wait_ready(2)
+        stall = job.wait_err(r"\[kolo\] at the stall: ", 40)
+        assert "which can never match" in stall, stall
+        m = re.search(r"rank (\d) \(host [^)]+\) waits in '([\w.]+)' instead, which the others "
+                      r"never submit \(the ranks run different collectives, which can never "
+                      r"match\): worker.py:(\d+) in <module>", stall)
+        assert m, stall
+        rank, other, line = int(m.group(1)), m.group(2), int(m.group(3))
+        want = {0: ("model.weight", bcast_line), 1: ("layer4.weight", reduce_line)}[rank]
+        assert (other, line) == want, stall
+        os.kill(job.p.pid, signal.SIGINT)
+        assert job.p.wait(40) != 0
+    finally:
+        job.close()
 
 
 def test_stall_and_stop_verdicts_kept_with_the_job(tmp_path):
