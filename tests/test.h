@@ -6,15 +6,12 @@
 #define KOLO_TESTS_TEST_H
 
 #include <dirent.h>
-#include <errno.h>
-#include <pthread.h>
-#include <stdint.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 static int test_failures;
@@ -25,30 +22,31 @@ static int test_failures;
  * KOLO_TEST_WATCHDOG_S=N (tests/CMakeLists.txt sets it a little below
  * each test's TIMEOUT) prints every thread's stack (gdb, when installed)
  * once it has run N seconds, then aborts: the log then says which wait
- * never ended. Children the test starts do not inherit the variable.
+ * never ended. An alarm, not a thread: tests fork, and a process that
+ * forks must stay single-threaded for ThreadSanitizer. Neither children
+ * nor the programs a test starts inherit it (fork clears the alarm, and
+ * the variable is taken out of the environment).
  */
-static void *test_watchdog_main(void *arg)
+static char test_watchdog_pid[16];
+static char *test_watchdog_argv[12];
+static unsigned test_watchdog_secs;
+
+static void test_watchdog_fired(int sig)
 {
-    unsigned secs = (unsigned)(uintptr_t)arg;
-    struct timespec left = {(time_t)secs, 0};
-    while (nanosleep(&left, &left) != 0 && errno == EINTR) {
-    }
-    fprintf(stderr, "test watchdog: still running after %u s; every thread's stack follows, "
-            "then abort\n", secs);
-    char pid[16];
-    snprintf(pid, sizeof pid, "%d", (int)getpid());
-    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
-    pid_t child = fork();
+    (void)sig;
+    static const char msg[] = "test watchdog: still running past its limit; every thread's "
+                              "stack follows, then abort\n";
+    ssize_t w = write(2, msg, sizeof msg - 1);
+    (void)w;
+    pid_t child = test_watchdog_argv[0] ? fork() : -1;
     if (child == 0) {
         dup2(2, 1);
-        execlp("timeout", "timeout", "60", "gdb", "-p", pid, "-batch", "-nx", "-ex",
-               "thread apply all bt", (char *)NULL);
+        execv(test_watchdog_argv[0], test_watchdog_argv);
         _exit(127);
     }
     if (child > 0)
         waitpid(child, NULL, 0);
     abort();
-    return NULL;
 }
 
 __attribute__((constructor)) static void test_watchdog_start(void)
@@ -56,15 +54,27 @@ __attribute__((constructor)) static void test_watchdog_start(void)
     const char *env = getenv("KOLO_TEST_WATCHDOG_S");
     long secs = env ? atol(env) : 0;
     unsetenv("KOLO_TEST_WATCHDOG_S");
-    pthread_attr_t attr;
-    pthread_t t;
-    if (secs <= 0 || pthread_attr_init(&attr) != 0)
+    if (secs <= 0)
         return;
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&attr, 64 << 10);
-    if (pthread_create(&t, &attr, test_watchdog_main, (void *)(uintptr_t)secs) == 0)
-        pthread_setname_np(t, "test-watchdog");
-    pthread_attr_destroy(&attr);
+    test_watchdog_secs = (unsigned)secs;
+    snprintf(test_watchdog_pid, sizeof test_watchdog_pid, "%d", (int)getpid());
+    if (access("/usr/bin/timeout", X_OK) == 0 && access("/usr/bin/gdb", X_OK) == 0) {
+        char **a = test_watchdog_argv;
+        int i = 0;
+        a[i++] = (char *)"/usr/bin/timeout";
+        a[i++] = (char *)"60";
+        a[i++] = (char *)"/usr/bin/gdb";
+        a[i++] = (char *)"-p";
+        a[i++] = test_watchdog_pid;
+        a[i++] = (char *)"-batch";
+        a[i++] = (char *)"-nx";
+        a[i++] = (char *)"-ex";
+        a[i++] = (char *)"thread apply all bt";
+        a[i] = NULL;
+        prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    }
+    signal(SIGALRM, test_watchdog_fired);
+    alarm(test_watchdog_secs);
 }
 
 /* Removes a test's SQLite database with its -wal and -shm files, then its
