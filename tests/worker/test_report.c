@@ -3,7 +3,8 @@
  * kolo_report_step end to end (issue 6): two ranks as threads against an
  * in-process coordinator; typed errors for bad arguments; a queue that
  * overflows drops and counts instead of blocking; kolo_fini sends what is
- * queued; the coordinator derives the epochs (AdminService.GetEpochs).
+ * queued; the coordinator derives the epochs (AdminService.GetEpochs);
+ * report_flush_spans sends the timeline's spans at once.
  */
 #include <math.h>
 #include <pthread.h>
@@ -15,6 +16,7 @@
 #include "coord.h"
 #include "kolo.h"
 #include "kolo.pb-c.h"
+#include "report.h"
 #include "report_rate.h"
 #include "rpc.h"
 #include "test.h"
@@ -90,6 +92,21 @@ static void *rank_main(void *p)
     CHECK_EQ_INT(kolo_report_recovery(NULL, 1, 2, 3), KOLO_EINVAL);
     /* a fixed-size job has no recovery to speak of: sent, and ignored */
     CHECK_EQ_INT(kolo_report_recovery(ctx, 10, 20, 30), 0);
+
+    /* stop_timeline's flush: a span queued before the first clock sample
+     * goes at once (the sample, then the span), not a period or two later */
+    Kolo__TraceSpan span = KOLO__TRACE_SPAN__INIT;
+    int64_t shape[1] = {4};
+    REQUIRE(report_span_fill(&span, "t.flush", shape, 1));
+    span.round = 1;
+    span.ready_us = span.agreed_us = now_mono_us();
+    report_trace(ctx, &span, 1);
+    uint64_t f0 = now_mono_ms();
+    CHECK(report_flush_spans(ctx, 3000));
+    CHECK(now_mono_ms() - f0 < REPORT_PERIOD_MS);
+    f0 = now_mono_ms();
+    CHECK(report_flush_spans(ctx, 3000)); /* nothing queued: at once */
+    CHECK(now_mono_ms() - f0 < 50);
 
     /* epoch 0: start and end; epoch 1: an end whose start is epoch 0's end */
     CHECK_EQ_INT(kolo_report_epoch(ctx, 0, 0, 0, NULL), 0);

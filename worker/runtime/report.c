@@ -726,11 +726,9 @@ static void *sender_main(void *arg)
     uint64_t next = now_mono_ms() + (uint64_t)period * (uint64_t)(c->rank % 64) / 64u;
     bool final_spans = false;
     for (;;) {
-        /* a flush whose first batch only brought the clock sends its
-         * spans at once, not a period later */
-        bool again = r->flush_done != r->flush_asked && r->clock_known && r->nspans;
-        if (!again)
-            wait_period(r);
+        /* an unanswered flush (one whose first batch only brought the
+         * clock sample) does not wait: see wait_period */
+        wait_period(r);
         bool last = r->stop;
         uint64_t flush = r->flush_asked;
         uint64_t now = now_mono_ms();
