@@ -162,8 +162,9 @@ KOLO_API uint64_t kolo_generation(const kolo_ctx *ctx);
  * coordinator on its host (a relative path is taken from the job's working
  * directory) with every rank's negotiation. Any rank may call it; every
  * rank starting the same file opens it once. Blocks for one round trip to
- * the coordinator (at most 10 s). KOLO_ENOTSUP on a context without one
- * (kolo_solo).
+ * the coordinator (at most 10 s); a stop first sends the spans of the ops
+ * this rank traced (at most 3 s more), so that they are in the file.
+ * KOLO_ENOTSUP on a context without one (kolo_solo).
  */
 KOLO_API int kolo_timeline(kolo_ctx *ctx, const char *path);
 
