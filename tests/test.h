@@ -29,7 +29,6 @@ static int test_failures;
  */
 static char test_watchdog_pid[16];
 static char *test_watchdog_argv[12];
-static unsigned test_watchdog_secs;
 
 static void test_watchdog_fired(int sig)
 {
@@ -56,7 +55,6 @@ __attribute__((constructor)) static void test_watchdog_start(void)
     unsetenv("KOLO_TEST_WATCHDOG_S");
     if (secs <= 0)
         return;
-    test_watchdog_secs = (unsigned)secs;
     snprintf(test_watchdog_pid, sizeof test_watchdog_pid, "%d", (int)getpid());
     if (access("/usr/bin/timeout", X_OK) == 0 && access("/usr/bin/gdb", X_OK) == 0) {
         char **a = test_watchdog_argv;
@@ -74,7 +72,7 @@ __attribute__((constructor)) static void test_watchdog_start(void)
         prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
     }
     signal(SIGALRM, test_watchdog_fired);
-    alarm(test_watchdog_secs);
+    alarm((unsigned)secs);
 }
 
 /* Removes a test's SQLite database with its -wal and -shm files, then its
