@@ -1017,12 +1017,13 @@ static void negotiate_send(struct kolo_ctx *c, bool shutdown, const char *reason
  * nobody else is running one (mu held, released while it runs). Whoever
  * holds the token executes: the background thread, or a user thread
  * blocked in kolo_wait - which saves a thread hand-off on the path of
- * small operations. The token keeps log order.
+ * small operations. The token keeps log order. With readiness rounds,
+ * now_us is fast_try's (fastpath.h).
  */
-bool ctx_try_execute(struct kolo_ctx *c)
+bool ctx_try_execute(struct kolo_ctx *c, uint64_t now_us)
 {
     if (c->fast)
-        return fast_try(c);
+        return fast_try(c, now_us);
     if (c->executing || !c->resp_cap || !c->resp[0])
         return false;
     c->executing = true;
@@ -1125,7 +1126,7 @@ static void *bg_main(void *arg)
             negotiate_send(c, false, NULL);
             continue;
         }
-        if (ctx_try_execute(c))
+        if (ctx_try_execute(c, 0))
             continue;
         if (c->resume && c->calls == 0 && !c->sticky) {
             resume_send(c);

@@ -17,7 +17,7 @@ void ctx_fail(struct kolo_ctx *c, int code, const char *msg);
  * have arrived (mu and the executor token held; mu released meanwhile). */
 void ctx_run_log_entry(struct kolo_ctx *c);
 void ctx_send_queued(struct kolo_ctx *c);
-bool ctx_try_execute(struct kolo_ctx *c);
+bool ctx_try_execute(struct kolo_ctx *c, uint64_t now_us);
 /* ctx_token_release gives the executor token back and wakes whoever waits
  * for it or for an op it completed (mu held). */
 void ctx_token_release(struct kolo_ctx *c);

@@ -232,6 +232,7 @@ struct kolo_ctx {
     uint64_t fast_rounds, fast_agreed; /* counters, for tests and debugging */
     uint64_t fast_evicted;             /* cache ids the coordinator gave to another name */
     double fast_wait_avg_s; /* moving average of this rank's wait per agreed op */
+    uint64_t round_end_us;  /* now_mono_us() when the last round's exchange ended */
 
     /* ---- where the rank's time goes (time_split.h); under mu ---- */
     bool telemetry; /* KOLO_TELEMETRY: the split and the rounds' waits reported */

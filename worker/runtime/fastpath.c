@@ -401,6 +401,37 @@ static void run_agreed(struct kolo_ctx *c, struct op **ops, size_t n)
     free(sizes);
 }
 
+/* The round's work outside mu (held on entry and on return): the taken
+ * ops' spans (ttrace, nt) go out, the agreed ops run, fused, and their
+ * spans (trace) go out. */
+static void run_outside(struct kolo_ctx *c, struct op **agreed, const struct fusion_item *items,
+                        size_t na, Kolo__TraceSpan *ttrace, size_t nt, Kolo__TraceSpan *trace)
+{
+    pthread_mutex_unlock(&c->mu);
+    if (ttrace) {
+        report_trace(c, ttrace, nt);
+        free(ttrace);
+    }
+    for (size_t i = 0; i < na;) {
+        size_t run = fusion_run(items + i, na - i, c->fused_threshold);
+        run_agreed(c, agreed + i, run);
+        for (size_t x = i; trace && x < i + run; x++)
+            trace[x].done_us = ops_done_since(trace[x].agreed_us);
+        i += run;
+    }
+    if (trace) {
+        size_t m = 0;
+        for (size_t x = 0; x < na; x++)
+            if (trace[x].name) /* not moved to a GPU op */
+                trace[m++] = trace[x];
+        report_trace(c, trace, m);
+        free(trace);
+    }
+    pthread_mutex_lock(&c->mu);
+    if (na)
+        c->round_end_us = 0; /* ops ran since: kolo_wait reads the clock */
+}
+
 static struct fusion_item fusion_of(const struct op *op)
 {
     struct fusion_item f = {.dtype = (uint32_t)op->req.dtype,
@@ -416,9 +447,9 @@ static struct fusion_item fusion_of(const struct op *op)
 
 /* How long this rank's oldest pending cached op has waited, in µs (mu
  * held): the round's telemetry field, reduced by MAX. */
-static uint64_t oldest_wait_us(struct kolo_ctx *c, uint32_t w)
+static uint64_t oldest_wait_us(struct kolo_ctx *c, uint32_t w, uint64_t now)
 {
-    uint64_t now = now_mono_us(), oldest = now;
+    uint64_t oldest = now;
     for (uint32_t i = 0; i < w; i++)
         for (uint64_t bits = c->ready_bits[i] & (i ? ~0ull : ~1ull); bits; bits &= bits - 1) {
             const struct op *op = c->pending[i * 64 + (uint32_t)__builtin_ctzll(bits)];
@@ -471,10 +502,10 @@ static Kolo__TraceSpan *trace_begin(struct kolo_ctx *c, uint64_t k, struct op **
 
 /*
  * One round and its outcome (mu and the token held; mu released during the
- * exchange and while ops run), the exchange bounded by deadline. See
- * DESIGN above for the order.
+ * exchange and while ops run), the exchange bounded by deadline; now_us
+ * is a clock reading from just before. See DESIGN above for the order.
  */
-static void fast_round(struct kolo_ctx *c, uint64_t deadline)
+static void fast_round(struct kolo_ctx *c, uint64_t deadline, uint64_t now_us)
 {
     uint32_t w = round_bitmap_words(tcache_top(c->cache));
     if (c->pay_seen != c->cache_changes)
@@ -491,7 +522,7 @@ static void fast_round(struct kolo_ctx *c, uint64_t deadline)
         memcpy(round_ready(v), c->ready_bits, w * sizeof(uint64_t));
     memcpy(round_invalid(v), c->invalid_bits, w * sizeof(uint64_t));
     pay_fill(c, v + round_words(w));
-    v[ROUND_WAIT] = oldest_wait_us(c, w);
+    v[ROUND_WAIT] = oldest_wait_us(c, w, now_us);
     LOGD("kolo", "rank %d: round %llu starts (%s, cursor %llu)", c->rank,
          (unsigned long long)k, c->fast_dirty ? "news here" : "a peer started it",
          (unsigned long long)c->cursor);
@@ -604,7 +635,7 @@ static void fast_round(struct kolo_ctx *c, uint64_t deadline)
         agreed[i]->pinned = true;
     c->fast_agreed += na + nt;
     c->fast_inline += nt;
-    uint64_t now_us = now_mono_us();
+    now_us = c->round_end_us = now_mono_us(); /* kolo_wait's end, too */
     for (size_t i = 0; i < na + nt; i++) {
         const struct op *op = i < na ? agreed[i] : taken[i - na];
         double waited = (double)(now_us - op->fast_since_us) / 1e6;
@@ -635,27 +666,8 @@ static void fast_round(struct kolo_ctx *c, uint64_t deadline)
     Kolo__TraceSpan *trace = (v[ROUND_FLAGS] & ROUND_F_TRACE) ? trace_begin(c, k, agreed, na) : NULL;
     /* slow-path ops that changed hands go out now */
     ctx_send_queued(c);
-    pthread_mutex_unlock(&c->mu);
-    if (ttrace) {
-        report_trace(c, ttrace, nt);
-        free(ttrace);
-    }
-    for (size_t i = 0; i < na;) {
-        size_t run = fusion_run(items + i, na - i, c->fused_threshold);
-        run_agreed(c, agreed + i, run);
-        for (size_t x = i; trace && x < i + run; x++)
-            trace[x].done_us = ops_done_since(trace[x].agreed_us);
-        i += run;
-    }
-    if (trace) {
-        size_t m = 0;
-        for (size_t x = 0; x < na; x++)
-            if (trace[x].name) /* not moved to a GPU op */
-                trace[m++] = trace[x];
-        report_trace(c, trace, m);
-        free(trace);
-    }
-    pthread_mutex_lock(&c->mu);
+    if (na || ttrace || trace) /* else (tiny ops only) mu stays held */
+        run_outside(c, agreed, items, na, ttrace, nt, trace);
     if (barrier)
         ops_complete(c, barrier, 0, NULL);
     /* 5. the log, up to the agreed cursor */
@@ -668,22 +680,22 @@ static bool fast_work(struct kolo_ctx *c)
     return c->fast_dirty || c->coll->ops->peer_started(c->coll);
 }
 
-bool fast_try(struct kolo_ctx *c)
+bool fast_try(struct kolo_ctx *c, uint64_t now_us)
 {
     /* Not while another thread sits in idle_wait: it reads the backend's
      * state (event counters, poll set) that a round changes. Its bell was
      * rung with the news; it leaves at once and broadcasts done. */
     if (c->executing || c->sticky || c->stopping || c->idling || c->fast_leaving)
         return false;
-    /* one coarse clock read for the checks below, on the path of every
-     * small op: they count in ms (util.h) */
-    uint64_t now_ms = now_mono_ms_coarse();
+    if (!now_us)
+        now_us = now_mono_us();
+    uint64_t now_ms = now_us / 1000;
     check_stalls(c, now_ms); /* may make the rank dirty */
     if (!fast_work(c))
         return false;
     c->executing = true;
     c->exec_since = now_ms;
-    fast_round(c, ctx_deadline(c));
+    fast_round(c, now_ms + (uint64_t)c->timeout_ms, now_us);
     ctx_token_release(c);
     return true;
 }
@@ -726,7 +738,7 @@ void fast_leave(struct kolo_ctx *c, int ms)
         c->executing = true;
         c->exec_since = now_mono_ms();
         LOGD("kolo", "rank %d: leaving; telling the peers in a last round", c->rank);
-        fast_round(c, deadline);
+        fast_round(c, deadline, now_mono_us());
         ctx_token_release(c);
     }
     c->fast_leaving = false;

@@ -26,8 +26,10 @@ void fast_cache_reset(struct kolo_ctx *c);
  * point). */
 void fast_evict(struct kolo_ctx *c, uint32_t id, const char *name);
 /* fast_try runs one round and its outcome if there is a reason to (mu
- * held; takes the executor token); false when there was nothing to do. */
-bool fast_try(struct kolo_ctx *c);
+ * held; takes the executor token); false when there was nothing to do.
+ * now_us: a now_mono_us() the caller took just before, or 0 (read here):
+ * on the path of a small op every clock read counts. */
+bool fast_try(struct kolo_ctx *c, uint64_t now_us);
 /* fast_idle waits in the backend's idle_wait for up to ms (mu held,
  * released meanwhile), if no other thread does; false if it did not. */
 bool fast_idle(struct kolo_ctx *c, int ms, bool spin);

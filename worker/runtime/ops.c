@@ -111,15 +111,18 @@ static struct op *op_get(struct kolo_ctx *c)
  * shape stay). */
 static void op_clear(struct op *op)
 {
-    gpu_op_free(op);
+    if (op->gpu_event || op->gpu_result)
+        gpu_op_free(op);
     if (op->trace) {
         report_span_free(op->trace);
         free(op->trace);
     }
-    free(op->error);
-    free(op->splits);
-    free(op->result);
-    free(op->recv_splits);
+    if (op->error || op->splits || op->result || op->recv_splits) {
+        free(op->error);
+        free(op->splits);
+        free(op->result);
+        free(op->recv_splits);
+    }
     op->gpu_event = op->gpu_result = NULL;
     op->trace = NULL;
     op->error = NULL;
@@ -175,12 +178,17 @@ static void slot_release(struct kolo_ctx *c, struct op *op)
 
 /* ---------------------------------------------------------------- names */
 
-struct op *ops_by_name(struct kolo_ctx *c, const char *name)
+static struct op *by_name_hashed(struct kolo_ctx *c, const char *name, uint64_t hash)
 {
-    for (struct op *o = c->names[str_hash(name) % NAME_BUCKETS]; o; o = o->name_next)
-        if (strcmp(o->name, name) == 0)
+    for (struct op *o = c->names[hash % NAME_BUCKETS]; o; o = o->name_next)
+        if (o->name_hash == hash && strcmp(o->name, name) == 0)
             return o;
     return NULL;
+}
+
+struct op *ops_by_name(struct kolo_ctx *c, const char *name)
+{
+    return by_name_hashed(c, name, str_hash(name));
 }
 
 static void name_add(struct kolo_ctx *c, struct op *op)
@@ -441,7 +449,8 @@ static int validate(struct kolo_ctx *c, const kolo_request *r)
     return 0;
 }
 
-static struct op *op_new(struct kolo_ctx *c, const kolo_request *r)
+/* hash: str_hash of r's name if the caller has it, else 0 */
+static struct op *op_new(struct kolo_ctx *c, const kolo_request *r, uint64_t hash)
 {
     struct op *op = op_get(c);
     if (!op)
@@ -469,7 +478,7 @@ static struct op *op_new(struct kolo_ctx *c, const kolo_request *r)
         return NULL;
     }
     memcpy(op->name, name, name_len);
-    op->name_hash = str_hash(op->name);
+    op->name_hash = hash && name == r->name ? hash : str_hash(op->name);
     if (r->ndim)
         memcpy(op->shape, r->shape, (size_t)r->ndim * sizeof(int64_t));
     if (r->splits)
@@ -524,6 +533,7 @@ int ops_submit(kolo_ctx *c, const kolo_request *reqs, int n, void *stream, kolo_
         rv = ctx_error(c, c->sticky, "%s", c->sticky_msg);
         goto out;
     }
+    uint64_t hash0 = 0; /* the first request's name's (one request: the usual case) */
     for (int i = 0; i < n; i++) {
         const char *nm = reqs[i].name;
         if (nm && nm[0]) {
@@ -532,7 +542,10 @@ int ops_submit(kolo_ctx *c, const kolo_request *reqs, int n, void *stream, kolo_
                           WORKER_NAME_MAX - 1);
                 goto out;
             }
-            bool dup = ops_by_name(c, nm) != NULL;
+            uint64_t hash = str_hash(nm);
+            if (i == 0)
+                hash0 = hash;
+            bool dup = by_name_hashed(c, nm, hash) != NULL;
             for (int k = 0; k < i && !dup; k++)
                 dup = reqs[k].name && strcmp(reqs[k].name, nm) == 0;
             if (dup) {
@@ -547,7 +560,7 @@ int ops_submit(kolo_ctx *c, const kolo_request *reqs, int n, void *stream, kolo_
     }
     uint64_t group = n > 1 ? ++c->groups : 0;
     for (int i = 0; i < n; i++) {
-        struct op *op = op_new(c, &reqs[i]);
+        struct op *op = op_new(c, &reqs[i], i == 0 ? hash0 : 0);
         if (op && op->req.device >= 0 && (rv = gpu_op_attach(c, op, stream)) != 0) {
             op_put(c, op); /* the reason is in last_error */
             goto out;
@@ -596,13 +609,11 @@ int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
 {
     if (!c)
         return KOLO_EINVAL;
-    /* one clock read on the path of every op: the deadline's base, and
-     * where the wait starts if the op is not done (the time split) */
-    uint64_t in_us = now_mono_us();
+    /* one clock read on the path of every op: the deadline's base, where
+     * the wait starts if the op is not done (the time split), and the
+     * "now" of the round this thread may run at once */
+    uint64_t in_us = now_mono_us(), round_now = in_us;
     uint64_t end_ms = timeout_ms >= 0 ? in_us / 1000 + (uint64_t)timeout_ms : UINT64_MAX;
-    struct timespec ts;
-    if (timeout_ms >= 0)
-        mono_ts_us(&ts, in_us + (uint64_t)timeout_ms * 1000);
     pthread_mutex_lock(&c->mu);
     struct op *op = ops_lookup(c, h);
     if (!op) {
@@ -618,8 +629,11 @@ int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
      * longer: it has nothing else to do (coll.h) */
     bool was_idle = coll_thread_idle;
     coll_thread_idle = true;
+    bool ran = false; /* the last thing this thread did was a round */
     while (op->state != OP_DONE) {
-        if (ctx_try_execute(c))
+        ran = ctx_try_execute(c, round_now);
+        round_now = 0;
+        if (ran)
             continue;
         /* Fast path: wait for a peer's round or local news right here, so
          * the round runs on this thread without a hand-off. */
@@ -638,13 +652,19 @@ int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
             pthread_cond_timedwait(&c->done, &c->mu, &brief);
             continue;
         }
+        struct timespec ts;
+        mono_ts_us(&ts, end_ms * 1000);
         int rv = timeout_ms >= 0 ? pthread_cond_timedwait(&c->done, &c->mu, &ts)
                                  : pthread_cond_wait(&c->done, &c->mu);
         if (rv == ETIMEDOUT && op->state != OP_DONE)
             break;
     }
     coll_thread_idle = was_idle;
-    uint64_t now_us = blocks ? now_mono_us() : 0;
+    /* the op done in a round this thread ran: that round's clock reading
+     * is now to within the round's last steps */
+    uint64_t now_us = ran && c->round_end_us >= in_us ? c->round_end_us : 0;
+    if (blocks && !now_us)
+        now_us = now_mono_us();
     if (blocks)
         time_split_blocked(&c->split, now_us, -1);
     /* The background thread answers the peers' rounds once no user thread

@@ -32,6 +32,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,13 +69,29 @@ struct step_rec {
     uint32_t count;
 };
 
-/* Readiness rounds' telemetry since the last report (proto RoundTelemetry). */
+/* Readiness rounds' telemetry of one report (proto RoundTelemetry). */
 struct round_tel {
     uint64_t rounds, agreed;
     double wait_avg_s;
     uint32_t *wait_us, *wait_ops; /* REPORT_MAX_WAITS each */
     int nwaits;
 };
+
+/* The rounds' telemetry as they run: written without r->mu by the one
+ * thread that holds the executor token (report_round, on the path of
+ * every small op), read by the sender under r->mu (take). Totals only
+ * grow; the sender sends what grew since its last look. Rank 0's waits
+ * go through a ring: slots first, then head (release); the sender reads
+ * up to head, then moves tail (release). A full ring drops the sample. */
+struct round_live {
+    _Atomic uint64_t rounds, agreed;
+    _Atomic uint64_t wait_avg_bits; /* a double's bits */
+    _Atomic uint32_t head, tail;
+    uint32_t *wait_us, *wait_ops; /* REPORT_MAX_WAITS each */
+    uint64_t sent_rounds, sent_agreed; /* the sender's, under r->mu */
+};
+/* the ring's indexes wrap at 2^32, a multiple of its size */
+_Static_assert((REPORT_MAX_WAITS & (REPORT_MAX_WAITS - 1)) == 0, "ring size a power of 2");
 
 struct report {
     pthread_mutex_t mu;
@@ -89,7 +106,7 @@ struct report {
     uint64_t dropped;
     uint64_t last_end_ms;   /* the previous epoch end reported here, 0: none */
     int64_t started_epoch;  /* the last epoch with a phase 0 here, -1: none */
-    struct round_tel tel;
+    struct round_live tel;
     uint32_t rec[3]; /* kolo_report_recovery's durations, while have_rec */
     bool have_rec;
     /* the timeline's spans (report_trace), sent once the clock is known */
@@ -169,17 +186,21 @@ void report_round(struct kolo_ctx *c, uint32_t agreed, double wait_avg_s, uint64
     struct report *r = __atomic_load_n(&c->report, __ATOMIC_ACQUIRE);
     if (!r)
         return;
-    pthread_mutex_lock(&r->mu);
-    struct round_tel *t = &r->tel;
-    t->rounds++;
-    t->agreed += agreed;
-    t->wait_avg_s = wait_avg_s;
+    struct round_live *t = &r->tel;
+    atomic_fetch_add_explicit(&t->rounds, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&t->agreed, agreed, memory_order_relaxed);
+    uint64_t bits;
+    memcpy(&bits, &wait_avg_s, sizeof bits);
+    atomic_store_explicit(&t->wait_avg_bits, bits, memory_order_relaxed);
     /* every rank knows the same reduced wait: rank 0 speaks for them */
-    if (c->rank == 0 && agreed > 0 && t->nwaits < REPORT_MAX_WAITS) {
-        t->wait_us[t->nwaits] = wait_us > UINT32_MAX ? UINT32_MAX : (uint32_t)wait_us;
-        t->wait_ops[t->nwaits++] = agreed;
-    }
-    pthread_mutex_unlock(&r->mu);
+    if (c->rank != 0 || agreed == 0)
+        return;
+    uint32_t head = atomic_load_explicit(&t->head, memory_order_relaxed);
+    if (head - atomic_load_explicit(&t->tail, memory_order_acquire) >= REPORT_MAX_WAITS)
+        return;
+    t->wait_us[head % REPORT_MAX_WAITS] = wait_us > UINT32_MAX ? UINT32_MAX : (uint32_t)wait_us;
+    t->wait_ops[head % REPORT_MAX_WAITS] = agreed;
+    atomic_store_explicit(&t->head, head + 1, memory_order_release);
 }
 
 void report_span_free(Kolo__TraceSpan *s)
@@ -489,10 +510,15 @@ static bool take(struct report *r, struct batch *b, const struct time_split_wind
     for (int k = 0; k < MESH_REJECT_N; k++)
         b->any_rejected |= (b->rejected[k] = mesh_rejections_take((enum mesh_reject)k)) != 0;
     b->split = *split;
-    if (!r->nepochs && !r->nsteps && !r->tel.rounds && !b->any_rejected && !r->nspans &&
-        !r->have_rec && !split->wall_us)
+    struct round_live *t = &r->tel;
+    uint64_t rounds = atomic_load_explicit(&t->rounds, memory_order_relaxed);
+    uint64_t agreed = atomic_load_explicit(&t->agreed, memory_order_relaxed);
+    uint32_t tail = atomic_load_explicit(&t->tail, memory_order_relaxed);
+    uint32_t nwaits = atomic_load_explicit(&t->head, memory_order_acquire) - tail;
+    if (!r->nepochs && !r->nsteps && rounds == t->sent_rounds && !b->any_rejected &&
+        !r->nspans && !r->have_rec && !split->wall_us)
         return false;
-    size_t nw = (size_t)(r->tel.nwaits ? r->tel.nwaits : 1);
+    size_t nw = nwaits ? nwaits : 1;
     b->epochs = malloc((size_t)(r->nepochs ? r->nepochs : 1) * sizeof *b->epochs);
     b->steps = malloc((size_t)(r->nsteps ? r->nsteps : 1) * sizeof *b->steps);
     b->tel.wait_us = malloc(nw * sizeof *b->tel.wait_us);
@@ -503,14 +529,18 @@ static bool take(struct report *r, struct batch *b, const struct time_split_wind
         batch_free(b);
         return false; /* tried again next period */
     }
-    b->tel.rounds = r->tel.rounds;
-    b->tel.agreed = r->tel.agreed;
-    b->tel.wait_avg_s = r->tel.wait_avg_s;
-    b->tel.nwaits = r->tel.nwaits;
-    memcpy(b->tel.wait_us, r->tel.wait_us, (size_t)r->tel.nwaits * sizeof *b->tel.wait_us);
-    memcpy(b->tel.wait_ops, r->tel.wait_ops, (size_t)r->tel.nwaits * sizeof *b->tel.wait_ops);
-    r->tel.rounds = r->tel.agreed = 0;
-    r->tel.nwaits = 0;
+    b->tel.rounds = rounds - t->sent_rounds;
+    b->tel.agreed = agreed - t->sent_agreed;
+    t->sent_rounds = rounds;
+    t->sent_agreed = agreed;
+    uint64_t avg_bits = atomic_load_explicit(&t->wait_avg_bits, memory_order_relaxed);
+    memcpy(&b->tel.wait_avg_s, &avg_bits, sizeof b->tel.wait_avg_s);
+    b->tel.nwaits = (int)nwaits;
+    for (uint32_t i = 0; i < nwaits; i++) {
+        b->tel.wait_us[i] = t->wait_us[(tail + i) % REPORT_MAX_WAITS];
+        b->tel.wait_ops[i] = t->wait_ops[(tail + i) % REPORT_MAX_WAITS];
+    }
+    atomic_store_explicit(&t->tail, tail + nwaits, memory_order_release);
     memcpy(b->epochs, r->epochs, (size_t)r->nepochs * sizeof *b->epochs);
     memcpy(b->steps, r->steps, (size_t)r->nsteps * sizeof *b->steps);
     b->nepochs = r->nepochs;
