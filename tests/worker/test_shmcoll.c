@@ -664,9 +664,12 @@ static int rank_rs_bcast(struct coll *c, struct world *w, int rank, int n, void 
     unsigned char per_in[PERIOD * 8], per_want[PERIOD * 8];
     static const kolo_dtype types[] = {KOLO_FLOAT32, KOLO_INT8, KOLO_BFLOAT16, KOLO_INT64};
     static const kolo_op ops[] = {KOLO_SUM, KOLO_MAX, KOLO_PRODUCT, KOLO_MIN};
-    for (int round = 0; round < 4; round++) {
-        kolo_dtype t = types[round];
-        kolo_op op = ops[round];
+    /* rounds 4..7: the same in place, the output over this rank's own
+     * segment of the input (as hier.c's allreduce reduces its shard) */
+    for (int round = 0; round < 8; round++) {
+        kolo_dtype t = types[round % 4];
+        kolo_op op = ops[round % 4];
+        bool in_place = round >= 4;
         size_t es = kolo_dtype_size(t), counts[MAX_RANKS], total = 0, seg = 0;
         static const size_t pick[] = {0, 1, 7, 4099, 90001, 1u << 18};
         for (int r = 0; r < n; r++) {
@@ -680,16 +683,18 @@ static int rank_rs_bcast(struct coll *c, struct world *w, int rank, int n, void 
         fill_period(per_in, rank, op, t);
         expect_period(per_want, n, op, t);
         fill_periodic(in, per_in, total, es);
-        memset(out, 0xee, counts[rank] * es);
-        int rc = c->ops->reducescatter(c, t, op, in, out, counts, deadline_ms());
+        unsigned char *dst = in_place ? in + seg * es : out;
+        if (!in_place)
+            memset(out, 0xee, counts[rank] * es);
+        int rc = c->ops->reducescatter(c, t, op, in, dst, counts, deadline_ms());
         if (rc) {
             FAIL(fails, "rank %d reducescatter: %s (%s)", rank, kolo_errname(rc), c->why);
             break;
         }
         for (size_t i = 0; i < counts[rank]; i++)
-            if (memcmp(out + i * es, per_want + ((seg + i) % PERIOD) * es, es) != 0) {
-                FAIL(fails, "rank %d/%d reducescatter %s: element %zu", rank, n, kolo_dtype_name(t),
-                     i);
+            if (memcmp(dst + i * es, per_want + ((seg + i) % PERIOD) * es, es) != 0) {
+                FAIL(fails, "rank %d/%d reducescatter %s%s: element %zu", rank, n,
+                     kolo_dtype_name(t), in_place ? " in place" : "", i);
                 break;
             }
     }

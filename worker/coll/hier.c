@@ -133,8 +133,7 @@ static int hier_fail(struct hier *h, int err, const struct coll *part, const cha
             return hier_fail((h), rc_, (part), (what));                                            \
     } while (0)
 
-/* Never NULL but out of memory: a rank beyond the lanes asks for 0 bytes
- * (its shard), before anything else made the buffer. */
+/* Never NULL but out of memory, even for 0 bytes. */
 static unsigned char *scratch(struct hier *h, size_t bytes)
 {
     if (bytes <= h->scratch_cap && h->scratch)
@@ -192,10 +191,12 @@ static int hier_allreduce(struct coll *c, kolo_dtype dtype, kolo_op op, const vo
         counts[i] = i < P ? count / (size_t)P + ((size_t)i < count % (size_t)P) : 0;
         sbytes[i] = counts[i] * es;
     }
-    size_t mine = counts[h->p.local];
-    unsigned char *shard = scratch(h, mine * es);
-    if (!shard)
-        return hier_fail(h, KOLO_ENOMEM, NULL, "allreduce");
+    /* This rank's shard is reduced where it ends up, in out: the lane
+     * works on it in place, and the allgather finds it there (no copy). */
+    size_t mine = counts[h->p.local], my_off = 0;
+    for (int i = 0; i < h->p.local; i++)
+        my_off += sbytes[i];
+    unsigned char *shard = (unsigned char *)out + my_off;
     STEP(h, h->local, "allreduce",
          h->local->ops->reducescatter(h->local, dtype, op, in, shard, counts, deadline));
     if (h->lane && mine)

@@ -1139,8 +1139,15 @@ static int shm_reducescatter(struct coll *c, kolo_dtype dtype, kolo_op op, const
             for (int j = 0; j < n; j++)
                 s->srcs[j] =
                     j == me ? in + (seg[me] + lo) * es : buf_of(s, j, bi) + (size_t)me * q * es;
-            reduce_sources(dtype, op, es, out + lo * es, s->srcs, n, min_size(q, counts[me] - lo),
-                           NULL);
+            /* Output over this rank's own input (hier.c reduces in place):
+             * past the first two sources, rank order would read it after
+             * the first write. The piece's slot in this rank's own buffer
+             * (never staged: rs_stage skips j == me) takes the blocks,
+             * each copied out while hot, after its source was read. */
+            unsigned char *dst = out + lo * es;
+            bool alias = me >= 2 && dst == s->srcs[me];
+            reduce_sources(dtype, op, es, alias ? buf_of(s, me, bi) + (size_t)me * q * es : dst,
+                           s->srcs, n, min_size(q, counts[me] - lo), alias ? dst : NULL);
         }
         shm_post(s); /* R(k) */
     }
