@@ -629,14 +629,22 @@ static void render_metrics(struct coord *c, struct buf *b)
                "counter\nkolo_negotiation_rounds_total %llu\n"
                "# HELP kolo_negotiation_round_ops_total Operations agreed by readiness rounds, "
                "without a call to the coordinator.\n# TYPE kolo_negotiation_round_ops_total "
-               "counter\nkolo_negotiation_round_ops_total %llu\n",
+               "counter\nkolo_negotiation_round_ops_total %llu\n"
+               "# HELP kolo_negotiation_log_ops_total Operations the coordinator negotiated "
+               "(answered in a generation's log).\n# TYPE kolo_negotiation_log_ops_total "
+               "counter\nkolo_negotiation_log_ops_total %llu\n"
+               "# HELP kolo_negotiation_carried_ids_total Response-cache ids that new elastic "
+               "generations started with, from the generation before.\n# TYPE "
+               "kolo_negotiation_carried_ids_total counter\nkolo_negotiation_carried_ids_total "
+               "%llu\n",
                members, (unsigned long long)c->m.resets_by_cause[CAUSE_FAILURE],
                (unsigned long long)c->m.resets_by_cause[CAUSE_HOST_LOST],
                (unsigned long long)c->m.resets_by_cause[CAUSE_RESET],
                (unsigned long long)c->m.resets_by_cause[CAUSE_CAPACITY],
                (unsigned long long)c->m.exclusions, waiting, (unsigned long long)c->m.resumes,
                (unsigned long long)c->m.admin_refused, (unsigned long long)c->m.scope_refused,
-               (unsigned long long)c->m.sessions, (unsigned long long)c->m.rounds, (unsigned long long)c->m.round_ops);
+               (unsigned long long)c->m.sessions, (unsigned long long)c->m.rounds, (unsigned long long)c->m.round_ops,
+               (unsigned long long)c->m.log_ops, (unsigned long long)c->m.carried_ids);
     buf_printf(b, "# HELP kolo_dataplane_rejected_total Data-plane connections the ranks refused "
                "(no proof of the generation's key, another generation, garbage, idle, ...), by "
                "reason.\n# TYPE kolo_dataplane_rejected_total counter\n");

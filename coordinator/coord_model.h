@@ -393,6 +393,8 @@ struct coord_metrics {
     } dp_rejected[COORD_DP_REASONS];
     struct coord_hist negotiation_wait; /* first rank's request to ready, per tensor */
     uint64_t rounds, round_ops;       /* readiness rounds the ranks reported, and ops they agreed */
+    uint64_t log_ops;                 /* operations the coordinator's logs answered */
+    uint64_t carried_ids;             /* cache ids new elastic generations started with */
     struct coord_hist reset_duration; /* generation closed to the next one joined */
     uint64_t last_store_error_ms;     /* wall clock; the degraded flag */
     struct coord_snap_metrics snap;

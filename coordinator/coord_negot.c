@@ -245,6 +245,8 @@ void coord_negot_free(struct negot *n)
     }
     rlog_free(&n->log);
     tcache_free(n->cache);
+    free(n->carry_block);
+    tcache_free(n->carried);
     free(n->peers);
     free(n->cursor);
     free(n->parked);
@@ -555,6 +557,8 @@ static void emit_ready(struct coord *c, struct negot *n, struct entry **ready, s
         resp.n_joined = njoined;
         if (log_append(n, &resp) != 0)
             c->m.store_errors++;
+        else
+            c->m.log_ops += k;
         if (n->tl)
             timeline_ready(n, ready + i, k, names, resp.index);
         free(names);
@@ -676,18 +680,55 @@ static void negot_shutdown(struct coord *c, struct negot *n, int code, const cha
 
 /* ---------------------------------------------------------------- RPC handlers */
 
+/* An elastic job's new generation n starts with the response cache of
+ * the last one, old (whose cache it takes): the rendezvous reply hands
+ * every rank the same table, so the first step after a reset is agreed
+ * in readiness rounds instead of negotiated tensor by tensor (60-190 ms
+ * of a 64-rank reset here, docs/performance.md). Out of memory, or a
+ * table too large for a reply, it starts empty, as before. */
+#define NEGOT_CARRY_MAX_BYTES (4u << 20)
+static void negot_carry_cache(struct negot *n, struct negot *old)
+{
+    if (tcache_count(old->cache) == 0)
+        return;
+    n->carried = old->cache;
+    old->cache = tcache_new(); /* old is freed next: an empty one will do */
+    n->carry_block = resume_table_of(n->carried, &n->carry, &n->ncarry);
+    size_t bytes = 0, bad = 0;
+    for (size_t i = 0; i < n->ncarry; i++)
+        bytes += kolo__cache_entry__get_packed_size(n->carry[i]);
+    struct tensor_cache *live = tcache_new();
+    if (!old->cache || !n->carry_block || bytes > NEGOT_CARRY_MAX_BYTES || !live ||
+        resume_table_load(live, n->carry, n->ncarry, &bad) != 0) {
+        tcache_free(live);
+        free(n->carry_block);
+        n->carry_block = NULL;
+        n->carry = NULL;
+        n->ncarry = 0;
+        return; /* n->carried goes with n */
+    }
+    tcache_free(n->cache);
+    n->cache = live;
+    n->next_id = old->next_id;
+}
+
 struct job *worker_job(struct coord *c, struct rpc_call *call, enum coord_method m)
 {
     struct job *j = coord_worker_fence(c, call, m);
     if (!j)
         return NULL;
     if (!j->negot || j->negot->generation != j->generation) {
-        coord_negot_free_job(j);
-        j->negot = negot_new(c, j, j->nranks, 0);
-        if (!j->negot) {
+        struct negot *n = negot_new(c, j, j->nranks, 0);
+        if (!n) {
             rpc_call_error(call, KOLO_ENOMEM, "out of memory");
             return NULL;
         }
+        if (j->negot && j->negot->generation < j->generation) {
+            negot_carry_cache(n, j->negot);
+            c->m.carried_ids += n->ncarry;
+        }
+        coord_negot_free_job(j);
+        j->negot = n;
         if (!j->tl_checked) {
             j->tl_checked = true;
             j->tl = coord_timeline_open(c, j);

@@ -124,6 +124,12 @@ struct negot {
      * the signature a by-id submission stands for (lent to entries) */
     struct tensor_cache *cache;
     uint32_t next_id;             /* the next id never given */
+    /* An elastic generation's start: the last generation's cache, frozen,
+     * and as the rendezvous reply carries it (borrowing from carried) */
+    struct tensor_cache *carried;
+    Kolo__CacheEntry **carry;
+    size_t ncarry;
+    void *carry_block;
     struct entry **cache_pending; /* [id]: the entry awaiting it */
     bool rounds, rounds_known;   /* every rank runs readiness rounds: ids may be reused */
     uint64_t evictions;

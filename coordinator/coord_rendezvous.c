@@ -188,6 +188,8 @@ void rendezvous_answer(struct negot *n, struct rpc_call *call)
     int32_t *compact = NULL;
     if (n->complete) {
         rep.fusion_threshold = n->fusion_threshold;
+        rep.cache = n->carry;
+        rep.n_cache = n->ncarry;
         topo_fill(n, &rep, &hosts, &host_ptrs);
         if (wants_compact && rep.n_hosts > 0)
             compact = topo_compact(n, hosts);

@@ -149,6 +149,37 @@ int resume_table_load(struct tensor_cache *tc, Kolo__CacheEntry *const *cache, s
     return 0;
 }
 
+void *resume_table_of(const struct tensor_cache *tc, Kolo__CacheEntry ***out, size_t *n)
+{
+    size_t count = tcache_count(tc), k = 0;
+    *n = 0;
+    *out = NULL;
+    if (count == 0)
+        return NULL;
+    void *block = calloc(count, sizeof(Kolo__CacheEntry *) + sizeof(Kolo__CacheEntry) +
+                                    sizeof(Kolo__TensorRequest));
+    if (!block)
+        return NULL;
+    Kolo__CacheEntry **ptrs = block;
+    Kolo__CacheEntry *ents = (Kolo__CacheEntry *)(ptrs + count);
+    Kolo__TensorRequest *ts = (Kolo__TensorRequest *)(ents + count);
+    for (uint32_t id = 1; id <= tcache_top(tc) && k < count; id++) {
+        const char *name = tcache_name(tc, id);
+        if (!name)
+            continue;
+        kolo__cache_entry__init(&ents[k]);
+        kolo__tensor_request__init(&ts[k]);
+        tensor_req_to_msg(tcache_sig(tc, id), name, &ts[k]);
+        ents[k].id = id;
+        ents[k].tensor = &ts[k];
+        ptrs[k] = &ents[k];
+        k++;
+    }
+    *out = ptrs;
+    *n = k;
+    return block;
+}
+
 /* One rank's table as a cache (0), checked against its hash; 1 with why
  * when it is malformed or does not hash to what the rank said. */
 static int load_table(const struct resume_rank *rk, int rank, struct tensor_cache *tc,

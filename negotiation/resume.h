@@ -78,6 +78,14 @@ int resume_cache(struct tensor_cache *into, const struct resume_rank *ranks, int
 int resume_table_load(struct tensor_cache *tc, Kolo__CacheEntry *const *cache, size_t n,
                       size_t *bad);
 
+/* resume_table_of: tc's entries as messages, in id order: *out points
+ * into the returned block (one free()), which borrows tc's names and
+ * shapes, so tc must outlive its use. NULL with *n 0: tc is empty, or no
+ * memory. A rank's resume sends its table so (worker/runtime/ctx.c), and
+ * a new elastic generation hands the ranks the coordinator's so
+ * (coordinator/coord_negot.c). */
+void *resume_table_of(const struct tensor_cache *tc, Kolo__CacheEntry ***out, size_t *n);
+
 /* tensor_req_from_msg: a request's signature out of its message (NULL:
  * out of memory); tensor_req_to_msg fills m (initialised by the caller)
  * from t, borrowing t's arrays and name. */

@@ -613,6 +613,23 @@ static int setup_data_plane(struct kolo_ctx *c, const kolo_config *cfg, char *er
         goto out;
     }
     c->machine_ranks = ranks_on_machine(&rv, &t, c->rank);
+    /* A later elastic generation starts with the last one's response
+     * cache, the same table on every rank (fast_init takes it). */
+    if (rv.reply && rv.reply->n_cache > 0) {
+        size_t bad = 0;
+        c->carried = tcache_new();
+        code = c->carried ? resume_table_load(c->carried, rv.reply->cache, rv.reply->n_cache, &bad)
+                          : KOLO_ENOMEM;
+        if (code) {
+            if (code == 1)
+                snprintf(err, errlen, "the rendezvous reply's response cache is malformed "
+                         "(entry %zu)", bad);
+            else
+                snprintf(err, errlen, "out of memory loading the response cache");
+            code = code == 1 ? KOLO_EPROTO : code;
+            goto out;
+        }
+    }
     /* every rank's host: what a process set's placement is made from */
     free(c->peer_hosts);
     if ((c->peer_hosts = host_table(&rv, &t, c->size)) == NULL) {
@@ -670,42 +687,20 @@ static void hold_response(struct kolo_ctx *c, const Kolo__Response *x)
  * ranks' tables disagree). NULL with *n 0: nothing to send, or no memory. */
 static void *cache_table(struct kolo_ctx *c, Kolo__CacheEntry ***out, size_t *n, uint64_t *hash)
 {
-    size_t count = tcache_count(c->cache), k = 0;
-    *n = 0;
     *hash = tcache_hash(c->cache);
-    if (count == 0)
-        return NULL;
-    void *block = calloc(count, sizeof(Kolo__CacheEntry *) + sizeof(Kolo__CacheEntry) +
-                                    sizeof(Kolo__TensorRequest));
-    if (!block)
-        return NULL;
-    Kolo__CacheEntry **ptrs = block;
-    Kolo__CacheEntry *ents = (Kolo__CacheEntry *)(ptrs + count);
-    Kolo__TensorRequest *ts = (Kolo__TensorRequest *)(ents + count);
-    for (uint32_t id = 1; id <= tcache_top(c->cache) && k < count; id++) {
-        const char *name = tcache_name(c->cache, id);
-        if (!name)
-            continue;
-        kolo__cache_entry__init(&ents[k]);
-        kolo__tensor_request__init(&ts[k]);
-        tensor_req_to_msg(tcache_sig(c->cache, id), name, &ts[k]);
-        ents[k].id = id;
-        ents[k].tensor = &ts[k];
-        ptrs[k] = &ents[k];
-        k++;
-    }
+    void *block = resume_table_of(c->cache, out, n);
+    Kolo__CacheEntry **ptrs = *out;
+    size_t k = *n;
     if (k && settings_int(SET_FAULT_CACHE_SKEW, 0)) {
-        ts[0].name = "kolo.fault.skewed";
+        ptrs[0]->tensor->name = "kolo.fault.skewed";
         struct tensor_cache *sent = tcache_new();
         size_t bad;
         if (sent && resume_table_load(sent, ptrs, k, &bad) == 0)
             *hash = tcache_hash(sent);
         tcache_free(sent);
         LOGW("kolo", "rank %d: KOLO_FAULT_CACHE_SKEW: resuming with cache id %u renamed",
-             c->rank, ents[0].id);
+             c->rank, ptrs[0]->id);
     }
-    *out = ptrs;
-    *n = k;
     return block;
 }
 
@@ -1244,6 +1239,7 @@ static void ctx_free(struct kolo_ctx *c)
     free(c->fusion);
     free(c->zeros);
     fast_free(c);
+    tcache_free(c->carried); /* an init that failed before fast_init */
     free(c->peer_hosts); /* one block (host_table) */
     free(c->host_id);
     free(c->data_addr);

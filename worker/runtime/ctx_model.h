@@ -163,6 +163,7 @@ struct kolo_ctx {
     uint64_t groups;
     uint64_t barriers;
     struct tensor_cache *cache; /* the response cache (negotiation/cache.h) */
+    struct tensor_cache *carried; /* the rendezvous's, until fast_init makes it the cache */
     bool joined;
     bool executing; /* someone runs a response: the executor token */
     bool resume;    /* the coordinator restarted: send a resume request */

@@ -74,7 +74,10 @@ static bool fast_wanted(void)
 
 int fast_init(struct kolo_ctx *c)
 {
-    c->cache = tcache_new();
+    /* an elastic generation's start: the last one's table, as every rank
+     * got it from the rendezvous (ctx.c) */
+    c->cache = c->carried ? c->carried : tcache_new();
+    c->carried = NULL;
     c->pending = calloc(ROUND_MAX_ID + 1, sizeof(*c->pending));
     c->vec = calloc(round_words(64) + ROUND_PAY_MAX_WORDS, sizeof(uint64_t));
     c->pay = calloc(ROUND_PAY_MAX_WORDS / 3, sizeof(*c->pay));
