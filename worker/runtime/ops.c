@@ -653,7 +653,7 @@ int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
             continue;
         }
         struct timespec ts;
-        mono_ts_us(&ts, end_ms * 1000);
+        mono_ts_us(&ts, in_us + (uint64_t)(timeout_ms >= 0 ? timeout_ms : 0) * 1000);
         int rv = timeout_ms >= 0 ? pthread_cond_timedwait(&c->done, &c->mu, &ts)
                                  : pthread_cond_wait(&c->done, &c->mu);
         if (rv == ETIMEDOUT && op->state != OP_DONE)

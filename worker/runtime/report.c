@@ -187,8 +187,12 @@ void report_round(struct kolo_ctx *c, uint32_t agreed, double wait_avg_s, uint64
     if (!r)
         return;
     struct round_live *t = &r->tel;
-    atomic_fetch_add_explicit(&t->rounds, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&t->agreed, agreed, memory_order_relaxed);
+    /* one writer: no read-modify-write instruction needed */
+    atomic_store_explicit(&t->rounds, atomic_load_explicit(&t->rounds, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    atomic_store_explicit(&t->agreed,
+                          atomic_load_explicit(&t->agreed, memory_order_relaxed) + agreed,
+                          memory_order_relaxed);
     uint64_t bits;
     memcpy(&bits, &wait_avg_s, sizeof bits);
     atomic_store_explicit(&t->wait_avg_bits, bits, memory_order_relaxed);
