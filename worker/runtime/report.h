@@ -21,7 +21,8 @@ void report_ctx_stop(struct kolo_ctx *c);
 /* report_start starts the sender before any report (readiness rounds send
  * telemetry from the first round; call it without c->mu). report_round
  * queues one round's telemetry: ops agreed, this rank's moving average
- * wait per op, and the round's reduced longest wait in microseconds. */
+ * wait per op, and the round's reduced longest wait in microseconds; only
+ * the executor token's holder calls it (its one writer: no lock). */
 int report_start(struct kolo_ctx *c);
 void report_round(struct kolo_ctx *c, uint32_t agreed, double wait_avg_s, uint64_t wait_us);
 void report_ctx_free(struct kolo_ctx *c);
