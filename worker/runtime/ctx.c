@@ -617,6 +617,7 @@ static int setup_data_plane(struct kolo_ctx *c, const kolo_config *cfg, char *er
      * cache, the same table on every rank (fast_init takes it). */
     if (rv.reply && rv.reply->n_cache > 0) {
         size_t bad = 0;
+        tcache_free(c->carried);
         c->carried = tcache_new();
         code = c->carried ? resume_table_load(c->carried, rv.reply->cache, rv.reply->n_cache, &bad)
                           : KOLO_ENOMEM;
