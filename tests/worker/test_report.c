@@ -4,7 +4,9 @@
  * in-process coordinator; typed errors for bad arguments; a queue that
  * overflows drops and counts instead of blocking; kolo_fini sends what is
  * queued; the coordinator derives the epochs (AdminService.GetEpochs);
- * report_flush_spans sends the timeline's spans at once.
+ * report_flush_spans sends the timeline's spans at once; the readiness
+ * rounds' telemetry (a lock-free ring for rank 0's waits) arrives whole
+ * after its ring wrapped (the coordinator's /metrics).
  */
 #include <math.h>
 #include <pthread.h>
@@ -134,6 +136,81 @@ static void *rank_main(void *p)
     return NULL;
 }
 
+/* Readiness rounds' telemetry (report_round): ROUND_BATCHES batches of
+ * ROUND_OPS cached 4-byte allreduces, each batch under the ring's 4,096
+ * samples and a report period apart, so nothing is dropped while the
+ * ring's indexes go round it twice. */
+#define ROUND_BATCHES 3
+#define ROUND_OPS 3000
+static uint64_t round_job;
+
+static void *rounds_main(void *p)
+{
+    int rank = (int)(intptr_t)p;
+    kolo_config cfg = {0};
+    cfg.coordinator = coord_rpc_url(coord);
+    cfg.job_id = round_job;
+    cfg.generation = 1;
+    cfg.rank = rank;
+    cfg.size = NP;
+    cfg.local_rank = rank;
+    cfg.local_size = NP;
+    cfg.host_id = "report-host";
+    cfg.data_addr = "127.0.0.1";
+    cfg.timeout_ms = 10000;
+    kolo_ctx *ctx = NULL;
+    REQUIRE(kolo_init(&ctx, &cfg) == 0);
+    for (int b = 0; b < ROUND_BATCHES; b++) {
+        for (int i = 0; i < ROUND_OPS + (b == 0); i++) { /* the first: negotiated */
+            float v = 1.0f;
+            kolo_handle h;
+            REQUIRE(kolo_allreduce_async(ctx, "tel.x", &v, &v, 1, KOLO_FLOAT32, KOLO_SUM, &h) == 0);
+            REQUIRE(kolo_wait(ctx, h, 10000) == 0);
+            CHECK(v == (float)NP);
+        }
+        usleep((REPORT_PERIOD_MS + 300) * 1000);
+    }
+    CHECK_EQ_INT(kolo_fini(ctx), 0);
+    return NULL;
+}
+
+/* NAME's value in the coordinator's /metrics, -1 if absent */
+static double metric(const char *name)
+{
+    int status = 0;
+    char *body = harness_http_get(coord_http_url(coord), "/metrics", &status);
+    REQUIRE(body && status == 200);
+    double v = -1;
+    size_t len = strlen(name);
+    for (char *line = strtok(body, "\n"); line; line = strtok(NULL, "\n"))
+        if (strncmp(line, name, len) == 0 && line[len] == ' ')
+            v = atof(line + len + 1);
+    free(body);
+    return v;
+}
+
+static void test_round_telemetry(void)
+{
+    double ops0 = metric("kolo_negotiation_round_ops_total");
+    double waits0 = metric("kolo_negotiation_wait_seconds_count");
+    REQUIRE(ops0 >= 0 && waits0 >= 0);
+    round_job = harness_submit_job(coord_rpc_url(coord), "report-host", NP);
+    pthread_t t[NP];
+    for (int r = 0; r < NP; r++)
+        pthread_create(&t[r], NULL, rounds_main, (void *)(intptr_t)r);
+    for (int r = 0; r < NP; r++)
+        pthread_join(t[r], NULL);
+    /* every op the rounds agreed is counted once (rank 0's reports), and
+     * every round's wait sample arrived, weighted by its ops */
+    double ops = metric("kolo_negotiation_round_ops_total") - ops0;
+    double waits = metric("kolo_negotiation_wait_seconds_count") - waits0;
+    CHECK(ops >= ROUND_BATCHES * ROUND_OPS);
+    CHECK(waits >= ROUND_BATCHES * ROUND_OPS);
+    if (ops < ROUND_BATCHES * ROUND_OPS || waits < ROUND_BATCHES * ROUND_OPS)
+        fprintf(stderr, "round ops %.0f, wait samples %.0f, want %d each\n", ops, waits,
+                ROUND_BATCHES * ROUND_OPS);
+}
+
 /* The telemetry period (report_rate.h): 500 ms up to 256 ranks and for
  * rank 0; stretched with the job beyond, capped. */
 static void test_report_period(void)
@@ -153,8 +230,11 @@ int main(void)
     REQUIRE(mkdtemp(dir) != NULL);
     snprintf(dbpath, sizeof dbpath, "%s/coord.db", dir);
     char err[512];
-    struct coord_config cfg = {
-        .listen = "tcp://127.0.0.1:0", .db_path = dbpath, .lease_ms = 60000, .heartbeat_ms = 1000};
+    struct coord_config cfg = {.listen = "tcp://127.0.0.1:0",
+                               .http = "127.0.0.1:0",
+                               .db_path = dbpath,
+                               .lease_ms = 60000,
+                               .heartbeat_ms = 1000};
     REQUIRE(coord_start(&coord, &cfg, err, sizeof err) == 0);
     make_job();
     pthread_t t[NP];
@@ -186,6 +266,7 @@ int main(void)
     CHECK_EQ_INT((int)rep->n_epochs, 2 + 3000 - flood_busy);
     kolo__get_epochs_reply__free_unpacked(rep, NULL);
     free(out);
+    test_round_telemetry();
     coord_stop(coord);
     test_remove_db(dbpath, dir);
     TEST_DONE();
