@@ -50,15 +50,12 @@ static void make_job(void)
     job_id = harness_submit_job(coord_rpc_url(coord), "report-host", NP);
 }
 
-static uint64_t dropped[NP];
-static int flood_busy; /* rank 1's reports refused with KOLO_EBUSY */
-
-static void *rank_main(void *p)
+/* rank of job's generation 1, NP ranks on one host */
+static kolo_ctx *join(uint64_t job, int rank)
 {
-    int rank = (int)(intptr_t)p;
     kolo_config cfg = {0};
     cfg.coordinator = coord_rpc_url(coord);
-    cfg.job_id = job_id;
+    cfg.job_id = job;
     cfg.generation = 1;
     cfg.rank = rank;
     cfg.size = NP;
@@ -69,6 +66,16 @@ static void *rank_main(void *p)
     cfg.timeout_ms = 10000;
     kolo_ctx *ctx = NULL;
     REQUIRE(kolo_init(&ctx, &cfg) == 0);
+    return ctx;
+}
+
+static uint64_t dropped[NP];
+static int flood_busy; /* rank 1's reports refused with KOLO_EBUSY */
+
+static void *rank_main(void *p)
+{
+    int rank = (int)(intptr_t)p;
+    kolo_ctx *ctx = join(job_id, rank);
 
     /* bad arguments: typed errors, nothing queued */
     CHECK_EQ_INT(kolo_report_epoch(NULL, 0, 0, 0, NULL), KOLO_EINVAL);
@@ -146,20 +153,7 @@ static uint64_t round_job;
 
 static void *rounds_main(void *p)
 {
-    int rank = (int)(intptr_t)p;
-    kolo_config cfg = {0};
-    cfg.coordinator = coord_rpc_url(coord);
-    cfg.job_id = round_job;
-    cfg.generation = 1;
-    cfg.rank = rank;
-    cfg.size = NP;
-    cfg.local_rank = rank;
-    cfg.local_size = NP;
-    cfg.host_id = "report-host";
-    cfg.data_addr = "127.0.0.1";
-    cfg.timeout_ms = 10000;
-    kolo_ctx *ctx = NULL;
-    REQUIRE(kolo_init(&ctx, &cfg) == 0);
+    kolo_ctx *ctx = join(round_job, (int)(intptr_t)p);
     for (int b = 0; b < ROUND_BATCHES; b++) {
         for (int i = 0; i < ROUND_OPS + (b == 0); i++) { /* the first: negotiated */
             float v = 1.0f;
