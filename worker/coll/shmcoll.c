@@ -1288,6 +1288,10 @@ static int shm_idle_wait(struct coll *c, uint64_t seen64, int timeout_ms, bool s
     if (timeout_ms <= 0)
         return 0;
     atomic_fetch_add_explicit(&me->bell_sleepers, 1, memory_order_seq_cst);
+    /* The last look (acquire loads) after the registration, in every
+     * memory model: a peer that posted before it saw no sleeper and rang
+     * no bell (bell_ring_peer), so this look must see its post. */
+    atomic_thread_fence(memory_order_seq_cst);
     int news = idle_news(s, seen);
     if (!news) {
         futex_wait(&me->bell, seen, (uint64_t)timeout_ms);
