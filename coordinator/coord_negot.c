@@ -692,13 +692,13 @@ static void negot_carry_cache(struct negot *n, struct negot *old)
     if (tcache_count(old->cache) == 0)
         return;
     n->carried = old->cache;
-    old->cache = tcache_new(); /* old is freed next: an empty one will do */
+    old->cache = NULL; /* old is freed next */
     n->carry_block = resume_table_of(n->carried, &n->carry, &n->ncarry);
     size_t bytes = 0, bad = 0;
     for (size_t i = 0; i < n->ncarry; i++)
         bytes += kolo__cache_entry__get_packed_size(n->carry[i]);
     struct tensor_cache *live = tcache_new();
-    if (!old->cache || !n->carry_block || bytes > NEGOT_CARRY_MAX_BYTES || !live ||
+    if (!n->carry_block || bytes > NEGOT_CARRY_MAX_BYTES || !live ||
         resume_table_load(live, n->carry, n->ncarry, &bad) != 0) {
         tcache_free(live);
         free(n->carry_block);

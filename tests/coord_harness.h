@@ -139,4 +139,19 @@ static inline char *harness_http_get(const char *http_url, const char *path, int
     return res;
 }
 
+/* harness_metric: the value of counter name in the coordinator's
+ * /metrics at http_url, -1 if it has none. */
+static inline double harness_metric(const char *http_url, const char *name)
+{
+    int status = 0;
+    char *body = harness_http_get(http_url, "/metrics", &status);
+    REQUIRE(body && status == 200);
+    char key[128];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *at = strstr(body, key);
+    double v = at ? atof(at + strlen(key)) : -1;
+    free(body);
+    return v;
+}
+
 #endif

@@ -223,15 +223,7 @@ static void test_epochs(void)
 /* The value of a counter in /metrics. */
 static double metric(const char *name)
 {
-    int status = 0;
-    char *body = http_get("/metrics", &status);
-    REQUIRE(body && status == 200);
-    char key[128];
-    snprintf(key, sizeof key, "\n%s ", name);
-    const char *at = strstr(body, key);
-    double v = at ? atof(at + strlen(key)) : -1;
-    free(body);
-    return v;
+    return harness_metric(coord_http_url(coord), name);
 }
 
 static int count_step(const struct store_step *s, void *arg)

@@ -118,6 +118,16 @@ for h in json.load(sys.stdin)["hosts"]:
 
 gone() { ! kill -0 "$1" 2>/dev/null; }
 
+# kill_rank PID [HOST]: kill -9 of a rank's worker, the fault logged first;
+# sets T_KILL and waits for the next generation.
+kill_rank() {
+  local g0; g0=$(gen_current)
+  fault worker_kill "pid $1${2:+ on $2}, step $(last_step), gen $g0"
+  T_KILL=$(now_s)
+  kill -9 "$1"
+  wait_for 30 gen_after "$g0" || fail "no new generation after the kill ($(gen_cause))"
+}
+
 # finish_job: asks the workers to stop at their next commit; the job must
 # succeed. Then no worker of the test may be left.
 finish_job() {

@@ -40,12 +40,8 @@ carried0=$(carried)
 note "negotiated ops so far: $ops0, carried ids: $carried0"
 
 note "2. kill -9 of a rank: the next generation starts with the cache"
-victim=$(worker_pids | sort -R | head -n 1)
-g0=$(gen_current)
-fault worker_kill "pid $victim, step $(last_step), gen $g0"
-t_kill=$(now_s)
-kill -9 "$victim"
-wait_for 30 gen_after "$g0" || fail "no new generation after the kill ($(gen_cause))"
+kill_rank "$(worker_pids | sort -R | head -n 1)"
+t_kill=$T_KILL
 wait_for 30 stepped 2 "$t_kill" || fail "the job did not train at 2 after the kill"
 wait_for 30 progressed $(( $(last_step) + 10 )) || fail "no progress at 2"
 carried1=$(carried)

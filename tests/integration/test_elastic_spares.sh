@@ -70,11 +70,8 @@ grep -Eq "^  $JOB +.* running +2/2\+1 " "$WORK/jobs.txt" || fail "kolo jobs does
 note "2. kill -9 of a rank: the spare takes its place"
 wait_for 30 progressed $(( $(last_step) + 5 + RANDOM % 10 )) || fail "no progress at 2"
 read -r victim victim_host <<<"$(ranks | sort -R | head -n 1)"
-g0=$(gen_current)
-fault worker_kill "pid $victim on $victim_host, step $(last_step), gen $g0"
-t_kill=$(now_s)
-kill -9 "$victim"
-wait_for 30 gen_after "$g0" || fail "no new generation after the kill ($(gen_cause))"
+kill_rank "$victim" "$victim_host"
+t_kill=$T_KILL
 wait_for 30 stepped 2 "$t_kill" || fail "the job did not train at 2 after the kill"
 wait_for 10 eval 'ranks | grep -q "^$spare_pid $spare_host$"' || fail "the spare $spare_pid is not a rank: $(ranks)"
 has "took 1 hot spare(s), no process start" <"$WORK/run.err" ||

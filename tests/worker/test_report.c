@@ -168,19 +168,9 @@ static void *rounds_main(void *p)
     return NULL;
 }
 
-/* NAME's value in the coordinator's /metrics, -1 if absent */
 static double metric(const char *name)
 {
-    int status = 0;
-    char *body = harness_http_get(coord_http_url(coord), "/metrics", &status);
-    REQUIRE(body && status == 200);
-    double v = -1;
-    size_t len = strlen(name);
-    for (char *line = strtok(body, "\n"); line; line = strtok(NULL, "\n"))
-        if (strncmp(line, name, len) == 0 && line[len] == ' ')
-            v = atof(line + len + 1);
-    free(body);
-    return v;
+    return harness_metric(coord_http_url(coord), name);
 }
 
 static void test_round_telemetry(void)
