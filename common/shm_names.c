@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "errors.h"
+#include "hmac.h"
 #include "util.h"
 
 int shm_names_make(uint64_t job, uint64_t generation, char *out, size_t outlen)
@@ -24,6 +25,24 @@ int shm_names_make(uint64_t job, uint64_t generation, char *out, size_t outlen)
         return KOLO_ESYS;
     int n = snprintf(out, outlen, "/kolo-%llu-%llu-%d-%s", (unsigned long long)job,
                      (unsigned long long)generation, (int)getpid(), hex);
+    return n < 0 || (size_t)n >= outlen ? KOLO_EINVAL : 0;
+}
+
+int shm_names_derive(uint64_t job, uint64_t generation, int creator_pid, const void *key,
+                     size_t keylen, char *out, size_t outlen)
+{
+    char what[96];
+    uint8_t mac[SHA256_LEN];
+    int w = snprintf(what, sizeof what, "kolo segment %llu %llu %d", (unsigned long long)job,
+                     (unsigned long long)generation, creator_pid);
+    if (!key || !keylen || w < 0 || (size_t)w >= sizeof what)
+        return KOLO_EINVAL;
+    hmac_sha256(key, keylen, what, (size_t)w, mac);
+    char hex[17];
+    for (int i = 0; i < 8; i++)
+        snprintf(hex + 2 * i, 3, "%02x", mac[i]);
+    int n = snprintf(out, outlen, "/kolo-%llu-%llu-%d-%s", (unsigned long long)job,
+                     (unsigned long long)generation, creator_pid, hex);
     return n < 0 || (size_t)n >= outlen ? KOLO_EINVAL : 0;
 }
 

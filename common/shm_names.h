@@ -7,6 +7,8 @@
  *
  * The random part makes a name unguessable (creation is O_EXCL, mode
  * 0600); the creator's pid tells an agent whether anyone still owns it.
+ * A name its members derive themselves (shm_names_derive) has the same
+ * shape, its hex digits a keyed hash instead of random ones.
  */
 #ifndef KOLO_COMMON_SHM_NAMES_H
 #define KOLO_COMMON_SHM_NAMES_H
@@ -17,6 +19,13 @@
 /* shm_names_make writes a new name for this process into out: 0 or
  * KOLO_EINVAL (out too small) / KOLO_ESYS (no random bytes). */
 int shm_names_make(uint64_t job, uint64_t generation, char *out, size_t outlen);
+/* shm_names_derive writes the name of a segment that creator_pid makes
+ * after the rendezvous, which every member derives from the generation's
+ * secret key (key, keylen) instead of being told it: the random part is
+ * an HMAC of the job, generation and creator under that key, as
+ * unguessable to anyone without the key. 0 or KOLO_EINVAL. */
+int shm_names_derive(uint64_t job, uint64_t generation, int creator_pid, const void *key,
+                     size_t keylen, char *out, size_t outlen);
 /* shm_names_sweep removes the segments of job whose creator no longer
  * runs (left behind when ranks died before they all attached); returns
  * how many it removed. */

@@ -50,6 +50,7 @@ struct peer {
     int pid;
     char *shm_name;
     char *machine; /* RendezvousRequest.machine */
+    uint64_t kept_segment; /* RendezvousRequest.kept_segment */
     char *data_host; /* ADDR of addrs[0] "tcp:ADDR:PORT", NULL when not that */
     int port;
     bool compact; /* its rendezvous asked for the compact peer table */

@@ -123,12 +123,12 @@ static void topo_fill(struct negot *n, Kolo__RendezvousReply *rep, Kolo__TopoHos
 }
 
 /* The compact peer table (RendezvousRequest.compact_peers): the
- * topology's hosts, each with its ranks' address, ports and pids and its
- * segment; the ports and pids in the returned block (freed by the
- * caller). NULL when the generation cannot be put that way (a rank
+ * topology's hosts, each with its ranks' address, ports, pids and kept
+ * segments (only a host where one rank kept one lists them) and its
+ * segment; those arrays in the returned block (freed by the caller). NULL when the generation cannot be put that way (a rank
  * without a tcp address, or a host whose ranks listen on different
  * addresses): the caller sends the peer table. */
-static int32_t *topo_compact(const struct negot *n, Kolo__TopoHost *hosts)
+static uint64_t *topo_compact(const struct negot *n, Kolo__TopoHost *hosts)
 {
     for (int h = 0; h < n->topo.nhosts; h++) {
         const struct peer *lead = &n->peers[topology_rank(&n->topo, h, 0)];
@@ -138,10 +138,12 @@ static int32_t *topo_compact(const struct negot *n, Kolo__TopoHost *hosts)
                 return NULL;
         }
     }
-    int32_t *block = calloc((size_t)n->size * 2 + 1, sizeof(int32_t));
+    /* the kept segments' codes first: 64-bit aligned */
+    uint64_t *block = calloc((size_t)n->size * 2 + 1, sizeof(uint64_t));
     if (!block)
         return NULL;
-    int32_t *ports = block, *pids = block + n->size;
+    uint64_t *kept = block;
+    int32_t *ports = (int32_t *)(block + n->size), *pids = ports + n->size;
     for (int h = 0; h < n->topo.nhosts; h++) {
         const struct peer *lead = &n->peers[topology_rank(&n->topo, h, 0)];
         hosts[h].data_host = lead->data_host;
@@ -149,12 +151,17 @@ static int32_t *topo_compact(const struct negot *n, Kolo__TopoHost *hosts)
         hosts[h].machine = lead->machine;
         hosts[h].ports = ports;
         hosts[h].pids = pids;
+        hosts[h].kept_segments = kept;
         hosts[h].n_ports = hosts[h].n_pids = (size_t)n->topo.count[h];
+        bool any = false;
         for (int i = 0; i < n->topo.count[h]; i++) {
             const struct peer *p = &n->peers[topology_rank(&n->topo, h, i)];
             *ports++ = p->port;
             *pids++ = p->pid;
+            *kept++ = p->kept_segment;
+            any |= p->kept_segment != 0;
         }
+        hosts[h].n_kept_segments = any ? (size_t)n->topo.count[h] : 0;
     }
     return block;
 }
@@ -185,7 +192,7 @@ void rendezvous_answer(struct negot *n, struct rpc_call *call)
     rep.joined = n->joined;
     Kolo__PeerInfo *infos = NULL, **ptrs = NULL;
     Kolo__TopoHost *hosts = NULL, **host_ptrs = NULL;
-    int32_t *compact = NULL;
+    uint64_t *compact = NULL;
     if (n->complete) {
         rep.fusion_threshold = n->fusion_threshold;
         rep.cache = n->carry;
@@ -216,6 +223,7 @@ void rendezvous_answer(struct negot *n, struct rpc_call *call)
             infos[r].pid = n->peers[r].pid;
             infos[r].shm_name = n->peers[r].shm_name;
             infos[r].machine = n->peers[r].machine;
+            infos[r].kept_segment = n->peers[r].kept_segment;
             ptrs[r] = &infos[r];
         }
         rep.peers = ptrs;
@@ -491,6 +499,7 @@ void coord_rpc_rendezvous(struct coord *c, struct rpc_call *call)
     p->pid = req->pid;
     p->shm_name = strdup(req->shm_name);
     p->machine = strdup(req->machine);
+    p->kept_segment = req->kept_segment;
     p->compact = req->compact_peers;
     char addr[256];
     if (p->naddrs > 0 && tcp_addr_parse(p->addrs[0], addr, sizeof addr, &p->port))

@@ -11,3 +11,8 @@ target_link_libraries(${KOLO_LAST_TEST_TARGET} PRIVATE kolo_worker)
 # clock as a table of changes.
 kolo_test(time_split worker "unit;worker" test_time_split.c)
 target_link_libraries(${KOLO_LAST_TEST_TARGET} PRIVATE kolo_worker)
+
+# The host segment an elastic rank keeps for its next generation
+# (worker/runtime/keep.h): the hosts' choice as a table, the parked list.
+kolo_test(keep worker "unit;worker" test_keep.c)
+target_link_libraries(${KOLO_LAST_TEST_TARGET} PRIVATE kolo_worker)

@@ -1038,6 +1038,94 @@ static void test_failures_(void)
     test_slow_peer();
 }
 
+/* ------------------------------------------------------------------ kept across generations */
+
+/* A segment parked at the end of a generation and re-armed for the next
+ * (worker/runtime/keep.h), as elastic ranks do: twice, first after a
+ * generation that ended badly (rank 0 timed out half way into a 4 MiB
+ * allreduce, its staging events posted, the failure published; the
+ * others failed at once), then after a clean one. The members come back
+ * at different times; afterwards every collective is exact, from fresh
+ * counters, as on a new segment. */
+static int rank_rearm(struct coll *c, struct world *w, int rank, int n, void *arg)
+{
+    int fails = 0;
+    size_t count = (size_t)1 << 20;
+    float *v = calloc(count, sizeof *v);
+    if (n > 1) {
+        int rc;
+        if (rank == 0) {
+            rc = c->ops->allreduce(c, KOLO_FLOAT32, KOLO_SUM, v, v, count, now_mono_ms() + 100);
+            atomic_store(&w->flag, 1);
+        } else {
+            while (!atomic_load(&w->flag))
+                usleep(1000);
+            rc = c->ops->allreduce(c, KOLO_FLOAT32, KOLO_SUM, v, v, count, deadline_ms());
+        }
+        if (rc != (rank == 0 ? KOLO_ETIMEDOUT : KOLO_EPEER))
+            FAIL(fails, "rank %d: the bad generation's allreduce gave %s", rank, kolo_errname(rc));
+    }
+    free(v);
+    for (uint32_t gen = 7; gen <= 8 && !fails; gen++) {
+        if (c->ops->keep_segment(c) != c) {
+            FAIL(fails, "rank %d: keep_segment did not keep the segment", rank);
+            break;
+        }
+        usleep((useconds_t)(rank * 20000));
+        int rc = shmcoll_rearm(c, gen, deadline_ms());
+        if (rc) {
+            FAIL(fails, "rank %d: rearm %u: %s (%s)", rank, gen, kolo_errname(rc), c->why);
+            break;
+        }
+        if (c->failed || c->ops->allreduce == NULL)
+            FAIL(fails, "rank %d: failed after rearm", rank);
+        struct matrix_arg small = {4099};
+        fails += rank_allreduce_matrix(c, w, rank, n, &small);
+        fails += rank_back_to_back(c, w, rank, n, NULL);
+        fails += rank_gather_a2a(c, w, rank, n, NULL);
+    }
+    (void)arg;
+    return fails;
+}
+
+/* The members that do not come back: the last one leaves (process: its
+ * exit is seen through its pidfd, at once; thread: the deadline). */
+static int rank_rearm_missing(struct coll *c, struct world *w, int rank, int n, void *arg)
+{
+    int fails = 0;
+    (void)w, (void)arg;
+    if (c->ops->keep_segment(c) != c) {
+        FAIL(fails, "rank %d: keep_segment did not keep the segment", rank);
+        return fails;
+    }
+    if (rank == n - 1)
+        return 0; /* the harness destroys it: gone */
+    uint64_t t0 = now_mono_ms();
+    int rc = shmcoll_rearm(c, 9, t0 + 300);
+    uint64_t took = now_mono_ms() - t0;
+    int want = w->threads ? KOLO_ETIMEDOUT : KOLO_EPEER;
+    if (rc != want)
+        FAIL(fails, "rank %d: rearm without rank %d gave %s, want %s", rank, n - 1,
+             kolo_errname(rc), kolo_errname(want));
+    if (!w->threads && took > 200)
+        FAIL(fails, "rank %d: noticed the missing member after %llu ms", rank,
+             (unsigned long long)took);
+    return fails;
+}
+
+static void test_rearm(void)
+{
+    CHECK_EQ_INT(run_procs(1, 0, rank_rearm, NULL), 0);
+    CHECK_EQ_INT(run_procs(2, 0, rank_rearm, NULL), 0);
+    CHECK_EQ_INT(run_procs(3, 4 * 8192, rank_rearm, NULL), 0);
+    CHECK_EQ_INT(run_threads(3, 0, rank_rearm, NULL), 0);
+    CHECK_EQ_INT(run_procs(3, 0, rank_rearm_missing, NULL), 0);
+    CHECK_EQ_INT(run_threads(2, 0, rank_rearm_missing, NULL), 0);
+    /* not a segment, token 0: refused */
+    CHECK_EQ_INT(shmcoll_rearm(NULL, 1, 0), KOLO_EINVAL);
+    CHECK_EQ_INT(shmcoll_id(NULL), 0);
+}
+
 /* ------------------------------------------------------------------ set-up edges */
 
 static int count_leftovers(void)
@@ -1098,6 +1186,7 @@ int main(void)
     test_rs_bcast();
     test_back_to_back();
     test_failures_();
+    test_rearm();
     CHECK_EQ_INT(count_leftovers(), 0);
     printf("total %llu ms\n", (unsigned long long)(now_mono_ms() - t0));
     TEST_DONE();

@@ -59,6 +59,12 @@ struct coll_ops {
      * the generation: a peer is gone or partitioned). The coll is unusable
      * afterwards, except for destroy. */
     void (*interrupt)(struct coll *c);
+    /* Optional: ends this rank's part like destroy, but keeps the host's
+     * shared segment (shmcoll) mapped and returns it, parked: its peers
+     * see this rank as gone, and shmcoll_rearm makes it usable again in a
+     * later generation with the same members (worker/runtime/keep.h).
+     * NULL when there is none worth keeping (everything is destroyed). */
+    struct coll *(*keep_segment)(struct coll *c);
 
     /* ---- readiness rounds (the fast path, worker/runtime/fastpath.c) ----
      * Optional: a backend without them leaves every op to the coordinator.
@@ -137,6 +143,17 @@ int shmcoll_attach(const char *name, int rank, int size, size_t slot_bytes, stru
 /* Once every rank attached (after a first barrier): set the peers' pids
  * and unlink the name. */
 int shmcoll_ready(struct coll *c, const int *pids, uint64_t deadline);
+/* shmcoll_id: a segment's identity, the same on every member and never
+ * 0 (a hash of its unguessable name); 0 for a coll that is no segment. */
+uint64_t shmcoll_id(const struct coll *c);
+/* shmcoll_rearm makes a parked segment (coll_ops.keep_segment) usable by
+ * the same members, in the same order, in a new generation (token: its
+ * number's low 32 bits, not 0): every member calls it, and none returns
+ * before all have reset their counters and the abort record is clear.
+ * Whatever the last generation left (a collective cut off half way, a
+ * published failure) is forgotten. 0, or a failure as any collective's
+ * (a member that died, the deadline: then destroy it). */
+int shmcoll_rearm(struct coll *c, uint32_t token, uint64_t deadline);
 /* shmcoll_share_cpus: this machine runs ranks ranks of the job, other
  * hosts' on it (network namespaces, containers) counted; more than its
  * CPUs, and waits sleep without spinning first. */

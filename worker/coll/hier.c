@@ -576,11 +576,8 @@ static void hier_interrupt(struct coll *c)
             h->a2a[r]->ops->interrupt(h->a2a[r]);
 }
 
-static void hier_destroy(struct coll *c)
+static void stop_watcher(struct hier *h)
 {
-    struct hier *h = (struct hier *)c;
-    if (!h)
-        return;
     if (h->watcher_running) {
         pthread_mutex_lock(&h->mu);
         h->stopping = true;
@@ -590,7 +587,16 @@ static void hier_destroy(struct coll *c)
         ssize_t w = write(h->ctl_fd, &one, sizeof one);
         (void)w;
         pthread_join(h->watcher, NULL);
+        h->watcher_running = false;
     }
+}
+
+static void hier_destroy(struct coll *c)
+{
+    struct hier *h = (struct hier *)c;
+    if (!h)
+        return;
+    stop_watcher(h);
     if (h->local)
         h->local->ops->destroy(h->local);
     if (h->lane)
@@ -617,6 +623,17 @@ static void hier_destroy(struct coll *c)
     free(h);
 }
 
+/* The host's segment outlives the rest (coll_ops.keep_segment). */
+static struct coll *hier_keep_segment(struct coll *c)
+{
+    struct hier *h = (struct hier *)c;
+    stop_watcher(h); /* it may abort local */
+    struct coll *local = h->local;
+    h->local = NULL;
+    hier_destroy(c);
+    return local && local->ops->keep_segment ? local->ops->keep_segment(local) : NULL;
+}
+
 int hier_sockets(const struct coll *c)
 {
     if (!c || c->ops != &hier_ops)
@@ -638,6 +655,7 @@ static const struct coll_ops hier_ops = {
     .reducescatter = hier_reducescatter,
     .barrier = hier_barrier,
     .destroy = hier_destroy,
+    .keep_segment = hier_keep_segment,
     .round = hier_round,
     .peer_started = hier_peer_started,
     .bell_seen = hier_bell_seen,

@@ -95,6 +95,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,7 +116,7 @@
 #include "util.h"
 
 #define SHM_MAGIC   0x314c4f434d48534bULL /* "KSHMCOL1" */
-#define SHM_VERSION 2u
+#define SHM_VERSION 3u
 
 /* Pipeline buffers per rank. Three are enough for every algorithm below
  * never to wait for a buffer (see the event orders); a fourth absorbs
@@ -204,7 +205,11 @@ struct shm_ctrl {
      * readiness round, its own threads when they have news; futex word. */
     _Atomic uint32_t bell;
     _Atomic uint32_t bell_sleepers;
-    unsigned char pad[SHM_CTRL_BYTES - 24 - 2 * SHM_INLINE];
+    /* shmcoll_rearm's two steps: the generation this rank re-arms the
+     * segment for (low 32 bits), once it is here and once it reset */
+    _Atomic uint32_t arm;
+    _Atomic uint32_t armed;
+    unsigned char pad[SHM_CTRL_BYTES - 32 - 2 * SHM_INLINE];
 };
 
 _Static_assert(sizeof(struct shm_ctrl) == SHM_CTRL_BYTES, "control block size");
@@ -1356,6 +1361,8 @@ static void shm_destroy(struct coll *c)
     free(s);
 }
 
+static struct coll *shm_keep_segment(struct coll *c);
+
 static const struct coll_ops shm_ops = {
     .name = "shm",
     .allreduce = shm_allreduce,
@@ -1365,6 +1372,7 @@ static const struct coll_ops shm_ops = {
     .reducescatter = shm_reducescatter,
     .barrier = shm_barrier,
     .destroy = shm_destroy,
+    .keep_segment = shm_keep_segment,
     .round = shm_round,
     .peer_started = shm_peer_started,
     .bell_seen = shm_bell_seen,
@@ -1582,6 +1590,105 @@ int shmcoll_attach(const char *name, int rank, int size, size_t slot_bytes, stru
     }
     *out = &s->c;
     return 0;
+}
+
+/* ------------------------------------------------------------------ kept across generations */
+
+static bool shm_is(const struct coll *c)
+{
+    return c && c->ops == &shm_ops;
+}
+
+/* Parks this rank's membership: like destroy for the peers (this rank
+ * left, a wait for it fails), but the mapping and the peers' pidfds stay
+ * for shmcoll_rearm. */
+static struct coll *shm_keep_segment(struct coll *c)
+{
+    struct shmcoll *s = (struct shmcoll *)c;
+    if (!s->claimed || !s->unlinked) {
+        shm_destroy(c); /* never made ready: nothing worth keeping */
+        return NULL;
+    }
+    struct shm_ctrl *me = ctrl_of(s, s->me);
+    atomic_store_explicit(&me->state, SHM_STATE_LEFT, memory_order_release);
+    futex_wake_all(&me->events);
+    s->c.names = NULL; /* the owner's table, gone with it */
+    return c;
+}
+
+uint64_t shmcoll_id(const struct coll *c)
+{
+    if (!shm_is(c))
+        return 0;
+    const struct shmcoll *s = (const struct shmcoll *)c;
+    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a of the name, random part included */
+    for (const char *p = s->name; *p; p++)
+        h = (h ^ (unsigned char)*p) * 0x100000001b3ULL;
+    return h ? h : 1;
+}
+
+/* Waits until every member's word (arm or armed) holds token: a poll
+ * with short sleeps, since this runs once a generation; a dead member
+ * (its pidfd) or the deadline ends it. */
+static int rearm_wait(struct shmcoll *s, size_t word, uint32_t token, uint64_t deadline)
+{
+    uint64_t next_check = now_mono_ms() + SHM_SLICE_MS;
+    for (int j = 0; j < s->n; j++) {
+        _Atomic uint32_t *w = (_Atomic uint32_t *)((unsigned char *)ctrl_of(s, j) + word);
+        while (atomic_load_explicit(w, memory_order_acquire) != token) {
+            uint64_t now = now_mono_ms();
+            if (now >= next_check) {
+                int rc = shm_check_peers(s);
+                if (rc)
+                    return rc;
+                next_check = now + SHM_SLICE_MS;
+            }
+            if (deadline && now >= deadline)
+                return shm_fail(s, KOLO_ETIMEDOUT, s->me, false,
+                                "rank %d of the host did not come back to its kept segment",
+                                coll_name(&s->c, j));
+            usleep(50);
+        }
+    }
+    return 0;
+}
+
+int shmcoll_rearm(struct coll *c, uint32_t token, uint64_t deadline)
+{
+    if (!shm_is(c) || token == 0)
+        return KOLO_EINVAL;
+    struct shmcoll *s = (struct shmcoll *)c;
+    struct shm_ctrl *me = ctrl_of(s, s->me);
+    /* 1: every member is here, so none runs a collective of the last
+     * generation on the segment any more */
+    atomic_store_explicit(&me->arm, token, memory_order_release);
+    int rc = rearm_wait(s, offsetof(struct shm_ctrl, arm), token, deadline);
+    if (rc)
+        return rc;
+    /* 2: each member resets what it owns: its counters, its state and,
+     * for the first member, the abort record */
+    atomic_store_explicit(&me->events, 0, memory_order_relaxed);
+    atomic_store_explicit(&me->state, SHM_STATE_ATTACHED, memory_order_relaxed);
+    if (s->me == 0) {
+        atomic_store_explicit(&s->hdr->abort_rank, 0, memory_order_relaxed);
+        s->hdr->abort_code = 0;
+        s->hdr->abort_why[0] = '\0';
+        atomic_store_explicit(&s->hdr->abort_claim, 0, memory_order_relaxed);
+    }
+    s->ev = 0;
+    memset(s->seen, 0, (size_t)s->n * sizeof *s->seen);
+    s->bufseq = s->smallseq = 0;
+    memset(s->buf_free_at, 0, sizeof s->buf_free_at);
+    memset(s->small_free_at, 0, sizeof s->small_free_at);
+    s->want = 0;
+    s->yield_misses = s->yield_skipped = 0;
+    s->c.failed = 0;
+    s->c.why[0] = '\0';
+    atomic_store_explicit(&s->c.waiting_on, 0, memory_order_relaxed);
+    /* 3: every member reset before anyone posts again (release: the
+     * resets above are seen by whoever sees this) */
+    atomic_store_explicit(&me->armed, token, memory_order_release);
+    return rearm_wait(s, offsetof(struct shm_ctrl, armed), token, deadline);
 }
 
 int shmcoll_abort(struct coll *c, int code, const char *why)

@@ -34,6 +34,8 @@
 #include "creds.h"
 #include "log.h"
 #include "hier.h"
+#include "keep.h"
+#include "shm_names.h"
 #include "mesh.h"
 #include "topology.h"
 #include "seal.h"
@@ -140,6 +142,11 @@ struct rdv {
     char addr[64];
     char shm_name[64];
     struct coll *shm; /* created by the local leader before rendezvous */
+    /* elastic: the segment kept from the last generation (keep.h), what
+     * this rank reports of it, and what its host does with it */
+    struct coll *held;
+    uint64_t kept;
+    enum keep_plan plan;
     Kolo__RendezvousReply *reply;
     /* What the reply told of every rank, in either of its forms (see
      * peer_view): pointers into the reply, or into parsed. */
@@ -149,6 +156,7 @@ struct rdv {
     const char **peer_addr; /* [size]: where rank r listens */
     int *peer_port;         /* [size] */
     int *peer_pid;          /* [size] */
+    uint64_t *peer_kept;    /* [size]: its kept segment (keep.h), 0 none */
     char (*parsed)[64];    /* [size]: the addresses of a full peer table */
 };
 
@@ -162,7 +170,10 @@ static void rdv_free(struct rdv *rv)
     free(rv->peer_addr);
     free(rv->peer_port);
     free(rv->peer_pid);
+    free(rv->peer_kept);
     free(rv->parsed);
+    if (rv->held)
+        rv->held->ops->destroy(rv->held);
 }
 
 /* One Rendezvous call. 0 with *rep set, 0 with *rep NULL when the
@@ -230,6 +241,7 @@ static int rendezvous(struct kolo_ctx *c, const kolo_config *cfg, struct rdv *rv
         req.process_set = c->process_set;
         req.compact_peers = true;
         req.machine = (char *)machine_id();
+        req.kept_segment = rv->kept;
         Kolo__RendezvousReply *rep = NULL;
         int code = rendezvous_call(c, &req, &rep, err, errlen);
         if (code)
@@ -333,17 +345,20 @@ static int peer_view(struct rdv *rv, const struct topology *t, int size, char *e
     rv->peer_addr = calloc((size_t)size, sizeof(*rv->peer_addr));
     rv->peer_port = calloc((size_t)size, sizeof(*rv->peer_port));
     rv->peer_pid = calloc((size_t)size, sizeof(*rv->peer_pid));
+    rv->peer_kept = calloc((size_t)size, sizeof(*rv->peer_kept));
     bool table = rep->n_peers == (size_t)size;
     if (table)
         rv->parsed = calloc((size_t)size, sizeof(*rv->parsed));
     if (!rv->host_id || !rv->host_shm || !rv->host_machine || !rv->peer_addr || !rv->peer_port || !rv->peer_pid ||
-        (table && !rv->parsed))
+        !rv->peer_kept || (table && !rv->parsed))
         return KOLO_ENOMEM;
     for (int h = 0; h < t->nhosts; h++) {
         const Kolo__TopoHost *th = table ? NULL : rep->hosts[h];
-        if (th && (th->n_ports != th->n_ranks || th->n_pids != th->n_ranks)) {
+        if (th && (th->n_ports != th->n_ranks || th->n_pids != th->n_ranks ||
+                   (th->n_kept_segments && th->n_kept_segments != th->n_ranks))) {
             snprintf(err, errlen, "the coordinator's peer table lists %zu ranks of host %s but "
-                     "%zu ports and %zu pids", th->n_ranks, th->host_id, th->n_ports, th->n_pids);
+                     "%zu ports, %zu pids and %zu kept segments", th->n_ranks, th->host_id,
+                     th->n_ports, th->n_pids, th->n_kept_segments);
             return KOLO_EPROTO;
         }
         const Kolo__PeerInfo *lead = table ? rep->peers[topology_rank(t, h, 0)] : NULL;
@@ -356,6 +371,7 @@ static int peer_view(struct rdv *rv, const struct topology *t, int size, char *e
                 rv->peer_addr[r] = th->data_host;
                 rv->peer_port[r] = th->ports[i];
                 rv->peer_pid[r] = th->pids[i];
+                rv->peer_kept[r] = th->n_kept_segments ? th->kept_segments[i] : 0;
             } else {
                 const Kolo__PeerInfo *p = rep->peers[r];
                 for (size_t k = 0; k < p->n_data_addrs; k++)
@@ -364,6 +380,7 @@ static int peer_view(struct rdv *rv, const struct topology *t, int size, char *e
                         break;
                 rv->peer_addr[r] = rv->parsed[r];
                 rv->peer_pid[r] = p->pid;
+                rv->peer_kept[r] = p->kept_segment;
             }
             if (rv->peer_port[r] <= 0 || rv->peer_port[r] > 65535 || !rv->peer_addr[r][0]) {
                 snprintf(err, errlen, "rank %d sent no usable data-plane address", r);
@@ -511,6 +528,59 @@ static bool hosts_have_segments(const struct rdv *rv, const struct topology *t)
     return true;
 }
 
+/* KEEP_REUSE (keep.h): the segment this rank kept, re-armed with the
+ * rest of its host. */
+static int rearm_segment(struct kolo_ctx *c, struct rdv *rv, const struct topology *t,
+                         struct coll **out, char *err, size_t errlen)
+{
+    int h = t->host[c->rank];
+    uint32_t token = (uint32_t)c->generation ? (uint32_t)c->generation : 1;
+    int code = shmcoll_rearm(rv->held, token, ctx_deadline(c));
+    if (code) {
+        snprintf(err, errlen, "cannot re-arm the shared segment host %s kept: %s",
+                 rv->host_id[h], rv->held->why);
+        return code;
+    }
+    *out = rv->held;
+    rv->held = NULL;
+    shmcoll_share_cpus(*out, c->machine_ranks);
+    LOGD("kolo", "rank %d: host %s keeps its shared segment (%d ranks)", c->rank,
+         rv->host_id[h], t->count[h]);
+    return 0;
+}
+
+/* KEEP_FRESH (keep.h): the segment's name, derived from the generation's
+ * key; the leader makes it now (rv->shm). */
+static int fresh_segment(struct kolo_ctx *c, struct rdv *rv, const struct topology *t,
+                         char *name, size_t len)
+{
+    int h = t->host[c->rank];
+    unsigned char key[CREDS_KEY_LEN];
+    char why[160];
+    int code = data_key(c, rv, key, why, sizeof why);
+    if (!code)
+        code = shm_names_derive(c->job, c->generation, rv->peer_pid[topology_rank(t, h, 0)], key,
+                                sizeof key, name, len);
+    explicit_bzero(key, sizeof key);
+    if (!code && t->local[c->rank] == 0)
+        code = shmcoll_create(name, 0, t->count[h], 0, &rv->shm);
+    return code;
+}
+
+/* Attaches a host's segment; one that its leader makes after the
+ * rendezvous (after_rendezvous) may not be there yet. */
+static int attach_segment(const struct kolo_ctx *c, bool after_rendezvous, const char *name,
+                          int me, int n, struct coll **out)
+{
+    uint64_t deadline = ctx_deadline(c);
+    for (;;) {
+        int code = shmcoll_attach(name, me, n, 0, out);
+        if (code != KOLO_ENOTFOUND || !after_rendezvous || now_mono_ms() >= deadline)
+            return code;
+        usleep(200);
+    }
+}
+
 /* This host's segment, as member t->local[rank] of t->count[host]: the
  * one this rank made (it leads the host), or its leader's. */
 static int host_segment(struct kolo_ctx *c, struct rdv *rv, const struct topology *t,
@@ -525,12 +595,23 @@ static int host_segment(struct kolo_ctx *c, struct rdv *rv, const struct topolog
                  rv->shm->size);
         return KOLO_EPROTO;
     }
+    if (rv->plan == KEEP_REUSE)
+        return rearm_segment(c, rv, t, out, err, errlen);
+    char fresh[64];
+    const char *name = rv->host_shm[h];
+    if (rv->plan == KEEP_FRESH && (code = fresh_segment(c, rv, t, fresh, sizeof fresh)) != 0) {
+        snprintf(err, errlen, "cannot make the shared segment of host %s: %s", rv->host_id[h],
+                 kolo_strerror(code));
+        return code;
+    }
+    if (rv->plan == KEEP_FRESH)
+        name = fresh;
     if (rv->shm) {
         *out = rv->shm;
         rv->shm = NULL;
-    } else if ((code = shmcoll_attach(rv->host_shm[h], me, n, 0, out)) != 0) {
-        snprintf(err, errlen, "cannot attach the shared segment %s of host %s: %s",
-                 rv->host_shm[h], rv->host_id[h], kolo_strerror(code));
+    } else if ((code = attach_segment(c, rv->plan == KEEP_FRESH, name, me, n, out)) != 0) {
+        snprintf(err, errlen, "cannot attach the shared segment %s of host %s: %s", name,
+                 rv->host_id[h], kolo_strerror(code));
         return code;
     }
     shmcoll_share_cpus(*out, c->machine_ranks);
@@ -593,9 +674,20 @@ static int setup_data_plane(struct kolo_ctx *c, const kolo_config *cfg, char *er
                  kolo_strerror(code));
         return code;
     }
+    /* An elastic rank may hold its host's segment from the last
+     * generation (keep.h): it says so; a leader holding one that fits
+     * makes none. */
+    if (c->elastic && !c->process_set)
+        rv.held = keep_take(c->job, c->worker_id);
+    bool lead = cfg->local_size > 1 && cfg->local_rank == 0 && !cfg->disable_shm;
+    bool defer = lead && rv.held && rv.held->rank == 0 && rv.held->size == cfg->local_size;
+    if (rv.held && (defer || !lead) && !cfg->disable_shm)
+        rv.kept = keep_code(rv.held);
+    if (defer)
+        str_copy(rv.shm_name, "(kept)", sizeof(rv.shm_name));
     /* The first rank of a host makes the host's segment before the
      * rendezvous, which tells its name to the others. */
-    if (cfg->local_size > 1 && cfg->local_rank == 0 && !cfg->disable_shm) {
+    if (lead && !defer) {
         shm_segment_name(c->job, c->generation, rv.shm_name, sizeof(rv.shm_name));
         if (shmcoll_create(rv.shm_name, 0, cfg->local_size, 0, &rv.shm) != 0) {
             LOGW("kolo", "cannot create the shared segment; using TCP");
@@ -613,6 +705,15 @@ static int setup_data_plane(struct kolo_ctx *c, const kolo_config *cfg, char *er
         goto out;
     }
     c->machine_ranks = ranks_on_machine(&rv, &t, c->rank);
+    /* what this rank's host does with the segments its ranks kept: every
+     * member decides alike from the same codes */
+    {
+        int h = t.host[c->rank], n = t.count[h];
+        uint64_t codes[n];
+        for (int i = 0; i < n; i++)
+            codes[i] = rv.peer_kept[topology_rank(&t, h, i)];
+        rv.plan = keep_plan(codes, n, rv.held ? rv.held->size : 0);
+    }
     /* A later elastic generation starts with the last one's response
      * cache, the same table on every rank (fast_init takes it). */
     if (rv.reply && rv.reply->n_cache > 0) {
@@ -1225,7 +1326,14 @@ static void *watch_main(void *arg)
 static void ctx_free(struct kolo_ctx *c)
 {
     gpu_ctx_fini(c); /* first: it may still use the CPU data plane */
-    if (c->coll)
+    /* An elastic rank keeps its host's segment for its next generation
+     * (keep.h), unless the job is over. */
+    bool keep = c->elastic && !c->process_set && c->sticky != KOLO_ESHUTDOWN && c->coll &&
+                c->coll->ops->keep_segment;
+    struct coll *seg = keep ? c->coll->ops->keep_segment(c->coll) : NULL;
+    if (seg)
+        keep_park(c->job, c->worker_id, seg);
+    else if (c->coll && !keep)
         c->coll->ops->destroy(c->coll);
     rpc_client_close(c->rpc);
     report_ctx_free(c); /* issue 6: the epoch/step report sender's state */
@@ -1362,6 +1470,7 @@ static struct kolo_ctx *ctx_new(const kolo_config *cfg)
     c->fusion_threshold = cfg->fusion_threshold ? cfg->fusion_threshold : DEFAULT_FUSION;
     c->process_set = cfg->process_set;
     c->elastic = cfg->worker_id != 0;
+    c->worker_id = cfg->worker_id;
     c->disable_shm = cfg->disable_shm != 0;
     c->encrypt_data = cfg->encrypt_data != 0;
     c->host_id = cfg->host_id ? strdup(cfg->host_id) : NULL;

@@ -102,6 +102,7 @@ struct kolo_ctx {
     uint32_t session;   /* re-joins of this generation by this process (ctx.c) */
     int process_set;    /* 0: the job; else a set of its ranks (kolo_process_set_init) */
     bool elastic;
+    uint64_t worker_id; /* elastic: the worker, which keeps its host segment (keep.h) */
     bool solo;          /* one rank without a coordinator: no rpc, a local log (solo.c) */
     /* what a process set's context is made from (kolo_process_set_init) */
     char *host_id, *data_addr;
