@@ -544,8 +544,9 @@ static int rearm_segment(struct kolo_ctx *c, struct rdv *rv, const struct topolo
     *out = rv->held;
     rv->held = NULL;
     shmcoll_share_cpus(*out, c->machine_ranks);
-    LOGD("kolo", "rank %d: host %s keeps its shared segment (%d ranks)", c->rank,
-         rv->host_id[h], t->count[h]);
+    if (t->local[c->rank] == 0)
+        LOGI("kolo", "rank %d: host %s keeps its shared segment in generation %llu (%d ranks)",
+             c->rank, rv->host_id[h], (unsigned long long)c->generation, t->count[h]);
     return 0;
 }
 
@@ -562,8 +563,12 @@ static int fresh_segment(struct kolo_ctx *c, struct rdv *rv, const struct topolo
         code = shm_names_derive(c->job, c->generation, rv->peer_pid[topology_rank(t, h, 0)], key,
                                 sizeof key, name, len);
     explicit_bzero(key, sizeof key);
-    if (!code && t->local[c->rank] == 0)
+    if (!code && t->local[c->rank] == 0) {
         code = shmcoll_create(name, 0, t->count[h], 0, &rv->shm);
+        LOGI("kolo", "rank %d: host %s makes a new shared segment in generation %llu: its "
+             "ranks changed (%d now)", c->rank, rv->host_id[h], (unsigned long long)c->generation,
+             t->count[h]);
+    }
     return code;
 }
 
