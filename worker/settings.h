@@ -74,6 +74,8 @@
       "shared-memory small-message slot bytes (unset: 64 KiB)")                                   \
     X(HIER_LANES, "KOLO_HIER_LANES", NULL, SIZE, NULL, 0, INT64_MAX, NULL,                         \
       "across hosts, allreduces from this many bytes use every lane (unset: 128 KiB)")            \
+    X(KEEP_SEGMENTS, "KOLO_KEEP_SEGMENTS", NULL, BOOL, "1", 0, 0, NULL,                          \
+      "an elastic rank keeps its host's shared segment across a reset (0: new ones each time)")  \
     X(SNAPSHOT_KEEP, "KOLO_SNAPSHOT_KEEP", NULL, INT, "0", 0, 100000, NULL,                        \
       "snapshots the coordinator keeps for this job (0: the coordinator's)")                      \
     X(SNAPSHOT_CHUNK_BYTES, "KOLO_SNAPSHOT_CHUNK_BYTES", NULL, SIZE, "768k", 4096, 896ll << 10,   \

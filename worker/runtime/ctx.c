@@ -682,7 +682,7 @@ static int setup_data_plane(struct kolo_ctx *c, const kolo_config *cfg, char *er
     /* An elastic rank may hold its host's segment from the last
      * generation (keep.h): it says so; a leader holding one that fits
      * makes none. */
-    if (c->elastic && !c->process_set)
+    if (c->elastic && !c->process_set && settings_int(SET_KEEP_SEGMENTS, 1))
         rv.held = keep_take(c->job, c->worker_id);
     bool lead = cfg->local_size > 1 && cfg->local_rank == 0 && !cfg->disable_shm;
     bool defer = lead && rv.held && rv.held->rank == 0 && rv.held->size == cfg->local_size;
@@ -1334,7 +1334,7 @@ static void ctx_free(struct kolo_ctx *c)
     /* An elastic rank keeps its host's segment for its next generation
      * (keep.h), unless the job is over. */
     bool keep = c->elastic && !c->process_set && c->sticky != KOLO_ESHUTDOWN && c->coll &&
-                c->coll->ops->keep_segment;
+                c->coll->ops->keep_segment && settings_int(SET_KEEP_SEGMENTS, 1);
     struct coll *seg = keep ? c->coll->ops->keep_segment(c->coll) : NULL;
     if (seg)
         keep_park(c->job, c->worker_id, seg);
