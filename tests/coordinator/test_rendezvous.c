@@ -30,6 +30,7 @@ struct joiner {
     int rank, size;
     char host[32], addr[48], shm[32], machine[40];
     bool compact;
+    uint64_t kept; /* RendezvousRequest.kept_segment */
     Kolo__RendezvousReply *rep;
     size_t reply_bytes;
 };
@@ -49,6 +50,7 @@ static void *join_main(void *arg)
     req.wait_ms = 10000;
     req.size = j->size;
     req.compact_peers = j->compact;
+    req.kept_segment = j->kept;
     uint8_t buf[512];
     size_t len = kolo__rendezvous_request__pack(&req, buf);
     char err[512];
@@ -116,7 +118,9 @@ static void joiner_set(struct joiner *j, uint64_t job, int rank, int size, const
 }
 
 /* A compact reply: hosts a (ranks 0, 2; rank 0 made its segment) and b
- * (ranks 3, 1; rank 3 made its segment, so it leads). */
+ * (ranks 3, 1; rank 3 made its segment, so it leads). b's ranks kept a
+ * segment from an earlier generation (0xb00 + their member index): the
+ * host lists their codes in local order, a (none kept) lists none. */
 static void check_compact(const Kolo__RendezvousReply *rep)
 {
     CHECK_EQ_INT((int)rep->n_peers, 0);
@@ -132,10 +136,14 @@ static void check_compact(const Kolo__RendezvousReply *rep)
     CHECK(a->pids[1] == 1002 && b->pids[0] == 1003);
     CHECK(strcmp(a->shm_name, "seg-a") == 0 && strcmp(b->shm_name, "seg-b") == 0);
     CHECK(strcmp(a->machine, "boot-a") == 0 && strcmp(b->machine, "boot-b") == 0);
+    CHECK_EQ_INT((int)a->n_kept_segments, 0);
+    REQUIRE(b->n_kept_segments == 2);
+    CHECK(b->kept_segments[0] == 0xb00 && b->kept_segments[1] == 0xb01);
 }
 
-/* A peer table: one PeerInfo a rank, as an older libkolo reads it. */
-static void check_table(const Kolo__RendezvousReply *rep, int size)
+/* A peer table: one PeerInfo a rank, as an older libkolo reads it;
+ * kept: the ranks' kept segments are test_forms' (else none). */
+static void check_table(const Kolo__RendezvousReply *rep, int size, bool kept)
 {
     REQUIRE((int)rep->n_peers == size);
     for (int r = 0; r < size; r++) {
@@ -144,6 +152,8 @@ static void check_table(const Kolo__RendezvousReply *rep, int size)
         CHECK(strncmp(rep->peers[r]->machine, "boot-", 5) == 0 &&
               strcmp(rep->peers[r]->machine + 5, rep->peers[r]->host_id) == 0);
         REQUIRE(rep->peers[r]->n_data_addrs == 1);
+        uint64_t want = !kept ? 0 : r == 3 ? 0xb00 : r == 1 ? 0xb01 : 0;
+        CHECK(rep->peers[r]->kept_segment == want);
     }
     for (size_t h = 0; h < rep->n_hosts; h++)
         CHECK(rep->hosts[h]->n_ports == 0 && rep->hosts[h]->data_host[0] == '\0');
@@ -157,13 +167,15 @@ static void test_forms(void)
     joiner_set(&js[1], job, 1, 4, "b", "127.0.0.1", "", true);
     joiner_set(&js[2], job, 2, 4, "a", "127.0.0.1", "", true);
     joiner_set(&js[3], job, 3, 4, "b", "127.0.0.1", "seg-b", false); /* an older libkolo */
+    js[3].kept = 0xb00;
+    js[1].kept = 0xb01;
     /* the older libkolo's table goes out between compact replies (the
      * parked ones are answered in rank order, the last to join after) */
     static const int order[] = {3, 0, 1, 2};
     join_in_order(js, 4, order);
     for (int r = 0; r < 3; r++)
         check_compact(js[r].rep);
-    check_table(js[3].rep, 4);
+    check_table(js[3].rep, 4, true);
     REQUIRE(js[3].rep->n_hosts == 2); /* the topology alone */
     CHECK(js[3].rep->hosts[1]->ranks[0] == 3);
     free_all(js, 4);
@@ -181,7 +193,7 @@ static void test_fallback(void)
     joiner_set(&js[2], job, 2, 3, "c", "127.0.0.1", "", true);
     join_all(js, 3);
     for (int r = 0; r < 3; r++)
-        check_table(js[r].rep, 3);
+        check_table(js[r].rep, 3, false);
     free_all(js, 3);
 
     job = harness_submit_job(coord_rpc_url(coord), "odd", 2);
@@ -190,7 +202,7 @@ static void test_fallback(void)
     snprintf(js[1].addr, sizeof js[1].addr, "unix:/tmp/x");
     join_all(js, 2);
     for (int r = 0; r < 2; r++)
-        check_table(js[r].rep, 2);
+        check_table(js[r].rep, 2, false);
     free_all(js, 2);
 }
 
