@@ -28,16 +28,21 @@ int shm_names_make(uint64_t job, uint64_t generation, char *out, size_t outlen)
     return n < 0 || (size_t)n >= outlen ? KOLO_EINVAL : 0;
 }
 
-int shm_names_derive(uint64_t job, uint64_t generation, int creator_pid, const void *key,
-                     size_t keylen, char *out, size_t outlen)
+int shm_names_derive(uint64_t job, uint64_t generation, int creator_pid, const char *host,
+                     const void *key, size_t keylen, char *out, size_t outlen)
 {
     char what[96];
     uint8_t mac[SHA256_LEN];
-    int w = snprintf(what, sizeof what, "kolo segment %llu %llu %d", (unsigned long long)job,
+    int w = snprintf(what, sizeof what, "kolo segment %llu %llu %d ", (unsigned long long)job,
                      (unsigned long long)generation, creator_pid);
-    if (!key || !keylen || w < 0 || (size_t)w >= sizeof what)
+    if (!key || !keylen || !host || w < 0 || (size_t)w >= sizeof what)
         return KOLO_EINVAL;
-    hmac_sha256(key, keylen, what, (size_t)w, mac);
+    struct hmac_sha256 h;
+    hmac_sha256_init(&h, key, keylen);
+    hmac_sha256_update(&h, what, (size_t)w);
+    hmac_sha256_update(&h, host, strlen(host));
+    hmac_sha256_final(&h, mac);
+    explicit_bzero(&h, sizeof h);
     char hex[17];
     for (int i = 0; i < 8; i++)
         snprintf(hex + 2 * i, 3, "%02x", mac[i]);

@@ -20,12 +20,14 @@
  * KOLO_EINVAL (out too small) / KOLO_ESYS (no random bytes). */
 int shm_names_make(uint64_t job, uint64_t generation, char *out, size_t outlen);
 /* shm_names_derive writes the name of a segment that creator_pid makes
- * after the rendezvous, which every member derives from the generation's
- * secret key (key, keylen) instead of being told it: the random part is
- * an HMAC of the job, generation and creator under that key, as
- * unguessable to anyone without the key. 0 or KOLO_EINVAL. */
-int shm_names_derive(uint64_t job, uint64_t generation, int creator_pid, const void *key,
-                     size_t keylen, char *out, size_t outlen);
+ * for host after the rendezvous, which every member derives from the
+ * generation's secret key (key, keylen) instead of being told it: the
+ * random part is an HMAC of the job, generation, creator and host under
+ * that key, as unguessable to anyone without the key (the host tells
+ * apart simulated hosts whose leaders are threads of one process). 0 or
+ * KOLO_EINVAL. */
+int shm_names_derive(uint64_t job, uint64_t generation, int creator_pid, const char *host,
+                     const void *key, size_t keylen, char *out, size_t outlen);
 /* shm_names_sweep removes the segments of job whose creator no longer
  * runs (left behind when ranks died before they all attached); returns
  * how many it removed. */

@@ -50,20 +50,23 @@ int main(void)
      * the same key, job, generation and creator; another for any other */
     const unsigned char key[32] = {1, 2, 3}, other_key[32] = {1, 2, 4};
     char d1[128], d2[128];
-    REQUIRE(shm_names_derive(job, 5, 4242, key, sizeof key, d1, sizeof d1) == 0);
-    REQUIRE(shm_names_derive(job, 5, 4242, key, sizeof key, d2, sizeof d2) == 0);
+    REQUIRE(shm_names_derive(job, 5, 4242, "h", key, sizeof key, d1, sizeof d1) == 0);
+    REQUIRE(shm_names_derive(job, 5, 4242, "h", key, sizeof key, d2, sizeof d2) == 0);
     CHECK_EQ_STR(d1, d2);
     snprintf(want, sizeof want, "/kolo-%llu-5-4242-", (unsigned long long)job);
     CHECK(strncmp(d1, want, strlen(want)) == 0);
     CHECK_EQ_INT((int)strlen(d1), (int)strlen(want) + 16);
-    REQUIRE(shm_names_derive(job, 5, 4242, other_key, sizeof key, d2, sizeof d2) == 0);
+    REQUIRE(shm_names_derive(job, 5, 4242, "h", other_key, sizeof key, d2, sizeof d2) == 0);
     CHECK(strcmp(d1, d2) != 0);
-    REQUIRE(shm_names_derive(job, 6, 4242, key, sizeof key, d2, sizeof d2) == 0);
+    REQUIRE(shm_names_derive(job, 6, 4242, "h", key, sizeof key, d2, sizeof d2) == 0);
     CHECK(strcmp(d1, d2) != 0);
-    REQUIRE(shm_names_derive(job, 5, 4243, key, sizeof key, d2, sizeof d2) == 0);
+    REQUIRE(shm_names_derive(job, 5, 4243, "h", key, sizeof key, d2, sizeof d2) == 0);
     CHECK(strcmp(d1, d2) != 0);
-    CHECK_EQ_INT(shm_names_derive(job, 5, 4242, key, 0, d2, sizeof d2), KOLO_EINVAL);
-    CHECK_EQ_INT(shm_names_derive(job, 5, 4242, key, sizeof key, tiny, sizeof tiny), KOLO_EINVAL);
+    REQUIRE(shm_names_derive(job, 5, 4242, "h2", key, sizeof key, d2, sizeof d2) == 0);
+    CHECK(strcmp(d1, d2) != 0); /* another host of the same process */
+    CHECK_EQ_INT(shm_names_derive(job, 5, 4242, "h", key, 0, d2, sizeof d2), KOLO_EINVAL);
+    CHECK_EQ_INT(shm_names_derive(job, 5, 4242, NULL, key, sizeof key, d2, sizeof d2), KOLO_EINVAL);
+    CHECK_EQ_INT(shm_names_derive(job, 5, 4242, "h", key, sizeof key, tiny, sizeof tiny), KOLO_EINVAL);
 
     /* a creator that has exited (a reaped child's pid) */
     pid_t child = fork();

@@ -560,8 +560,8 @@ static int fresh_segment(struct kolo_ctx *c, struct rdv *rv, const struct topolo
     char why[160];
     int code = data_key(c, rv, key, why, sizeof why);
     if (!code)
-        code = shm_names_derive(c->job, c->generation, rv->peer_pid[topology_rank(t, h, 0)], key,
-                                sizeof key, name, len);
+        code = shm_names_derive(c->job, c->generation, rv->peer_pid[topology_rank(t, h, 0)],
+                                rv->host_id[h], key, sizeof key, name, len);
     explicit_bzero(key, sizeof key);
     if (!code && t->local[c->rank] == 0) {
         code = shmcoll_create(name, 0, t->count[h], 0, &rv->shm);
