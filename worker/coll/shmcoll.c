@@ -1682,6 +1682,7 @@ int shmcoll_rearm(struct coll *c, uint32_t token, uint64_t deadline)
     memset(s->small_free_at, 0, sizeof s->small_free_at);
     s->want = 0;
     s->yield_misses = s->yield_skipped = 0;
+    wait_knobs(s, s->n); /* the caller tells how crowded the machine is now */
     s->c.failed = 0;
     s->c.why[0] = '\0';
     atomic_store_explicit(&s->c.waiting_on, 0, memory_order_relaxed);
