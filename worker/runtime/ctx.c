@@ -528,6 +528,25 @@ static bool hosts_have_segments(const struct rdv *rv, const struct topology *t)
     return true;
 }
 
+/* What this rank's host does with the segments its ranks kept (keep.h),
+ * in rv->plan: every member decides alike from the same codes. A leader
+ * that kept one made none and says so by its segment's name, also to a
+ * coordinator that does not relay the codes. */
+static int host_plan(struct rdv *rv, const struct topology *t, int rank)
+{
+    int h = t->host[rank], n = t->count[h];
+    uint64_t *codes = malloc((size_t)n * sizeof *codes);
+    if (!codes)
+        return KOLO_ENOMEM;
+    for (int i = 0; i < n; i++)
+        codes[i] = rv->peer_kept[topology_rank(t, h, i)];
+    rv->plan = keep_plan(codes, n, rv->held ? rv->held->size : 0);
+    free(codes);
+    if (rv->plan == KEEP_NONE && !strcmp(rv->host_shm[h], KEEP_DEFERRED))
+        rv->plan = KEEP_FRESH;
+    return 0;
+}
+
 /* KEEP_REUSE (keep.h): the segment this rank kept, re-armed with the
  * rest of its host. */
 static int rearm_segment(struct kolo_ctx *c, struct rdv *rv, const struct topology *t,
@@ -689,7 +708,7 @@ static int setup_data_plane(struct kolo_ctx *c, const kolo_config *cfg, char *er
     if (rv.held && (defer || !lead) && !cfg->disable_shm)
         rv.kept = keep_code(rv.held);
     if (defer)
-        str_copy(rv.shm_name, "(kept)", sizeof(rv.shm_name));
+        str_copy(rv.shm_name, KEEP_DEFERRED, sizeof(rv.shm_name));
     /* The first rank of a host makes the host's segment before the
      * rendezvous, which tells its name to the others. */
     if (lead && !defer) {
@@ -710,14 +729,9 @@ static int setup_data_plane(struct kolo_ctx *c, const kolo_config *cfg, char *er
         goto out;
     }
     c->machine_ranks = ranks_on_machine(&rv, &t, c->rank);
-    /* what this rank's host does with the segments its ranks kept: every
-     * member decides alike from the same codes */
-    {
-        int h = t.host[c->rank], n = t.count[h];
-        uint64_t codes[n];
-        for (int i = 0; i < n; i++)
-            codes[i] = rv.peer_kept[topology_rank(&t, h, i)];
-        rv.plan = keep_plan(codes, n, rv.held ? rv.held->size : 0);
+    if ((code = host_plan(&rv, &t, c->rank)) != 0) {
+        snprintf(err, errlen, "out of memory reading the kept segments");
+        goto out;
     }
     /* A later elastic generation starts with the last one's response
      * cache, the same table on every rank (fast_init takes it). */

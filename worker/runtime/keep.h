@@ -35,6 +35,11 @@
 
 enum keep_plan { KEEP_NONE, KEEP_REUSE, KEEP_FRESH };
 
+/* The segment name a leader that kept one (and so made none) reports:
+ * its host makes one after the rendezvous unless it re-arms the kept one,
+ * also when the coordinator relays no codes (an older one). */
+#define KEEP_DEFERRED "(kept)"
+
 /* keep_park takes seg (a parked shmcoll) for this worker of job; a
  * segment parked before by the same worker, or by any worker of another
  * job, is destroyed. */
