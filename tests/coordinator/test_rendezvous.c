@@ -56,20 +56,30 @@ static void *join_main(void *arg)
     char err[512];
     void *out = NULL;
     size_t olen = 0;
-    int rv;
+    int rv = 0;
     /* as libkolo does: a call that did not get through (hundreds of
-     * connections at once) is made again */
-    for (int tries = 0; tries < 20; tries++) {
+     * connections at once) is made again, and so is one whose wait
+     * passed before every rank joined (a slow, sanitized build) */
+    for (int tries = 0; tries < 40; tries++) {
+        free(out);
+        out = NULL;
         rv = rpc_client_call(cli, "WorkerService.Rendezvous", buf, len, &out, &olen, 15000, err,
                              sizeof err);
-        if (rv != KOLO_EIO && rv != KOLO_ECONNREFUSED && rv != KOLO_ETIMEDOUT && rv != KOLO_EBUSY)
+        if (rv == KOLO_EIO || rv == KOLO_ECONNREFUSED || rv == KOLO_ETIMEDOUT || rv == KOLO_EBUSY) {
+            usleep(100 * 1000);
+            continue;
+        }
+        if (rv)
             break;
-        usleep(100 * 1000);
+        if (j->rep)
+            kolo__rendezvous_reply__free_unpacked(j->rep, NULL);
+        j->rep = kolo__rendezvous_reply__unpack(NULL, olen, out);
+        if (!j->rep || j->rep->complete)
+            break;
     }
     if (rv)
         fprintf(stderr, "rank %d: %s\n", j->rank, err);
     REQUIRE(rv == 0);
-    j->rep = kolo__rendezvous_reply__unpack(NULL, olen, out);
     j->reply_bytes = olen;
     if (!j->rep || !j->rep->complete)
         fprintf(stderr, "rank %d of %d: reply of %zu bytes, %s\n", j->rank, j->size, olen,

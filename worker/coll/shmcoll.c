@@ -1645,8 +1645,7 @@ static int rearm_wait(struct shmcoll *s, size_t word, uint32_t token, uint64_t d
             }
             if (deadline && now >= deadline)
                 return shm_fail(s, KOLO_ETIMEDOUT, s->me, false,
-                                "rank %d of the host did not come back to its kept segment",
-                                coll_name(&s->c, j));
+                                "member %d of the host's kept segment did not come back to it", j);
             usleep(50);
         }
     }
