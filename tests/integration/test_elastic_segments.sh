@@ -19,12 +19,22 @@
 # 3. a commit later the spare's slot is taken from the discovery list: no
 #    new generation; the job ends with every step counted once and no
 #    worker or segment left.
+#
+# SEGMENTS_WORKER=torch (test_elastic_segments_torch.sh) runs the same with
+# the torch worker (tests/python/elastic_worker.py: kolo.torch and
+# hvd.elastic, as a Horovod user's script), whose final weights must be a
+# fault-free run's.
 . "$(dirname "$0")/lib.sh"
 
-ELASTIC_WORKER=c
+COMMIT=5
+if [ "${SEGMENTS_WORKER:-c}" = c ]; then
+  ELASTIC_WORKER=c
+  WORKER_FLAGS=(--commit $COMMIT --delay-ms 20)
+else
+  WORKER_FLAGS=(--commit $COMMIT --delay 0.02 --steps 100000)
+fi
 . "$(dirname "$0")/elastic_lib.sh"
 
-COMMIT=5
 cat >"$WORK/discover.sh" <<EOF
 #!/bin/sh
 cat "$WORK/hosts.txt"
@@ -59,7 +69,7 @@ hosts a:2 b:2
 note "1. four ranks, two on each host, and a spare"
 export KOLO_LOG_LEVEL=info
 start_job -np 4 --min-np 2 --max-np 4 --spares 1 --blacklist-cooldown-range 30 30 \
-    --host-discovery-script "$WORK/discover.sh" -- --commit $COMMIT --delay-ms 20
+    --host-discovery-script "$WORK/discover.sh" -- "${WORKER_FLAGS[@]}"
 unset KOLO_LOG_LEVEL
 wait_for 60 stepped 4 0 || fail "the job did not train with 4 workers: $(tail -n 5 "$WORK/run.err")"
 # a's third slot, listed now: the only free one, for the spare
@@ -95,6 +105,6 @@ note "3. the spare's slot leaves the list; the job ends"
 hosts "$spare_host:2" "$other:2"
 wait_for 30 progressed $(( $(last_step) + 5 )) || fail "no progress at the end"
 finish_job 60
-report segments --commit $COMMIT --max-lost $COMMIT
+report segments --commit $COMMIT --max-lost $COMMIT --check-final
 ls /dev/shm | grep -q "^kolo-$JOB-" && fail "segments of job $JOB left: $(ls /dev/shm | grep "^kolo-$JOB-")"
 echo PASS
