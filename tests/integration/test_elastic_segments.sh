@@ -92,7 +92,8 @@ t_kill=$T_KILL
 g2=$(gen_current)
 wait_for 30 stepped 4 "$t_kill" || fail "the job did not train at 4 after the kill: $(tail -n 5 "$WORK/run.err")"
 wait_for 30 progressed $(( $(last_step) + 10 )) || fail "no progress after the kill"
-ranks | grep -q "^$spare_pid $spare_host " || fail "the spare $spare_pid is not a rank: $(ranks | tr '\n' ' ')"
+wait_for 10 eval 'ranks | grep -q "^$spare_pid $spare_host "' ||
+  fail "the spare $spare_pid is not a rank: $(ranks | tr '\n' ' ')"
 [ "$(kept_in "$other" "$g2")" = 1 ] ||
   fail "host $other (unchanged) did not keep its segment in generation $g2: $(grep -i segment "$WORK/run.err" | tail -n 5)"
 [ "$(kept_in "$spare_host" "$g2")" = 0 ] ||
