@@ -118,6 +118,37 @@ for h in json.load(sys.stdin)["hosts"]:
 
 gone() { ! kill -0 "$1" 2>/dev/null; }
 
+# The job's REST view: the job, "<pid> <host> <local rank>" of every running
+# rank and "<pid> <host>" of every waiting spare, one per line.
+job_json() { curl -sf "$HTTP/api/v1/jobs/$JOB"; }
+ranks() {
+  job_json | "$PY" -c '
+import json, sys
+for r in json.load(sys.stdin)["ranks"]:
+    if r.get("state") == "running":
+        print(r["pid"], r["host_name"], r["local_rank"])'
+}
+spares() {
+  job_json | "$PY" -c '
+import json, sys
+for s in json.load(sys.stdin)["elastic_state"]["spares"]:
+    if s["state"] == "waiting":
+        print(s["pid"], s["host"])'
+}
+
+# Host discovery from a file (kolo run --host-discovery-script
+# "$DISCOVER"): the script prints what the last `hosts HOST:SLOTS...` set,
+# and fails while $WORK/discovery-fails exists.
+DISCOVER="$WORK/discover.sh"
+cat >"$DISCOVER" <<EOF
+#!/bin/sh
+[ -e "$WORK/discovery-fails" ] && { echo "discovery is down" >&2; exit 3; }
+cat "$WORK/hosts.txt"
+EOF
+chmod +x "$DISCOVER"
+hosts() { printf '%s\n' "$@" >"$WORK/hosts.tmp"; mv "$WORK/hosts.tmp" "$WORK/hosts.txt"; }
+
+
 # kill_rank PID [HOST]: kill -9 of a rank's worker, the fault logged first;
 # sets T_KILL and waits for the next generation.
 kill_rank() {

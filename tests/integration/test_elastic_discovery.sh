@@ -10,13 +10,6 @@ ELASTIC_WORKER=c # the C worker (elastic_c_worker.c): no torch to start
 . "$(dirname "$0")/elastic_lib.sh"
 
 COMMIT=5
-cat >"$WORK/discover.sh" <<EOF
-#!/bin/sh
-[ -e "$WORK/discovery-fails" ] && { echo "discovery is down" >&2; exit 3; }
-cat "$WORK/hosts.txt"
-EOF
-chmod +x "$WORK/discover.sh"
-hosts() { printf '%s\n' "$@" >"$WORK/hosts.tmp"; mv "$WORK/hosts.tmp" "$WORK/hosts.txt"; }
 
 start_coordinator coord
 start_agent a 2
@@ -25,7 +18,7 @@ start_agent c 1
 wait_for 10 hosts_at_least 3 || fail "3 agents did not register"
 
 hosts "# the hosts this job may use" a:2
-start_job -np 2 --min-np 1 --max-np 4 --host-discovery-script "$WORK/discover.sh" -- \
+start_job -np 2 --min-np 1 --max-np 4 --host-discovery-script "$DISCOVER" -- \
     --steps 100000 --commit $COMMIT --delay 0.05
 wait_for 60 stepped 2 0 || fail "the job did not train with a's 2 workers"
 wait_for 20 progressed $(( 5 + RANDOM % 15 )) || fail "no progress"

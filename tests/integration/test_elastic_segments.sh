@@ -35,28 +35,6 @@ else
 fi
 . "$(dirname "$0")/elastic_lib.sh"
 
-cat >"$WORK/discover.sh" <<EOF
-#!/bin/sh
-cat "$WORK/hosts.txt"
-EOF
-chmod +x "$WORK/discover.sh"
-hosts() { printf '%s\n' "$@" >"$WORK/hosts.tmp"; mv "$WORK/hosts.tmp" "$WORK/hosts.txt"; }
-job_json() { curl -sf "$HTTP/api/v1/jobs/$JOB"; }
-# "<pid> <host> <local rank>" of every running rank
-ranks() {
-  job_json | "$PY" -c '
-import json, sys
-for r in json.load(sys.stdin)["ranks"]:
-    if r.get("state") == "running":
-        print(r["pid"], r["host_name"], r["local_rank"])'
-}
-spares() {
-  job_json | "$PY" -c '
-import json, sys
-for s in json.load(sys.stdin)["elastic_state"]["spares"]:
-    if s["state"] == "waiting":
-        print(s["pid"], s["host"])'
-}
 # how many times host $1 (its name) said it keeps its segment in generation $2
 kept_in() { grep -c "host $(host_id "$1") keeps its shared segment in generation $2 " "$WORK/run.err" || true; }
 
@@ -69,7 +47,7 @@ hosts a:2 b:2
 note "1. four ranks, two on each host, and a spare"
 export KOLO_LOG_LEVEL=info
 start_job -np 4 --min-np 2 --max-np 4 --spares 1 --blacklist-cooldown-range 30 30 \
-    --host-discovery-script "$WORK/discover.sh" -- "${WORKER_FLAGS[@]}"
+    --host-discovery-script "$DISCOVER" -- "${WORKER_FLAGS[@]}"
 unset KOLO_LOG_LEVEL
 wait_for 60 stepped 4 0 || fail "the job did not train with 4 workers: $(tail -n 5 "$WORK/run.err")"
 # a's third slot, listed now: the only free one, for the spare

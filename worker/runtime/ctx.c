@@ -1349,11 +1349,13 @@ static void ctx_free(struct kolo_ctx *c)
      * (keep.h), unless the job is over. */
     bool keep = c->elastic && !c->process_set && c->sticky != KOLO_ESHUTDOWN && c->coll &&
                 c->coll->ops->keep_segment && settings_int(SET_KEEP_SEGMENTS, 1);
-    struct coll *seg = keep ? c->coll->ops->keep_segment(c->coll) : NULL;
-    if (seg)
-        keep_park(c->job, c->worker_id, seg);
-    else if (c->coll && !keep)
+    if (keep) {
+        struct coll *seg = c->coll->ops->keep_segment(c->coll); /* the rest is gone */
+        if (seg)
+            keep_park(c->job, c->worker_id, seg);
+    } else if (c->coll) {
         c->coll->ops->destroy(c->coll);
+    }
     rpc_client_close(c->rpc);
     report_ctx_free(c); /* issue 6: the epoch/step report sender's state */
     snapshot_ctx_free(c);
