@@ -211,6 +211,22 @@ def hosts_section(md, cell, records, machine):
                           f"{fmt_num(floor['median_us'])} µs median, "
                           f"{fmt_num(floor.get('p99_us'))} µs p99.{over}")
             md.append("")
+        floor = next((v for k, v in cell.items() if k[0] == sc and k[1] == "floor"), None)
+        if floor:
+            fb = floor["bytes"]
+            kx = get(sc, "kolo", "allreduce", np_, fb)
+            sj["copy_floor"] = {"bytes": fb, "median_us": floor["median_us"],
+                                "p99_us": floor.get("p99_us"),
+                                "kolo_over_floor_p50": round(kx["median_us"] / floor["median_us"], 3)
+                                if kx else None}
+            over = (f" kolo's {fmt_size(fb)} p50 is {kx['median_us'] / floor['median_us']:.2f}× "
+                    "that." if kx else "")
+            md.append(f"The floor under {fmt_size(fb)} on {h} × {l_} (bench/copy_floor.c: "
+                      f"{np_} processes doing only the copies, reductions and TCP transfers of "
+                      f"the hierarchical pattern, a host's ranks never waiting for each other): "
+                      f"{fmt_num(floor['median_us'])} µs median, "
+                      f"{fmt_num(floor.get('p99_us'))} µs p99.{over}")
+            md.append("")
         total = next((k[4] for k in cell if k[0] == sc and k[2].startswith("resnet50")), None)
         if total:
             kr = get(sc, "kolo", "resnet50_step", np_, total)
@@ -348,19 +364,24 @@ def main():
             title += f" (oversubscribed: {np_} processes on {m['nproc']} CPUs)"
         md.append(title)
         md.append("")
-        md.append("kolo: `kolo run` (its own transport choice on one host); Open MPI: "
-                  "`mpirun --mca btl vader,self` (shared memory); Gloo: TCP on lo.")
+        md.append("kolo: `kolo run` (its own transport choice on one host), "
+                  "`kolo_allreduce_async` + `kolo_wait`; Open MPI: `mpirun --mca btl "
+                  "vader,self` (shared memory), `MPI_Allreduce` and, in its own column (\"MPI "
+                  "nb\"), `MPI_Iallreduce` + `MPI_Wait`, the shape of kolo's calls; Gloo: TCP "
+                  "on lo.")
         md.append("")
-        md.append("| size | kolo | Open MPI (vader) | Gloo (TCP lo) | kolo/MPI | kolo/Gloo "
-                  "| kolo launches min..max |")
-        md.append("|---:|---:|---:|---:|---:|---:|---|")
+        md.append("| size | kolo | Open MPI (vader) | MPI nb | Gloo (TCP lo) | kolo/MPI "
+                  "| kolo/MPI nb | kolo/Gloo | kolo launches min..max |")
+        md.append("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         # the tail: each launch's p99 over its iterations, median over launches
         tail = ["p99, µs (median over launches of each launch's p99):", "",
-                "| size | kolo | Open MPI (vader) | Gloo (TCP lo) | kolo/MPI | kolo/Gloo |",
-                "|---:|---:|---:|---:|---:|---:|"]
+                "| size | kolo | Open MPI (vader) | MPI nb | Gloo (TCP lo) | kolo/MPI "
+                "| kolo/MPI nb | kolo/Gloo |",
+                "|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for b in local_sizes:
             k, o, g = (get("local", impl, "allreduce", np_, b)
                        for impl in ("kolo", "openmpi", "gloo"))
+            onb = get("local", "openmpi", "allreduce_nb", np_, b)
 
             def c(x):
                 if not x:
@@ -372,11 +393,13 @@ def main():
                 return x and x.get("p99_us")
 
             spread = f"{fmt_num(k['min_us'])}..{fmt_num(k['max_us'])}" if k else "—"
-            md.append(f"| {fmt_size(b)} | {c(k)} | {c(o)} | {c(g)} | "
+            md.append(f"| {fmt_size(b)} | {c(k)} | {c(o)} | {c(onb)} | {c(g)} | "
                       f"{ratio(k and k['median_us'], o and o['median_us'])} | "
+                      f"{ratio(k and k['median_us'], onb and onb['median_us'])} | "
                       f"{ratio(k and k['median_us'], g and g['median_us'])} | {spread} |")
             tail.append(f"| {fmt_size(b)} | {fmt_num(p(k))} | {fmt_num(p(o))} | "
-                        f"{fmt_num(p(g))} | {ratio(p(k), p(o))} | {ratio(p(k), p(g))} |")
+                        f"{fmt_num(p(onb))} | {fmt_num(p(g))} | {ratio(p(k), p(o))} | "
+                        f"{ratio(p(k), p(onb))} | {ratio(p(k), p(g))} |")
         md.append("")
         md.extend(tail)
         md.append("")

@@ -9,6 +9,9 @@
  * after a warm-up of iters/10 + 2 (3 steps for the ResNet-50 step).
  *
  *   mpi_allreduce sizes [BYTES...]      kind "allreduce", one line per size
+ *   mpi_allreduce isizes [BYTES...]     kind "allreduce_nb": MPI_Iallreduce +
+ *       MPI_Wait, the shape of kolo's own calls (kolo_allreduce_async +
+ *       kolo_wait, Horovod's allreduce_async + synchronize)
  *   mpi_allreduce resnet FILE [STEPS]   the 161 ResNet-50 gradients as
  *       "resnet50_step"        one fused buffer of the same total bytes
  *       "resnet50_step_161"    161 blocking MPI_Allreduce calls
@@ -100,7 +103,8 @@ static void verify(float *buf, size_t count, const char *what)
     }
 }
 
-static void bench_sizes(int argc, char **argv)
+/* nonblocking: MPI_Iallreduce + MPI_Wait instead of MPI_Allreduce */
+static void bench_sizes(int argc, char **argv, int nonblocking)
 {
     static const size_t defaults[] = {4, 4096, 65536, 1 << 20, 16 << 20, 64 << 20, 256 << 20};
     size_t nsizes = argc > 0 ? (size_t)argc : sizeof(defaults) / sizeof(defaults[0]);
@@ -118,12 +122,19 @@ static void bench_sizes(int argc, char **argv)
         for (int i = -warm; i < iters; i++) {
             MPI_Barrier(MPI_COMM_WORLD);
             double t0 = now_us();
-            MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            if (nonblocking) {
+                MPI_Request rq;
+                MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD,
+                               &rq);
+                MPI_Wait(&rq, MPI_STATUS_IGNORE);
+            } else {
+                MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            }
             double t1 = now_us();
             if (i >= 0)
                 t[i] = t1 - t0;
         }
-        report("allreduce", bytes, t, iters);
+        report(nonblocking ? "allreduce_nb" : "allreduce", bytes, t, iters);
         verify(buf, count, "allreduce");
         free(t);
         free(buf);
@@ -196,7 +207,7 @@ int main(int argc, char **argv)
     if (argc >= 3 && strcmp(argv[1], "resnet") == 0)
         bench_resnet(argv[2], argc >= 4 ? atoi(argv[3]) : 20);
     else
-        bench_sizes(argc - 2, argv + 2);
+        bench_sizes(argc - 2, argv + 2, argc >= 2 && strcmp(argv[1], "isizes") == 0);
     MPI_Finalize();
     return 0;
 }

@@ -212,13 +212,16 @@ build_peers() {
         gcc -O2 -D_GNU_SOURCE -Icommon -Iinclude -Iworker/runtime -I"$build/proto" bench/coord_load.c \
             "$build/common/libkolo_common.a" "$build/libkolo_proto.a" \
             -lnng -lprotobuf-c -lpthread -o "$bb/coord_load"
-    fresh "$bb/tcp_rtt" bench/tcp_rtt.c bench/bench_clock.h || gcc -O2 -o "$bb/tcp_rtt" bench/tcp_rtt.c
+    fresh "$bb/tcp_rtt" bench/tcp_rtt.c bench/bench_clock.h bench/bench_net.h || gcc -O2 -o "$bb/tcp_rtt" bench/tcp_rtt.c
+    # -O3 -march=native: the flags of kolo's own reductions (worker/CMakeLists.txt)
+    fresh "$bb/copy_floor" bench/copy_floor.c bench/bench_clock.h bench/bench_net.h ||
+        gcc -O3 -march=native -o "$bb/copy_floor" bench/copy_floor.c
 }
 
 [ "${SKIP_DEPS:-0}" = 1 ] || ensure_deps
 [ "${SKIP_BUILD:-0}" = 1 ] || { log "building kolo in $build"; build_kolo; }
 build_peers
-for f in "$build/bin/kolo" "$build/bin/kolo-bench-allreduce" "$bb/mpi_allreduce" "$bb/coord_load" "$bb/tcp_rtt"; do
+for f in "$build/bin/kolo" "$build/bin/kolo-bench-allreduce" "$bb/mpi_allreduce" "$bb/coord_load" "$bb/tcp_rtt" "$bb/copy_floor"; do
     [ -x "$f" ] || { log "missing $f"; exit 1; }
 done
 export OMP_NUM_THREADS=1 # as peers-bench.md: one compute thread per rank
@@ -282,13 +285,23 @@ cmd_gloo_local() {
     CMD=(env GLOO_SOCKET_IFNAME=lo "$PY" bench/torch_gloo.py --np "$np" "$@")
 }
 
-# The order of the three impls rotates from round to round.
+# Open MPI's nonblocking form, MPI_Iallreduce + MPI_Wait: the shape of
+# kolo's calls (an async op, then a wait on its handle).
+cmd_mpinb_local() {
+    local np="$1"
+    shift
+    [ "$1" = sizes ] && shift
+    cmd_mpi_local "$np" isizes "$@"
+}
+
+# ROUND IMPL...: the impls, their order rotated from round to round.
 impl_order() {
-    case $(($1 % 3)) in
-    0) echo "kolo mpi gloo" ;;
-    1) echo "mpi gloo kolo" ;;
-    *) echo "gloo kolo mpi" ;;
-    esac
+    local r="$1" i
+    shift
+    local a=("$@")
+    for ((i = 0; i < ${#a[@]}; i++)); do
+        printf '%s ' "${a[$(((i + r) % ${#a[@]}))]}"
+    done
 }
 
 log "results go to $results/$ts.{json,md}; raw logs in $raw"
@@ -296,7 +309,7 @@ if [ "$LOCAL" = 1 ]; then
     log "allreduce: sizes [$SIZES], np [$NPS], $REPS round(s)"
     for round in $(seq 1 "$REPS"); do
         for np in $NPS; do
-            for impl in $(impl_order "$round"); do
+            for impl in $(impl_order "$round" kolo mpi mpinb gloo); do
                 # shellcheck disable=SC2086
                 launch local "$round" "sizes-$impl-np$np-r$round" "cmd_${impl}_local" "$np" sizes $SIZES
             done
@@ -306,7 +319,7 @@ if [ "$LOCAL" = 1 ]; then
     log "resnet50 step: $RESNET_STEPS steps, np [$NPS], $REPS round(s)"
     for round in $(seq 1 "$REPS"); do
         for np in $NPS; do
-            for impl in $(impl_order "$round"); do
+            for impl in $(impl_order "$round" kolo mpi gloo); do
                 launch local "$round" "resnet-$impl-np$np-r$round" "cmd_${impl}_local" "$np" \
                     resnet bench/resnet50_sizes.txt "$RESNET_STEPS"
             done
@@ -403,7 +416,7 @@ if [ "$NETNS" = 1 ]; then
     for round in $(seq 1 "$REPS"); do
         launch netns "$round" "netns-tcp-rtt-r$round" cmd_tcp_rtt
         wait "$rtt_server" 2>/dev/null || true # it ends with its client
-        for impl in $(impl_order "$round") kolosealed; do
+        for impl in $(impl_order "$round" kolo mpi gloo) kolosealed; do
             tx0="$(veth_tx)"
             # shellcheck disable=SC2086
             launch netns "$round" "netns-$impl-r$round" "cmd_${impl}_netns" sizes $NETNS_SIZES
@@ -641,6 +654,17 @@ if [ "$HOSTS" = 1 ]; then
             rtt_server=$!
             CMD=("${SUDO[@]}" ip netns exec "$ns0" "$bb/tcp_rtt" client 10.78.0.2 7979 2000 local)
         }
+        # On 2 hosts, the floor under the largest allreduce: only the copies,
+        # reductions and TCP transfers of the hierarchical pattern, with no
+        # waiting between a host's ranks (bench/copy_floor.c).
+        floor_bytes="$(tr ' ' '\n' <<<"$HOSTS_SIZES" | sort -n | tail -1)"
+        cmd_copy_floor_hosts() {
+            "${SUDO[@]}" ip netns exec "${hosts_ns[1]}" timeout 120 "$bb/copy_floor" server 7980 \
+                "$nl" "$floor_bytes" 20 &
+            rtt_server=$!
+            CMD=("${SUDO[@]}" ip netns exec "$ns0" "$bb/copy_floor" client 10.78.0.2 7980 "$nl"
+                "$floor_bytes" 20)
+        }
         # One launch of IMPL (mode sizes|resnet), with the bridge's bytes.
         hosts_launch() {
             local impl="$1" mode="$2" tag tx0 tx1
@@ -664,6 +688,12 @@ if [ "$HOSTS" = 1 ]; then
             wait "$rtt_server" 2>/dev/null || true # it ends with its client
             if [ "$nl" = 2 ]; then
                 launch "$sc" "$round" "$sc-tcp-rtt-local-r$round" cmd_tcp_rtt_local_hosts
+                wait "$rtt_server" 2>/dev/null || true
+            fi
+            # whole halves of whole shards (copy_floor's rule)
+            if [ "$nh" = 2 ] && [ "$floor_bytes" -ge $((1 << 20)) ] &&
+                [ $((floor_bytes % (8 * nl))) = 0 ]; then
+                launch "$sc" "$round" "$sc-copy-floor-r$round" cmd_copy_floor_hosts
                 wait "$rtt_server" 2>/dev/null || true
             fi
             for mode in $modes; do

@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "bench_clock.h"
+#include "bench_net.h"
 
 static void die(const char *what)
 {
@@ -119,14 +120,7 @@ static void stop_partner(struct pair *p)
 
 static int serve(int port, int local)
 {
-    int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    if (bind(ls, (struct sockaddr *)&sa, sizeof sa) || listen(ls, 1))
-        die("listen");
-    int fd = accept(ls, NULL, NULL);
-    if (fd < 0)
-        die("accept");
+    int fd = bench_accept(port);
     nodelay(fd);
     struct pair *p = local ? start_partner() : NULL;
     char b[4];
@@ -142,28 +136,12 @@ static int serve(int port, int local)
     }
     stop_partner(p);
     close(fd);
-    close(ls);
     return 0;
 }
 
 static int client(const char *host, int port, int n, int local)
 {
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
-        fprintf(stderr, "tcp_rtt: not an IPv4 address: %s\n", host);
-        return 2;
-    }
-    int fd = -1;
-    for (int tries = 0; tries < 100; tries++) { /* the server may still be starting */
-        fd = socket(AF_INET, SOCK_STREAM, 0);
-        if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0)
-            break;
-        close(fd);
-        fd = -1;
-        usleep(50000);
-    }
-    if (fd < 0)
-        die("connect");
+    int fd = bench_connect(host, port);
     nodelay(fd);
     struct pair *p = local ? start_partner() : NULL;
     double *t = malloc((size_t)n * sizeof *t);
