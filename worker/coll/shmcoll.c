@@ -433,6 +433,7 @@ static int shm_wait_slow(struct shmcoll *s, int j, uint64_t target, uint64_t dea
     struct shm_ctrl *cj = ctrl_of(s, j);
     uint32_t want = (uint32_t)target;
     int rc = 0;
+    s->c.waited = true;
     uint64_t start = now_mono_ms();
     uint64_t period = s->unwatched ? SHM_SLICE_UNWATCHED_MS : SHM_SLICE_MS;
     uint64_t next_check = start + period;
@@ -513,6 +514,7 @@ static inline bool shm_busy_wait(struct shmcoll *s, int j, uint64_t spin_ns, boo
             if (done(s, arg))
                 return true;
             if ((i & 63) == 0) {
+                s->c.waited = true;
                 uint64_t t = now_mono_ns();
                 if (!t0)
                     t0 = t;
@@ -525,6 +527,7 @@ static inline bool shm_busy_wait(struct shmcoll *s, int j, uint64_t spin_ns, boo
     }
     if (!yield || !s->yield_ns || !yield_worth_trying(s))
         return false;
+    s->c.waited = true;
     uint64_t t0 = now_mono_ns(), t = t0;
     do {
         sched_yield();
@@ -1421,6 +1424,7 @@ static int shm_new(const char *name, int rank, int size, struct shmcoll **out)
         return KOLO_ENOMEM;
     s->c.ops = &shm_ops;
     s->c.can_round = true;
+    s->c.tracks_waits = true;
     s->c.rank = s->me = rank;
     s->c.size = s->n = size;
     if (name[0] == '/')

@@ -531,9 +531,13 @@ static void fast_round(struct kolo_ctx *c, uint64_t deadline, uint64_t now_us)
          (unsigned long long)c->cursor);
     c->fast_dirty = false;
     c->round_busy = true;
+    c->coll->waited = false;
     pthread_mutex_unlock(&c->mu);
     int rc = c->coll->ops->round(c->coll, v, nwords, deadline);
     pthread_mutex_lock(&c->mu);
+    /* a round that never waited long enough to read the clock took a few
+     * microseconds at most: now_us stands for its end (coll.h) */
+    bool quick = c->coll->tracks_waits && !c->coll->waited;
     c->round_busy = false;
     if (rc) {
         if (!c->fast_leaving) /* leaving, it goes anyway */
@@ -638,10 +642,15 @@ static void fast_round(struct kolo_ctx *c, uint64_t deadline, uint64_t now_us)
         agreed[i]->pinned = true;
     c->fast_agreed += na + nt;
     c->fast_inline += nt;
-    now_us = c->round_end_us = now_mono_us(); /* kolo_wait's end, too */
+    /* (a traced round's spans must not end before trace_begin's reading) */
+    if (!quick || (v[ROUND_FLAGS] & ROUND_F_TRACE))
+        now_us = now_mono_us();
+    c->round_end_us = now_us; /* kolo_wait's end, too */
     for (size_t i = 0; i < na + nt; i++) {
         const struct op *op = i < na ? agreed[i] : taken[i - na];
-        double waited = (double)(now_us - op->fast_since_us) / 1e6;
+        /* an op another thread submitted after now_us was read waited 0 */
+        uint64_t since = op->fast_since_us < now_us ? op->fast_since_us : now_us;
+        double waited = (double)(now_us - since) / 1e6;
         c->fast_wait_avg_s += WAIT_AVG_ALPHA * (waited - c->fast_wait_avg_s);
     }
     if (c->telemetry)
