@@ -705,8 +705,9 @@ int cmd_run(int argc, char **argv)
                 (int)strlen(db + 1) - 3, db + 1);
     }
     if (coord) {
-        const char *tl = o.timeline_filename && o.timeline_filename[0] ? o.timeline_filename
-                                                                       : getenv("HOROVOD_TIMELINE");
+        const char *tl = o.timeline_filename && o.timeline_filename[0]
+                             ? o.timeline_filename
+                             : timeline_env_path(getenv("HOROVOD_TIMELINE"));
         run_timeline_final(cli, job_id, tl);
     }
 

@@ -564,6 +564,11 @@ const char *machine_id(void)
     return machine_text;
 }
 
+const char *timeline_env_path(const char *value)
+{
+    return value && value[0] && strcmp(value, "DYNAMIC") != 0 ? value : NULL;
+}
+
 int trace_file_open(const char *path)
 {
     int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);

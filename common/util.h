@@ -18,6 +18,10 @@
  * clobber what is not a timeline. The descriptor, or -1 with errno
  * (EEXIST: something else is there, TRACE_FILE_EEXIST says it). */
 int trace_file_open(const char *path);
+/* timeline_env_path: the file a HOROVOD_TIMELINE value names, or NULL
+ * for none: unset, empty, or Horovod's "DYNAMIC" (the timeline API is on
+ * and nothing is written until start_timeline names a file). */
+const char *timeline_env_path(const char *value);
 /* pwrite_all writes all of data at offset at (retrying short writes and
  * EINTR): 0, or -1 with errno. */
 int pwrite_all(int fd, const void *data, size_t len, uint64_t at);

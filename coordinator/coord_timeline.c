@@ -332,14 +332,15 @@ static char *tl_file(struct coord *c, const struct job *j, const char *label)
     return path;
 }
 
-/* tl_env returns the job's HOROVOD_TIMELINE, or NULL. */
+/* tl_env returns the file the job's HOROVOD_TIMELINE names, or NULL
+ * (none, or DYNAMIC: timeline_env_path). */
 static const char *tl_env(const struct job *j)
 {
     const char *val = NULL;
     for (int i = 0; i < j->nenv; i++)
         if (strncmp(j->env[i], "HOROVOD_TIMELINE=", 17) == 0)
             val = j->env[i] + 17;
-    return val && val[0] ? val : NULL;
+    return timeline_env_path(val);
 }
 
 /* The files whose writer has not closed them yet (tl_sink_live): a

@@ -145,3 +145,20 @@ def test_relative_path_is_in_the_jobs_cwd():
     assert job.rc == 0, job.err
     cwd = [l.split(" ", 1)[1] for l in job.lines(0) if l.startswith("cwd ")][0]
     check(load(os.path.join(cwd, "rel.json")), "tl.grad", 3, "HOROVOD_FLOAT32", "[4]")
+
+
+def test_dynamic_writes_nothing_until_started(tmp_path):
+    """HOROVOD_TIMELINE=DYNAMIC is Horovod's "timeline API on, no file
+    yet" (its own test_torch.py sets it at import): no file called DYNAMIC
+    appears, whether the job's environment or the script sets it, and
+    start_timeline then writes the named file."""
+    path = str(tmp_path / "dyn.json")
+    script = ('import os\nos.environ["HOROVOD_TIMELINE"] = "DYNAMIC"\n' +
+              RUNTIME.replace('print("done"', 'print("cwd", os.getcwd()); print("done"'))
+    job = kolo_run(2, script, args=(path,), env={"HOROVOD_TIMELINE": "DYNAMIC"})
+    assert job.rc == 0, job.err
+    cwd = [l.split(" ", 1)[1] for l in job.lines(0) if l.startswith("cwd ")][0]
+    assert not os.path.exists(os.path.join(cwd, "DYNAMIC")), os.listdir(cwd)
+    names = {e["args"]["name"] for e in load(path)
+             if e.get("name") == "process_name" and e["ph"] == "M"}
+    assert "during" in names and "before" not in names, names

@@ -467,8 +467,8 @@ void timeline_ctx_init(struct kolo_ctx *c)
         /* the rank 0 of the job's first generation: a worker that joins
          * an elastic job later as rank 0 must not start the file again
          * beside the process that keeps it (it may be on this host) */
-        const char *env = settings_str(SET_TIMELINE);
-        bool keeper = env && env[0] && c->rank == 0 && c->generation <= 1;
+        const char *env = timeline_env_path(settings_str(SET_TIMELINE));
+        bool keeper = env && c->rank == 0 && c->generation <= 1;
         int fd = keeper ? copy_open(c, env) : -1;
         if (fd >= 0)
             copy_adopt(c, fd, env);
