@@ -269,3 +269,49 @@ def test_horovod_style_modules_alone(tmp_path):
     # every module's tests ran, not only the first module's
     for module in ALONE_MODULES:
         assert "(%s." % module[:-3] in p.stdout, (module, p.stdout)
+
+
+MODULE_NAMES = r'''
+import warnings
+import torch
+import kolo.torch as hvd
+# Horovod's own modules take the basics from mpi_ops (functions.py,
+# elastic/sampler.py: `from horovod.torch.mpi_ops import rank, size`)
+from kolo.torch.mpi_ops import (init, shutdown, is_initialized, rank, size, local_rank,
+                                local_size, cross_rank, cross_size, is_homogeneous,
+                                start_timeline, stop_timeline, mpi_built, mpi_enabled,
+                                mpi_threads_supported, gloo_built, gloo_enabled, nccl_built,
+                                cuda_built, rocm_built, ddl_built, ccl_built,
+                                handle_average_backwards_compatibility as avg_compat)
+init()
+assert is_initialized() and (rank(), size(), local_rank(), local_size()) == (0, 1, 0, 1)
+assert (cross_rank(), cross_size(), is_homogeneous()) == (0, 1, True)
+for f in (mpi_built, mpi_enabled, mpi_threads_supported, gloo_built, gloo_enabled, rocm_built,
+          ddl_built, ccl_built, hvd.sycl_built, hvd.mlsl_built):
+    assert f() is False, f
+assert isinstance(nccl_built(), int) and isinstance(cuda_built(), bool)
+assert (nccl_built() > 0) == cuda_built()
+assert hvd.nccl_built is nccl_built and hvd.start_timeline is start_timeline
+assert avg_compat(None, None) == hvd.Average
+assert avg_compat(hvd.Max, None) == hvd.Max and avg_compat(hvd.Adasum, None) == hvd.Adasum
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    assert avg_compat(None, True) == hvd.Average and avg_compat(None, False) == hvd.Sum
+    assert any(issubclass(x.category, DeprecationWarning) for x in w), w
+try:
+    avg_compat(hvd.Sum, True)
+    raise AssertionError("op and average together must fail")
+except ValueError as e:
+    assert "supersedes" in str(e), e
+shutdown()
+assert not is_initialized()
+print("NAMES OK")
+'''
+
+
+def test_horovods_module_level_names(tmp_path):
+    """What Horovod's horovod.torch.mpi_ops defines at module level (the
+    basics, the build information, handle_average_backwards_compatibility)
+    is in kolo.torch.mpi_ops too, and the same objects as kolo.torch's."""
+    p = _alone(tmp_path, MODULE_NAMES)
+    assert p.returncode == 0 and "NAMES OK" in p.stdout, p.stdout

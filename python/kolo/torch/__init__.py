@@ -27,7 +27,10 @@ from .mpi_ops import (Average, Sum, Adasum, Min, Max, Product,  # noqa: F401
                       alltoall, alltoall_async,
                       reducescatter, reducescatter_async, grouped_reducescatter,
                       grouped_reducescatter_async,
-                      poll, synchronize, join, barrier, sparse_allreduce_async)
+                      poll, synchronize, join, barrier, sparse_allreduce_async,
+                      mpi_built, mpi_enabled, mpi_threads_supported, gloo_built, gloo_enabled,
+                      nccl_built, cuda_built, rocm_built, ddl_built, ccl_built, sycl_built,
+                      mlsl_built, start_timeline, stop_timeline)
 from .optimizer import DistributedOptimizer  # noqa: F401
 from .sync_batch_norm import SyncBatchNorm  # noqa: F401
 
@@ -62,83 +65,6 @@ def split_list(items, n):
         parts.append(items[at:at + k])
         at += k
     return parts
-
-
-# ---------------------------------------------------------------- build information
-# kolo's CPU collectives are its own (TCP and shared-memory rings), never MPI
-# or Gloo; GPU tensors go through NCCL when libkolo was built with the CUDA
-# and NCCL headers (docs/gpu.md). CUDA and NCCL themselves are loaded only
-# when a job first uses a GPU tensor.
-
-def mpi_built(verbose=False):
-    return False
-
-
-def mpi_enabled():
-    return False
-
-
-def mpi_threads_supported():
-    return False
-
-
-def gloo_built(verbose=False):
-    return False
-
-
-def gloo_enabled():
-    return False
-
-
-def nccl_built(verbose=False):
-    """The NCCL version libkolo's GPU backend was built against, as Horovod
-    reports it (e.g. 22809), or 0 when it has none."""
-    from .. import _engine
-    return int(_engine.gpu_build_info()[0])
-
-
-def cuda_built(verbose=False):
-    """True when libkolo's GPU backend (CUDA tensors over NCCL) was built."""
-    from .. import _engine
-    return _engine.gpu_build_info()[1] > 0
-
-
-def rocm_built(verbose=False):
-    return False
-
-
-def ddl_built(verbose=False):
-    return False
-
-
-def ccl_built(verbose=False):
-    return False
-
-
-def start_timeline(file_path, mark_cycles=False):
-    """Starts writing the job's timeline to file_path (Horovod's Chrome-trace
-    format). kolo's coordinator writes it, with every rank's negotiation, on
-    its host; a relative path is taken from the job's working directory.
-    Every rank may call it with the same path. mark_cycles is accepted and
-    ignored (kolo has no cycles)."""
-    _timeline_call(str(file_path))
-
-
-def stop_timeline():
-    """Stops the timeline started by start_timeline or --timeline-filename."""
-    _timeline_call(None)
-
-
-def _timeline_call(path):
-    eng = _kolo._eng()
-    # started alone, libkolo refuses it: the coordinator writes the timeline
-    with eng.borrow() as (lib, ctx):
-        rc = lib.kolo_timeline(ctx, path.encode() if path else None)
-        if rc:
-            detail = lib.kolo_last_error(ctx)
-            raise ValueError("kolo: %s (%s)" % (detail.decode(errors="replace") if detail else
-                                                lib.kolo_strerror(rc).decode(),
-                                                lib.kolo_errname(rc).decode()))
 
 
 from . import elastic  # noqa: E402,F401

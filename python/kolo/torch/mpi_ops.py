@@ -29,6 +29,105 @@ from ..process_sets import (ProcessSet, global_process_set, add_process_set,  # 
                             remove_process_set)
 from .. import process_sets as _P
 
+# Horovod's mpi_ops holds the basics too (its own functions.py and
+# elastic/sampler.py import rank and size from here).
+from kolo import (init, shutdown, is_initialized, size, rank, local_size, local_rank,  # noqa
+                  cross_size, cross_rank, is_homogeneous)
+
+
+def handle_average_backwards_compatibility(op, average):
+    """The op that Horovod's deprecated `average` argument stands for:
+    op if given (not both), else Average or Sum by average, else Average."""
+    if op is not None and average is None:
+        return op
+    return E.resolve_op(op, average, adasum=True)
+
+
+# ---------------------------------------------------------------- build information
+# kolo's CPU collectives are its own (TCP and shared-memory rings), never MPI
+# or Gloo; GPU tensors go through NCCL when libkolo was built with the CUDA
+# and NCCL headers (docs/gpu.md). CUDA and NCCL themselves are loaded only
+# when a job first uses a GPU tensor.
+
+def mpi_built(verbose=False):
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def mpi_threads_supported():
+    return False
+
+
+def gloo_built(verbose=False):
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def nccl_built(verbose=False):
+    """The NCCL version libkolo's GPU backend was built against, as Horovod
+    reports it (e.g. 22809), or 0 when it has none."""
+    return int(E.gpu_build_info()[0])
+
+
+def cuda_built(verbose=False):
+    """True when libkolo's GPU backend (CUDA tensors over NCCL) was built."""
+    return E.gpu_build_info()[1] > 0
+
+
+def rocm_built(verbose=False):
+    return False
+
+
+def ddl_built(verbose=False):
+    return False
+
+
+def ccl_built(verbose=False):
+    return False
+
+
+def sycl_built(verbose=False):
+    """Intel's Horovod fork asks it; kolo has no SYCL backend."""
+    return False
+
+
+def mlsl_built(verbose=False):
+    """Horovod before 0.20 asked it; kolo has no MLSL backend."""
+    return False
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts writing the job's timeline to file_path (Horovod's Chrome-trace
+    format). kolo's coordinator writes it, with every rank's negotiation, on
+    its host; a relative path is taken from the job's working directory.
+    Every rank may call it with the same path. mark_cycles is accepted and
+    ignored (kolo has no cycles)."""
+    _timeline_call(str(file_path))
+
+
+def stop_timeline():
+    """Stops the timeline started by start_timeline or --timeline-filename."""
+    _timeline_call(None)
+
+
+def _timeline_call(path):
+    eng = _kolo._eng()
+    # started alone, libkolo refuses it: the coordinator writes the timeline
+    with eng.borrow() as (lib, ctx):
+        rc = lib.kolo_timeline(ctx, path.encode() if path else None)
+        if rc:
+            detail = lib.kolo_last_error(ctx)
+            raise ValueError("kolo: %s (%s)" % (detail.decode(errors="replace") if detail else
+                                                lib.kolo_strerror(rc).decode(),
+                                                lib.kolo_errname(rc).decode()))
+
+
 
 def _set_topo(process_set):
     """(rank, size) of this process within process_set (the job's for the
