@@ -17,7 +17,11 @@ import threading
 from . import _engine
 
 _lock = threading.RLock()
-_sets = {}                   # id -> ProcessSet, the registered sets besides the global one
+# id -> the registered sets besides the global one: the ProcessSet that
+# made it first (it holds the engine), then any equal set that init() met
+# later and gave the same id (Horovod's update_process_sets)
+_sets = {}
+_global_equals = []          # sets init() met that equal the global one (id 0)
 _ids = itertools.count(1)
 _dynamic = False
 
@@ -94,23 +98,40 @@ def setup(process_sets):
     if process_sets in (None, "dynamic"):
         return
     for ps in process_sets:
-        _register(ps if isinstance(ps, ProcessSet) else ProcessSet(ps))
+        _register(ps if isinstance(ps, ProcessSet) else ProcessSet(ps), equal_ok=True)
 
 
 def teardown():
     """Before the job's engine shuts down: every set's engine goes."""
     with _lock:
-        sets = list(_sets.values())
+        groups = list(_sets.values())
         _sets.clear()
-    for ps in sets:
-        if ps._engine is not None:
-            ps._engine.shutdown()
+        equals = list(_global_equals)
+        _global_equals.clear()
+    for group in groups:
+        if group[0]._engine is not None:
+            group[0]._engine.shutdown()
+        for ps in group:
+            ps._engine = None
+            ps.process_set_id = None
+    for ps in equals:
         ps._engine = None
         ps.process_set_id = None
     global_process_set._engine = None
 
 
-def _register(ps):
+def _same_id(ps, registered, sid):
+    """ps stands for registered (id sid) from now on."""
+    ps.process_set_id = sid
+    ps.ranks = list(registered.ranks)
+    ps._engine = registered._engine
+
+
+def _register(ps, equal_ok=False):
+    """Registers ps. equal_ok (init's sets): a set with the ranks of one
+    registered already, the global one included, is not made again but
+    gets its id, as Horovod's init() treats repeats; otherwise (an
+    add_process_set) it is Horovod's error for an existing set."""
     size = _global().topology()[1]
     if ps.ranks is None or not ps.ranks:
         raise ValueError("a process set needs at least one rank")
@@ -120,7 +141,13 @@ def _register(ps):
     if ps.process_set_id is not None:
         raise ValueError("%s has been added already" % (ps,))
     with _lock:
-        same = [q for q in list(_sets.values()) + [global_process_set] if q.ranks == ps.ranks]
+        same = [g[0] for g in _sets.values() if g[0].ranks == ps.ranks]
+        if global_process_set.ranks == ps.ranks:
+            same.append(global_process_set)
+        if same and equal_ok:
+            _same_id(ps, same[0], same[0].process_set_id)
+            (_sets[ps.process_set_id] if ps.process_set_id else _global_equals).append(ps)
+            return ps
         if same:
             raise ValueError("a process set with ranks %s exists already (id %d)"
                              % (ps.ranks, same[0].process_set_id))
@@ -130,7 +157,7 @@ def _register(ps):
     with _lock:
         ps.process_set_id = sid
         ps._engine = eng if member else None
-        _sets[sid] = ps
+        _sets[sid] = [ps]
     return ps
 
 
@@ -149,22 +176,27 @@ def add_process_set(process_set):
 
 def remove_process_set(process_set):
     """Removes a registered set on this rank (members leave it: their
-    pending operations on it fail). True if it was registered."""
+    pending operations on it fail), and every equal set init() gave its
+    id: each is left without id and ranks, as Horovod invalidates them.
+    True if it was registered; False for the global set, which stays."""
     if process_set is global_process_set or process_set.process_set_id == 0:
-        raise ValueError("Attempted to remove the global process set")
+        return False
     if not _global().initialized():
         raise _engine.not_initialized()
     if not _dynamic:
         raise ValueError("process sets can be removed only with dynamic process sets: "
                          "init(process_sets=\"dynamic\") or HOROVOD_DYNAMIC_PROCESS_SETS=1")
     with _lock:
-        if _sets.get(process_set.process_set_id) is not process_set:
+        group = _sets.get(process_set.process_set_id)
+        if not group or not any(q is process_set for q in group):
             return False
         del _sets[process_set.process_set_id]
-    if process_set._engine is not None:
-        process_set._engine.shutdown()
-    process_set._engine = None
-    process_set.process_set_id = None
+    if group[0]._engine is not None:
+        group[0]._engine.shutdown()
+    for ps in group:
+        ps._engine = None
+        ps.process_set_id = None
+        ps.ranks = None
     return True
 
 
@@ -176,7 +208,9 @@ def engine_for(process_set, what="collective"):
         return _global()
     if not isinstance(ps, ProcessSet):
         raise ValueError("process_set must be a ProcessSet, not %r" % (ps,))
-    if ps.process_set_id is None or _sets.get(ps.process_set_id) is not ps:
+    if ps.process_set_id == 0 and any(q is ps for q in _global_equals):
+        return _global()
+    if ps.process_set_id is None or not any(q is ps for q in _sets.get(ps.process_set_id, ())):
         raise ValueError("%s: %s has not been added (hvd.add_process_set or "
                          "init(process_sets=...))" % (what, ps))
     if ps._engine is None:

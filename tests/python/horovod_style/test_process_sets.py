@@ -125,7 +125,9 @@ class ProcessSetTests(HvdTestCase):
                 self.assertEqual(x[0].item(), 2.0 * i)
         self.assertTrue(hvd.remove_process_set(high))
         self.assertFalse(hvd.remove_process_set(high))
+        # invalidated, as Horovod's: neither id nor ranks
         self.assertIsNone(high.process_set_id)
+        self.assertIsNone(high.ranks)
         with self.assertRaises(ValueError):
             hvd.allreduce(torch.ones(1), process_set=high)
 
@@ -155,11 +157,45 @@ class ProcessSetTests(HvdTestCase):
         mean = sum(q + 1 for q in ps.ranks) / ps.size()
         self.assertTrue(torch.allclose(model.weight, start - mean))
 
+    def test_repeats_at_init_share_an_id(self):
+        """init(process_sets=...) with a set given twice, in another
+        order, and one equal to the global set: repeats are not made
+        again but take the first one's id (the global's: 0), as Horovod's
+        init() treats them, and work as that set."""
+        n = int(os.environ["HOROVOD_SIZE"])  # before init(), as Horovod's suites read it
+        if n < 2:
+            self.skipTest("needs 2 ranks")
+        sets = [hvd.ProcessSet([0]), hvd.ProcessSet(list(range(1, n))),
+                hvd.ProcessSet(list(range(n - 1, -1, -1))), hvd.ProcessSet([0]),
+                hvd.ProcessSet(list(reversed(range(1, n))))]
+        hvd.init(process_sets=sets)
+        ids = [ps.process_set_id for ps in sets]
+        self.assertEqual(ids[2], 0)
+        self.assertEqual(ids[3], ids[0])
+        self.assertEqual(ids[4], ids[1])
+        self.assertEqual(len({ids[0], ids[1], 0}), 3)
+        self.assertEqual(sets[4].ranks, list(range(1, n)))
+        r = hvd.rank()
+        mine = (sets[0], sets[3]) if r == 0 else (sets[1], sets[4])
+        for ps in mine:
+            self.assertTrue(ps.included())
+            got = hvd.allreduce(torch.ones(2) * (r + 1), op=hvd.Sum, name="rep", process_set=ps)
+            self.assertEqual(got.tolist(), [float(sum(q + 1 for q in ps.ranks))] * 2)
+        got = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="all", process_set=sets[2])
+        self.assertEqual(got.item(), float(n))
+        # the first of the repeats removes them all
+        self.assertTrue(hvd.remove_process_set(sets[0]))
+        self.assertIsNone(sets[3].process_set_id)
+        with self.assertRaises(ValueError):
+            hvd.allreduce(torch.ones(1), process_set=sets[3])
+        self.assertFalse(hvd.remove_process_set(sets[2]))  # the global set stays
+
     def test_errors(self):
         hvd.init()
         ps = self._mine()
-        with self.assertRaises(ValueError):
-            hvd.remove_process_set(hvd.global_process_set)
+        # Horovod keeps the global set and says so with False
+        self.assertFalse(hvd.remove_process_set(hvd.global_process_set))
+        self.assertEqual(hvd.global_process_set.ranks, list(range(hvd.size())))
         with self.assertRaises(ValueError):
             hvd.add_process_set(ps.ranks)  # the same ranks again
         with self.assertRaises(ValueError):
