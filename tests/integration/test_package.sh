@@ -54,6 +54,7 @@ note "pip install ./python (offline, into a folder) and a job on it"
   "$ROOT/python" >"$WORK/pip.out" 2>&1 || fail "pip install failed: $(tail -n 5 "$WORK/pip.out")"
 rm -rf "$ROOT/python/build" "$ROOT/python/kolo.egg-info"
 [ -f "$WORK/site/kolo/torch/__init__.py" ] || fail "pip installed no kolo.torch"
+[ -f "$WORK/site/kolo/torch/elastic/state.py" ] || fail "pip installed no kolo.torch.elastic"
 (cd "$WORK" && env -u PYTHONPATH PYTHONPATH="$WORK/site" KOLO_LIBRARY="$BUILD/lib/libkolo.so" \
   "$KOLO" run -np 2 -- /usr/bin/python3 -c '
 import numpy as np, kolo

@@ -3,9 +3,11 @@
     elastic_worker.py --steps N --commit K [--delay S] [--kills JSON --marks DIR]
 
 Every rank trains a small linear model on the *same* batch at each step (a
-seeded function of the step), so the averaged gradient does not depend on
-how many workers there are: whatever faults happen, a run that finishes
-must end with the weights of a fault-free run, up to float rounding.
+seeded function of the step), with a learning rate that decays with the
+steps, so the averaged gradient does not depend on how many workers there
+are: whatever faults happen, a run that finishes must end with the weights
+of a fault-free run, up to float rounding (a rollback that left the model,
+the optimizer or the schedule behind would not).
 
 It prints, each line flushed and stamped with time.time():
   STEP <step> size <n> gen <g> wid <w> host <host id> t <t>   after each step
@@ -63,17 +65,26 @@ def new_model():
     return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 
+def new_schedule(opt):
+    """The learning rate decays with the steps: a run rolled back to a
+    commit must roll its schedule back too (TorchState's scheduler
+    handler), or its final weights differ from a fault-free run's."""
+    return torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.8)
+
+
 def weights(model):
     return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
 
 
 def reference(steps):
     model, opt = new_model()
+    sched = new_schedule(opt)
     for step in range(steps):
         x, y = batch(step)
         opt.zero_grad()
         ((model(x) - y) ** 2).mean().backward()
         opt.step()
+        sched.step()
     print("FINAL %d %s" % (steps, json.dumps(weights(model))), flush=True)
 
 
@@ -101,7 +112,9 @@ def main():
     hvd.init()
     model, sgd = new_model()
     opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
-    state = hvd.elastic.TorchState(model=model, optimizer=opt, step=0, stop=False)
+    sched = new_schedule(opt)
+    state = hvd.elastic.TorchState(model=model, optimizer=opt, lr_scheduler=sched, step=0,
+                                   stop=False)
 
     def gen():
         # the generation this process is in now (the engine's view)
@@ -165,6 +178,7 @@ def main():
             loss = ((model(x) - y) ** 2).mean()
             loss.backward()
             opt.step()
+            sched.step()
             state.step += 1
             print("STEP %d size %d gen %d wid %s host %s t %.3f"
                   % (state.step, hvd.size(), gen(), wid, host, time.time()), flush=True)

@@ -315,3 +315,72 @@ def test_horovods_module_level_names(tmp_path):
     is in kolo.torch.mpi_ops too, and the same objects as kolo.torch's."""
     p = _alone(tmp_path, MODULE_NAMES)
     assert p.returncode == 0 and "NAMES OK" in p.stdout, p.stdout
+
+
+ELASTIC_STATE = r'''
+import random
+import torch
+import kolo.torch as hvd
+# Horovod's module layout: horovod.torch.elastic.{sampler,state}
+from kolo.torch.elastic.sampler import ElasticSampler
+from kolo.torch.elastic.state import (TorchState, StateHandler, LRSchedulerStateHandler,
+                                      get_handler_registry, set_handler_registry)
+hvd.init()
+assert hvd.elastic.TorchState is TorchState and hvd.elastic.ElasticSampler is ElasticSampler
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=1.0)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+sampler = ElasticSampler(list(range(20)), shuffle=True, seed=3)
+hist = [1]
+state = TorchState(model=model, optimizer=opt, lr_scheduler=sched, train_sampler=sampler,
+                   epoch=0, history=hist)
+# kept, not copied: the scheduler by its handler, a plain attribute as Horovod's ObjectState
+assert state.lr_scheduler is sched and state.history is hist
+assert isinstance(state._handlers["lr_scheduler"], LRSchedulerStateHandler)
+state.commit()
+opt.step(); sched.step(); sched.step()
+state.epoch = 5
+state.restore()
+assert sched.last_epoch == 0 and opt.param_groups[0]["lr"] == 1.0, (sched.last_epoch, opt.param_groups)
+assert state.epoch == 0
+# a new model for a handled attribute is the handler's from now on, saved at once
+m2 = torch.nn.Linear(2, 1)
+state.model = m2
+assert state._handlers["model"].value is m2
+with torch.no_grad():
+    m2.weight.fill_(7.0)
+state.restore()
+assert m2.weight.flatten().tolist() != [7.0, 7.0]
+# Horovod's sample order: Python's shuffle seeded with seed + epoch
+order = list(range(20)); random.Random(3).shuffle(order)
+assert list(iter(sampler)) == order and sampler.indices == order
+sampler.set_epoch(1)
+order = list(range(20)); random.Random(4).shuffle(order)
+assert list(iter(sampler)) == order
+# a handler of one's own, through the registry
+class Box:
+    def __init__(self): self.v = 1
+class BoxHandler(StateHandler):
+    def save(self): self.kept = self.value.v
+    def restore(self): self.value.v = self.kept
+    def sync(self): pass
+saved = list(get_handler_registry())
+set_handler_registry(saved + [(Box, BoxHandler)])
+box = Box()
+s2 = TorchState(box=box)
+s2.commit(); box.v = 9; s2.restore()
+assert box.v == 1 and s2.box is box
+set_handler_registry(saved)
+print("ELASTIC OK")
+hvd.shutdown()
+'''
+
+
+def test_elastic_state_as_horovods(tmp_path):
+    """TorchState as horovod.torch.elastic.state's: a learning-rate
+    scheduler is kept and rolled back with the commit, a new model for a
+    handled attribute becomes the handler's, plain attributes are kept by
+    reference, custom handlers register; ElasticSampler's order is
+    Horovod's; the sampler and state submodules exist."""
+    p = _alone(tmp_path, ELASTIC_STATE)
+    assert p.returncode == 0 and "ELASTIC OK" in p.stdout, p.stdout

@@ -1,39 +1,9 @@
-"""Elastic training with kolo.torch: horovod.torch.elastic's API.
-
-    @hvd.elastic.run
-    def train(state):
-        for state.epoch in range(state.epoch, epochs):
-            for state.batch, (x, y) in enumerate(loader):
-                ...
-                state.commit()          # every few batches or once per epoch
-
-    state = hvd.elastic.TorchState(model=model, optimizer=opt, epoch=0, batch=0)
-    train(state)
-
-How a reset goes (the same as Horovod):
-  - a collective fails (a worker died, its host vanished): every survivor
-    gets HorovodInternalError; `run` restores the last commit, leaves the
-    old generation (shutdown + init asks the coordinator for this worker's
-    new place), runs the reset callbacks and broadcasts the state from the
-    new rank 0;
-  - hosts were added (or drained): the coordinator tells the workers, rank
-    0's view is broadcast at the next commit() or check_host_updates(),
-    and every rank raises HostsUpdatedInterrupt there; `run` re-forms the
-    ring without a rollback.
-
-What kolo adds: commit() also ships a durable snapshot of the committed
-state from rank 0 to the coordinator, in the background (the latest one
-wins when commits come faster than the network), where it is written to
-SQLite before it is acknowledged. A rank 0 that starts with nothing of its
-own (every worker of the job died, or the job was resubmitted with the
-same coordinator job) loads the latest acknowledged snapshot before the
-first broadcast, so training goes on from there. KOLO_DURABLE_COMMIT=0
-turns the shipping off.
-"""
+"""The state elastic training keeps: horovod.torch.elastic.state's
+TorchState and its handlers, Horovod's ObjectState, and what kolo adds:
+the committed state shipped durably to the coordinator (see the package's
+docstring)."""
 import copy
-import functools
 import io
-import math
 import os
 import threading
 
@@ -41,45 +11,13 @@ import torch
 
 import kolo as _kolo
 from kolo import _report
-from kolo.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from kolo.exceptions import HostsUpdatedInterrupt
 
-from .functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
-
-__all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler",
-           "HorovodInternalError", "HostsUpdatedInterrupt"]
+from ..functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from .sampler import ElasticSampler
 
 # Horovod's HostUpdateResult
 _NO_UPDATE, _REMOVED, _ADDED, _MIXED = 0, 1, 2, 3
-
-
-def _reset():
-    _kolo.shutdown()
-    _kolo.init()
-
-
-def run(func):
-    """Decorates `func(state, ...)` so that it survives membership changes:
-    it is called again after every reset, with the state restored (after a
-    failure) or kept (after a host update), until it returns."""
-    @functools.wraps(func)
-    def wrapper(state, *args, **kwargs):
-        skip_sync = False
-        while True:
-            try:
-                if not skip_sync:
-                    state.sync()
-                    _report.recovery_restored()
-                return func(state, *args, **kwargs)
-            except HorovodInternalError:
-                _report.recovery_told()
-                state.restore()
-                skip_sync = False
-            except HostsUpdatedInterrupt as e:
-                skip_sync = e.skip_sync
-            _reset()
-            _report.recovery_formed()
-            state.on_reset()
-    return wrapper
 
 
 class _HostMessages:
@@ -148,7 +86,21 @@ class _HostMessages:
         return items
 
 
-class State:
+class _Kept:
+    """What a State and a StateHandler both do: save() what is there now,
+    restore() what was saved, sync() every rank to rank 0's."""
+
+    def save(self):
+        raise NotImplementedError()
+
+    def restore(self):
+        raise NotImplementedError()
+
+    def sync(self):
+        raise NotImplementedError()
+
+
+class State(_Kept):
     """The state elastic training keeps consistent across resets: save() /
     restore() the last commit, sync() it from rank 0, reset() after a
     membership change."""
@@ -202,22 +154,16 @@ class State:
         if last > prev:
             raise HostsUpdatedInterrupt(kind == _REMOVED)
 
-    def save(self):
-        raise NotImplementedError()
-
-    def restore(self):
-        raise NotImplementedError()
-
-    def sync(self):
-        raise NotImplementedError()
-
     def reset(self):
         pass
 
 
 class ObjectState(State):
-    """State made of plain picklable attributes given as keyword arguments
-    (epoch=0, batch=0, ...), readable and writable as attributes."""
+    """State made of plain attributes given as keyword arguments (epoch=0,
+    batch=0, ...), readable and writable as attributes. As Horovod's, it
+    keeps references, not copies: save() records the attributes' current
+    objects, restore() puts those objects back (a list changed in place
+    since the commit stays changed), sync() gives every rank rank 0's."""
 
     def __init__(self, bcast_object=broadcast_object, get_rank=None, **kwargs):
         super().__init__(bcast_object, get_rank)
@@ -225,7 +171,7 @@ class ObjectState(State):
         self._set_attrs()
 
     def save(self):
-        self._saved_state = {k: copy.deepcopy(getattr(self, k)) for k in self._saved_state}
+        self._saved_state = {k: getattr(self, k) for k in self._saved_state}
 
     def restore(self):
         self._set_attrs()
@@ -238,7 +184,7 @@ class ObjectState(State):
 
     def _set_attrs(self):
         for k, v in self._saved_state.items():
-            setattr(self, k, copy.deepcopy(v))
+            setattr(self, k, v)
 
 
 # ---------------------------------------------------------------- durable commits
@@ -348,6 +294,14 @@ class TorchState(ObjectState):
         self._fresh = True   # nothing committed or synced in this process yet
         self._commits = 0
 
+    def __setattr__(self, name, value):
+        # Horovod's: a new model (optimizer, ...) for a handled attribute
+        # becomes the handler's value, and is saved at once
+        handlers = self.__dict__.get("_handlers")
+        if handlers and name in handlers and name in self.__dict__:
+            handlers[name].set_value(value)
+        super().__setattr__(name, value)
+
     def save(self):
         for h in self._handlers.values():
             h.save()
@@ -355,9 +309,11 @@ class TorchState(ObjectState):
         self._fresh = False
         self._commits += 1
         if _durable() and _kolo.rank() == 0:
-            # The saved copies are replaced, never changed, by the next
-            # save(): the shipping thread may serialize these references.
-            saved = ({k: h.saved for k, h in self._handlers.items()}, dict(self._saved_state))
+            # The handlers' saved copies are replaced, never changed, by the
+            # next save(), and the plain attributes are copied here: the
+            # shipping thread serializes them while training goes on.
+            saved = ({k: h.saved for k, h in self._handlers.items() if h.saved is not None},
+                     _copies(self._saved_state))
             self._ship = (lambda: _serialize(*saved),
                           {"commit": self._commits, "attrs": _jsonable(self._saved_state)})
             if not self._ship_later:
@@ -413,7 +369,7 @@ class TorchState(ObjectState):
         _sid, blob, _meta = got
         data = torch.load(io.BytesIO(blob))
         for k, saved in data.get("handlers", {}).items():
-            if k in self._handlers:
+            if k in self._handlers and self._handlers[k].saved is not None:
                 self._handlers[k].saved = saved
                 self._handlers[k].restore()
         self._saved_state.update(data.get("attrs", {}))
@@ -434,10 +390,44 @@ def _jsonable(attrs):
     return out
 
 
-class _ModelHandler:
-    def __init__(self, model):
-        self.value = model
-        self.saved = copy.deepcopy(model.state_dict())
+def _copies(attrs):
+    """Deep copies of the attributes that can be copied (one that cannot is
+    not shipped; it stays in memory as Horovod keeps it)."""
+    out = {}
+    for k, v in attrs.items():
+        try:
+            out[k] = copy.deepcopy(v)
+        except Exception:  # noqa: BLE001 - e.g. a lock or a file among them
+            pass
+    return out
+
+
+# ---------------------------------------------------------------- handlers
+
+class StateHandler(_Kept):
+    """Keeps one attribute of a TorchState whose type it knows (Horovod's
+    interface, for handlers of one's own: get_handler_registry /
+    set_handler_registry): save() keeps the value's state, restore() loads
+    it back, sync() gives every rank rank 0's. `saved` is what kolo ships
+    durably with a commit (None: nothing)."""
+    saved = None
+
+    def __init__(self, value):
+        self.value = value
+
+    def set_value(self, value):
+        self.value = value
+        self.save()
+
+
+class _StateDictHandler(StateHandler):
+    """A value with state_dict()/load_state_dict(): its state is a deep copy
+    of its state dict; sync() broadcasts rank 0's (as `sync_name`)."""
+    sync_name = "kolo.elastic.state_dict"
+
+    def __init__(self, value):
+        super().__init__(value)
+        self.saved = copy.deepcopy(value.state_dict())
 
     def save(self):
         self.saved = copy.deepcopy(self.value.state_dict())
@@ -445,112 +435,55 @@ class _ModelHandler:
     def restore(self):
         self.value.load_state_dict(self.saved)
 
+    def sync(self):
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), 0,
+                                                    name=self.sync_name))
+
+
+class ModelStateHandler(_StateDictHandler):
     def sync(self):
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
-class _OptimizerHandler:
-    def __init__(self, optimizer):
-        self.value = optimizer
-        self.saved = copy.deepcopy(optimizer.state_dict())
-
-    def save(self):
-        self.saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self):
-        self.value.load_state_dict(self.saved)
-
+class OptimizerStateHandler(_StateDictHandler):
     def sync(self):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
-class _SamplerHandler:
-    def __init__(self, sampler):
-        self.value = sampler
-        self.saved = copy.deepcopy(sampler.state_dict())
+class LRSchedulerStateHandler(_StateDictHandler):
+    sync_name = "kolo.elastic.lr_scheduler"
 
-    def save(self):
-        self.saved = copy.deepcopy(self.value.state_dict())
 
-    def restore(self):
-        self.value.load_state_dict(self.saved)
+class SamplerStateHandler(_StateDictHandler):
+    sync_name = "kolo.elastic.sampler"
 
-    def sync(self):
-        state = broadcast_object(self.value.state_dict(), 0, name="kolo.elastic.sampler")
-        self.value.load_state_dict(state)
+
+# torch 2 names the schedulers' base LRScheduler (_LRScheduler is a
+# subclass of it left for old code); torch 1.13 has _LRScheduler only
+_LR_BASE = getattr(torch.optim.lr_scheduler, "LRScheduler", None) or \
+    torch.optim.lr_scheduler._LRScheduler
+
+_handler_registry = [
+    (torch.nn.Module, ModelStateHandler),
+    (torch.optim.Optimizer, OptimizerStateHandler),
+    (_LR_BASE, LRSchedulerStateHandler),
+    (ElasticSampler, SamplerStateHandler),
+]
+
+
+def get_handler_registry():
+    """The (type, handler class) pairs TorchState looks its keyword
+    arguments up in, first match first."""
+    return _handler_registry
+
+
+def set_handler_registry(registry):
+    global _handler_registry
+    _handler_registry = registry
 
 
 def _handler_for(v):
-    if isinstance(v, torch.nn.Module):
-        return _ModelHandler(v)
-    if isinstance(v, torch.optim.Optimizer):
-        return _OptimizerHandler(v)
-    if isinstance(v, ElasticSampler):
-        return _SamplerHandler(v)
+    for kind, cls in _handler_registry:
+        if isinstance(v, kind):
+            return cls(v)
     return None
-
-
-class ElasticSampler(torch.utils.data.Sampler):
-    """Splits a dataset among the current ranks, and re-splits what is left
-    of the epoch after a reset, so no sample is skipped or seen twice in an
-    epoch (up to the padding that evens out the last batch).
-
-    The order of an epoch is one permutation (seed + epoch) of the whole
-    dataset; rank r takes positions r, r + n, r + 2n, ... of what remains.
-    After k batches of b samples on each of n ranks, exactly the first
-    k * b * n positions are done, which is what record_batch counts.
-    """
-
-    def __init__(self, dataset, shuffle=True, seed=0):
-        self.dataset = dataset
-        self.shuffle = shuffle
-        self.seed = seed
-        self.epoch = 0
-        self.processed_num = 0
-        self.reset()
-
-    def set_epoch(self, epoch):
-        self.epoch = epoch
-        self.processed_num = 0
-        self.reset()
-
-    def record_batch(self, batch_idx, batch_size):
-        """Marks one batch of batch_size samples per rank as done."""
-        self.processed_num += batch_size * self.num_replicas
-
-    def record_indices(self, indices):
-        self.processed_num += len(indices) * self.num_replicas
-
-    def state_dict(self):
-        return {"epoch": self.epoch, "processed_num": self.processed_num}
-
-    def load_state_dict(self, state_dict):
-        self.epoch = state_dict["epoch"]
-        self.processed_num = state_dict["processed_num"]
-        self.reset()
-
-    def reset(self):
-        self.num_replicas = _kolo.size() if _kolo.is_initialized() else 1
-        self.rank = _kolo.rank() if _kolo.is_initialized() else 0
-        order = self._order()
-        self.remaining_indices = order[min(self.processed_num, len(order)):]
-        self.num_samples = int(math.ceil(len(self.remaining_indices) / self.num_replicas))
-        self.total_size = self.num_samples * self.num_replicas
-
-    def _order(self):
-        n = len(self.dataset)
-        if not self.shuffle:
-            return list(range(n))
-        g = torch.Generator()
-        g.manual_seed(self.seed + self.epoch)
-        return torch.randperm(n, generator=g).tolist()
-
-    def __iter__(self):
-        idx = list(self.remaining_indices)
-        if idx:
-            while len(idx) < self.total_size:
-                idx += idx[:self.total_size - len(idx)]
-        return iter(idx[self.rank:self.total_size:self.num_replicas])
-
-    def __len__(self):
-        return self.num_samples
