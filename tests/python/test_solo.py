@@ -384,3 +384,34 @@ def test_elastic_state_as_horovods(tmp_path):
     Horovod's; the sampler and state submodules exist."""
     p = _alone(tmp_path, ELASTIC_STATE)
     assert p.returncode == 0 and "ELASTIC OK" in p.stdout, p.stdout
+
+
+GROUPED_TYPES = r'''
+import torch
+import kolo.torch as hvd
+hvd.init()
+t = [torch.ones(2), torch.ones(3)]
+# Horovod: the synchronous grouped forms give a list, a grouped handle's
+# synchronize() (and grouped_allreduce_) the tuple its _handle_map holds
+for f in (hvd.grouped_allreduce, hvd.grouped_allgather, hvd.grouped_reducescatter):
+    assert type(f(t)) is list, f
+for f in (hvd.grouped_allreduce_async, hvd.grouped_allreduce_async_,
+          hvd.grouped_allgather_async, hvd.grouped_reducescatter_async):
+    assert type(hvd.synchronize(f([torch.ones(2), torch.ones(3)]))) is tuple, f
+assert type(hvd.grouped_allreduce_([torch.ones(2)])) is tuple
+try:
+    hvd.broadcast(torch.ones(1), root_rank=5)
+except ValueError:
+    pass
+try:
+    hvd.grouped_allreduce([])
+    raise AssertionError("an empty group must fail")
+except ValueError as e:  # its own reason, not the broadcast's before it
+    assert "root" not in str(e) and "no request" in str(e), e
+print("GROUPED OK")
+'''
+
+
+def test_grouped_result_types(tmp_path):
+    p = _alone(tmp_path, GROUPED_TYPES)
+    assert p.returncode == 0 and "GROUPED OK" in p.stdout, p.stdout

@@ -410,6 +410,9 @@ static void t_errors(kolo_ctx *ctx, int rank, int size)
     CHECK_EQ_INT(kolo_allreduce_async(ctx, "x", f, f, 1, (kolo_dtype)99, KOLO_SUM, &h),
                  KOLO_EINVAL);
     CHECK_EQ_INT(kolo_broadcast_async(ctx, "x", f, 1, KOLO_FLOAT32, size, &h), KOLO_EINVAL);
+    /* an empty group says so, not the refusal before it */
+    CHECK_EQ_INT(kolo_submit(ctx, two, 0, hs), KOLO_EINVAL);
+    CHECK(strstr(kolo_last_error(ctx), "no request") != NULL);
     CHECK_EQ_INT(kolo_wait(ctx, 12345, 0), KOLO_ENOTFOUND);
     int done = 0;
     CHECK_EQ_INT(kolo_poll(ctx, -7, &done), KOLO_ENOTFOUND);

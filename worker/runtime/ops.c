@@ -518,10 +518,15 @@ int kolo_submit(kolo_ctx *c, const kolo_request *reqs, int n, kolo_handle *handl
 
 int ops_submit(kolo_ctx *c, const kolo_request *reqs, int n, void *stream, kolo_handle *handles)
 {
-    if (!c || !reqs || n < 1 || !handles)
+    if (!c)
         return KOLO_EINVAL;
     pthread_mutex_lock(&c->mu);
     int rv = 0;
+    if (!reqs || n < 1 || !handles) { /* said, or the last refusal's text would stand */
+        rv = ctx_error(c, KOLO_EINVAL, "%s", n < 1 ? "no request to submit (an empty group)"
+                                              : "requests or handles NULL");
+        goto out;
+    }
     /* A request that is wrong in itself is refused for that reason first,
      * whatever became of the job: the same error on every rank, however
      * far its peers got (one that already left makes every later op fail

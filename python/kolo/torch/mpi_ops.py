@@ -355,11 +355,11 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     ins = [t.detach() for t in tensors]
     outs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in ins]
     if op == Adasum:
-        return _adasum_submit(ins, outs, name, prescale_factor, postscale_factor, lambda: outs,
-                              process_set)
+        return _adasum_submit(ins, outs, name, prescale_factor, postscale_factor,
+                              lambda: tuple(outs), process_set)
     reqs = [_allreduce_req(t, o, E.group_name(name, i, len(ins)), op, prescale_factor,
                            postscale_factor) for i, (t, o) in enumerate(zip(ins, outs))]
-    return _submit(reqs, (ins, outs), lambda res: outs, process_set)
+    return _submit(reqs, (ins, outs), lambda res: tuple(outs), process_set)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -369,10 +369,10 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     ins = [t.detach() for t in tensors]
     if op == Adasum:
         return _adasum_submit(ins, ins, name, prescale_factor, postscale_factor,
-                              lambda: list(tensors), process_set)
+                              lambda: tuple(tensors), process_set)
     reqs = [_allreduce_req(t, t, E.group_name(name, i, len(ins)), op, prescale_factor,
                            postscale_factor) for i, t in enumerate(ins)]
-    return _submit(reqs, ins, lambda res: list(tensors), process_set)
+    return _submit(reqs, ins, lambda res: tuple(tensors), process_set)
 
 
 class _GroupedAllreduce(torch.autograd.Function):
@@ -457,7 +457,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     _check_set(process_set)
     ins = [t.detach() for t in tensors]
     reqs = [_allgather_req(t, E.group_name(name, i, len(ins))) for i, t in enumerate(ins)]
-    return _submit(reqs, ins, lambda res: [_rows_out(t, r) for t, r in zip(ins, res)],
+    return _submit(reqs, ins, lambda res: tuple(_rows_out(t, r) for t, r in zip(ins, res)),
                    process_set)
 
 
@@ -687,7 +687,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     pairs = [_reducescatter_req(t, E.group_name(name, i, len(ins)), op, prescale_factor,
                                 postscale_factor, process_set) for i, t in enumerate(ins)]
     outs = [p[0] for p in pairs]
-    return _submit([p[1] for p in pairs], (ins, outs), lambda res: outs, process_set)
+    return _submit([p[1] for p in pairs], (ins, outs), lambda res: tuple(outs), process_set)
 
 
 class _GroupedReducescatter(torch.autograd.Function):
