@@ -588,8 +588,13 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         sp = [int(s) for s in splits]
     r = E.Req(E.ALLTOALL, name, _p(t), 0, code, t.shape, splits=sp, **_gpu(t))
 
+    # the received splits live where the splits given did, as Horovod's
+    # (splits.new()): a CUDA splits tensor gets CUDA received splits
+    sdev = splits.device if isinstance(splits, torch.Tensor) else torch.device("cpu")
+
     def finish(res):
-        return _rows_out(t, res[0]), torch.tensor(res[0].recv_splits, dtype=torch.int32)
+        recv = torch.tensor(res[0].recv_splits, dtype=torch.int32)
+        return _rows_out(t, res[0]), recv if sdev.type == "cpu" else recv.to(sdev)
 
     return _submit([r], t, finish, process_set)
 
