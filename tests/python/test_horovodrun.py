@@ -25,6 +25,8 @@ import threading
 import time
 import urllib.request
 
+import pytest
+
 from conftest import KOLO, PYDIR, kolo_run
 
 WORKER = r'''
@@ -51,6 +53,18 @@ elif mode == "never":
         except hvd.HorovodInternalError as e:
             print("failed after %.1f s: %s" % (time.time() - t0, e), flush=True)
         open("rank0.ended", "w").close()
+elif mode == "cachedlate":
+    # cached by three rounds first: the late op is agreed by the ranks'
+    # readiness rounds, which hand it to the coordinator's stall check
+    # after half the warning time
+    for _ in range(3):
+        hvd.allreduce(torch.ones(2), name="slow.grad")
+    hvd.barrier()
+    t0 = time.time()
+    if hvd.rank() == 1:
+        time.sleep(late)
+    hvd.allreduce(torch.ones(2), name="slow.grad")
+    print("done after %.1f s" % (time.time() - t0), flush=True)
 else:
     hvd.allreduce(torch.ones(2), name="grad")
     hvd.barrier()
@@ -119,9 +133,10 @@ def _stalled(events):
     return [e for e in events if "op.stalled" in json.dumps(e)]
 
 
-def test_stall_check_warning_names_the_late_rank():
+@pytest.mark.parametrize("mode", ["late", "cachedlate"])
+def test_stall_check_warning_names_the_late_rank(mode):
     rc, out, err, events = _run_watching_events(
-        ["--stall-check-warning-time-seconds", "1"], ["late", "4"])
+        ["--stall-check-warning-time-seconds", "1"], [mode, "4"])
     assert rc == 0, err
     assert out.count("done after") == 2, out
     st = _stalled(events)

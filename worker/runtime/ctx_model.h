@@ -55,7 +55,8 @@ struct op {
     size_t name_cap, shape_cap; /* their sizes, kept when the op is recycled */
     uint64_t name_hash;         /* str_hash(name), computed once */
     uint32_t cache_id; /* submitted by cache id */
-    uint64_t fast_since_us; /* monotonic µs it began waiting in rounds */
+    uint64_t fast_since_us; /* monotonic µs it began waiting in rounds (0: not
+                             * yet, set by the next round's start) */
     bool fast;           /* the readiness rounds own it (not the coordinator) */
     bool answered;     /* its response has arrived (it may not have run yet) */
     /* An executor is running it with mu released: only that executor

@@ -244,7 +244,7 @@ bool fast_submit(struct kolo_ctx *c, struct op *op)
         if (id > ROUND_MAX_ID || c->pending[id])
             return false;
         op->cache_id = id;
-        op->fast_since_us = now_mono_us();
+        op->fast_since_us = 0; /* the next round's start (oldest_wait_us) */
         c->pending[id] = op;
         round_set(c->ready_bits, id);
     }
@@ -342,7 +342,8 @@ static void check_stalls(struct kolo_ctx *c, uint64_t now)
     uint64_t now_us = now_mono_us();
     for (uint32_t id = 1; id <= tcache_top(c->cache); id++) {
         struct op *op = c->pending[id];
-        uint64_t waited_ms = op ? (now_us - op->fast_since_us) / 1000 : 0;
+        /* (not stamped yet: no round since it was submitted) */
+        uint64_t waited_ms = op && op->fast_since_us ? (now_us - op->fast_since_us) / 1000 : 0;
         if (op && waited_ms > (uint64_t)c->fast_stall_ms && !round_test(c->invalid_bits, id)) {
             LOGI("kolo", "rank %d: %s waited %llu ms for the other ranks; asking the "
                  "coordinator", c->rank, op->name, (unsigned long long)waited_ms);
@@ -449,13 +450,18 @@ static struct fusion_item fusion_of(const struct op *op)
 }
 
 /* How long this rank's oldest pending cached op has waited, in µs (mu
- * held): the round's telemetry field, reduced by MAX. */
+ * held): the round's telemetry field, reduced by MAX. An op submitted
+ * since the last round starts waiting now (fast_submit reads no clock:
+ * the first round after a submission does, and what the op waited
+ * before it, for its own rank's thread, is not a wait for the peers). */
 static uint64_t oldest_wait_us(struct kolo_ctx *c, uint32_t w, uint64_t now)
 {
     uint64_t oldest = now;
     for (uint32_t i = 0; i < w; i++)
         for (uint64_t bits = c->ready_bits[i] & (i ? ~0ull : ~1ull); bits; bits &= bits - 1) {
-            const struct op *op = c->pending[i * 64 + (uint32_t)__builtin_ctzll(bits)];
+            struct op *op = c->pending[i * 64 + (uint32_t)__builtin_ctzll(bits)];
+            if (op && !op->fast_since_us)
+                op->fast_since_us = now;
             if (op && op->fast_since_us < oldest)
                 oldest = op->fast_since_us;
         }
