@@ -55,6 +55,7 @@ note "pip install ./python (offline, into a folder) and a job on it"
 rm -rf "$ROOT/python/build" "$ROOT/python/kolo.egg-info"
 [ -f "$WORK/site/kolo/torch/__init__.py" ] || fail "pip installed no kolo.torch"
 [ -f "$WORK/site/kolo/torch/elastic/state.py" ] || fail "pip installed no kolo.torch.elastic"
+[ -f "$WORK/site/kolo/horovod_alias/horovod/__init__.py" ] || fail "pip installed no horovod alias"
 (cd "$WORK" && env -u PYTHONPATH PYTHONPATH="$WORK/site" KOLO_LIBRARY="$BUILD/lib/libkolo.so" \
   "$KOLO" run -np 2 -- /usr/bin/python3 -c '
 import numpy as np, kolo

@@ -6,6 +6,8 @@ shutdown before libkolo stopped, and an op whose response arrived then
 still reduced into the freed tensor (heap corruption, seen as "malloc():
 unaligned tcache chunk detected" a few tests later)."""
 
+import os
+
 WORKER = r'''
 import gc
 import sys
@@ -191,3 +193,66 @@ def test_horovods_private_members_used_by_scripts(run_job):
     job = run_job(2, PRIVATE, timeout=90)
     assert job.rc == 0, job
     assert job.lines().count("private members as Horovod's") == 2, job
+
+
+UNMODIFIED = r'''
+# a Horovod script, unchanged: its imports are horovod's
+import torch
+import horovod
+import horovod.torch as hvd
+from horovod.torch.mpi_ops import rank, size
+from horovod.torch.elastic.sampler import ElasticSampler
+from horovod.common.exceptions import HorovodInternalError
+from horovod.common.util import split_list
+
+hvd.init()
+assert horovod.__kolo_alias__ and (rank(), size()) == (hvd.rank(), hvd.size())
+torch.manual_seed(0)
+model = torch.nn.Linear(3, 1)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                               named_parameters=model.named_parameters())
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+model(torch.ones(2, 3) * (hvd.rank() + 1)).sum().backward()
+opt.step()
+w = hvd.allgather(model.weight.detach())
+assert torch.equal(w[0], w[-1]), w  # every rank took the same step
+s = hvd.allreduce(torch.ones(2) * (hvd.rank() + 1), op=hvd.Sum)
+state = hvd.elastic.TorchState(model=model, optimizer=opt, epoch=0)
+sampler = ElasticSampler(list(range(8)))
+assert issubclass(HorovodInternalError, RuntimeError) and split_list([1, 2, 3], 2) == [[1, 2], [3]]
+print("ALIAS", s.tolist(), flush=True)
+hvd.shutdown()
+'''
+
+
+def test_unmodified_horovod_script_on_the_alias_path(run_job):
+    """`import horovod.torch as hvd` runs on kolo with the alias package
+    first on the path (python3 -m kolo.as_horovod --path), the script
+    unchanged: code one cannot edit (a library's own Horovod support)."""
+    import subprocess
+    import sys
+    from conftest import PYDIR
+    alias = subprocess.run([sys.executable, "-m", "kolo.as_horovod", "--path"], check=True,
+                           stdout=subprocess.PIPE, universal_newlines=True,
+                           env=dict(os.environ, PYTHONPATH=PYDIR)).stdout.strip()
+    job = run_job(2, UNMODIFIED, env={"PYTHONPATH": alias + os.pathsep + PYDIR})
+    assert job.rc == 0, job
+    assert job.out.count("ALIAS [3.0, 3.0]") == 2, job.out
+
+
+def test_alias_leaves_a_real_horovod_alone():
+    """kolo.as_horovod in a process where another horovod was imported
+    first refuses (ImportError) instead of replacing it."""
+    import subprocess
+    import sys
+    from conftest import PYDIR
+    code = ("import sys, types\n"
+            "sys.modules['horovod'] = types.ModuleType('horovod')\n"
+            "try:\n"
+            "    import kolo.as_horovod\n"
+            "except ImportError as e:\n"
+            "    print('REFUSED', e)\n")
+    p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, universal_newlines=True,
+                       env=dict(os.environ, PYTHONPATH=PYDIR))
+    assert "REFUSED" in p.stdout and "real horovod" in p.stdout, p.stdout
