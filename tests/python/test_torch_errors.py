@@ -70,6 +70,23 @@ for tester in range(n):
         h = hvd.allreduce_async(torch.ones(2), name=name)
     hvd.synchronize(h)
 
+# done but not yet seen by the caller: the name stays taken until
+# synchronize (Horovod's own duplicate-name tests submit again right after
+# the matching op; its loop completes nothing within a millisecond, kolo a
+# small op in microseconds), then it is free again
+import time
+name = "seen.late"
+if r == 0:
+    h = hvd.allreduce_async(torch.ones(2), name=name, op=hvd.Sum)
+hvd.barrier()
+if r != 0:
+    h = hvd.allreduce_async(torch.ones(2), name=name, op=hvd.Sum)
+time.sleep(0.2)  # done by now on every rank, and not yet synchronized
+expect(lambda: hvd.allreduce_async(torch.ones(2), name=name), ValueError,
+       "same name as another tensor that is currently being processed", "done unseen")
+assert hvd.synchronize(h).tolist() == [float(n)] * 2
+assert hvd.allreduce(torch.ones(2), name=name, op=hvd.Sum).tolist() == [float(n)] * 2
+
 # refused up front, on this rank alone
 expect(lambda: hvd.allreduce(torch.ones(2, dtype=torch.bool)), ValueError,
        "Tensor type torch.BoolTensor is not supported.", "bool")
@@ -106,7 +123,8 @@ def test_errors_on_every_rank(run_job):
     assert job.rc == 0, job
     for k in range(2):
         lines = job.lines(k)
-        for tag in ("dtype", "shape", "op", "root", "scale", "kind", "duplicate name", "bool"):
+        for tag in ("dtype", "shape", "op", "root", "scale", "kind", "duplicate name",
+                    "done unseen", "bool"):
             assert any(line.startswith("ok %s:" % tag) for line in lines), (tag, job)
 
 

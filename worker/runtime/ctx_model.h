@@ -84,6 +84,8 @@ struct op {
     Kolo__TraceSpan *trace;
     struct op *next;      /* submit queue; the free ops' list (ops.c) */
     struct op *name_next; /* in-flight name table chain */
+    struct op *unseen_next; /* the unseen table's chain (ops.c) */
+    bool unseen;            /* done, and its caller has not seen it yet */
 };
 
 #define NAME_BUCKETS 1024
@@ -152,6 +154,10 @@ struct kolo_ctx {
     uint32_t op_pooled;
     /* in-flight names */
     struct op *names[NAME_BUCKETS];
+    /* ops done whose end the caller has not seen yet (kolo_wait, a
+     * kolo_poll that says done, kolo_release): their names stay taken for
+     * new submissions (ops.c, "names") */
+    struct op *unseen[NAME_BUCKETS];
     /* submit queue: ops not yet sent */
     struct op *q_head, *q_tail;
     int inflight;       /* ops sent and not done */
