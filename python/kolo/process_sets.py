@@ -120,9 +120,9 @@ def teardown():
     global_process_set._engine = None
 
 
-def _same_id(ps, registered, sid):
-    """ps stands for registered (id sid) from now on."""
-    ps.process_set_id = sid
+def _same_id(ps, registered):
+    """ps stands for registered from now on."""
+    ps.process_set_id = registered.process_set_id
     ps.ranks = list(registered.ranks)
     ps._engine = registered._engine
 
@@ -145,7 +145,7 @@ def _register(ps, equal_ok=False):
         if global_process_set.ranks == ps.ranks:
             same.append(global_process_set)
         if same and equal_ok:
-            _same_id(ps, same[0], same[0].process_set_id)
+            _same_id(ps, same[0])
             (_sets[ps.process_set_id] if ps.process_set_id else _global_equals).append(ps)
             return ps
         if same:

@@ -83,9 +83,7 @@ struct op {
      * completes: its kernels end after the launch returned. */
     Kolo__TraceSpan *trace;
     struct op *next;      /* submit queue; the free ops' list (ops.c) */
-    struct op *name_next; /* in-flight name table chain */
-    struct op *unseen_next; /* the unseen table's chain (ops.c) */
-    bool unseen;            /* done, and its caller has not seen it yet */
+    struct op *name_next; /* name table chain: from submission until seen done */
 };
 
 #define NAME_BUCKETS 1024
@@ -152,12 +150,9 @@ struct kolo_ctx {
     /* finished ops kept for the next submissions (ops.c, op_get) */
     struct op *op_pool;
     uint32_t op_pooled;
-    /* in-flight names */
+    /* taken names: ops in flight, and ops done that their caller has not
+     * seen end yet (ops.c, "names") */
     struct op *names[NAME_BUCKETS];
-    /* ops done whose end the caller has not seen yet (kolo_wait, a
-     * kolo_poll that says done, kolo_release): their names stay taken for
-     * new submissions (ops.c, "names") */
-    struct op *unseen[NAME_BUCKETS];
     /* submit queue: ops not yet sent */
     struct op *q_head, *q_tail;
     int inflight;       /* ops sent and not done */

@@ -167,11 +167,11 @@ static bool buf_fit(void **buf, size_t *cap, size_t n)
     return true;
 }
 
-static void unseen_remove(struct kolo_ctx *c, struct op *op);
+static void name_remove(struct kolo_ctx *c, struct op *op);
 
 static void slot_release(struct kolo_ctx *c, struct op *op)
 {
-    unseen_remove(c, op);
+    name_remove(c, op); /* seen, if kolo_wait or kolo_poll did not say so */
     uint32_t slot = (uint32_t)(op->handle & 0xffffffff);
     c->slots[slot] = NULL;
     c->slot_seq[slot]++; /* the old handle is now stale */
@@ -189,8 +189,8 @@ static void slot_release(struct kolo_ctx *c, struct op *op)
  * its "same name" error there; kolo completes a small op in microseconds,
  * and freeing the name at completion let a second submission slip
  * through after all (Horovod's own duplicate-name tests failed 3 runs in
- * 10). The in-flight table (names) is also where responses find their
- * ops; a done op the caller has not seen moves to the unseen table. */
+ * 10). Responses find their ops in the same table (ops_by_name), which
+ * skips a done op. */
 
 static struct op *by_name_hashed(struct kolo_ctx *c, const char *name, uint64_t hash)
 {
@@ -202,7 +202,9 @@ static struct op *by_name_hashed(struct kolo_ctx *c, const char *name, uint64_t 
 
 struct op *ops_by_name(struct kolo_ctx *c, const char *name)
 {
-    return by_name_hashed(c, name, str_hash(name));
+    /* responses are for ops in flight: a done op waits to be seen */
+    struct op *op = by_name_hashed(c, name, str_hash(name));
+    return op && op->state != OP_DONE ? op : NULL;
 }
 
 static void name_add(struct kolo_ctx *c, struct op *op)
@@ -219,35 +221,6 @@ static void name_remove(struct kolo_ctx *c, struct op *op)
         pp = &(*pp)->name_next;
     if (*pp)
         *pp = op->name_next;
-}
-
-static bool unseen_by_name(struct kolo_ctx *c, const char *name, uint64_t hash)
-{
-    for (struct op *o = c->unseen[hash % NAME_BUCKETS]; o; o = o->unseen_next)
-        if (o->name_hash == hash && strcmp(o->name, name) == 0)
-            return true;
-    return false;
-}
-
-static void unseen_add(struct kolo_ctx *c, struct op *op)
-{
-    uint64_t b = op->name_hash % NAME_BUCKETS;
-    op->unseen_next = c->unseen[b];
-    c->unseen[b] = op;
-    op->unseen = true;
-}
-
-/* The caller saw op end (mu held): its name is free. */
-static void unseen_remove(struct kolo_ctx *c, struct op *op)
-{
-    if (!op->unseen)
-        return;
-    struct op **pp = &c->unseen[op->name_hash % NAME_BUCKETS];
-    while (*pp && *pp != op)
-        pp = &(*pp)->unseen_next;
-    if (*pp)
-        *pp = op->unseen_next;
-    op->unseen = false;
 }
 
 int64_t request_elems(const kolo_request *r)
@@ -303,9 +276,6 @@ void ops_complete(struct kolo_ctx *c, struct op *op, int status, const char *err
         free(op->trace);
         op->trace = NULL;
     }
-    name_remove(c, op);
-    if (op->req.coll != KOLO_COLL_JOIN) /* (a join has no name in the tables) */
-        unseen_add(c, op);
     pthread_cond_broadcast(&c->done);
     /* A waiter may sleep in the rounds' idle_wait rather than on done: an
      * op completed by another thread (the GPU finaliser, an abort) must
@@ -337,7 +307,6 @@ void ops_free_all(struct kolo_ctx *c)
     free(c->free_slots);
     c->slots = NULL;
     c->nslots = c->slot_cap = c->nfree = 0;
-    memset(c->unseen, 0, sizeof(c->unseen));
     while (c->op_pool) {
         struct op *op = c->op_pool;
         c->op_pool = op->next;
@@ -596,7 +565,7 @@ int ops_submit(kolo_ctx *c, const kolo_request *reqs, int n, void *stream, kolo_
             uint64_t hash = str_hash(nm);
             if (i == 0)
                 hash0 = hash;
-            bool dup = by_name_hashed(c, nm, hash) != NULL || unseen_by_name(c, nm, hash);
+            bool dup = by_name_hashed(c, nm, hash) != NULL;
             for (int k = 0; k < i && !dup; k++)
                 dup = reqs[k].name && strcmp(reqs[k].name, nm) == 0;
             if (dup) {
@@ -653,7 +622,7 @@ int kolo_poll(kolo_ctx *c, kolo_handle h, int *done)
     if (op)
         *done = op->state == OP_DONE;
     if (op && *done)
-        unseen_remove(c, op); /* seen: its name is free */
+        name_remove(c, op); /* seen: its name is free */
     pthread_mutex_unlock(&c->mu);
     return op ? 0 : KOLO_ENOTFOUND;
 }
@@ -743,8 +712,9 @@ int kolo_wait(kolo_ctx *c, kolo_handle h, int timeout_ms)
     int status = op->status;
     if (status)
         snprintf(c->last_error, sizeof(c->last_error), "%s", op->error ? op->error : "");
-    unseen_remove(c, op); /* seen: its name is free */
-    if (!op->has_result)
+    if (op->has_result)
+        name_remove(c, op); /* seen: its name is free (slot_release says so too) */
+    else
         slot_release(c, op);
     pthread_mutex_unlock(&c->mu);
     return status;
